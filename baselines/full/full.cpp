@@ -1,0 +1,31 @@
+// The `full` strategy.
+#include "baselines/full/full.h"
+
+namespace hg {
+
+void FullStrategy::begin(const KvShape& shape, std::span<const int32_t> capacity) { store_.reset(shape, capacity); }
+
+void FullStrategy::append(int layer, std::span<const TokenRow> rows, const float* k, const float* v) {
+  store_.write(layer, rows, k, v);
+}
+
+void FullStrategy::attend(int layer, std::span<const TokenRow> rows, const float* q, float scale, float* out) {
+  const KvShape& s = store_.shape();
+  attn_rows_.resize(rows.size());
+  for (size_t i = 0; i < rows.size(); ++i) {
+    const TokenRow r = rows[i];
+    attn_rows_[i] = AttnRow{store_.k(layer, r.seq), store_.v(layer, r.seq), store_.head_stride(r.seq), r.pos + 1};
+  }
+  AttentionArgs a;
+  a.n_rows = int(rows.size());
+  a.H = s.H;
+  a.H_kv = s.H_kv;
+  a.D = s.D;
+  a.scale = scale;
+  a.q = q;
+  a.rows = attn_rows_.data();
+  a.out = out;
+  be_.attention(a);
+}
+
+}  // namespace hg

@@ -1,0 +1,32 @@
+// The one place strategies are registered.
+#include "baselines/registry.h"
+
+#include "baselines/full/full.h"
+#include "engine/core/error.h"
+
+namespace hg {
+
+namespace {
+std::vector<StrategyInfo> register_strategies() {
+  std::vector<StrategyInfo> s;
+  s.push_back({"full", "all KV kept, exact attention (the oracle)",
+               [](Backend& b) { return std::make_unique<FullStrategy>(b); }});
+  return s;
+}
+}  // namespace
+
+const std::vector<StrategyInfo>& strategies() {
+  static const std::vector<StrategyInfo> s = register_strategies();
+  return s;
+}
+
+std::unique_ptr<KvStrategy> make_strategy(const std::string& name, Backend& backend) {
+  std::string names;
+  for (auto& s : strategies()) {
+    if (s.name == name) return s.make(backend);
+    names += (names.empty() ? "" : ", ") + s.name;
+  }
+  input_error("unknown strategy '{}' (expected one of: {})", name, names);
+}
+
+}  // namespace hg

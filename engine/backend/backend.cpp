@@ -1,0 +1,68 @@
+// Backend registry and RoPE frequency tables. The only place outside backend/cuda/ that knows
+// whether CUDA was compiled in (HG_WITH_CUDA is a private definition of this file's target).
+#include "engine/backend/backend.h"
+
+#include <cmath>
+#include <numbers>
+
+#include "engine/core/error.h"
+
+namespace hg {
+
+#if HG_WITH_CUDA
+int cuda_device_count();  // backend/cuda/cuda_device.cu
+#endif
+
+bool cuda_compiled() {
+#if HG_WITH_CUDA
+  return true;
+#else
+  return false;
+#endif
+}
+
+std::vector<std::string> backend_names() { return {"cpu", "ref", "cuda"}; }
+
+std::unique_ptr<Backend> make_backend(std::string_view name) {
+  if (name == "cpu") return make_cpu_backend();
+  if (name == "ref") return make_ref_backend();
+  if (name == "cuda") {
+#if HG_WITH_CUDA
+    if (cuda_device_count() <= 0) throw UnsupportedError("backend cuda: no CUDA device is visible on this machine");
+    throw UnsupportedError("backend cuda: the CUDA kernels are not implemented yet (issue 3); use cpu");
+#else
+    throw UnsupportedError("backend cuda: this build was not compiled with CUDA support (configure with HG_CUDA=ON)");
+#endif
+  }
+  input_error("unknown backend '{}' (expected cpu, ref or cuda)", name);
+}
+
+RopeTable make_rope_table(const HParams& hp, const std::vector<float>& freq_factors) {
+  RopeTable t;
+  t.style = hp.rope_style;
+  const int half = hp.head_dim / 2;
+  t.inv_freq.resize(size_t(half));
+  for (int i = 0; i < half; ++i) t.inv_freq[size_t(i)] = std::pow(hp.rope_theta, -2.0 * i / hp.head_dim);
+  if (!freq_factors.empty()) {
+    for (int i = 0; i < half; ++i) t.inv_freq[size_t(i)] /= double(freq_factors[size_t(i)]);
+  } else if (hp.rope_scaling.type == "llama3") {
+    // Llama-3.1 frequency scaling: long wavelengths divided by `factor`, short ones kept, a
+    // smooth blend between original/low_freq_factor and original/high_freq_factor.
+    const RopeScaling& s = hp.rope_scaling;
+    const double low_wl = s.original_max_pos / s.low_freq_factor;
+    const double high_wl = s.original_max_pos / s.high_freq_factor;
+    for (auto& f : t.inv_freq) {
+      const double wl = 2.0 * std::numbers::pi / f;
+      if (wl < high_wl) continue;
+      if (wl > low_wl) {
+        f /= s.factor;
+      } else {
+        const double smooth = (s.original_max_pos / wl - s.low_freq_factor) / (s.high_freq_factor - s.low_freq_factor);
+        f = (1 - smooth) * f / s.factor + smooth * f;
+      }
+    }
+  }
+  return t;
+}
+
+}  // namespace hg

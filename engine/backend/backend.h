@@ -1,0 +1,77 @@
+// Backend: the math the decoder and the strategies call. `ref` is a scalar, double-accumulating
+// oracle; `cpu` uses oneDNN matmul and AVX-512 kernels; `cuda` is listed always and says at run
+// time when it is not compiled in or no device exists. Buffers are plain row-major F32 arrays;
+// weights are F32 or BF16 [N, K] (PyTorch [out, in]). Backends hold scratch space, so one
+// backend object is used by one thread at a time; kernels parallelise internally.
+#pragma once
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "engine/core/model.h"
+
+namespace hg {
+
+// Rotation frequencies for RoPE: angle(pos, i) = pos * inv_freq[i], i < D/2.
+struct RopeTable {
+  RopeStyle style = RopeStyle::kHalf;
+  std::vector<double> inv_freq;
+};
+// theta^(-2i/D), then Llama-3 scaling (rope_scaling) or division by GGUF rope_freqs factors.
+RopeTable make_rope_table(const HParams& hp, const std::vector<float>& freq_factors);
+
+// One query row of attention: keys/values of its sequence, D-contiguous rows per KV head.
+// K element (g, t, d) lives at k[g * head_stride + t * D + d]; same for V. The row attends to
+// keys [0, n_keys).
+struct AttnRow {
+  const float* k = nullptr;
+  const float* v = nullptr;
+  int64_t head_stride = 0;
+  int32_t n_keys = 0;
+};
+
+struct AttentionArgs {
+  int n_rows = 0;
+  int H = 0, H_kv = 0, D = 0;
+  float scale = 1.0f;
+  const float* q = nullptr;      // [n_rows, H, D]
+  const AttnRow* rows = nullptr; // [n_rows]
+  float* out = nullptr;          // [n_rows, H, D]
+};
+
+class Backend {
+ public:
+  virtual ~Backend() = default;
+  virtual std::string_view name() const = 0;
+  // y[M, N] = x[M, K] · W[N, K]ᵀ (+ bias[N]).
+  virtual void matmul(const float* x, int64_t M, const Weight& w, const float* bias, float* y) = 0;
+  // y = x / rms(x) * w, row-wise over n columns.
+  virtual void rms_norm(const float* x, const float* w, int64_t M, int64_t n, float eps, float* y) = 0;
+  // y = (x - mean) / sqrt(var + eps) * w + b, row-wise.
+  virtual void layer_norm(const float* x, const float* w, const float* b, int64_t M, int64_t n, float eps,
+                          float* y) = 0;
+  // In place on x[M, n_heads, D]; row m rotates by position pos[m].
+  virtual void rope(float* x, int64_t M, int n_heads, int D, const int32_t* pos, const RopeTable& t) = 0;
+  // y = silu(gate) * up.
+  virtual void swiglu(const float* gate, const float* up, int64_t n, float* y) = 0;
+  virtual void relu(float* x, int64_t n) = 0;
+  // y += x.
+  virtual void add(float* y, const float* x, int64_t n) = 0;
+  // y[m, :] = table[ids[m], :] converted to F32; an out-of-range id is an InputError.
+  virtual void embed(const Weight& table, const int32_t* ids, int64_t M, float* y) = 0;
+  // Softmax attention per row and query head; query head h uses KV head h / (H / H_kv).
+  virtual void attention(const AttentionArgs& a) = 0;
+};
+
+// Backend names: "cpu", "ref", "cuda". Throws UnsupportedError for cuda when not compiled in or
+// no device, InputError for an unknown name.
+std::unique_ptr<Backend> make_backend(std::string_view name);
+std::vector<std::string> backend_names();
+bool cuda_compiled();
+
+std::unique_ptr<Backend> make_ref_backend();
+std::unique_ptr<Backend> make_cpu_backend();
+
+}  // namespace hg

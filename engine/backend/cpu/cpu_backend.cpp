@@ -1,0 +1,157 @@
+// The `cpu` backend: oneDNN matmul for projections (F32, or BF16 weights with activations
+// converted to BF16 and F32 accumulation), AVX-512 kernels for the rest, OpenMP worker pool
+// shared with oneDNN. Primitives are created once per (M, K, N, type) and cached.
+#include <cmath>
+#include <map>
+#include <tuple>
+
+#include <omp.h>
+
+#include <oneapi/dnnl/dnnl.hpp>
+
+#include "engine/backend/backend.h"
+#include "engine/backend/cpu/kernels.h"
+#include "engine/core/error.h"
+#include "engine/core/thread_pool.h"
+
+namespace hg {
+namespace {
+
+class CpuBackend final : public Backend {
+ public:
+  CpuBackend() : engine_(dnnl::engine::kind::cpu, 0), stream_(engine_) {}
+  std::string_view name() const override { return "cpu"; }
+
+  void matmul(const float* x, int64_t M, const Weight& w, const float* bias, float* y) override {
+    const int64_t N = w.rows(), K = w.cols();
+    if (w.dtype == DType::kF16) throw UnsupportedError("cpu matmul: F16 weights are converted at load (use f32 or bf16)");
+    using dt = dnnl::memory::data_type;
+    const dt wt = w.dtype == DType::kBF16 ? dt::bf16 : dt::f32;
+    auto key = std::make_tuple(M, K, N, int(w.dtype));
+    auto it = cache_.find(key);
+    if (it == cache_.end()) {
+      dnnl::memory::desc src({M, K}, wt, dnnl::memory::format_tag::ab);
+      dnnl::memory::desc wei({K, N}, wt, dnnl::memory::format_tag::ba);  // W[N, K] row-major
+      dnnl::memory::desc dst({M, N}, dt::f32, dnnl::memory::format_tag::ab);
+      dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(src, wei, dst), engine_);
+      it = cache_.emplace(key, Prim{dnnl::matmul(pd), src, wei, dst}).first;
+    }
+    const void* src_ptr = x;
+    if (w.dtype == DType::kBF16) {
+      if (xb_.size() < size_t(M * K)) xb_.resize(size_t(M * K));
+      parallel_chunks(M, [&](int64_t b, int64_t e) {
+        cpu::f32_to_bf16_row(x + b * K, xb_.data() + b * K, (e - b) * K);
+      });
+      src_ptr = xb_.data();
+    }
+    dnnl::memory src_m(it->second.src, engine_, const_cast<void*>(src_ptr));
+    dnnl::memory wei_m(it->second.wei, engine_, const_cast<void*>(w.buf.data()));
+    dnnl::memory dst_m(it->second.dst, engine_, y);
+    it->second.prim.execute(stream_, {{DNNL_ARG_SRC, src_m}, {DNNL_ARG_WEIGHTS, wei_m}, {DNNL_ARG_DST, dst_m}});
+    stream_.wait();
+    if (bias) {
+      for (int64_t m = 0; m < M; ++m) cpu::add(y + m * N, bias, N);
+    }
+  }
+
+  void rms_norm(const float* x, const float* w, int64_t M, int64_t n, float eps, float* y) override {
+    parallel_chunks(M, [&](int64_t b, int64_t e) {
+      for (int64_t m = b; m < e; ++m) cpu::rms_norm_row(x + m * n, w, n, eps, y + m * n);
+    });
+  }
+
+  void layer_norm(const float* x, const float* w, const float* b, int64_t M, int64_t n, float eps,
+                  float* y) override {
+    parallel_chunks(M, [&](int64_t bb, int64_t e) {
+      for (int64_t m = bb; m < e; ++m) cpu::layer_norm_row(x + m * n, w, b, n, eps, y + m * n);
+    });
+  }
+
+  void rope(float* x, int64_t M, int n_heads, int D, const int32_t* pos, const RopeTable& t) override {
+    const int half = D / 2;
+    parallel_chunks(M, [&](int64_t b, int64_t e) {
+      std::vector<float> cs(static_cast<size_t>(half)), sn(static_cast<size_t>(half));
+      for (int64_t m = b; m < e; ++m) {
+        for (int i = 0; i < half; ++i) {
+          const double a = double(pos[m]) * t.inv_freq[size_t(i)];
+          cs[size_t(i)] = float(std::cos(a));
+          sn[size_t(i)] = float(std::sin(a));
+        }
+        for (int h = 0; h < n_heads; ++h) {
+          float* v = x + (m * n_heads + h) * D;
+          if (t.style == RopeStyle::kHalf) {
+            for (int i = 0; i < half; ++i) {
+              const float x0 = v[i], x1 = v[i + half];
+              v[i] = x0 * cs[size_t(i)] - x1 * sn[size_t(i)];
+              v[i + half] = x0 * sn[size_t(i)] + x1 * cs[size_t(i)];
+            }
+          } else {
+            for (int i = 0; i < half; ++i) {
+              const float x0 = v[2 * i], x1 = v[2 * i + 1];
+              v[2 * i] = x0 * cs[size_t(i)] - x1 * sn[size_t(i)];
+              v[2 * i + 1] = x0 * sn[size_t(i)] + x1 * cs[size_t(i)];
+            }
+          }
+        }
+      }
+    });
+  }
+
+  void swiglu(const float* gate, const float* up, int64_t n, float* y) override {
+    parallel_chunks((n + 1023) / 1024, [&](int64_t b, int64_t e) {
+      cpu::swiglu(gate + b * 1024, up + b * 1024, std::min(n, e * 1024) - b * 1024, y + b * 1024);
+    });
+  }
+
+  void relu(float* x, int64_t n) override { cpu::relu(x, n); }
+  void add(float* y, const float* x, int64_t n) override { cpu::add(y, x, n); }
+
+  void embed(const Weight& table, const int32_t* ids, int64_t M, float* y) override {
+    const int64_t d = table.cols();
+    for (int64_t m = 0; m < M; ++m) {
+      if (ids[m] < 0 || ids[m] >= table.rows())
+        throw InputError(fmt::format("token id {} out of range [0, {})", ids[m], table.rows()));
+      const int64_t off = ids[m] * d;
+      switch (table.dtype) {
+        case DType::kF32: std::memcpy(y + m * d, table.as<float>() + off, size_t(d) * 4); break;
+        case DType::kBF16: cpu::bf16_to_f32_row(table.as<uint16_t>() + off, y + m * d, d); break;
+        case DType::kF16: cpu::f16_to_f32_row(table.as<uint16_t>() + off, y + m * d, d); break;
+      }
+    }
+  }
+
+  void attention(const AttentionArgs& a) override {
+    const int G = a.H / a.H_kv;
+    const int64_t n_tasks = int64_t(a.n_rows) * a.H_kv;
+    int64_t max_keys = 0;
+    for (int r = 0; r < a.n_rows; ++r) max_keys = std::max<int64_t>(max_keys, a.rows[r].n_keys);
+    const int nt = num_threads();
+    if (scratch_.size() < size_t(nt)) scratch_.resize(size_t(nt));
+    parallel_for(n_tasks, [&](int64_t task) {
+      const int r = int(task / a.H_kv), g = int(task % a.H_kv);
+      const AttnRow& row = a.rows[r];
+      auto& s = scratch_[size_t(omp_get_thread_num())];
+      if (s.size() < size_t(G * max_keys)) s.resize(size_t(G * max_keys));
+      cpu::attention_group(a.q + (int64_t(r) * a.H + int64_t(g) * G) * a.D, row.k + g * row.head_stride,
+                           row.v + g * row.head_stride, row.n_keys, G, a.D, a.scale,
+                           a.out + (int64_t(r) * a.H + int64_t(g) * G) * a.D, s.data());
+    });
+  }
+
+ private:
+  struct Prim {
+    dnnl::matmul prim;
+    dnnl::memory::desc src, wei, dst;
+  };
+  dnnl::engine engine_;
+  dnnl::stream stream_;
+  std::map<std::tuple<int64_t, int64_t, int64_t, int>, Prim> cache_;
+  std::vector<uint16_t> xb_;
+  std::vector<std::vector<float>> scratch_;
+};
+
+}  // namespace
+
+std::unique_ptr<Backend> make_cpu_backend() { return std::make_unique<CpuBackend>(); }
+
+}  // namespace hg

@@ -1,0 +1,29 @@
+// CPU kernels (AVX-512 where compiled for it, portable loops otherwise). Single-threaded
+// building blocks; the CPU backend parallelises over rows and heads. Each has a `ref`
+// counterpart that tests compare against (tests/unit/test_cpu_kernels.cpp).
+#pragma once
+#include <cstdint>
+
+namespace hg::cpu {
+
+float dot(const float* a, const float* b, int64_t n);
+// y = x * rsqrt(mean(x²) + eps) * w.
+void rms_norm_row(const float* x, const float* w, int64_t n, float eps, float* y);
+void layer_norm_row(const float* x, const float* w, const float* b, int64_t n, float eps, float* y);
+void swiglu(const float* gate, const float* up, int64_t n, float* y);
+void relu(float* x, int64_t n);
+void add(float* y, const float* x, int64_t n);
+// x[i] = exp(x[i] - shift), returns the sum (vectorised exp, rel. error ~1e-7).
+float exp_shift_sum(float* x, int64_t n, float shift);
+// Scales and converts F32 to BF16 (round to nearest even) / BF16 to F32.
+void f32_to_bf16_row(const float* x, uint16_t* y, int64_t n);
+void bf16_to_f32_row(const uint16_t* x, float* y, int64_t n);
+void f16_to_f32_row(const uint16_t* x, float* y, int64_t n);
+
+// Decode/prefill attention for one query row and one KV head group (GQA without copying K/V):
+// q [G, D] are the G query heads sharing K, V [n_keys, D]; out [G, D].
+// scratch holds G * n_keys floats. Each K and V row is read once for all G heads.
+void attention_group(const float* q, const float* K, const float* V, int64_t n_keys, int G, int D, float scale,
+                     float* out, float* scratch);
+
+}  // namespace hg::cpu

@@ -1,0 +1,260 @@
+// hgbench generate / info / strategies / models.
+#include "engine/cli/commands.h"
+
+#include <charconv>
+#include <cstdio>
+#include <map>
+#include <optional>
+
+#include <fmt/format.h>
+
+#include "baselines/registry.h"
+#include "engine/backend/backend.h"
+#include "engine/core/error.h"
+#include "engine/core/thread_pool.h"
+#include "engine/decoder/generate.h"
+#include "engine/formats/formats.h"
+#include "engine/tokenizer/tokenizer.h"
+
+namespace hg::cli {
+namespace {
+
+// Minimal strict option parser: --name value, --flag; unknown options are errors.
+struct Options {
+  std::map<std::string, std::vector<std::string>> values;
+  std::map<std::string, bool> flags;
+};
+
+struct OptSpec {
+  std::vector<std::string> names;  // first is canonical
+  bool takes_value;
+  bool repeatable = false;
+};
+
+Options parse(const std::string& cmd, const std::vector<std::string>& args, const std::vector<OptSpec>& specs) {
+  Options o;
+  for (size_t i = 0; i < args.size(); ++i) {
+    const OptSpec* hit = nullptr;
+    for (auto& s : specs)
+      for (auto& n : s.names)
+        if (n == args[i]) hit = &s;
+    if (!hit) input_error("{}: unknown argument '{}' (see hgbench {} --help)", cmd, args[i], cmd);
+    const std::string& key = hit->names[0];
+    if (!hit->takes_value) {
+      o.flags[key] = true;
+      continue;
+    }
+    if (i + 1 >= args.size()) input_error("{}: {} needs a value", cmd, args[i]);
+    if (!hit->repeatable && o.values.count(key)) input_error("{}: {} given twice", cmd, args[i]);
+    o.values[key].push_back(args[++i]);
+  }
+  return o;
+}
+
+template <typename T>
+T number(const Options& o, const std::string& cmd, const std::string& key, T dflt) {
+  auto it = o.values.find(key);
+  if (it == o.values.end()) return dflt;
+  const std::string& s = it->second[0];
+  T v{};
+  auto [p, ec] = std::from_chars(s.data(), s.data() + s.size(), v);
+  if (ec != std::errc() || p != s.data() + s.size()) input_error("{}: {} '{}' is not a valid number", cmd, key, s);
+  return v;
+}
+
+std::string str(const Options& o, const std::string& key, const std::string& dflt) {
+  auto it = o.values.find(key);
+  return it == o.values.end() ? dflt : it->second[0];
+}
+
+LoadOptions load_options(const Options& o, const std::string& cmd) {
+  LoadOptions lo;
+  if (o.values.count("--weights")) {
+    DType t;
+    if (!parse_dtype(str(o, "--weights", ""), &t) || t == DType::kF16)
+      input_error("{}: --weights '{}' (expected f32 or bf16)", cmd, str(o, "--weights", ""));
+    lo.weight_dtype = t;
+  }
+  return lo;
+}
+
+constexpr const char* kGenerateHelp = R"(usage: hgbench generate --model M [--prompt TEXT]... [-n N] [options]
+
+Loads a model and generates text; prints each sequence's text, then prefill and decode tokens/s.
+
+  --model M        GGUF file, Hugging Face directory, llama2.c .bin (?tokenizer=PATH), or
+                   synthetic:<preset>[?layers=N&dtype=bf16&seed=S] (see `hgbench models`)
+  --prompt TEXT    prompt text (repeat for a batch of different prompts; default: BOS only)
+  -n N             tokens to generate per sequence (default 32)
+  --batch B        run B copies of each prompt (default 1)
+  --greedy         argmax decoding (default unless --temp/--top-k/--top-p are given)
+  --temp T         sampling temperature (default 1.0 when sampling)
+  --top-k K        keep the K most likely tokens (0: all)
+  --top-p P        nucleus sampling mass (1.0: all)
+  --seed S         sampling seed (default 0); sequence b uses stream b
+  --threads T      CPU threads (default: all hardware threads)
+  --backend NAME   cpu (default), ref (scalar oracle), cuda
+  --strategy NAME  KV strategy (default full; see `hgbench strategies`)
+  --weights TYPE   engine weight type f32 or bf16 (default: bf16 for BF16 files, else f32)
+  --ignore-eos     keep generating after EOS
+  --ids            also print the generated token ids
+  --quiet          print only the timing line
+)";
+
+constexpr const char* kInfoHelp = R"(usage: hgbench info --model M [--weights f32|bf16]
+
+Prints architecture, shapes, weight type, parameter count and tokenizer of a model.
+)";
+
+}  // namespace
+
+void print_usage() {
+  fmt::print(R"(hgbench — long-context LLM decoding under KV-cache pressure
+
+usage: hgbench <command> [options]     (hgbench <command> --help for details)
+
+commands:
+  generate     generate text with a model and report prefill/decode tokens/s
+  info         print a model's architecture, shapes, dtype, parameters and tokenizer
+  models       list model formats and synthetic presets
+  strategies   list KV strategies
+)");
+}
+
+int cmd_generate(const std::vector<std::string>& args) {
+  const std::string cmd = "generate";
+  if (!args.empty() && (args[0] == "--help" || args[0] == "-h")) {
+    fmt::print("{}", kGenerateHelp);
+    return 0;
+  }
+  const Options o = parse(cmd, args,
+                          {{{"--model", "-m"}, true}, {{"--prompt", "-p"}, true, true}, {{"-n", "--n-predict"}, true},
+                           {{"--batch", "-b"}, true}, {{"--greedy"}, false}, {{"--temp"}, true}, {{"--top-k"}, true},
+                           {{"--top-p"}, true}, {{"--seed"}, true}, {{"--threads", "-t"}, true},
+                           {{"--backend"}, true}, {{"--strategy"}, true}, {{"--weights"}, true},
+                           {{"--ignore-eos"}, false}, {{"--ids"}, false}, {{"--quiet"}, false}});
+  if (!o.values.count("--model")) input_error("generate: --model is required (see hgbench generate --help)");
+  const int threads = number<int>(o, cmd, "--threads", hardware_threads());
+  if (threads <= 0) input_error("generate: --threads must be positive");
+  set_num_threads(threads);
+  const int batch = number<int>(o, cmd, "--batch", 1);
+  if (batch <= 0) input_error("generate: --batch must be positive");
+  GenerateOptions go;
+  go.n_new = number<int>(o, cmd, "-n", 32);
+  if (go.n_new < 0) input_error("generate: -n must be non-negative");
+  go.stop_at_eos = !o.flags.count("--ignore-eos");
+  const bool sampling = o.values.count("--temp") || o.values.count("--top-k") || o.values.count("--top-p");
+  go.sampler.greedy = o.flags.count("--greedy") || !sampling;
+  go.sampler.temperature = number<float>(o, cmd, "--temp", 1.0f);
+  go.sampler.top_k = number<int>(o, cmd, "--top-k", 0);
+  go.sampler.top_p = number<float>(o, cmd, "--top-p", 1.0f);
+  go.sampler.seed = number<uint64_t>(o, cmd, "--seed", 0);
+  if (go.sampler.top_p <= 0 || go.sampler.top_p > 1) input_error("generate: --top-p must be in (0, 1]");
+  if (go.sampler.top_k < 0) input_error("generate: --top-k must be non-negative");
+
+  auto backend = make_backend(str(o, "--backend", "cpu"));
+  auto strategy = make_strategy(str(o, "--strategy", "full"), *backend);
+  Model model = load_model(str(o, "--model", ""), load_options(o, cmd));
+  const Tokenizer& tok = *model.tokenizer;
+
+  std::vector<std::string> texts = o.values.count("--prompt") ? o.values.at("--prompt") : std::vector<std::string>{""};
+  std::vector<std::vector<int32_t>> prompts;
+  for (auto& t : texts) {
+    auto ids = tok.encode_prompt(t);
+    if (ids.empty() && tok.bos_id >= 0) ids.push_back(tok.bos_id);
+    if (ids.empty()) input_error("generate: prompt '{}' encodes to no tokens and the tokenizer has no BOS", t);
+    for (int b = 0; b < batch; ++b) prompts.push_back(ids);
+  }
+  const bool quiet = o.flags.count("--quiet");
+  const bool stream = !quiet && prompts.size() == 1;
+  int32_t prev = prompts[0].back();
+  if (stream) {
+    fmt::print("{}", texts[0]);
+    std::fflush(stdout);
+  }
+  GenerateResult r = generate(model, *backend, *strategy, prompts, go, [&](int, int32_t id) {
+    if (!stream) return;
+    fmt::print("{}", tok.piece(id, prev));
+    std::fflush(stdout);
+    prev = id;
+  });
+  if (stream) fmt::print("\n");
+  for (size_t b = 0; b < prompts.size(); ++b) {
+    if (!quiet && !stream) fmt::print("[{}] {}{}\n", b, texts[b / size_t(batch)], tok.decode(r.tokens[b]));
+    if (o.flags.count("--ids")) {
+      std::string ids;
+      for (auto id : r.tokens[b]) ids += (ids.empty() ? "" : " ") + std::to_string(id);
+      fmt::print("ids[{}]: {}\n", b, ids);
+    }
+  }
+  const double pf = r.prefill_s > 0 ? double(r.prefill_tokens) / r.prefill_s : 0;
+  const double dc = r.decode_s > 0 ? double(r.decode_tokens) / r.decode_s : 0;
+  fmt::print(stderr,
+             "model {} | backend {} | strategy {} | weights {} | threads {} | batch {}\n"
+             "prefill: {} tokens in {:.3f} s ({:.1f} tok/s) | decode: {} tokens in {:.3f} s ({:.2f} tok/s)\n",
+             model.source, backend->name(), strategy->name(), dtype_name(model.weight_dtype), num_threads(),
+             prompts.size(), r.prefill_tokens, r.prefill_s, pf, r.decode_tokens, r.decode_s, dc);
+  return 0;
+}
+
+int cmd_info(const std::vector<std::string>& args) {
+  const std::string cmd = "info";
+  if (!args.empty() && (args[0] == "--help" || args[0] == "-h")) {
+    fmt::print("{}", kInfoHelp);
+    return 0;
+  }
+  const Options o = parse(cmd, args, {{{"--model", "-m"}, true}, {{"--weights"}, true}});
+  if (!o.values.count("--model")) input_error("info: --model is required (see hgbench info --help)");
+  Model m = load_model(str(o, "--model", ""), load_options(o, cmd));
+  const HParams& hp = m.hp;
+  fmt::print("model:          {}\n", m.source);
+  fmt::print("format:         {}\n", m.format);
+  fmt::print("architecture:   {}\n", hp.arch);
+  fmt::print("layers (L):     {}\n", hp.n_layers);
+  fmt::print("hidden:         {}\n", hp.d_model);
+  fmt::print("heads (H):      {}\n", hp.n_heads);
+  fmt::print("KV heads (H_kv):{}\n", hp.n_kv_heads);
+  fmt::print("head dim (D):   {}\n", hp.head_dim);
+  fmt::print("FFN:            {}\n", hp.d_ff);
+  fmt::print("vocab (V):      {}\n", hp.n_vocab);
+  fmt::print("context:        {}\n", hp.max_pos);
+  fmt::print("norm:           {} (eps {:g})\n", m.traits.norm == NormKind::kRms ? "RMSNorm" : "LayerNorm", hp.norm_eps);
+  if (m.traits.pos == PosKind::kRope)
+    fmt::print("positions:      RoPE theta {:g}, {}{}{}\n", hp.rope_theta,
+               hp.rope_style == RopeStyle::kHalf ? "rotate-half" : "interleaved",
+               hp.rope_scaling.type.empty() ? "" : ", scaling " + hp.rope_scaling.type,
+               m.rope_freq_factors.empty() ? "" : ", rope_freqs from file");
+  else
+    fmt::print("positions:      learned (offset {})\n", hp.pos_offset);
+  fmt::print("ffn:            {}\n", m.traits.ffn == FfnKind::kSwiGlu ? "SwiGLU" : "ReLU");
+  fmt::print("biases:         qkv {} / out {} / ffn {}\n", m.traits.qkv_bias, m.traits.o_bias, m.traits.ffn_bias);
+  fmt::print("tied embedding: {}\n", hp.tie_embeddings);
+  fmt::print("weights:        {} in the file, {} in the engine\n", m.source_dtype, dtype_name(m.weight_dtype));
+  fmt::print("parameters:     {} ({:.3f} B)\n", m.n_params(), double(m.n_params()) / 1e9);
+  fmt::print("weight bytes:   {} ({:.1f} MiB)\n", m.weight_bytes(), double(m.weight_bytes()) / (1 << 20));
+  fmt::print("KV bytes/token: {} (F32 cache; K and V, all layers)\n",
+             int64_t(2) * hp.n_layers * hp.n_kv_heads * hp.head_dim * 4);
+  const Tokenizer& t = *m.tokenizer;
+  fmt::print("tokenizer:      {}, {} tokens, bos {}, eos {}, add_bos {}\n", t.kind(), t.n_vocab(), t.bos_id, t.eos_id,
+             t.add_bos);
+  return 0;
+}
+
+int cmd_strategies(const std::vector<std::string>& args) {
+  if (!args.empty() && args[0] != "--help" && args[0] != "-h") input_error("strategies: takes no arguments");
+  for (auto& s : strategies()) fmt::print("{:<16} {}\n", s.name, s.doc);
+  return 0;
+}
+
+int cmd_models(const std::vector<std::string>& args) {
+  if (!args.empty() && args[0] != "--help" && args[0] != "-h") input_error("models: takes no arguments");
+  fmt::print("formats:\n");
+  for (auto& f : model_formats().all()) fmt::print("  {:<10} {}\n", f.name, f.doc);
+  fmt::print("synthetic presets (synthetic:<name>):\n");
+  for (auto& p : synthetic_presets())
+    fmt::print("  {:<14} {:<6} L={:<3} d={:<5} H={:<3} H_kv={:<3} D={:<4} ff={:<6} V={}\n", p.name, p.arch,
+               p.hp.n_layers, p.hp.d_model, p.hp.n_heads, p.hp.n_kv_heads, p.hp.head_dim, p.hp.d_ff, p.hp.n_vocab);
+  return 0;
+}
+
+}  // namespace hg::cli

@@ -1,0 +1,39 @@
+// hgbench entry point: dispatches subcommands; maps errors to exit statuses
+// (0 ok, 1 runtime failure, 2 bad input or unsupported request).
+#include <cstdio>
+#include <exception>
+
+#include <fmt/format.h>
+
+#include "engine/cli/commands.h"
+#include "engine/core/error.h"
+
+int main(int argc, char** argv) {
+  std::vector<std::string> args(argv + 1, argv + argc);
+  if (args.empty() || args[0] == "-h" || args[0] == "--help" || args[0] == "help") {
+    hg::cli::print_usage();
+    return args.empty() ? 2 : 0;
+  }
+  const std::string cmd = args[0];
+  args.erase(args.begin());
+  try {
+    if (cmd == "generate") return hg::cli::cmd_generate(args);
+    if (cmd == "info") return hg::cli::cmd_info(args);
+    if (cmd == "strategies") return hg::cli::cmd_strategies(args);
+    if (cmd == "models") return hg::cli::cmd_models(args);
+    fmt::print(stderr, "hgbench: unknown command '{}' (expected generate, info, strategies, models; see --help)\n", cmd);
+    return 2;
+  } catch (const hg::InputError& e) {
+    fmt::print(stderr, "hgbench: error: {}\n", e.what());
+    return 2;
+  } catch (const hg::UnsupportedError& e) {
+    fmt::print(stderr, "hgbench: error: {}\n", e.what());
+    return 2;
+  } catch (const hg::OutOfMemoryError& e) {
+    fmt::print(stderr, "hgbench: out of memory: {}\n", e.what());
+    return 1;
+  } catch (const std::exception& e) {
+    fmt::print(stderr, "hgbench: internal error: {}\n", e.what());
+    return 1;
+  }
+}

@@ -1,0 +1,40 @@
+// Errors: exceptions that say what and where. Library code never aborts or exits; the CLI maps
+// InputError to exit status 2 (bad file, field or argument) and other errors to 1.
+#pragma once
+#include <stdexcept>
+#include <string>
+
+#include <fmt/format.h>
+
+namespace hg {
+
+// Something the user gave us is wrong: a file, a config field, a YAML key, an argument.
+class InputError : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+// A capacity was exceeded (a memory tier, a context length); callers may record it as a result.
+class OutOfMemoryError : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+// The request is valid but this build or machine cannot do it (e.g. CUDA asked for, not present).
+class UnsupportedError : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+template <typename... Args>
+[[noreturn]] void input_error(fmt::format_string<Args...> f, Args&&... args) {
+  throw InputError(fmt::format(f, std::forward<Args>(args)...));
+}
+
+#define HG_CHECK(cond, ...)                                                                    \
+  do {                                                                                         \
+    if (!(cond))                                                                               \
+      throw std::logic_error(fmt::format("{}:{}: check failed: {}", __FILE__, __LINE__, #cond)); \
+  } while (0)
+
+}  // namespace hg

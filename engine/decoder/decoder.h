@@ -1,0 +1,36 @@
+// The decoder: embeddings, the per-layer block (norm → q/k/v → RoPE → strategy attention → out
+// projection → residual → norm → FFN → residual), final norm and LM head, for a ragged batch of
+// token rows (prefill and decode alike). Architecture differences come from ArchTraits only; KV
+// placement is the strategy's. Scratch buffers are allocated once for `max_rows` rows.
+#pragma once
+#include <span>
+#include <vector>
+
+#include "engine/backend/backend.h"
+#include "engine/core/model.h"
+#include "engine/decoder/kv_strategy.h"
+
+namespace hg {
+
+class Decoder {
+ public:
+  Decoder(const Model& model, Backend& backend, KvStrategy& kv, int max_rows = 512);
+  KvShape kv_shape() const;
+  // Runs tokens[i] at rows[i] (any number of rows; processed in chunks of max_rows). For each
+  // index j in logit_rows (ascending), writes the logits of row logit_rows[j] to logits[j, V].
+  void forward(std::span<const int32_t> tokens, std::span<const TokenRow> rows, std::span<const int32_t> logit_rows,
+               float* logits);
+  const Model& model() const { return model_; }
+
+ private:
+  void forward_chunk(const int32_t* tokens, const TokenRow* rows, int M);
+  const Model& model_;
+  Backend& be_;
+  KvStrategy& kv_;
+  int max_rows_;
+  RopeTable rope_;
+  std::vector<float> x_, h_, q_, k_, v_, att_, f1_, f2_, o_;
+  std::vector<int32_t> pos_;
+};
+
+}  // namespace hg

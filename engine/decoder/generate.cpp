@@ -1,0 +1,88 @@
+// Generation loop.
+#include "engine/decoder/generate.h"
+
+#include <chrono>
+
+#include "engine/core/error.h"
+#include "engine/tokenizer/tokenizer.h"
+
+namespace hg {
+
+GenerateResult generate(const Model& model, Backend& backend, KvStrategy& kv,
+                        const std::vector<std::vector<int32_t>>& prompts, const GenerateOptions& opts,
+                        const std::function<void(int, int32_t)>& on_token) {
+  using clock = std::chrono::steady_clock;
+  const int B = int(prompts.size());
+  if (B == 0) input_error("generate: no prompts");
+  if (opts.n_new < 0) input_error("generate: -n must be non-negative");
+  const int64_t V = model.hp.n_vocab;
+  std::vector<int32_t> capacity(static_cast<size_t>(B));
+  for (int b = 0; b < B; ++b) {
+    if (prompts[size_t(b)].empty()) input_error("generate: prompt {} is empty (no BOS and no text)", b);
+    capacity[size_t(b)] = int32_t(prompts[size_t(b)].size()) + std::max(opts.n_new, 1);
+    if (model.traits.pos == PosKind::kLearned && capacity[size_t(b)] > model.hp.max_pos)
+      input_error("generate: sequence {} needs {} positions but the model has {} learned positions", b,
+                  capacity[size_t(b)], model.hp.max_pos);
+  }
+  Decoder dec(model, backend, kv, opts.max_rows);
+  kv.begin(dec.kv_shape(), capacity);
+
+  GenerateResult res;
+  res.tokens.resize(size_t(B));
+  std::vector<Sampler> samplers;
+  for (int b = 0; b < B; ++b) samplers.emplace_back(opts.sampler, uint64_t(b));
+
+  // Prefill: all prompt tokens as one ragged batch; logits of each prompt's last token.
+  std::vector<int32_t> toks;
+  std::vector<TokenRow> rows;
+  std::vector<int32_t> want;
+  for (int b = 0; b < B; ++b) {
+    for (size_t i = 0; i < prompts[size_t(b)].size(); ++i) {
+      toks.push_back(prompts[size_t(b)][i]);
+      rows.push_back({b, int32_t(i)});
+    }
+    want.push_back(int32_t(rows.size()) - 1);
+  }
+  std::vector<float> logits(size_t(B) * size_t(V));
+  auto t0 = clock::now();
+  dec.forward(toks, rows, want, logits.data());
+  res.prefill_s = std::chrono::duration<double>(clock::now() - t0).count();
+  res.prefill_tokens = int64_t(toks.size());
+  if (opts.n_new == 0) return res;
+
+  std::vector<bool> live(size_t(B), true);
+  std::vector<int32_t> last(static_cast<size_t>(B));
+  std::vector<int32_t> row_seq;
+  auto take = [&](int b, const float* lg) {
+    const int32_t id = samplers[size_t(b)].sample(std::span<const float>(lg, size_t(V)));
+    res.tokens[size_t(b)].push_back(id);
+    last[size_t(b)] = id;
+    if (on_token) on_token(b, id);
+    if ((opts.stop_at_eos && id == model.tokenizer->eos_id) || int(res.tokens[size_t(b)].size()) >= opts.n_new)
+      live[size_t(b)] = false;
+  };
+  for (int b = 0; b < B; ++b) take(b, logits.data() + int64_t(b) * V);
+
+  t0 = clock::now();
+  for (;;) {
+    toks.clear();
+    rows.clear();
+    want.clear();
+    row_seq.clear();
+    for (int b = 0; b < B; ++b) {
+      if (!live[size_t(b)]) continue;
+      toks.push_back(last[size_t(b)]);
+      rows.push_back({b, int32_t(prompts[size_t(b)].size() + res.tokens[size_t(b)].size()) - 1});
+      want.push_back(int32_t(want.size()));
+      row_seq.push_back(b);
+    }
+    if (rows.empty()) break;
+    dec.forward(toks, rows, want, logits.data());
+    res.decode_tokens += int64_t(rows.size());
+    for (size_t i = 0; i < row_seq.size(); ++i) take(row_seq[i], logits.data() + int64_t(i) * V);
+  }
+  res.decode_s = std::chrono::duration<double>(clock::now() - t0).count();
+  return res;
+}
+
+}  // namespace hg

@@ -1,0 +1,32 @@
+// Batched generation: one prefill over all prompts (ragged rows), then decode steps with one row
+// per live sequence. Timing covers prefill and decode separately (the caller owns warm-up).
+#pragma once
+#include <functional>
+#include <vector>
+
+#include "engine/decoder/decoder.h"
+#include "engine/decoder/sampler.h"
+
+namespace hg {
+
+struct GenerateOptions {
+  int n_new = 32;                 // tokens to generate per sequence
+  bool stop_at_eos = true;
+  int max_rows = 512;             // prefill chunk (rows per forward chunk)
+  SamplerOptions sampler;
+};
+
+struct GenerateResult {
+  std::vector<std::vector<int32_t>> tokens;  // generated ids per sequence (prompt excluded)
+  int64_t prefill_tokens = 0;
+  int64_t decode_tokens = 0;  // tokens produced by decode steps (first token comes from prefill)
+  double prefill_s = 0;
+  double decode_s = 0;
+};
+
+// on_token(seq, id) is called as tokens are produced (may be empty).
+GenerateResult generate(const Model& model, Backend& backend, KvStrategy& kv,
+                        const std::vector<std::vector<int32_t>>& prompts, const GenerateOptions& opts,
+                        const std::function<void(int, int32_t)>& on_token = {});
+
+}  // namespace hg

@@ -1,0 +1,38 @@
+// Contiguous host KV storage.
+#include "engine/decoder/kv_store.h"
+
+#include <cstring>
+
+namespace hg {
+
+void KvStore::reset(const KvShape& shape, std::span<const int32_t> capacity) {
+  shape_ = shape;
+  capacity_.assign(capacity.begin(), capacity.end());
+  buf_.clear();
+  bytes_ = 0;
+  buf_.reserve(size_t(shape.n_layers) * capacity_.size());
+  for (int l = 0; l < shape.n_layers; ++l)
+    for (size_t b = 0; b < capacity_.size(); ++b) {
+      const size_t n = size_t(shape.H_kv) * size_t(capacity_[b]) * size_t(shape.D) * sizeof(float);
+      buf_.emplace_back(AlignedBuffer(n), AlignedBuffer(n));
+      bytes_ += int64_t(2 * n);
+    }
+}
+
+void KvStore::write(int layer, std::span<const TokenRow> rows, const float* k, const float* v) {
+  const int D = shape_.D, Hkv = shape_.H_kv;
+  for (size_t i = 0; i < rows.size(); ++i) {
+    const TokenRow r = rows[i];
+    if (r.seq < 0 || size_t(r.seq) >= capacity_.size() || r.pos < 0 || r.pos >= capacity_[size_t(r.seq)])
+      throw OutOfMemoryError(fmt::format("KV store: position {} of sequence {} exceeds its capacity", r.pos, r.seq));
+    float* K = this->k(layer, r.seq);
+    float* V = this->v(layer, r.seq);
+    const int64_t hs = head_stride(r.seq);
+    for (int g = 0; g < Hkv; ++g) {
+      std::memcpy(K + g * hs + int64_t(r.pos) * D, k + (int64_t(i) * Hkv + g) * D, size_t(D) * 4);
+      std::memcpy(V + g * hs + int64_t(r.pos) * D, v + (int64_t(i) * Hkv + g) * D, size_t(D) * 4);
+    }
+  }
+}
+
+}  // namespace hg

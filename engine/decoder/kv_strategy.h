@@ -1,0 +1,45 @@
+// The KV strategy interface: the policy for what KV is kept, where it lives and who computes
+// attention over it. The decoder calls these hooks per layer and knows nothing about placement.
+// Plain-array contract: rows name (sequence, position) of each token the call handles; k, v, q and
+// out are row-major [n_rows, heads, D]. Only begin/append/attend/prepare/end_step mutate state.
+#pragma once
+#include <cstdint>
+#include <span>
+#include <string_view>
+
+namespace hg {
+
+struct KvShape {
+  int n_layers = 0;
+  int H = 0;     // query heads
+  int H_kv = 0;  // KV heads
+  int D = 0;     // head dim
+};
+
+struct TokenRow {
+  int32_t seq = 0;  // index in the batch
+  int32_t pos = 0;  // position in its sequence (0-based)
+};
+
+class KvStrategy {
+ public:
+  virtual ~KvStrategy() = default;
+  virtual std::string_view name() const = 0;
+  // Starts a batch of capacity.size() sequences; sequence b will hold at most capacity[b] tokens.
+  // Drops all previous state.
+  virtual void begin(const KvShape& shape, std::span<const int32_t> capacity) = 0;
+  // Stores the keys and values (after RoPE) of `rows` for `layer`: k, v [n_rows, H_kv, D].
+  virtual void append(int layer, std::span<const TokenRow> rows, const float* k, const float* v) = 0;
+  // Causal attention: each row attends its sequence's tokens at positions <= row.pos.
+  // q [n_rows, H, D] → out [n_rows, H, D]; logits are scaled by `scale`.
+  virtual void attend(int layer, std::span<const TokenRow> rows, const float* q, float scale, float* out) = 0;
+  // Optional: speculative work for next_layer given this layer's input [n_rows, d_model], run
+  // while this layer computes (InfiniGen, HybridGen).
+  virtual void prepare(int next_layer, std::span<const TokenRow> rows, const float* layer_input) {
+    (void)next_layer, (void)rows, (void)layer_input;
+  }
+  // After the last layer of each decoder forward call.
+  virtual void end_step() {}
+};
+
+}  // namespace hg

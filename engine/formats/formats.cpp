@@ -1,0 +1,107 @@
+// Format registry and model-spec dispatch.
+#include "engine/formats/formats.h"
+
+#include <filesystem>
+
+#include "engine/core/error.h"
+
+namespace hg {
+
+ModelSpec parse_model_spec(const std::string& spec) {
+  ModelSpec s;
+  std::string rest = spec;
+  const size_t colon = rest.find(':');
+  if (colon != std::string::npos && colon > 1) {  // "gguf:path" (but not "C:\…")
+    const std::string head = rest.substr(0, colon);
+    if (head.find('/') == std::string::npos && head.find('.') == std::string::npos) {
+      s.format = head;
+      rest = rest.substr(colon + 1);
+    }
+  }
+  const size_t q = rest.find('?');
+  s.path = rest.substr(0, q);
+  if (q != std::string::npos) {
+    std::string opts = rest.substr(q + 1);
+    size_t pos = 0;
+    while (pos <= opts.size()) {
+      const size_t amp = opts.find('&', pos);
+      const std::string kv = opts.substr(pos, amp == std::string::npos ? std::string::npos : amp - pos);
+      if (!kv.empty()) {
+        const size_t eq = kv.find('=');
+        if (eq == std::string::npos || eq == 0) input_error("model spec '{}': option '{}' must be key=value", spec, kv);
+        s.options[kv.substr(0, eq)] = kv.substr(eq + 1);
+      }
+      if (amp == std::string::npos) break;
+      pos = amp + 1;
+    }
+  }
+  return s;
+}
+
+void check_spec_options(const ModelSpec& s, const std::vector<std::string>& allowed) {
+  for (auto& [k, v] : s.options) {
+    bool ok = false;
+    for (auto& a : allowed) ok |= a == k;
+    if (!ok) {
+      std::string list;
+      for (auto& a : allowed) list += (list.empty() ? "" : ", ") + a;
+      input_error("model spec {}: unknown option '{}' (expected one of: {})", s.path, k, list.empty() ? "none" : list);
+    }
+  }
+}
+
+const ModelFormat* FormatRegistry::by_name(std::string_view name) const {
+  for (auto& f : formats_)
+    if (f.name == name) return &f;
+  return nullptr;
+}
+
+const FormatRegistry& model_formats() {
+  static const FormatRegistry reg = [] {
+    FormatRegistry r;
+    r.add(gguf_format());
+    r.add(hf_format());
+    r.add(llama2c_format());
+    r.add(synthetic_format());
+    return r;
+  }();
+  return reg;
+}
+
+DType default_weight_dtype(DType src, const LoadOptions& opts) {
+  if (opts.weight_dtype) return *opts.weight_dtype;
+  return src == DType::kBF16 ? DType::kBF16 : DType::kF32;
+}
+
+Model load_model(const std::string& spec_str, const LoadOptions& opts) {
+  ModelSpec spec = parse_model_spec(spec_str);
+  if (opts.weight_dtype && *opts.weight_dtype == DType::kF16)
+    input_error("weight type f16 is not supported by the CPU backend's matmul (use f32 or bf16)");
+  const FormatRegistry& reg = model_formats();
+  const ModelFormat* fmt = nullptr;
+  if (!spec.format.empty()) {
+    fmt = reg.by_name(spec.format);
+    if (!fmt) {
+      std::string names;
+      for (auto& f : reg.all()) names += (names.empty() ? "" : ", ") + f.name;
+      input_error("model '{}': unknown format '{}' (expected one of: {})", spec_str, spec.format, names);
+    }
+  } else {
+    if (!std::filesystem::exists(spec.path)) input_error("{}: no such file or directory", spec.path);
+    for (auto& f : reg.all())
+      if (f.probe && f.probe(spec.path)) {
+        fmt = &f;
+        break;
+      }
+    if (!fmt)
+      input_error("{}: not a recognised model (expected a GGUF file, a Hugging Face directory with config.json, "
+                  "or a llama2.c .bin)", spec.path);
+  }
+  Model m = fmt->load(spec, opts);
+  m.format = fmt->name;
+  if (m.source.empty()) m.source = spec_str;
+  validate_model(m, m.source);
+  return m;
+}
+
+}  // namespace hg

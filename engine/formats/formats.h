@@ -1,0 +1,65 @@
+// Model formats: one loader per format, registered by name in register_formats(); each produces
+// the same Model. A model spec is a path (format probed), "<format>:<path>", or
+// "synthetic:<preset>[?layers=N&dtype=bf16&seed=S]". Options after '?' are format-specific.
+#pragma once
+#include <map>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "engine/core/model.h"
+
+namespace hg {
+
+struct LoadOptions {
+  std::optional<DType> weight_dtype;  // engine type for matrices; default depends on the source
+};
+
+// "path?key=value&key2=value2" → path and options; keys are checked by the loader.
+struct ModelSpec {
+  std::string format;  // empty when probing
+  std::string path;
+  std::map<std::string, std::string> options;
+};
+ModelSpec parse_model_spec(const std::string& spec);
+// Throws InputError naming the first option not in `allowed`.
+void check_spec_options(const ModelSpec& s, const std::vector<std::string>& allowed);
+
+struct ModelFormat {
+  std::string name;
+  std::string doc;
+  bool (*probe)(const std::string& path) = nullptr;  // true when the path looks like this format
+  Model (*load)(const ModelSpec& spec, const LoadOptions& opts) = nullptr;
+};
+
+class FormatRegistry {
+ public:
+  void add(ModelFormat f) { formats_.push_back(std::move(f)); }
+  const ModelFormat* by_name(std::string_view name) const;
+  const std::vector<ModelFormat>& all() const { return formats_; }
+
+ private:
+  std::vector<ModelFormat> formats_;
+};
+
+const FormatRegistry& model_formats();
+// Loads any supported model; throws InputError with the file and problem on bad input.
+Model load_model(const std::string& spec, const LoadOptions& opts = {});
+
+ModelFormat gguf_format();
+ModelFormat hf_format();
+ModelFormat llama2c_format();
+ModelFormat synthetic_format();
+
+// Synthetic presets: name → shapes (the paper's models and small test models).
+struct SyntheticPreset {
+  std::string name;
+  std::string arch;
+  HParams hp;
+};
+const std::vector<SyntheticPreset>& synthetic_presets();
+
+// Picks the engine dtype for matrices stored as `src` (bf16 stays bf16, everything else → f32).
+DType default_weight_dtype(DType src, const LoadOptions& opts);
+
+}  // namespace hg

@@ -1,0 +1,150 @@
+// Hugging Face directory loader: config.json → architecture and hyperparameters; weights from
+// model.safetensors or the shards of model.safetensors.index.json; tokenizer from tokenizer.model
+// (SentencePiece), tokenizer.json (byte-level BPE) or vocab.json + merges.txt (GPT-2 files).
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include <nlohmann/json.hpp>
+
+#include "engine/arch/arch.h"
+#include "engine/core/error.h"
+#include "engine/formats/formats.h"
+#include "engine/formats/safetensors.h"
+#include "engine/tokenizer/tokenizer.h"
+
+namespace fs = std::filesystem;
+
+namespace hg {
+namespace {
+
+bool probe(const std::string& path) { return fs::is_directory(path) && fs::exists(fs::path(path) / "config.json"); }
+
+nlohmann::json read_json(const fs::path& p) {
+  std::ifstream in(p);
+  if (!in) input_error("{}: cannot open", p.string());
+  std::stringstream ss;
+  ss << in.rdbuf();
+  try {
+    return nlohmann::json::parse(ss.str());
+  } catch (const nlohmann::json::exception& e) {
+    input_error("{}: invalid JSON: {}", p.string(), e.what());
+  }
+}
+
+int first_id(const nlohmann::json& cfg, const char* field) {
+  auto it = cfg.find(field);
+  if (it == cfg.end() || it->is_null()) return -1;
+  if (it->is_number_integer()) return it->get<int>();
+  if (it->is_array() && !it->empty() && (*it)[0].is_number_integer()) return (*it)[0].get<int>();
+  return -1;
+}
+
+Model load(const ModelSpec& spec, const LoadOptions& opts) {
+  check_spec_options(spec, {});
+  const fs::path dir(spec.path);
+  if (!fs::is_directory(dir)) input_error("{}: not a directory", spec.path);
+  const fs::path cfg_path = dir / "config.json";
+  const std::string where = cfg_path.string();
+  const nlohmann::json cfg = read_json(cfg_path);
+  if (!cfg.is_object()) input_error("{}: expected a JSON object", where);
+  auto archs = cfg.find("architectures");
+  if (archs == cfg.end() || !archs->is_array() || archs->empty() || !(*archs)[0].is_string())
+    input_error("{}: missing field 'architectures' (e.g. [\"LlamaForCausalLM\"])", where);
+  const std::string cls = (*archs)[0].get<std::string>();
+  const Architecture* arch = architectures().by_hf_class(cls);
+  if (!arch) {
+    std::string known;
+    for (auto& a : architectures().all())
+      for (auto& c : a.hf_classes) known += (known.empty() ? "" : ", ") + c;
+    input_error("{}: unknown architecture '{}' (expected one of: {})", where, cls, known);
+  }
+  Model m;
+  m.hp.arch = arch->name;
+  m.traits = arch->traits;
+  arch->parse_hf_config(cfg, where, &m.hp);
+  m.hp.bos_id = first_id(cfg, "bos_token_id");
+  m.hp.eos_id = first_id(cfg, "eos_token_id");
+  validate_hparams(m.hp, where);
+
+  // Weights: single file or sharded index.
+  std::vector<std::unique_ptr<SafetensorsFile>> files;
+  std::map<std::string, SafetensorsFile*> where_is;
+  if (fs::exists(dir / "model.safetensors")) {
+    files.push_back(std::make_unique<SafetensorsFile>((dir / "model.safetensors").string()));
+    for (auto& [n, e] : files.back()->entries()) where_is[n] = files.back().get();
+  } else if (fs::exists(dir / "model.safetensors.index.json")) {
+    const auto idx_path = dir / "model.safetensors.index.json";
+    const auto idx = read_json(idx_path);
+    if (!idx.contains("weight_map") || !idx["weight_map"].is_object())
+      input_error("{}: missing field 'weight_map'", idx_path.string());
+    std::map<std::string, SafetensorsFile*> by_file;
+    for (auto& [name, file] : idx["weight_map"].items()) {
+      if (!file.is_string()) input_error("{}: weight_map['{}'] must be a file name", idx_path.string(), name);
+      const std::string fn = file.get<std::string>();
+      if (fn.find('/') != std::string::npos) input_error("{}: shard '{}' must be a plain file name", idx_path.string(), fn);
+      if (!by_file.count(fn)) {
+        files.push_back(std::make_unique<SafetensorsFile>((dir / fn).string()));
+        by_file[fn] = files.back().get();
+      }
+      where_is[name] = by_file[fn];
+    }
+  } else {
+    input_error("{}: no model.safetensors or model.safetensors.index.json", spec.path);
+  }
+  const std::string lm_head = arch->hf_global_name(GlobalSlot::kOutput);
+  if (!where_is.count(lm_head)) {
+    if (!m.hp.tie_embeddings)
+      input_error("{}: no tensor {} and tie_word_embeddings is false", spec.path, lm_head);
+  } else {
+    m.hp.tie_embeddings = false;  // an explicit head wins
+  }
+  const std::string wq0 = arch->hf_name(Slot::kWq, 0);
+  DType src = DType::kF32;
+  if (where_is.count(wq0)) src = where_is[wq0]->find(wq0)->dtype;
+  m.weight_dtype = default_weight_dtype(src, opts);
+  m.source_dtype = std::string(dtype_name(src));
+  auto load_tensor = [&](const std::string& name, bool matrix) -> Weight {
+    auto it = where_is.find(name);
+    if (it == where_is.end()) input_error("{}: missing tensor {}", spec.path, name);
+    const auto* e = it->second->find(name);
+    if (!e) input_error("{}: tensor {} is not in {}", spec.path, name, it->second->path());
+    return it->second->load(name, *e, matrix ? m.weight_dtype : DType::kF32);
+  };
+  for (auto s : global_slots(m.traits, m.hp.tie_embeddings))
+    m[s] = load_tensor(arch->hf_global_name(s), slot_is_matrix(s));
+  m.layers.resize(size_t(m.hp.n_layers));
+  for (int i = 0; i < m.hp.n_layers; ++i)
+    for (auto s : layer_slots(m.traits))
+      m.layers[size_t(i)][s] = load_tensor(arch->hf_name(s, i), slot_is_matrix(s));
+
+  // Tokenizer.
+  std::unique_ptr<Tokenizer> tok;
+  if (fs::exists(dir / "tokenizer.model")) {
+    tok = load_sentencepiece_model((dir / "tokenizer.model").string());
+  } else if (fs::exists(dir / "tokenizer.json")) {
+    tok = load_hf_tokenizer_json((dir / "tokenizer.json").string());
+  } else if (fs::exists(dir / "vocab.json") && fs::exists(dir / "merges.txt")) {
+    tok = load_gpt2_files((dir / "vocab.json").string(), (dir / "merges.txt").string(), PreSplit::kGpt2);
+  } else {
+    input_error("{}: no tokenizer (expected tokenizer.model, tokenizer.json, or vocab.json + merges.txt)", spec.path);
+  }
+  if (m.hp.bos_id >= 0) tok->bos_id = m.hp.bos_id;
+  if (m.hp.eos_id >= 0) tok->eos_id = m.hp.eos_id;
+  tok->add_bos = arch->default_add_bos;
+  if (fs::exists(dir / "tokenizer_config.json")) {
+    const auto tc = read_json(dir / "tokenizer_config.json");
+    if (tc.contains("add_bos_token") && tc["add_bos_token"].is_boolean()) tok->add_bos = tc["add_bos_token"].get<bool>();
+  }
+  m.tokenizer = std::move(tok);
+  m.source = spec.path;
+  return m;
+}
+
+}  // namespace
+
+ModelFormat hf_format() {
+  return {"hf", "Hugging Face directory: config.json + (sharded) safetensors; Llama, Qwen2, OPT", probe, load};
+}
+
+}  // namespace hg

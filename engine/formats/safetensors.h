@@ -1,0 +1,33 @@
+// safetensors reader: u64 header length, JSON header {name: {dtype, shape, data_offsets}}, data.
+// Offsets and sizes are checked against the file. F32, F16 and BF16 tensors.
+#pragma once
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "engine/core/mapped_file.h"
+#include "engine/core/tensor.h"
+
+namespace hg {
+
+class SafetensorsFile {
+ public:
+  struct Entry {
+    DType dtype;
+    std::vector<int64_t> shape;
+    uint64_t offset;  // absolute
+    uint64_t bytes;
+  };
+  explicit SafetensorsFile(const std::string& path);
+  const std::string& path() const { return file_.path(); }
+  const Entry* find(const std::string& name) const;
+  const std::map<std::string, Entry>& entries() const { return entries_; }
+  Weight load(const std::string& name, const Entry& e, DType to) const;
+
+ private:
+  MappedFile file_;
+  std::map<std::string, Entry> entries_;
+};
+
+}  // namespace hg

@@ -1,0 +1,172 @@
+// Synthetic models: random weights from a seed with the real shapes of the paper's models (and
+// small ones for tests), so that performance sweeps cost what the real model costs. Values are
+// uniform with variance 1/fan_in so activations stay O(1) through depth. Deterministic for a
+// given seed regardless of thread count.
+#include <charconv>
+#include <cmath>
+
+#include "engine/arch/arch.h"
+#include "engine/core/error.h"
+#include "engine/core/thread_pool.h"
+#include "engine/formats/formats.h"
+#include "engine/tokenizer/tokenizer.h"
+
+namespace hg {
+namespace {
+
+HParams shape(const char* arch, int d, int L, int H, int Hkv, int D, int ff, int V, int max_pos, double theta,
+              bool tie, float eps = 1e-5f) {
+  HParams hp;
+  hp.arch = arch;
+  hp.d_model = d;
+  hp.n_layers = L;
+  hp.n_heads = H;
+  hp.n_kv_heads = Hkv;
+  hp.head_dim = D;
+  hp.d_ff = ff;
+  hp.n_vocab = V;
+  hp.max_pos = max_pos;
+  hp.rope_theta = theta;
+  hp.tie_embeddings = tie;
+  hp.norm_eps = eps;
+  hp.rope_style = RopeStyle::kHalf;
+  hp.bos_id = 1;
+  hp.eos_id = 2;
+  if (std::string_view(arch) == "opt") hp.pos_offset = 2;
+  return hp;
+}
+
+HParams llama3(HParams hp, double factor) {
+  hp.rope_scaling.type = "llama3";
+  hp.rope_scaling.factor = factor;
+  hp.rope_scaling.low_freq_factor = 1.0;
+  hp.rope_scaling.high_freq_factor = 4.0;
+  hp.rope_scaling.original_max_pos = 8192;
+  return hp;
+}
+
+std::vector<SyntheticPreset> make_presets() {
+  std::vector<SyntheticPreset> p;
+  auto add = [&](const char* name, HParams hp) { p.push_back({name, hp.arch, hp}); };
+  // Shapes from ../shared/MODELS.md (the models' published config.json).
+  add("opt-1.3b", shape("opt", 2048, 24, 32, 32, 64, 8192, 50272, 2048, 0, true));
+  add("opt-2.7b", shape("opt", 2560, 32, 32, 32, 80, 10240, 50272, 2048, 0, true));
+  add("opt-6.7b", shape("opt", 4096, 32, 32, 32, 128, 16384, 50272, 2048, 0, true));
+  add("opt-13b", shape("opt", 5120, 40, 40, 40, 128, 20480, 50272, 2048, 0, true));
+  add("llama-3.2-1b", llama3(shape("llama", 2048, 16, 32, 8, 64, 8192, 128256, 131072, 500000, true), 32));
+  add("llama-3.2-3b", llama3(shape("llama", 3072, 28, 24, 8, 128, 8192, 128256, 131072, 500000, true), 32));
+  add("llama-3.1-8b", llama3(shape("llama", 4096, 32, 32, 8, 128, 14336, 128256, 131072, 500000, false), 8));
+  add("qwen2.5-1.5b", shape("qwen2", 1536, 28, 12, 2, 128, 8960, 151936, 32768, 1e6, true, 1e-6f));
+  add("qwen2.5-3b", shape("qwen2", 2048, 36, 16, 2, 128, 11008, 151936, 32768, 1e6, true, 1e-6f));
+  add("qwen2.5-7b", shape("qwen2", 3584, 28, 28, 4, 128, 18944, 152064, 32768, 1e6, false, 1e-6f));
+  add("qwen2.5-14b", shape("qwen2", 5120, 48, 40, 8, 128, 13824, 152064, 32768, 1e6, false, 1e-6f));
+  // llama2.c's stories110M shape (the 110M reference point of docs/performance.md).
+  add("stories110m", shape("llama", 768, 12, 12, 12, 64, 2048, 32000, 1024, 10000, false));
+  // Small models for tests: odd head dims and GQA ratios on purpose.
+  add("tiny-llama", [] {
+    HParams hp = llama3(shape("llama", 64, 2, 4, 2, 16, 96, 300, 512, 10000, false), 4);
+    hp.rope_scaling.original_max_pos = 64;
+    return hp;
+  }());
+  add("tiny-qwen2", shape("qwen2", 48, 2, 4, 2, 12, 80, 300, 512, 1e6, true, 1e-6f));
+  add("tiny-opt", shape("opt", 64, 2, 4, 4, 16, 128, 300, 512, 0, true));
+  return p;
+}
+
+uint64_t splitmix(uint64_t& s) {
+  uint64_t z = (s += 0x9e3779b97f4a7c15ull);
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+  return z ^ (z >> 31);
+}
+
+// Fills w with `offset + scale * U(-1, 1)` from stream (seed, id); chunks are seeded independently.
+void fill(Weight& w, uint64_t seed, uint64_t id, float scale, float offset) {
+  const int64_t n = w.numel();
+  constexpr int64_t kChunk = 1 << 16;
+  const int64_t n_chunks = (n + kChunk - 1) / kChunk;
+  parallel_for(n_chunks, [&](int64_t c) {
+    uint64_t s = seed * 0x100000001b3ull ^ (id << 32) ^ uint64_t(c) * 0x9e3779b97f4a7c15ull;
+    const int64_t b = c * kChunk, e = std::min(n, b + kChunk);
+    for (int64_t i = b; i < e; ++i) {
+      const float u = float(int64_t(splitmix(s) >> 11) * (1.0 / 9007199254740992.0)) * 2.0f - 1.0f;
+      const float v = offset + scale * u;
+      if (w.dtype == DType::kF32) static_cast<float*>(w.buf.data())[i] = v;
+      else if (w.dtype == DType::kBF16) static_cast<uint16_t*>(w.buf.data())[i] = f32_to_bf16(v);
+      else static_cast<uint16_t*>(w.buf.data())[i] = f32_to_f16(v);
+    }
+  });
+}
+
+int parse_int(const ModelSpec& s, const char* key, int dflt) {
+  auto it = s.options.find(key);
+  if (it == s.options.end()) return dflt;
+  int v = 0;
+  auto [p, ec] = std::from_chars(it->second.data(), it->second.data() + it->second.size(), v);
+  if (ec != std::errc() || p != it->second.data() + it->second.size() || v < 0)
+    input_error("synthetic:{}: option {}={} must be a non-negative integer", s.path, key, it->second);
+  return v;
+}
+
+Model load(const ModelSpec& spec, const LoadOptions& opts) {
+  check_spec_options(spec, {"layers", "dtype", "seed"});
+  const SyntheticPreset* preset = nullptr;
+  for (auto& p : synthetic_presets())
+    if (p.name == spec.path) preset = &p;
+  if (!preset) {
+    std::string names;
+    for (auto& p : synthetic_presets()) names += (names.empty() ? "" : ", ") + p.name;
+    input_error("synthetic:{}: unknown preset (expected one of: {})", spec.path, names);
+  }
+  const Architecture* arch = architectures().by_name(preset->arch);
+  Model m;
+  m.hp = preset->hp;
+  m.traits = arch->traits;
+  const int layers = parse_int(spec, "layers", m.hp.n_layers);
+  if (layers <= 0) input_error("synthetic:{}: layers must be positive", spec.path);
+  m.hp.n_layers = layers;
+  const uint64_t seed = uint64_t(parse_int(spec, "seed", 1234));
+  DType dt = default_weight_dtype(DType::kF32, opts);
+  if (spec.options.count("dtype") && !parse_dtype(spec.options.at("dtype"), &dt))
+    input_error("synthetic:{}: dtype={} (expected f32 or bf16)", spec.path, spec.options.at("dtype"));
+  if (dt == DType::kF16) input_error("synthetic:{}: dtype=f16 is not an engine weight type (use f32 or bf16)", spec.path);
+  m.weight_dtype = dt;
+  m.source_dtype = std::string(dtype_name(dt));
+  uint64_t id = 0;
+  auto make = [&](auto slot, Weight& w) {
+    const auto sh = slot_shape(slot, m.hp);
+    const bool matrix = slot_is_matrix(slot);
+    w = make_weight(matrix ? dt : DType::kF32, sh);
+    const std::string_view name = slot_name(slot);
+    float scale = 0.1f, offset = 0.0f;
+    if (name.find("norm") != std::string_view::npos && name.find("bias") == std::string_view::npos) offset = 1.0f;
+    else if (name == "tok_embd" || name == "output") scale = 1.0f;
+    else if (name == "pos_embd") scale = 0.5f;
+    else if (matrix) scale = std::sqrt(3.0f / float(sh[1]));
+    if (name == "output") scale = std::sqrt(3.0f / float(sh[1]));
+    fill(w, seed, id++, scale, offset);
+  };
+  for (auto s : global_slots(m.traits, m.hp.tie_embeddings)) make(s, m[s]);
+  m.layers.resize(size_t(m.hp.n_layers));
+  for (auto& l : m.layers)
+    for (auto s : layer_slots(m.traits)) make(s, l[s]);
+  m.tokenizer = make_byte_tokenizer(m.hp.n_vocab);
+  m.source = "synthetic:" + spec.path;
+  return m;
+}
+
+bool probe(const std::string&) { return false; }
+
+}  // namespace
+
+const std::vector<SyntheticPreset>& synthetic_presets() {
+  static const std::vector<SyntheticPreset> p = make_presets();
+  return p;
+}
+
+ModelFormat synthetic_format() {
+  return {"synthetic", "random weights with a preset's real shapes: synthetic:<preset>[?layers=N&dtype=bf16&seed=S]",
+          probe, load};
+}
+
+}  // namespace hg

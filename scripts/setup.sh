@@ -1,0 +1,36 @@
+#!/usr/bin/env bash
+# Shared set-up for scripts/hgbench and scripts/test: install missing Debian packages (as root),
+# then configure and build build/ (cmake's own dependency tracking makes a fresh build a no-op).
+# Sourced, not run. Honours HG_BUILD_DIR (default build) and HG_CMAKE_ARGS.
+set -euo pipefail
+HG_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+HG_BUILD_DIR="${HG_BUILD_DIR:-$HG_ROOT/build}"
+HG_PACKAGES=(g++ cmake make pkg-config libdnnl-dev libyaml-cpp-dev libfmt-dev libsentencepiece-dev
+  libnuma-dev libgtest-dev libgmock-dev libbenchmark-dev nlohmann-json3-dev libeigen3-dev libpcre2-dev)
+
+hg_install_deps() {
+  local missing=()
+  for p in "${HG_PACKAGES[@]}"; do
+    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+  done
+  [ ${#missing[@]} -eq 0 ] && return 0
+  if [ "$(id -u)" -ne 0 ]; then
+    echo "hgbench: missing Debian packages; run as root:" >&2
+    echo "  apt-get install -y --no-install-recommends ${missing[*]}" >&2
+    exit 2
+  fi
+  echo "hgbench: installing ${missing[*]}" >&2
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -qq >&2 || true
+  apt-get install -y -qq --no-install-recommends "${missing[@]}" >&2
+}
+
+hg_build() {
+  local jobs
+  jobs="$(nproc)"
+  if [ ! -f "$HG_BUILD_DIR/CMakeCache.txt" ]; then
+    # shellcheck disable=SC2086
+    cmake -S "$HG_ROOT" -B "$HG_BUILD_DIR" -DCMAKE_BUILD_TYPE=Release ${HG_CMAKE_ARGS:-} >&2
+  fi
+  cmake --build "$HG_BUILD_DIR" -j "$jobs" >&2
+}
