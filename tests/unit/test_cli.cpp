@@ -1,0 +1,65 @@
+// The hgbench binary: help texts, exit status 2 with a one-line error for bad input, and a real
+// generate/info run.
+#include <sys/wait.h>
+
+#include <array>
+#include <cstdio>
+
+#include "test_util.h"
+
+namespace hg {
+namespace {
+
+struct CmdResult {
+  int status;
+  std::string out;  // stdout and stderr
+};
+
+CmdResult run(const std::string& args) {
+  const std::string cmd = std::string(HG_BINARY) + " " + args + " 2>&1";
+  CmdResult r{-1, ""};
+  FILE* p = popen(cmd.c_str(), "r");
+  if (!p) return r;
+  std::array<char, 4096> buf;
+  size_t n;
+  while ((n = fread(buf.data(), 1, buf.size(), p)) > 0) r.out.append(buf.data(), n);
+  const int st = pclose(p);
+  r.status = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+  return r;
+}
+
+TEST(Cli, HelpForEverySubcommand) {
+  EXPECT_EQ(run("--help").status, 0);
+  for (const char* c : {"generate", "info", "models", "strategies"}) {
+    const CmdResult r = run(std::string(c) + " --help");
+    EXPECT_EQ(r.status, 0) << c;
+    EXPECT_FALSE(r.out.empty()) << c;
+  }
+}
+
+TEST(Cli, BadInputExitsTwoWithOneLine) {
+  for (const char* args : {"generate", "generate --model /nonexistent.gguf", "info --model synthetic:nope",
+                           "generate --model synthetic:tiny-llama --bogus", "generate --model synthetic:tiny-llama -n x",
+                           "generate --model synthetic:tiny-llama --backend cuda", "frobnicate",
+                           "generate --model synthetic:tiny-llama --strategy nope"}) {
+    const CmdResult r = run(args);
+    EXPECT_EQ(r.status, 2) << args << "\n" << r.out;
+    EXPECT_EQ(std::count(r.out.begin(), r.out.end(), '\n'), 1) << args << "\n" << r.out;
+  }
+}
+
+TEST(Cli, GenerateAndInfoOnRealModel) {
+  HG_REQUIRE_SHARED("models/stories260K/stories260K.gguf");
+  const std::string m = test::shared_path("models/stories260K/stories260K.gguf");
+  CmdResult r = run("generate --model " + m + " -n 24 --threads 1");
+  EXPECT_EQ(r.status, 0) << r.out;
+  EXPECT_NE(r.out.find("Once upon a time, there was a little girl named Lily."), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("decode: 23 tokens"), std::string::npos) << r.out;
+  r = run("info --model " + m);
+  EXPECT_EQ(r.status, 0) << r.out;
+  EXPECT_NE(r.out.find("architecture:   llama"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("parameters:     260032"), std::string::npos) << r.out;
+}
+
+}  // namespace
+}  // namespace hg

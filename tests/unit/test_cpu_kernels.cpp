@@ -1,0 +1,192 @@
+// Every CPU backend op against the `ref` oracle: odd sizes, seeded inputs in [-1, 1], tolerance
+// table below. Case names carry their parameters.
+#include "engine/backend/backend.h"
+#include "engine/backend/cpu/kernels.h"
+#include "engine/core/error.h"
+#include "test_util.h"
+
+namespace hg {
+namespace {
+
+// Tolerance table (atol, rtol) per op and weight type.
+constexpr test::Tol kTolF32{1e-5, 1e-5};
+constexpr test::Tol kTolMatmulF32{1e-4, 1e-4};   // K up to 1000: summation order differs
+constexpr test::Tol kTolMatmulBf16{3e-2, 2e-2};  // activations rounded to BF16 before the GEMM
+constexpr test::Tol kTolAttention{2e-5, 1e-4};
+constexpr test::Tol kTolSwiglu{1e-6, 1e-5};
+
+class Backends : public ::testing::Test {
+ protected:
+  std::unique_ptr<Backend> cpu = make_cpu_backend();
+  std::unique_ptr<Backend> ref = make_ref_backend();
+};
+
+struct MatmulCase {
+  int64_t M, K, N;
+  DType t;
+};
+
+class MatmulTest : public ::testing::TestWithParam<MatmulCase> {};
+
+TEST_P(MatmulTest, CpuMatchesRef) {
+  const auto [M, K, N, t] = GetParam();
+  auto x = test::random_vec(size_t(M * K), 11);
+  auto wf = test::random_vec(size_t(N * K), 12);
+  auto bias = test::random_vec(size_t(N), 13);
+  Weight w = convert_weight(DType::kF32, wf.data(), t, {N, K});
+  std::vector<float> y(size_t(M * N)), yr(size_t(M * N));
+  auto cpu = make_cpu_backend();
+  auto ref = make_ref_backend();
+  cpu->matmul(x.data(), M, w, bias.data(), y.data());
+  // The BF16 path rounds activations to BF16; the oracle sees the same rounded inputs.
+  if (t == DType::kBF16)
+    for (auto& v : x) v = bf16_to_f32(f32_to_bf16(v));
+  ref->matmul(x.data(), M, w, bias.data(), yr.data());
+  EXPECT_TRUE(test::all_close(y.data(), yr.data(), y.size(), t == DType::kBF16 ? kTolMatmulBf16 : kTolMatmulF32));
+}
+
+INSTANTIATE_TEST_SUITE_P(Shapes, MatmulTest,
+                         ::testing::Values(MatmulCase{1, 17, 97, DType::kF32}, MatmulCase{17, 97, 33, DType::kF32},
+                                           MatmulCase{97, 1000, 17, DType::kF32}, MatmulCase{1, 64, 300, DType::kF32},
+                                           MatmulCase{1, 17, 97, DType::kBF16}, MatmulCase{17, 97, 33, DType::kBF16},
+                                           MatmulCase{97, 1000, 17, DType::kBF16}),
+                         [](const auto& i) {
+                           return "M" + std::to_string(i.param.M) + "_K" + std::to_string(i.param.K) + "_N" +
+                                  std::to_string(i.param.N) + "_" + std::string(dtype_name(i.param.t));
+                         });
+
+TEST_F(Backends, NormsMatchRef) {
+  for (int64_t n : {1, 17, 97, 1000}) {
+    const int64_t M = 5;
+    auto x = test::random_vec(size_t(M * n), 21);
+    auto w = test::random_vec(size_t(n), 22);
+    auto b = test::random_vec(size_t(n), 23);
+    std::vector<float> y(x.size()), yr(x.size());
+    cpu->rms_norm(x.data(), w.data(), M, n, 1e-5f, y.data());
+    ref->rms_norm(x.data(), w.data(), M, n, 1e-5f, yr.data());
+    EXPECT_TRUE(test::all_close(y.data(), yr.data(), y.size(), kTolF32)) << "rms_norm n=" << n;
+    cpu->layer_norm(x.data(), w.data(), b.data(), M, n, 1e-5f, y.data());
+    ref->layer_norm(x.data(), w.data(), b.data(), M, n, 1e-5f, yr.data());
+    EXPECT_TRUE(test::all_close(y.data(), yr.data(), y.size(), {1e-4, 1e-4})) << "layer_norm n=" << n;
+  }
+}
+
+TEST_F(Backends, RopeMatchesRefBothStyles) {
+  HParams hp;
+  hp.head_dim = 18;
+  hp.rope_theta = 500000;
+  for (RopeStyle st : {RopeStyle::kHalf, RopeStyle::kInterleaved}) {
+    hp.rope_style = st;
+    const RopeTable t = make_rope_table(hp, {});
+    const int64_t M = 7;
+    const int H = 3, D = 18;
+    auto x = test::random_vec(size_t(M * H * D), 31);
+    auto xr = x;
+    std::vector<int32_t> pos = {0, 1, 5, 17, 97, 1000, 30000};
+    cpu->rope(x.data(), M, H, D, pos.data(), t);
+    ref->rope(xr.data(), M, H, D, pos.data(), t);
+    EXPECT_TRUE(test::all_close(x.data(), xr.data(), x.size(), {2e-5, 1e-5})) << "style " << int(st);
+  }
+}
+
+TEST_F(Backends, Llama3RopeScalingFollowsTheFormula) {
+  HParams hp;
+  hp.head_dim = 64;
+  hp.rope_theta = 500000;
+  const RopeTable plain = make_rope_table(hp, {});
+  hp.rope_scaling = {"llama3", 32.0, 1.0, 4.0, 8192};
+  const RopeTable t = make_rope_table(hp, {});
+  // Highest frequency (wavelength 2π < 8192/4) unchanged; lowest (wavelength > 8192) divided by 32.
+  EXPECT_DOUBLE_EQ(t.inv_freq[0], plain.inv_freq[0]);
+  EXPECT_NEAR(t.inv_freq[31], plain.inv_freq[31] / 32.0, 1e-15);
+  for (size_t i = 0; i < t.inv_freq.size(); ++i) EXPECT_LE(t.inv_freq[i], plain.inv_freq[i] * (1 + 1e-12));
+}
+
+TEST_F(Backends, ActivationsMatchRef) {
+  for (int64_t n : {1, 17, 97, 4099}) {
+    auto g = test::random_vec(size_t(n), 41, -8, 8);
+    auto u = test::random_vec(size_t(n), 42);
+    std::vector<float> y(static_cast<size_t>(n)), yr(static_cast<size_t>(n));
+    cpu->swiglu(g.data(), u.data(), n, y.data());
+    ref->swiglu(g.data(), u.data(), n, yr.data());
+    EXPECT_TRUE(test::all_close(y.data(), yr.data(), y.size(), kTolSwiglu)) << "swiglu n=" << n;
+    auto a = g, ar = g;
+    cpu->relu(a.data(), n);
+    ref->relu(ar.data(), n);
+    EXPECT_TRUE(test::all_close(a.data(), ar.data(), a.size(), {0, 0})) << "relu n=" << n;
+    cpu->add(a.data(), u.data(), n);
+    ref->add(ar.data(), u.data(), n);
+    EXPECT_TRUE(test::all_close(a.data(), ar.data(), a.size(), kTolF32)) << "add n=" << n;
+  }
+}
+
+TEST_F(Backends, ExpShiftSumMatchesLibm) {
+  auto x = test::random_vec(1001, 45, -80, 0);
+  auto y = x;
+  const float s = cpu::exp_shift_sum(y.data(), int64_t(y.size()), -1.0f);
+  double ref_sum = 0;
+  for (size_t i = 0; i < x.size(); ++i) {
+    const double e = std::exp(double(x[i]) + 1.0);
+    ref_sum += e;
+    ASSERT_NEAR(y[i], e, 3e-7 * e + 1e-38) << "x=" << x[i];
+  }
+  EXPECT_NEAR(s, ref_sum, 1e-5 * ref_sum);
+}
+
+TEST_F(Backends, EmbedConvertsRows) {
+  auto tab = test::random_vec(50 * 17, 51);
+  for (DType t : {DType::kF32, DType::kBF16, DType::kF16}) {
+    Weight w = convert_weight(DType::kF32, tab.data(), t, {50, 17});
+    std::vector<int32_t> ids = {0, 49, 7};
+    std::vector<float> y(3 * 17), yr(3 * 17);
+    cpu->embed(w, ids.data(), 3, y.data());
+    ref->embed(w, ids.data(), 3, yr.data());
+    EXPECT_TRUE(test::all_close(y.data(), yr.data(), y.size(), {0, 0}));
+    ids[1] = 50;
+    EXPECT_THROW(cpu->embed(w, ids.data(), 3, y.data()), InputError);
+  }
+}
+
+struct AttnCase {
+  int H, H_kv, D, n_rows, n_keys;
+};
+class AttentionTest : public ::testing::TestWithParam<AttnCase> {};
+
+TEST_P(AttentionTest, CpuMatchesRef) {
+  const auto [H, H_kv, D, n_rows, n_keys] = GetParam();
+  const int64_t cap = n_keys + 3;  // head stride larger than the live keys
+  auto q = test::random_vec(size_t(n_rows * H * D), 61);
+  auto K = test::random_vec(size_t(H_kv * cap * D), 62, -3, 3);
+  auto V = test::random_vec(size_t(H_kv * cap * D), 63);
+  std::vector<AttnRow> rows;
+  for (int r = 0; r < n_rows; ++r)  // causal-like: row r sees n_keys - r keys
+    rows.push_back({K.data(), V.data(), cap * D, std::max(1, n_keys - r)});
+  AttentionArgs a;
+  a.n_rows = n_rows;
+  a.H = H;
+  a.H_kv = H_kv;
+  a.D = D;
+  a.scale = 1.0f / std::sqrt(float(D));
+  a.q = q.data();
+  a.rows = rows.data();
+  std::vector<float> out(q.size()), outr(q.size());
+  a.out = out.data();
+  make_cpu_backend()->attention(a);
+  a.out = outr.data();
+  make_ref_backend()->attention(a);
+  EXPECT_TRUE(test::all_close(out.data(), outr.data(), out.size(), kTolAttention));
+}
+
+INSTANTIATE_TEST_SUITE_P(Shapes, AttentionTest,
+                         ::testing::Values(AttnCase{1, 1, 16, 1, 1}, AttnCase{4, 2, 17, 3, 97}, AttnCase{8, 2, 64, 2, 1000},
+                                           AttnCase{12, 2, 128, 1, 4099}, AttnCase{6, 6, 10, 5, 33},
+                                           AttnCase{32, 8, 64, 1, 517}),
+                         [](const auto& i) {
+                           const auto& p = i.param;
+                           return "H" + std::to_string(p.H) + "_Hkv" + std::to_string(p.H_kv) + "_D" +
+                                  std::to_string(p.D) + "_rows" + std::to_string(p.n_rows) + "_keys" +
+                                  std::to_string(p.n_keys);
+                         });
+
+}  // namespace
+}  // namespace hg

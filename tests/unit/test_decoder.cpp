@@ -1,0 +1,157 @@
+// Whole forward passes: the CPU backend matches `ref` on synthetic llama, qwen2 and opt models;
+// batch > 1 with ragged prompts gives the same tokens as batch 1; chunked prefill equals one
+// chunk; sampling is seeded.
+#include "baselines/full/full.h"
+#include "engine/decoder/decoder.h"
+#include "engine/decoder/generate.h"
+#include "engine/formats/formats.h"
+#include "engine/tokenizer/tokenizer.h"
+#include "test_util.h"
+
+namespace hg {
+namespace {
+
+std::vector<float> prefill_logits(const Model& m, Backend& be, const std::vector<int32_t>& toks, int max_rows = 512) {
+  FullStrategy kv(be);
+  Decoder dec(m, be, kv, max_rows);
+  const int32_t cap = int32_t(toks.size());
+  kv.begin(dec.kv_shape(), std::span<const int32_t>(&cap, 1));
+  std::vector<TokenRow> rows;
+  std::vector<int32_t> want;
+  for (size_t i = 0; i < toks.size(); ++i) {
+    rows.push_back({0, int32_t(i)});
+    want.push_back(int32_t(i));
+  }
+  std::vector<float> logits(toks.size() * size_t(m.hp.n_vocab));
+  dec.forward(toks, rows, want, logits.data());
+  return logits;
+}
+
+class ForwardVsRef : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(ForwardVsRef, CpuLogitsMatchRefOracle) {
+  Model m = load_model(GetParam());
+  std::vector<int32_t> toks = {1, 17, 200, 5, 299, 42, 7, 100, 3, 250, 11};
+  auto cpu = make_cpu_backend();
+  auto ref = make_ref_backend();
+  const auto a = prefill_logits(m, *cpu, toks);
+  const auto b = prefill_logits(m, *ref, toks);
+  double max_ref = 0;
+  for (float v : b) max_ref = std::max(max_ref, double(std::abs(v)));
+  ASSERT_GT(max_ref, 0.1);  // the model produces non-trivial logits
+  const bool bf16 = m.weight_dtype == DType::kBF16;
+  // Whole-model tolerance: F32 accumulates ~1e-6 relative error per op over 2 layers; BF16
+  // rounds every projection's input.
+  const test::Tol tol = bf16 ? test::Tol{5e-2 * max_ref, 5e-2} : test::Tol{1e-4 * max_ref, 1e-4};
+  EXPECT_TRUE(test::all_close(a.data(), b.data(), a.size(), tol)) << GetParam();
+}
+
+INSTANTIATE_TEST_SUITE_P(Models, ForwardVsRef,
+                         ::testing::Values("synthetic:tiny-llama", "synthetic:tiny-qwen2", "synthetic:tiny-opt",
+                                           "synthetic:tiny-llama?dtype=bf16", "synthetic:tiny-opt?dtype=bf16"),
+                         [](const auto& i) {
+                           std::string s = i.param.substr(10);
+                           for (auto& c : s)
+                             if (!isalnum(c)) c = '_';
+                           return s;
+                         });
+
+TEST(Decoder, ChunkedPrefillEqualsSingleChunk) {
+  Model m = load_model("synthetic:tiny-qwen2");
+  auto cpu = make_cpu_backend();
+  std::vector<int32_t> toks;
+  for (int i = 0; i < 37; ++i) toks.push_back((i * 37 + 5) % 300);
+  const auto a = prefill_logits(m, *cpu, toks, 512);
+  const auto b = prefill_logits(m, *cpu, toks, 5);
+  EXPECT_TRUE(test::all_close(a.data(), b.data(), a.size(), {1e-4, 1e-4}));
+}
+
+class BatchVsSingle : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(BatchVsSingle, RaggedBatchGivesSameTokensAsBatchOne) {
+  Model m = load_model(GetParam());
+  auto cpu = make_cpu_backend();
+  const std::vector<std::vector<int32_t>> prompts = {{1, 50, 60}, {1, 7, 8, 9, 10, 11, 12, 13}, {1}, {1, 299, 3, 4, 5}};
+  GenerateOptions o;
+  o.n_new = 12;
+  o.stop_at_eos = false;
+  FullStrategy kv(*cpu);
+  const auto batch = generate(m, *cpu, kv, prompts, o);
+  for (size_t b = 0; b < prompts.size(); ++b) {
+    FullStrategy kv1(*cpu);
+    const auto one = generate(m, *cpu, kv1, {prompts[b]}, o);
+    EXPECT_EQ(batch.tokens[b], one.tokens[0]) << "sequence " << b;
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Models, BatchVsSingle,
+                         ::testing::Values("synthetic:tiny-llama", "synthetic:tiny-qwen2", "synthetic:tiny-opt"),
+                         [](const auto& i) { return i.param.substr(15); });
+
+TEST(Decoder, BatchMatchesSingleOnRealModel) {
+  HG_REQUIRE_SHARED("models/stories260K/stories260K.gguf");
+  Model m = load_model(test::shared_path("models/stories260K/stories260K.gguf"));
+  auto cpu = make_cpu_backend();
+  std::vector<std::vector<int32_t>> prompts = {m.tokenizer->encode_prompt("Once upon a time"),
+                                               m.tokenizer->encode_prompt("The cat sat on the mat and"), {1}};
+  GenerateOptions o;
+  o.n_new = 40;
+  o.stop_at_eos = false;
+  FullStrategy kv(*cpu);
+  const auto batch = generate(m, *cpu, kv, prompts, o);
+  for (size_t b = 0; b < prompts.size(); ++b) {
+    FullStrategy kv1(*cpu);
+    EXPECT_EQ(batch.tokens[b], generate(m, *cpu, kv1, {prompts[b]}, o).tokens[0]) << b;
+  }
+}
+
+TEST(Sampler, SeededAndTopKOneIsGreedy) {
+  auto logits = test::random_vec(1000, 5, -3, 3);
+  SamplerOptions o;
+  o.greedy = false;
+  o.seed = 42;
+  o.top_k = 50;
+  o.top_p = 0.9f;
+  Sampler a(o, 0), b(o, 0), c(o, 1);
+  std::vector<int32_t> sa, sb, sc;
+  for (int i = 0; i < 64; ++i) {
+    sa.push_back(a.sample(logits));
+    sb.push_back(b.sample(logits));
+    sc.push_back(c.sample(logits));
+  }
+  EXPECT_EQ(sa, sb);
+  EXPECT_NE(sa, sc);
+  o.top_k = 1;
+  Sampler k1(o, 3);
+  EXPECT_EQ(k1.sample(logits), argmax(logits));
+  // top-k 50: every sample is among the 50 largest logits.
+  std::vector<float> sorted = logits;
+  std::sort(sorted.begin(), sorted.end(), std::greater<>());
+  for (auto id : sa) EXPECT_GE(logits[size_t(id)], sorted[49]);
+}
+
+TEST(Synthetic, PresetsHaveThePapersShapes) {
+  const auto& p = synthetic_presets();
+  auto find = [&](const std::string& n) -> const HParams& {
+    for (auto& x : p)
+      if (x.name == n) return x.hp;
+    throw std::runtime_error("no preset " + n);
+  };
+  EXPECT_EQ(find("llama-3.1-8b").d_ff, 14336);
+  EXPECT_EQ(find("llama-3.1-8b").n_kv_heads, 8);
+  EXPECT_EQ(find("qwen2.5-7b").n_vocab, 152064);
+  EXPECT_EQ(find("opt-2.7b").head_dim, 80);
+  for (const char* n : {"opt-1.3b", "opt-2.7b", "opt-6.7b", "opt-13b", "llama-3.2-1b", "llama-3.2-3b", "llama-3.1-8b",
+                        "qwen2.5-1.5b", "qwen2.5-3b", "qwen2.5-7b", "qwen2.5-14b"})
+    EXPECT_NO_THROW(validate_hparams(find(n), n)) << n;
+  // A 2-layer llama-3.2-1b has the real per-layer shapes and is deterministic in its seed.
+  Model a = load_model("synthetic:llama-3.2-1b?layers=1&dtype=bf16&seed=7");
+  Model b = load_model("synthetic:llama-3.2-1b?layers=1&dtype=bf16&seed=7");
+  EXPECT_EQ(a.layers[0][Slot::kWGate].shape, (std::vector<int64_t>{8192, 2048}));
+  EXPECT_EQ(0, std::memcmp(a.layers[0][Slot::kWq].buf.data(), b.layers[0][Slot::kWq].buf.data(), a.layers[0][Slot::kWq].bytes()));
+  EXPECT_THROW(load_model("synthetic:llama-3.2-1b?layer=2"), InputError);
+  EXPECT_THROW(load_model("synthetic:nope"), InputError);
+}
+
+}  // namespace
+}  // namespace hg

