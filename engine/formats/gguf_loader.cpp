@@ -44,7 +44,11 @@ std::unique_ptr<Tokenizer> gguf_tokenizer(const GgufFile& f) {
     spec.ignore_merges = spec.pre == PreSplit::kLlama3;
     spec.merges = f.get_string_array("tokenizer.ggml.merges");
     spec.special.resize(tokens.size(), false);
-    for (size_t i = 0; i < types.size(); ++i) spec.special[i] = types[i] == 3 || types[i] == 4;
+    spec.user_defined.resize(tokens.size(), false);
+    for (size_t i = 0; i < types.size(); ++i) {
+      spec.special[i] = types[i] == 3;       // control
+      spec.user_defined[i] = types[i] == 4;  // user-defined: matched verbatim in text
+    }
     spec.tokens = std::move(tokens);
     t = make_byte_bpe_tokenizer(std::move(spec), f.path());
     t->add_bos = f.get_bool_or("tokenizer.ggml.add_bos_token", false);

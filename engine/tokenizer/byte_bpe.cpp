@@ -6,6 +6,7 @@
 #include <pcre2.h>
 
 #include <fstream>
+#include <algorithm>
 #include <functional>
 #include <limits>
 #include <sstream>
@@ -26,12 +27,13 @@ const char* regex_of(PreSplit p) {
       return R"((?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+)";
     case PreSplit::kQwen2:
       return R"((?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+)";
-    case PreSplit::kStarcoder:
-      return R"(\p{N}|'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+)";
+    case PreSplit::kStarcoder:  // two passes: digits split off first, then GPT-2's rules on the rest
+      return R"(\p{N})" "\x1f" R"('s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+)";
   }
   return "";
 }
 
+// One pre-tokenizer pass.
 class Regex {
  public:
   Regex(const std::string& pattern, const std::string& where) {
@@ -77,13 +79,46 @@ class Regex {
   pcre2_code* code_ = nullptr;
 };
 
+// Several passes applied in sequence (llama.cpp's regex lists): each pass splits every chunk of
+// the previous one. Patterns are separated by \x1f.
+class RegexChain {
+ public:
+  RegexChain(const std::string& patterns, const std::string& where) {
+    size_t pos = 0;
+    for (;;) {
+      const size_t at = patterns.find('\x1f', pos);
+      passes_.push_back(std::make_unique<Regex>(patterns.substr(pos, at == std::string::npos ? at : at - pos), where));
+      if (at == std::string::npos) break;
+      pos = at + 1;
+    }
+  }
+  std::vector<std::string_view> split(std::string_view text) const {
+    std::vector<std::string_view> chunks = passes_[0]->split(text);
+    for (size_t p = 1; p < passes_.size(); ++p) {
+      std::vector<std::string_view> next;
+      for (auto c : chunks)
+        for (auto d : passes_[p]->split(c)) next.push_back(d);
+      chunks.swap(next);
+    }
+    return chunks;
+  }
+
+ private:
+  std::vector<std::unique_ptr<Regex>> passes_;
+};
+
 class ByteBpeTokenizer final : public Tokenizer {
  public:
   ByteBpeTokenizer(ByteBpeSpec spec, const std::string& where)
       : spec_(std::move(spec)), regex_(spec_.regex.empty() ? regex_of(spec_.pre) : spec_.regex, where) {
     spec_.special.resize(spec_.tokens.size(), false);
-    for (size_t i = 0; i < spec_.tokens.size(); ++i)
-      if (!spec_.special[i]) ids_.emplace(spec_.tokens[i], int32_t(i));
+    spec_.user_defined.resize(spec_.tokens.size(), false);
+    for (size_t i = 0; i < spec_.tokens.size(); ++i) {
+      if (spec_.user_defined[i] && !spec_.tokens[i].empty()) user_.emplace_back(spec_.tokens[i], int32_t(i));
+      else if (!spec_.special[i]) ids_.emplace(spec_.tokens[i], int32_t(i));
+    }
+    // Longest first, so that "   " wins over "  " at the same position.
+    std::stable_sort(user_.begin(), user_.end(), [](auto& a, auto& b) { return a.first.size() > b.first.size(); });
     for (size_t r = 0; r < spec_.merges.size(); ++r) {
       const std::string& m = spec_.merges[r];
       const size_t sp = m.find(' ', 1);
@@ -99,6 +134,33 @@ class ByteBpeTokenizer final : public Tokenizer {
 
   std::vector<int32_t> encode(std::string_view text) const override {
     std::vector<int32_t> out;
+    if (user_.empty()) {
+      encode_plain(text, out);
+      return out;
+    }
+    // User-defined (added, non-control) tokens are cut out verbatim first, as llama.cpp and HF do.
+    size_t start = 0, i = 0;
+    while (i < text.size()) {
+      const std::pair<std::string, int32_t>* hit = nullptr;
+      for (auto& u : user_)
+        if (text.compare(i, u.first.size(), u.first) == 0) {
+          hit = &u;
+          break;
+        }
+      if (!hit) {
+        ++i;
+        continue;
+      }
+      encode_plain(text.substr(start, i - start), out);
+      out.push_back(hit->second);
+      i += hit->first.size();
+      start = i;
+    }
+    encode_plain(text.substr(start), out);
+    return out;
+  }
+
+  void encode_plain(std::string_view text, std::vector<int32_t>& out) const {
     std::vector<std::string> sym;
     for (std::string_view chunk : regex_.split(text)) {
       sym.clear();
@@ -148,7 +210,6 @@ class ByteBpeTokenizer final : public Tokenizer {
         }
       }
     }
-    return out;
   }
 
   std::string piece(int32_t id, int32_t /*prev*/) const override {
@@ -183,9 +244,10 @@ class ByteBpeTokenizer final : public Tokenizer {
   }
 
   ByteBpeSpec spec_;
-  Regex regex_;
+  RegexChain regex_;
   std::unordered_map<std::string, int32_t> ids_;
   std::unordered_map<std::string, int32_t> ranks_;
+  std::vector<std::pair<std::string, int32_t>> user_;
   static thread_local std::string key_;
 };
 thread_local std::string ByteBpeTokenizer::key_;
@@ -338,6 +400,8 @@ std::unique_ptr<Tokenizer> load_hf_tokenizer_json(const std::string& path) {
       }
       spec.tokens[size_t(id)] = a.value("content", "");
       spec.special[size_t(id)] = a.value("special", false);
+      if (spec.user_defined.size() < spec.tokens.size()) spec.user_defined.resize(spec.tokens.size(), false);
+      spec.user_defined[size_t(id)] = !a.value("special", false);
     }
   }
   // Pre-tokenizer: the Split regex when present (Llama-3, Qwen2), else GPT-2's (ByteLevel use_regex).

@@ -49,7 +49,8 @@ struct ByteBpeSpec {
   std::vector<std::string> tokens;   // byte-to-unicode encoded strings, index = id
   std::vector<std::string> merges;   // "a b" in rank order (GPT-2 style); empty for rank mode
   bool rank_mode = false;            // tiktoken: tokens are raw bytes, rank = id
-  std::vector<bool> special;         // control/added tokens (not produced by BPE)
+  std::vector<bool> special;         // control tokens (never produced from text)
+  std::vector<bool> user_defined;    // added tokens matched verbatim in text before the regex split
   std::string regex;                 // PCRE2 pattern (empty: use `pre`)
   PreSplit pre = PreSplit::kGpt2;
   bool ignore_merges = false;        // Llama-3: a pre-split chunk that is a token is emitted whole

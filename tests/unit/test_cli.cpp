@@ -55,7 +55,7 @@ TEST(Cli, GenerateAndInfoOnRealModel) {
   EXPECT_EQ(r.status, 0) << r.out;
   EXPECT_NE(r.out.find("Once upon a time, there was a little girl named Lily."), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("decode: 23 tokens"), std::string::npos) << r.out;
-  r = run("info --model " + m);
+  r = run("info --model " + test::shared_path("models/stories260K/stories260K.bin"));
   EXPECT_EQ(r.status, 0) << r.out;
   EXPECT_NE(r.out.find("architecture:   llama"), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("parameters:     260032"), std::string::npos) << r.out;

@@ -112,7 +112,7 @@ TEST(Formats, HfSafetensorsDamage) {
   test::write_file(dir + "/model.safetensors", st.substr(0, st.size() - 100));
   expect_input_error(dir, "truncated");
   std::string bad = st;
-  bad[10] = '#';  // inside the JSON header
+  bad[8] = '#';  // the JSON header's opening brace
   test::write_file(dir + "/model.safetensors", bad);
   expect_input_error(dir, "model.safetensors: header is not valid JSON");
   test::write_file(dir + "/model.safetensors", st.substr(0, 4));

@@ -107,7 +107,9 @@ std::string rewrite_gguf(const std::string& src, uint32_t type, const std::strin
     Weight w = f.load(t, DType::kF32);
     const float* x = w.f32();
     const int64_t n = w.numel();
-    const uint32_t tt = t.ne.size() == 2 ? type : uint32_t(GgufFile::kTF32);
+    // Q8_0 needs rows of 32 (llama.cpp keeps other tensors in a float type too).
+    const bool ok = t.ne.size() == 2 && (type != GgufFile::kTQ8_0 || t.ne[0] % 32 == 0);
+    const uint32_t tt = ok ? type : uint32_t(GgufFile::kTF32);
     put(&tt, 4);
     while (data.size() % 32) data.push_back('\0');
     const uint64_t off = data.size();
