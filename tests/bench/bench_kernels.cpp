@@ -1,1 +1,164 @@
-int main(){}
+// Microbenchmarks of the decode-time kernels, each reported as GB/s of the bytes it must read
+// and as a ratio to this machine's read bandwidth measured in the same run (BM_ReadBandwidth,
+// a read-only AVX-512 reduction over 1 GiB). Run: build/tests/hg_bench [--benchmark_filter=…]
+#include <benchmark/benchmark.h>
+
+#include <immintrin.h>
+
+#include <chrono>
+#include <cmath>
+#include <random>
+#include <vector>
+
+#include "engine/backend/backend.h"
+#include "engine/backend/cpu/kernels.h"
+#include "engine/core/tensor.h"
+#include "engine/core/thread_pool.h"
+
+namespace hg {
+namespace {
+
+double g_read_gbs = 0;  // set by BM_ReadBandwidth (runs first)
+
+void fill(float* p, size_t n, uint64_t seed) {
+  std::mt19937_64 g(seed);
+  std::uniform_real_distribution<float> u(-1, 1);
+  for (size_t i = 0; i < n; ++i) p[i] = u(g);
+}
+
+void report(benchmark::State& st, double bytes_per_iter) {
+  st.SetBytesProcessed(int64_t(bytes_per_iter) * int64_t(st.iterations()));
+  st.counters["GB/s"] = benchmark::Counter(bytes_per_iter * double(st.iterations()) / 1e9, benchmark::Counter::kIsRate);
+  if (g_read_gbs > 0)
+    st.counters["x_bw"] = benchmark::Counter(bytes_per_iter * double(st.iterations()) / 1e9 / g_read_gbs,
+                                             benchmark::Counter::kIsRate);
+}
+
+// Read-only reduction over 1 GiB with `threads` threads: the machine's read bandwidth.
+void BM_ReadBandwidth(benchmark::State& st) {
+  const int threads = int(st.range(0));
+  set_num_threads(threads);
+  const size_t n = (size_t(1) << 30) / 4;
+  AlignedBuffer buf(n * 4);
+  float* p = static_cast<float*>(buf.data());
+  parallel_chunks(int64_t(n), [&](int64_t b, int64_t e) {
+    for (int64_t i = b; i < e; ++i) p[i] = float(i & 1023);
+  });
+  double sink = 0;
+  for (auto _ : st) {
+    std::vector<double> part(size_t(threads), 0.0);
+    parallel_chunks(int64_t(n), [&](int64_t b, int64_t e) {
+      __m512 a0 = _mm512_setzero_ps(), a1 = _mm512_setzero_ps(), a2 = _mm512_setzero_ps(), a3 = _mm512_setzero_ps();
+      for (int64_t i = b; i + 64 <= e; i += 64) {
+        a0 = _mm512_add_ps(a0, _mm512_load_ps(p + i));
+        a1 = _mm512_add_ps(a1, _mm512_load_ps(p + i + 16));
+        a2 = _mm512_add_ps(a2, _mm512_load_ps(p + i + 32));
+        a3 = _mm512_add_ps(a3, _mm512_load_ps(p + i + 48));
+      }
+      part[size_t(b * threads / int64_t(n))] = _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(a0, a1), _mm512_add_ps(a2, a3)));
+    });
+    for (double v : part) sink += v;
+  }
+  benchmark::DoNotOptimize(sink);
+  const double gbs = double(n) * 4 * double(st.iterations()) / 1e9;
+  st.counters["GB/s"] = benchmark::Counter(gbs, benchmark::Counter::kIsRate);
+  st.SetBytesProcessed(int64_t(n) * 4 * int64_t(st.iterations()));
+}
+BENCHMARK(BM_ReadBandwidth)->Arg(1)->Arg(2)->UseRealTime()->MinTime(1.0);
+
+// Measures bandwidth once with all threads before the kernel benchmarks (their x_bw reference).
+void BM_SetReference(benchmark::State& st) {
+  set_num_threads(hardware_threads());
+  const size_t n = (size_t(1) << 30) / 4;
+  AlignedBuffer buf(n * 4);
+  float* p = static_cast<float*>(buf.data());
+  parallel_chunks(int64_t(n), [&](int64_t b, int64_t e) {
+    for (int64_t i = b; i < e; ++i) p[i] = 1.0f;
+  });
+  double best = 0;
+  for (auto _ : st) {
+    for (int rep = 0; rep < 5; ++rep) {
+      auto t0 = std::chrono::steady_clock::now();
+      float s = 0;
+      std::vector<float> part(64, 0.0f);
+      parallel_chunks(int64_t(n), [&](int64_t b, int64_t e) {
+        __m512 a0 = _mm512_setzero_ps(), a1 = _mm512_setzero_ps();
+        for (int64_t i = b; i + 32 <= e; i += 32) {
+          a0 = _mm512_add_ps(a0, _mm512_load_ps(p + i));
+          a1 = _mm512_add_ps(a1, _mm512_load_ps(p + i + 16));
+        }
+        part[size_t(b * 8 / int64_t(n))] = _mm512_reduce_add_ps(_mm512_add_ps(a0, a1));
+      });
+      for (float v : part) s += v;
+      benchmark::DoNotOptimize(s);
+      const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      best = std::max(best, double(n) * 4 / dt / 1e9);
+    }
+  }
+  g_read_gbs = best;
+  st.counters["ref_read_GB/s"] = best;
+}
+BENCHMARK(BM_SetReference)->Iterations(1)->UseRealTime();
+
+// Decode attention for one query row: H query heads over N cached keys in H_kv groups, F32 K/V.
+// Bytes read: K and V, 2 · H_kv · N · D · 4.
+void BM_DecodeAttention(benchmark::State& st) {
+  set_num_threads(int(st.range(3)));
+  const int N = int(st.range(0)), H = int(st.range(1)), Hkv = int(st.range(2)), D = 128;
+  std::vector<float> K(size_t(Hkv) * N * D), V(K.size()), q(size_t(H) * D), out(q.size());
+  fill(K.data(), K.size(), 1);
+  fill(V.data(), V.size(), 2);
+  fill(q.data(), q.size(), 3);
+  auto be = make_cpu_backend();
+  AttnRow row{K.data(), V.data(), int64_t(N) * D, N};
+  AttentionArgs a;
+  a.n_rows = 1;
+  a.H = H;
+  a.H_kv = Hkv;
+  a.D = D;
+  a.scale = 1.0f / std::sqrt(float(D));
+  a.q = q.data();
+  a.rows = &row;
+  a.out = out.data();
+  for (auto _ : st) {
+    be->attention(a);
+    benchmark::ClobberMemory();
+  }
+  report(st, 2.0 * Hkv * N * D * 4);
+}
+BENCHMARK(BM_DecodeAttention)
+    ->ArgNames({"N", "H", "H_kv", "threads"})
+    ->Args({4096, 32, 8, 1})->Args({4096, 32, 8, 2})->Args({16384, 32, 8, 1})->Args({16384, 32, 8, 2})
+    ->UseRealTime();
+
+// GEMV through oneDNN (M = 1): y = x · Wᵀ, W [N, K]. Bytes read: the weights. Cold: cycles
+// through enough matrices to exceed the last-level cache.
+void BM_Gemv(benchmark::State& st) {
+  set_num_threads(int(st.range(2)));
+  const int64_t K = st.range(0), N = st.range(0);
+  const DType t = st.range(1) ? DType::kBF16 : DType::kF32;
+  const int n_mats = 8;  // 8 × 64 MiB (F32 4096²) ≫ LLC
+  std::vector<Weight> ws;
+  std::vector<float> tmp(size_t(N * K));
+  fill(tmp.data(), tmp.size(), 5);
+  for (int i = 0; i < n_mats; ++i) ws.push_back(convert_weight(DType::kF32, tmp.data(), t, {N, K}));
+  std::vector<float> x(static_cast<size_t>(K)), y(static_cast<size_t>(N));
+  fill(x.data(), x.size(), 6);
+  auto be = make_cpu_backend();
+  int i = 0;
+  for (auto _ : st) {
+    be->matmul(x.data(), 1, ws[size_t(i++ % n_mats)], nullptr, y.data());
+    benchmark::ClobberMemory();
+  }
+  st.SetLabel(std::string(dtype_name(t)));
+  report(st, double(N * K) * double(dtype_size(t)));
+}
+BENCHMARK(BM_Gemv)
+    ->ArgNames({"K=N", "bf16", "threads"})
+    ->Args({4096, 0, 1})->Args({4096, 0, 2})->Args({4096, 1, 1})->Args({4096, 1, 2})
+    ->UseRealTime();
+
+}  // namespace
+}  // namespace hg
+
+BENCHMARK_MAIN();
