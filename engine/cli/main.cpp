@@ -23,10 +23,7 @@ int main(int argc, char** argv) {
     if (cmd == "models") return hg::cli::cmd_models(args);
     fmt::print(stderr, "hgbench: unknown command '{}' (expected generate, info, strategies, models; see --help)\n", cmd);
     return 2;
-  } catch (const hg::InputError& e) {
-    fmt::print(stderr, "hgbench: error: {}\n", e.what());
-    return 2;
-  } catch (const hg::UnsupportedError& e) {
+  } catch (const hg::InputError& e) {  // bad file, field or argument; unsupported request
     fmt::print(stderr, "hgbench: error: {}\n", e.what());
     return 2;
   } catch (const hg::OutOfMemoryError& e) {

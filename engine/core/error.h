@@ -20,10 +20,11 @@ class OutOfMemoryError : public std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
-// The request is valid but this build or machine cannot do it (e.g. CUDA asked for, not present).
-class UnsupportedError : public std::runtime_error {
+// The request is well-formed but this build or machine cannot do it (e.g. CUDA asked for and
+// not present). An InputError, so the CLI exits 2 for it too.
+class UnsupportedError : public InputError {
  public:
-  using std::runtime_error::runtime_error;
+  using InputError::InputError;
 };
 
 template <typename... Args>
