@@ -187,6 +187,7 @@ int cmd_generate(const std::vector<std::string>& args) {
       fmt::print("ids[{}]: {}\n", b, ids);
     }
   }
+  std::fflush(stdout);  // the text first, then the timing line on stderr
   const double pf = r.prefill_s > 0 ? double(r.prefill_tokens) / r.prefill_s : 0;
   const double dc = r.decode_s > 0 ? double(r.decode_tokens) / r.decode_s : 0;
   fmt::print(stderr,
