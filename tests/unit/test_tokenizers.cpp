@@ -2,6 +2,8 @@
 // produced by the Hugging Face reference tokenizers) and round trips of real vocabularies.
 #include <sstream>
 
+#include <nlohmann/json.hpp>
+
 #include "engine/tokenizer/tokenizer.h"
 #include "test_util.h"
 
@@ -89,6 +91,36 @@ TEST(Tokenizer, Llama3BpeVectorsAndRoundTrip) {
   EXPECT_EQ(tok->encode("Hello"), std::vector<int32_t>{9906});
   EXPECT_EQ(tok->encode(" world"), std::vector<int32_t>{1917});
   expect_vectors(*tok, test::shared_path("models/llama.cpp-vocab/ggml-vocab-llama-bpe.gguf"), true);
+}
+
+// A tokenizer.json laid out as Llama-3 ships it (Sequence[Split regex, ByteLevel], merges as
+// [a, b] pairs, ignore_merges, special added tokens), built here from the GPT-2 style files.
+TEST(Tokenizer, HfTokenizerJsonLlama3Layout) {
+  HG_REQUIRE_SHARED("models/llama3.2-tokenizer/encoder.json");
+  auto enc = nlohmann::json::parse(test::read_file(test::shared_path("models/llama3.2-tokenizer/encoder.json")));
+  nlohmann::json merges = nlohmann::json::array();
+  std::istringstream in(test::read_file(test::shared_path("models/llama3.2-tokenizer/vocab.bpe")));
+  std::string line;
+  while (std::getline(in, line)) {
+    const size_t sp = line.find(' ');
+    if (!line.empty() && sp != std::string::npos) merges.push_back({line.substr(0, sp), line.substr(sp + 1)});
+  }
+  const std::string regex =
+      R"((?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+)";
+  nlohmann::json j = {
+      {"added_tokens", {{{"id", 128000}, {"content", "<|begin_of_text|>"}, {"special", true}}}},
+      {"pre_tokenizer",
+       {{"type", "Sequence"},
+        {"pretokenizers", {{{"type", "Split"}, {"pattern", {{"Regex", regex}}}, {"behavior", "Isolated"}},
+                           {{"type", "ByteLevel"}, {"use_regex", false}}}}}},
+      {"model", {{"type", "BPE"}, {"ignore_merges", true}, {"vocab", enc}, {"merges", merges}}}};
+  const std::string path = test::temp_path("llama3_tokenizer.json");
+  test::write_file(path, j.dump());
+  auto tok = load_hf_tokenizer_json(path);
+  EXPECT_EQ(tok->n_vocab(), 128001);
+  expect_vectors(*tok, test::shared_path("models/llama.cpp-vocab/ggml-vocab-llama-bpe.gguf"), true);
+  // The special token is never produced from text and decodes to nothing.
+  EXPECT_EQ(tok->decode(std::vector<int32_t>{128000, 9906}), "Hello");
 }
 
 TEST(Tokenizer, Qwen2TiktokenVectorsAndRoundTrip) {
