@@ -109,7 +109,7 @@ Model load(const ModelSpec& spec, const LoadOptions& opts) {
     if (it == where_is.end()) input_error("{}: missing tensor {}", spec.path, name);
     const auto* e = it->second->find(name);
     if (!e) input_error("{}: tensor {} is not in {}", spec.path, name, it->second->path());
-    return it->second->load(name, *e, matrix ? m.weight_dtype : DType::kF32);
+    return it->second->load(*e, matrix ? m.weight_dtype : DType::kF32);
   };
   for (auto s : global_slots(m.traits, m.hp.tie_embeddings))
     m[s] = load_tensor(arch->hf_global_name(s), slot_is_matrix(s));

@@ -55,8 +55,7 @@ const SafetensorsFile::Entry* SafetensorsFile::find(const std::string& name) con
   return it == entries_.end() ? nullptr : &it->second;
 }
 
-Weight SafetensorsFile::load(const std::string& name, const Entry& e, DType to) const {
-  (void)name;
+Weight SafetensorsFile::load(const Entry& e, DType to) const {
   return convert_weight(e.dtype, file_.data() + e.offset, to, e.shape);
 }
 

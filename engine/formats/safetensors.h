@@ -23,7 +23,7 @@ class SafetensorsFile {
   const std::string& path() const { return file_.path(); }
   const Entry* find(const std::string& name) const;
   const std::map<std::string, Entry>& entries() const { return entries_; }
-  Weight load(const std::string& name, const Entry& e, DType to) const;
+  Weight load(const Entry& e, DType to) const;
 
  private:
   MappedFile file_;

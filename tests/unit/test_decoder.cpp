@@ -66,22 +66,29 @@ TEST(Decoder, ChunkedPrefillEqualsSingleChunk) {
   EXPECT_TRUE(test::all_close(a.data(), b.data(), a.size(), {1e-4, 1e-4}));
 }
 
+GenerateOptions greedy_opts(int n_new) {
+  GenerateOptions o;
+  o.n_new = n_new;
+  o.stop_at_eos = false;
+  return o;
+}
+
+// Each prompt generated alone must give the tokens it got in the batch.
+void expect_batch_equals_single(const Model& m, const std::vector<std::vector<int32_t>>& prompts, int n_new) {
+  auto cpu = make_cpu_backend();
+  FullStrategy kv(*cpu);
+  const auto batch = generate(m, *cpu, kv, prompts, greedy_opts(n_new));
+  for (size_t b = 0; b < prompts.size(); ++b) {
+    FullStrategy kv1(*cpu);
+    EXPECT_EQ(batch.tokens[b], generate(m, *cpu, kv1, {prompts[b]}, greedy_opts(n_new)).tokens[0]) << "sequence " << b;
+  }
+}
+
 class BatchVsSingle : public ::testing::TestWithParam<std::string> {};
 
 TEST_P(BatchVsSingle, RaggedBatchGivesSameTokensAsBatchOne) {
-  Model m = load_model(GetParam());
-  auto cpu = make_cpu_backend();
-  const std::vector<std::vector<int32_t>> prompts = {{1, 50, 60}, {1, 7, 8, 9, 10, 11, 12, 13}, {1}, {1, 299, 3, 4, 5}};
-  GenerateOptions o;
-  o.n_new = 12;
-  o.stop_at_eos = false;
-  FullStrategy kv(*cpu);
-  const auto batch = generate(m, *cpu, kv, prompts, o);
-  for (size_t b = 0; b < prompts.size(); ++b) {
-    FullStrategy kv1(*cpu);
-    const auto one = generate(m, *cpu, kv1, {prompts[b]}, o);
-    EXPECT_EQ(batch.tokens[b], one.tokens[0]) << "sequence " << b;
-  }
+  expect_batch_equals_single(load_model(GetParam()), {{1, 50, 60}, {1, 7, 8, 9, 10, 11, 12, 13}, {1}, {1, 299, 3, 4, 5}},
+                             12);
 }
 
 INSTANTIATE_TEST_SUITE_P(Models, BatchVsSingle,
@@ -91,18 +98,10 @@ INSTANTIATE_TEST_SUITE_P(Models, BatchVsSingle,
 TEST(Decoder, BatchMatchesSingleOnRealModel) {
   HG_REQUIRE_SHARED("models/stories260K/stories260K.gguf");
   Model m = load_model(test::shared_path("models/stories260K/stories260K.gguf"));
-  auto cpu = make_cpu_backend();
-  std::vector<std::vector<int32_t>> prompts = {m.tokenizer->encode_prompt("Once upon a time"),
-                                               m.tokenizer->encode_prompt("The cat sat on the mat and"), {1}};
-  GenerateOptions o;
-  o.n_new = 40;
-  o.stop_at_eos = false;
-  FullStrategy kv(*cpu);
-  const auto batch = generate(m, *cpu, kv, prompts, o);
-  for (size_t b = 0; b < prompts.size(); ++b) {
-    FullStrategy kv1(*cpu);
-    EXPECT_EQ(batch.tokens[b], generate(m, *cpu, kv1, {prompts[b]}, o).tokens[0]) << b;
-  }
+  expect_batch_equals_single(m,
+                             {m.tokenizer->encode_prompt("Once upon a time"),
+                              m.tokenizer->encode_prompt("The cat sat on the mat and"), {1}},
+                             40);
 }
 
 TEST(Sampler, SeededAndTopKOneIsGreedy) {
