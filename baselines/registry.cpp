@@ -10,7 +10,7 @@ namespace {
 std::vector<StrategyInfo> register_strategies() {
   std::vector<StrategyInfo> s;
   s.push_back({"full", "all KV kept, exact attention (the oracle)",
-               [](Backend& b) { return std::make_unique<FullStrategy>(b); }});
+               [](const StrategyContext& c) { return std::make_unique<FullStrategy>(c.backend, c.runtime); }});
   return s;
 }
 }  // namespace
@@ -20,10 +20,10 @@ const std::vector<StrategyInfo>& strategies() {
   return s;
 }
 
-std::unique_ptr<KvStrategy> make_strategy(const std::string& name, Backend& backend) {
+std::unique_ptr<KvStrategy> make_strategy(const std::string& name, const StrategyContext& ctx) {
   std::string names;
   for (auto& s : strategies()) {
-    if (s.name == name) return s.make(backend);
+    if (s.name == name) return s.make(ctx);
     names += (names.empty() ? "" : ", ") + s.name;
   }
   input_error("unknown strategy '{}' (expected one of: {})", name, names);

@@ -3,7 +3,10 @@
 
 namespace hg {
 
-void FullStrategy::begin(const KvShape& shape, std::span<const int32_t> capacity) { store_.reset(shape, capacity); }
+void FullStrategy::begin(const KvShape& shape, std::span<const int32_t> capacity) {
+  if (rt_ && rt_->device() != DeviceKind::kCpu) store_.reset(shape, capacity, &rt_->memory(), Tier::kGpu);
+  else store_.reset(shape, capacity);
+}
 
 void FullStrategy::append(int layer, std::span<const TokenRow> rows, const float* k, const float* v) {
   store_.write(layer, rows, k, v);

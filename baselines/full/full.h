@@ -1,6 +1,6 @@
 // `full`: every token's K and V kept in one contiguous store; exact attention by the backend.
-// The oracle the other strategies are compared with. (The accelerator tier and its capacity
-// arrive with the runtime; for now the store is host memory.)
+// The oracle the other strategies are compared with. With a runtime, the store is allocated on
+// the `gpu` tier, so a KV cache larger than gpu_memory_bytes is an out-of-memory result.
 #pragma once
 #include <memory>
 #include <vector>
@@ -8,12 +8,13 @@
 #include "engine/backend/backend.h"
 #include "engine/decoder/kv_store.h"
 #include "engine/decoder/kv_strategy.h"
+#include "engine/runtime/runtime.h"
 
 namespace hg {
 
 class FullStrategy final : public KvStrategy {
  public:
-  explicit FullStrategy(Backend& backend) : be_(backend) {}
+  explicit FullStrategy(Backend& backend, Runtime* runtime = nullptr) : be_(backend), rt_(runtime) {}
   std::string_view name() const override { return "full"; }
   void begin(const KvShape& shape, std::span<const int32_t> capacity) override;
   void append(int layer, std::span<const TokenRow> rows, const float* k, const float* v) override;
@@ -22,6 +23,7 @@ class FullStrategy final : public KvStrategy {
 
  private:
   Backend& be_;
+  Runtime* rt_;
   KvStore store_;
   std::vector<AttnRow> attn_rows_;
 };

@@ -21,6 +21,14 @@ bool cuda_compiled() {
 #endif
 }
 
+int cuda_device_count_or_zero() {
+#if HG_WITH_CUDA
+  return cuda_device_count();
+#else
+  return 0;
+#endif
+}
+
 std::vector<std::string> backend_names() { return {"cpu", "ref", "cuda"}; }
 
 std::unique_ptr<Backend> make_backend(std::string_view name) {

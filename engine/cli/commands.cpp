@@ -14,6 +14,7 @@
 #include "engine/core/thread_pool.h"
 #include "engine/decoder/generate.h"
 #include "engine/formats/formats.h"
+#include "engine/runtime/runtime.h"
 #include "engine/tokenizer/tokenizer.h"
 
 namespace hg::cli {
@@ -67,6 +68,29 @@ std::string str(const Options& o, const std::string& key, const std::string& dfl
   return it == o.values.end() ? dflt : it->second[0];
 }
 
+// "123", "64MiB", "2GiB", "1.5GB" → bytes.
+int64_t parse_bytes(const std::string& s, const std::string& what) {
+  size_t end = 0;
+  double v = 0;
+  try {
+    v = std::stod(s, &end);
+  } catch (...) {
+    input_error("{} '{}' is not a size (e.g. 2GiB, 512MiB, 1e9)", what, s);
+  }
+  const std::string unit = s.substr(end);
+  double mul = 1;
+  if (unit == "" || unit == "B") mul = 1;
+  else if (unit == "KiB") mul = 1024.0;
+  else if (unit == "MiB") mul = 1024.0 * 1024;
+  else if (unit == "GiB") mul = 1024.0 * 1024 * 1024;
+  else if (unit == "KB") mul = 1e3;
+  else if (unit == "MB") mul = 1e6;
+  else if (unit == "GB") mul = 1e9;
+  else input_error("{} '{}': unknown unit '{}' (expected B, KiB, MiB, GiB, KB, MB, GB)", what, s, unit);
+  if (!(v > 0)) input_error("{} '{}' must be positive", what, s);
+  return int64_t(v * mul);
+}
+
 LoadOptions load_options(const Options& o, const std::string& cmd) {
   LoadOptions lo;
   if (o.values.count("--weights")) {
@@ -94,6 +118,10 @@ Loads a model and generates text; prints each sequence's text, then prefill and 
   --seed S         sampling seed (default 0); sequence b uses stream b
   --threads T      CPU threads (default: all hardware threads)
   --backend NAME   cpu (default), ref (scalar oracle), cuda
+  --device NAME    cpu (default: no accelerator role), emulated (host-emulated accelerator: the
+                   CPU backend on its own worker thread with a capacity-limited gpu tier), cuda,
+                   auto (cuda when a device exists, else emulated)
+  --gpu-memory B   capacity of the accelerator's gpu tier, e.g. 2GiB (default: all it has)
   --strategy NAME  KV strategy (default full; see `hgbench strategies`)
   --weights TYPE   engine weight type f32 or bf16 (default: bf16 for BF16 files, else f32)
   --ignore-eos     keep generating after EOS
@@ -118,6 +146,7 @@ commands:
   info         print a model's architecture, shapes, dtype, parameters and tokenizer
   models       list model formats and synthetic presets
   strategies   list KV strategies
+  calibrate    measure this machine and write the `this-machine` platform profile
 )");
 }
 
@@ -132,7 +161,8 @@ int cmd_generate(const std::vector<std::string>& args) {
                            {{"--batch", "-b"}, true}, {{"--greedy"}, false}, {{"--temp"}, true}, {{"--top-k"}, true},
                            {{"--top-p"}, true}, {{"--seed"}, true}, {{"--threads", "-t"}, true},
                            {{"--backend"}, true}, {{"--strategy"}, true}, {{"--weights"}, true},
-                           {{"--ignore-eos"}, false}, {{"--ids"}, false}, {{"--quiet"}, false}});
+                           {{"--ignore-eos"}, false}, {{"--ids"}, false}, {{"--quiet"}, false},
+                           {{"--device"}, true}, {{"--gpu-memory"}, true}});
   if (!o.values.count("--model")) input_error("generate: --model is required (see hgbench generate --help)");
   const int threads = number<int>(o, cmd, "--threads", hardware_threads());
   if (threads <= 0) input_error("generate: --threads must be positive");
@@ -152,9 +182,25 @@ int cmd_generate(const std::vector<std::string>& args) {
   if (go.sampler.top_p <= 0 || go.sampler.top_p > 1) input_error("generate: --top-p must be in (0, 1]");
   if (go.sampler.top_k < 0) input_error("generate: --top-k must be non-negative");
 
-  auto backend = make_backend(str(o, "--backend", "cpu"));
-  auto strategy = make_strategy(str(o, "--strategy", "full"), *backend);
+  RuntimeConfig rc;
+  rc.device = str(o, "--device", "cpu");
+  if (o.values.count("--gpu-memory")) rc.tiers.gpu_memory_bytes = parse_bytes(str(o, "--gpu-memory", ""), "--gpu-memory");
+  if (rc.device == "cpu" || o.values.count("--threads")) rc.accel_threads = threads;
+  Runtime rt(rc);
+  std::unique_ptr<Backend> own_backend;
+  Backend* backend = &rt.accel_backend();
+  if (o.values.count("--backend") || rt.device() == DeviceKind::kCpu) {
+    own_backend = make_backend(str(o, "--backend", "cpu"));
+    backend = own_backend.get();
+  }
+  auto strategy = make_strategy(str(o, "--strategy", "full"), StrategyContext{*backend, &rt});
   Model model = load_model(str(o, "--model", ""), load_options(o, cmd));
+  // The weights live on the accelerator: an emulated gpu tier too small for them is a result.
+  if (rt.device() != DeviceKind::kCpu) {
+    if (auto oom = rt.memory().ledger().reserve(Tier::kGpu, model.weight_bytes()))
+      throw OutOfMemoryError("model weights: " + oom->message());
+  }
+  go.runtime = &rt;
   const Tokenizer& tok = *model.tokenizer;
 
   std::vector<std::string> texts = o.values.count("--prompt") ? o.values.at("--prompt") : std::vector<std::string>{""};
@@ -191,9 +237,10 @@ int cmd_generate(const std::vector<std::string>& args) {
   const double pf = r.prefill_s > 0 ? double(r.prefill_tokens) / r.prefill_s : 0;
   const double dc = r.decode_s > 0 ? double(r.decode_tokens) / r.decode_s : 0;
   fmt::print(stderr,
-             "model {} | backend {} | strategy {} | weights {} | threads {} | batch {}\n"
+             "model {} | device {} | backend {} | strategy {} | weights {} | threads {} | batch {} | clock measured\n"
              "prefill: {} tokens in {:.3f} s ({:.1f} tok/s) | decode: {} tokens in {:.3f} s ({:.2f} tok/s)\n",
-             model.source, backend->name(), strategy->name(), dtype_name(model.weight_dtype), num_threads(),
+             model.source, rt.device_description(), backend->name(), strategy->name(), dtype_name(model.weight_dtype),
+             rt.device() == DeviceKind::kCpu ? threads : rt.accel_threads(),
              prompts.size(), r.prefill_tokens, r.prefill_s, pf, r.decode_tokens, r.decode_s, dc);
   return 0;
 }
@@ -238,6 +285,31 @@ int cmd_info(const std::vector<std::string>& args) {
   const Tokenizer& t = *m.tokenizer;
   fmt::print("tokenizer:      {}, {} tokens, bos {}, eos {}, add_bos {}\n", t.kind(), t.n_vocab(), t.bos_id, t.eos_id,
              t.add_bos);
+  return 0;
+}
+
+constexpr const char* kCalibrateHelp = R"(usage: hgbench calibrate [--out PATH] [--seconds S]
+
+Measures this machine (dram and far read bandwidth, dram→far copy bandwidth, SGEMM FLOP/s; GPU
+rates when a device exists) and writes the platform profile `this-machine` used by
+`clock: modeled:this-machine` (default PATH: experiments/platforms/this-machine.yaml).
+)";
+
+int cmd_calibrate(const std::vector<std::string>& args) {
+  const std::string cmd = "calibrate";
+  if (!args.empty() && (args[0] == "--help" || args[0] == "-h")) {
+    fmt::print("{}", kCalibrateHelp);
+    return 0;
+  }
+  const Options o = parse(cmd, args, {{{"--out"}, true}, {{"--seconds"}, true}});
+  CalibrateOptions co;
+  co.seconds_per_measure = number<double>(o, cmd, "--seconds", 0.5);
+  if (!(co.seconds_per_measure > 0)) input_error("calibrate: --seconds must be positive");
+  const std::string out = str(o, "--out", std::string(HG_SOURCE_DIR) + "/experiments/platforms/this-machine.yaml");
+  std::string notes;
+  PlatformProfile p = calibrate(co, &notes);
+  save_platform(p, out, "Written by `hgbench calibrate` (measured on this machine): " + notes);
+  fmt::print("{}\nwrote {}\n", notes, out);
   return 0;
 }
 

@@ -4,9 +4,27 @@
 #include <chrono>
 
 #include "engine/core/error.h"
+#include "engine/runtime/runtime.h"
 #include "engine/tokenizer/tokenizer.h"
 
 namespace hg {
+
+namespace {
+// Work of one forward over `rows` (for the event log and the modeled clock): 2 FLOPs per weight
+// per row, attention 4·H·D FLOPs per visible key; bytes read on the accelerator: all weights once
+// plus K and V of every visible key (F32 cache).
+StageWork forward_work(const Model& m, std::span<const TokenRow> rows) {
+  const HParams& hp = m.hp;
+  int64_t keys = 0;
+  for (auto& r : rows) keys += r.pos + 1;
+  const double mat_params = double(m.n_params()) - double(m[GlobalSlot::kTokEmbd].numel()) +
+                            (hp.tie_embeddings ? double(m[GlobalSlot::kTokEmbd].numel()) : 0.0);
+  StageWork w;
+  w.flops = 2.0 * mat_params * double(rows.size()) + 4.0 * hp.n_layers * hp.n_heads * hp.head_dim * double(keys);
+  w.bytes[size_t(Tier::kGpu)] = m.weight_bytes() + int64_t(2) * hp.n_layers * hp.n_kv_heads * hp.head_dim * 4 * keys;
+  return w;
+}
+}  // namespace
 
 GenerateResult generate(const Model& model, Backend& backend, KvStrategy& kv,
                         const std::vector<std::vector<int32_t>>& prompts, const GenerateOptions& opts,
@@ -25,6 +43,14 @@ GenerateResult generate(const Model& model, Backend& backend, KvStrategy& kv,
                   capacity[size_t(b)], model.hp.max_pos);
   }
   Decoder dec(model, backend, kv, opts.max_rows);
+  Runtime* rt = opts.runtime && opts.runtime->device() != DeviceKind::kCpu ? opts.runtime : nullptr;
+  int64_t step = 0;
+  // Runs one forward, on the accelerator queue when there is one.
+  auto forward = [&](std::span<const int32_t> t, std::span<const TokenRow> r, std::span<const int32_t> w, float* lg) {
+    if (!rt) return dec.forward(t, r, w, lg);
+    rt->log().set_step(step++);
+    rt->accel().submit(step == 1 ? "prefill" : "decode", forward_work(model, r), {}, [&] { dec.forward(t, r, w, lg); }).wait();
+  };
   kv.begin(dec.kv_shape(), capacity);
 
   GenerateResult res;
@@ -45,7 +71,7 @@ GenerateResult generate(const Model& model, Backend& backend, KvStrategy& kv,
   }
   std::vector<float> logits(size_t(B) * size_t(V));
   auto t0 = clock::now();
-  dec.forward(toks, rows, want, logits.data());
+  forward(toks, rows, want, logits.data());
   res.prefill_s = std::chrono::duration<double>(clock::now() - t0).count();
   res.prefill_tokens = int64_t(toks.size());
   if (opts.n_new == 0) return res;
@@ -77,7 +103,7 @@ GenerateResult generate(const Model& model, Backend& backend, KvStrategy& kv,
       row_seq.push_back(b);
     }
     if (rows.empty()) break;
-    dec.forward(toks, rows, want, logits.data());
+    forward(toks, rows, want, logits.data());
     res.decode_tokens += int64_t(rows.size());
     for (size_t i = 0; i < row_seq.size(); ++i) take(row_seq[i], logits.data() + int64_t(i) * V);
   }

@@ -9,7 +9,13 @@
 
 namespace hg {
 
+class Runtime;
+
 struct GenerateOptions {
+  // With a runtime whose device is an accelerator (emulated or CUDA), every forward runs as a
+  // stage on its accelerator queue, logged with its work; the backend passed to generate() must
+  // be the runtime's accel_backend().
+  Runtime* runtime = nullptr;
   int n_new = 32;                 // tokens to generate per sequence
   bool stop_at_eos = true;
   int max_rows = 512;             // prefill chunk (rows per forward chunk)

@@ -5,16 +5,27 @@
 
 namespace hg {
 
-void KvStore::reset(const KvShape& shape, std::span<const int32_t> capacity) {
+void KvStore::reset(const KvShape& shape, std::span<const int32_t> capacity, MemorySystem* mem, Tier tier) {
   shape_ = shape;
   capacity_.assign(capacity.begin(), capacity.end());
-  buf_.clear();
+  buf_.clear();  // frees the previous batch's storage before allocating
   bytes_ = 0;
   buf_.reserve(size_t(shape.n_layers) * capacity_.size());
   for (int l = 0; l < shape.n_layers; ++l)
     for (size_t b = 0; b < capacity_.size(); ++b) {
       const size_t n = size_t(shape.H_kv) * size_t(capacity_[b]) * size_t(shape.D) * sizeof(float);
-      buf_.emplace_back(AlignedBuffer(n), AlignedBuffer(n));
+      Slot& sl = buf_.emplace_back();
+      if (mem) {
+        sl.tk = mem->allocate(tier, int64_t(n));
+        sl.tv = mem->allocate(tier, int64_t(n));
+        sl.k = sl.tk.as<float>();
+        sl.v = sl.tv.as<float>();
+      } else {
+        sl.hk = AlignedBuffer(n);
+        sl.hv = AlignedBuffer(n);
+        sl.k = static_cast<float*>(sl.hk.data());
+        sl.v = static_cast<float*>(sl.hv.data());
+      }
       bytes_ += int64_t(2 * n);
     }
 }

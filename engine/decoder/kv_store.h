@@ -9,14 +9,18 @@
 #include "engine/core/error.h"
 #include "engine/core/tensor.h"
 #include "engine/decoder/kv_strategy.h"
+#include "engine/runtime/memory.h"
 
 namespace hg {
 
 class KvStore {
  public:
-  void reset(const KvShape& shape, std::span<const int32_t> capacity);
-  float* k(int layer, int seq) { return static_cast<float*>(buf_[index(layer, seq)].first.data()); }
-  float* v(int layer, int seq) { return static_cast<float*>(buf_[index(layer, seq)].second.data()); }
+  // Allocates from `mem` on `tier` when given (an over-capacity tier throws OutOfMemoryError),
+  // else plain host memory.
+  void reset(const KvShape& shape, std::span<const int32_t> capacity, MemorySystem* mem = nullptr,
+             Tier tier = Tier::kDram);
+  float* k(int layer, int seq) { return buf_[index(layer, seq)].k; }
+  float* v(int layer, int seq) { return buf_[index(layer, seq)].v; }
   // Distance between KV heads, in floats.
   int64_t head_stride(int seq) const { return int64_t(capacity_[size_t(seq)]) * shape_.D; }
   int32_t capacity(int seq) const { return capacity_[size_t(seq)]; }
@@ -29,7 +33,13 @@ class KvStore {
   size_t index(int layer, int seq) const { return size_t(layer) * capacity_.size() + size_t(seq); }
   KvShape shape_;
   std::vector<int32_t> capacity_;
-  std::vector<std::pair<AlignedBuffer, AlignedBuffer>> buf_;
+  struct Slot {
+    AlignedBuffer hk, hv;  // host storage (no memory system)
+    Allocation tk, tv;     // tiered storage
+    float* k = nullptr;
+    float* v = nullptr;
+  };
+  std::vector<Slot> buf_;
   int64_t bytes_ = 0;
 };
 

@@ -1,0 +1,78 @@
+// Strict YAML helpers.
+#include "engine/core/yaml_util.h"
+
+#include <algorithm>
+
+#include "engine/core/error.h"
+
+namespace hg {
+
+std::string nearest_key(const std::string& key, const std::vector<std::string>& candidates) {
+  std::string best;
+  size_t best_d = SIZE_MAX;
+  for (auto& c : candidates) {
+    std::vector<size_t> prev(c.size() + 1), cur(c.size() + 1);
+    for (size_t j = 0; j <= c.size(); ++j) prev[j] = j;
+    for (size_t i = 1; i <= key.size(); ++i) {
+      cur[0] = i;
+      for (size_t j = 1; j <= c.size(); ++j)
+        cur[j] = std::min({prev[j] + 1, cur[j - 1] + 1, prev[j - 1] + (key[i - 1] == c[j - 1] ? 0 : 1)});
+      std::swap(prev, cur);
+    }
+    if (prev[c.size()] < best_d) {
+      best_d = prev[c.size()];
+      best = c;
+    }
+  }
+  return best;
+}
+
+namespace {
+int line_of(const YAML::Node& n) { return n.Mark().line + 1; }
+std::string join(const std::string& path, const std::string& key) { return path.empty() ? key : path + "." + key; }
+}  // namespace
+
+void check_keys(const YAML::Node& node, const std::vector<std::string>& allowed, const std::string& file,
+                const std::string& path) {
+  if (!node.IsMap()) input_error("{}:{}: {} must be a mapping", file, line_of(node), path.empty() ? "the document" : path);
+  for (auto it = node.begin(); it != node.end(); ++it) {
+    const std::string k = it->first.as<std::string>();
+    if (std::find(allowed.begin(), allowed.end(), k) == allowed.end())
+      input_error("{}:{}: unknown key '{}' (did you mean '{}'?)", file, line_of(it->first), join(path, k),
+                  join(path, nearest_key(k, allowed)));
+  }
+}
+
+double yaml_number(const YAML::Node& node, const std::string& key, double dflt, bool required, const std::string& file,
+                   const std::string& path) {
+  const YAML::Node v = node[key];
+  if (!v) {
+    if (required) input_error("{}:{}: missing key '{}'", file, line_of(node), join(path, key));
+    return dflt;
+  }
+  try {
+    return v.as<double>();
+  } catch (const YAML::Exception&) {
+    input_error("{}:{}: '{}' must be a number", file, line_of(v), join(path, key));
+  }
+}
+
+std::string yaml_string(const YAML::Node& node, const std::string& key, const std::string& dflt, const std::string& file,
+                        const std::string& path) {
+  const YAML::Node v = node[key];
+  if (!v) return dflt;
+  if (!v.IsScalar()) input_error("{}:{}: '{}' must be a string", file, line_of(v), join(path, key));
+  return v.as<std::string>();
+}
+
+YAML::Node yaml_load_file(const std::string& file) {
+  try {
+    return YAML::LoadFile(file);
+  } catch (const YAML::BadFile&) {
+    input_error("{}: cannot open", file);
+  } catch (const YAML::ParserException& e) {
+    input_error("{}:{}: YAML syntax error: {}", file, e.mark.line + 1, e.msg);
+  }
+}
+
+}  // namespace hg

@@ -1,0 +1,24 @@
+// Strict YAML helpers: unknown keys are errors naming file:line, the key path and the nearest
+// valid key; wrong types name what was expected. Shared by platform profiles and experiment specs.
+#pragma once
+#include <string>
+#include <vector>
+
+#include <yaml-cpp/yaml.h>
+
+namespace hg {
+
+// Levenshtein-nearest of `candidates` to `key` (for "did you mean" hints).
+std::string nearest_key(const std::string& key, const std::vector<std::string>& candidates);
+// Throws InputError for any key of the map `node` not in `allowed`.
+void check_keys(const YAML::Node& node, const std::vector<std::string>& allowed, const std::string& file,
+                const std::string& path);
+// Reads a number at node[key]; absent → dflt (or an error when required).
+double yaml_number(const YAML::Node& node, const std::string& key, double dflt, bool required, const std::string& file,
+                   const std::string& path);
+std::string yaml_string(const YAML::Node& node, const std::string& key, const std::string& dflt, const std::string& file,
+                        const std::string& path);
+// Parses a file, mapping yaml-cpp parse errors to InputError with file:line.
+YAML::Node yaml_load_file(const std::string& file);
+
+}  // namespace hg

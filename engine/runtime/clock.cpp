@@ -1,0 +1,142 @@
+// Platform profiles and the measured / modeled clocks.
+#include "engine/runtime/clock.h"
+
+#include <algorithm>
+#include <filesystem>
+#include <fstream>
+#include <map>
+
+#include "engine/core/error.h"
+#include "engine/core/yaml_util.h"
+
+namespace hg {
+
+PlatformProfile load_platform(const std::string& name_or_path, const std::string& platforms_dir) {
+  std::string file = name_or_path;
+  if (!std::filesystem::exists(file)) file = platforms_dir + "/" + name_or_path + ".yaml";
+  if (!std::filesystem::exists(file))
+    input_error("platform '{}': no such profile (looked for {} and {})", name_or_path, name_or_path, file);
+  const YAML::Node y = yaml_load_file(file);
+  check_keys(y, {"name", "source", "gpu", "cpu", "far", "link"}, file, "");
+  PlatformProfile p;
+  p.name = yaml_string(y, "name", std::filesystem::path(file).stem().string(), file, "");
+  p.source = yaml_string(y, "source", "", file, "");
+  if (y["gpu"]) {
+    check_keys(y["gpu"], {"flops_tflops", "mem_gbs", "mem_gib"}, file, "gpu");
+    p.gpu_flops = yaml_number(y["gpu"], "flops_tflops", 0, true, file, "gpu") * 1e12;
+    p.gpu_mem_gbs = yaml_number(y["gpu"], "mem_gbs", 0, true, file, "gpu");
+    p.gpu_mem_gib = yaml_number(y["gpu"], "mem_gib", 0, false, file, "gpu");
+  }
+  if (!y["cpu"]) input_error("{}: missing key 'cpu'", file);
+  check_keys(y["cpu"], {"flops_gflops", "dram_gbs", "dram_gib"}, file, "cpu");
+  p.cpu_flops = yaml_number(y["cpu"], "flops_gflops", 0, true, file, "cpu") * 1e9;
+  p.dram_gbs = yaml_number(y["cpu"], "dram_gbs", 0, true, file, "cpu");
+  p.dram_gib = yaml_number(y["cpu"], "dram_gib", 0, false, file, "cpu");
+  p.far_gbs = p.dram_gbs;
+  if (y["far"]) {
+    check_keys(y["far"], {"gbs", "latency_ns", "gib"}, file, "far");
+    p.far_gbs = yaml_number(y["far"], "gbs", 0, true, file, "far");
+    p.far_latency_ns = yaml_number(y["far"], "latency_ns", 0, false, file, "far");
+    p.far_gib = yaml_number(y["far"], "gib", 0, false, file, "far");
+  }
+  if (y["link"]) {
+    check_keys(y["link"], {"h2d_gbs", "d2h_gbs"}, file, "link");
+    p.h2d_gbs = yaml_number(y["link"], "h2d_gbs", 0, true, file, "link");
+    p.d2h_gbs = yaml_number(y["link"], "d2h_gbs", p.h2d_gbs, false, file, "link");
+  }
+  for (auto [v, what] : {std::pair{p.cpu_flops, "cpu.flops_gflops"}, {p.dram_gbs, "cpu.dram_gbs"}, {p.far_gbs, "far.gbs"}})
+    if (!(v > 0)) input_error("{}: {} must be positive", file, what);
+  return p;
+}
+
+void save_platform(const PlatformProfile& p, const std::string& path, const std::string& comment) {
+  std::ofstream out(path);
+  if (!out) input_error("{}: cannot write", path);
+  out << "# " << comment << "\n";
+  out << "name: " << p.name << "\nsource: \"" << p.source << "\"\n";
+  if (p.gpu_flops > 0)
+    out << "gpu:\n  flops_tflops: " << p.gpu_flops / 1e12 << "\n  mem_gbs: " << p.gpu_mem_gbs
+        << "\n  mem_gib: " << p.gpu_mem_gib << "\n";
+  out << "cpu:\n  flops_gflops: " << p.cpu_flops / 1e9 << "\n  dram_gbs: " << p.dram_gbs << "\n  dram_gib: " << p.dram_gib
+      << "\n";
+  out << "far:\n  gbs: " << p.far_gbs << "\n  latency_ns: " << p.far_latency_ns << "\n  gib: " << p.far_gib << "\n";
+  if (p.h2d_gbs > 0) out << "link:\n  h2d_gbs: " << p.h2d_gbs << "\n  d2h_gbs: " << p.d2h_gbs << "\n";
+}
+
+namespace {
+double tier_gbs(Tier t, const PlatformProfile& p) {
+  switch (t) {
+    case Tier::kGpu: return p.gpu_mem_gbs;
+    case Tier::kDram: return p.dram_gbs;
+    case Tier::kFar: return p.far_gbs;
+  }
+  return 0;
+}
+double secs(double bytes, double gbs) { return bytes <= 0 ? 0.0 : (gbs > 0 ? bytes / (gbs * 1e9) : INFINITY); }
+}  // namespace
+
+double modeled_stage_seconds(const StageRecord& r, const PlatformProfile& p) {
+  const auto& w = r.work;
+  const double lat = p.far_latency_ns * 1e-9;
+  switch (r.kind) {
+    case StageKind::kAccelCompute: {
+      const double c = w.flops > 0 ? (p.gpu_flops > 0 ? w.flops / p.gpu_flops : INFINITY) : 0.0;
+      return std::max(c, secs(double(w.bytes[size_t(Tier::kGpu)]), p.gpu_mem_gbs));
+    }
+    case StageKind::kCpuCompute: {
+      const double c = w.flops / p.cpu_flops;
+      const double m = secs(double(w.bytes[size_t(Tier::kDram)]), p.dram_gbs) +
+                       secs(double(w.bytes[size_t(Tier::kFar)]), p.far_gbs);
+      return std::max(c, m) + (w.bytes[size_t(Tier::kFar)] > 0 ? lat : 0.0);
+    }
+    case StageKind::kTransfer: {
+      double bw;
+      if (w.dst == Tier::kGpu && w.src == Tier::kGpu) bw = p.gpu_mem_gbs / 2;  // read + write HBM
+      else if (w.dst == Tier::kGpu) bw = std::min(p.h2d_gbs, tier_gbs(w.src, p));
+      else if (w.src == Tier::kGpu) bw = std::min(p.d2h_gbs, tier_gbs(w.dst, p));
+      else bw = std::min(tier_gbs(w.src, p), tier_gbs(w.dst, p));
+      const bool far = w.src == Tier::kFar || w.dst == Tier::kFar;
+      return secs(double(w.transfer_bytes), bw) + (far && w.transfer_bytes > 0 ? lat : 0.0);
+    }
+  }
+  return 0;
+}
+
+namespace {
+StepTiming summarize(const std::vector<StageRecord>& recs) {
+  StepTiming t;
+  if (recs.empty()) return t;
+  double lo = INFINITY, hi = -INFINITY;
+  for (auto& r : recs) {
+    lo = std::min(lo, r.start_s);
+    hi = std::max(hi, r.end_s);
+    const double d = r.end_s - r.start_s;
+    t.sum_stages_s += d;
+    (r.kind == StageKind::kAccelCompute ? t.accel_s : r.kind == StageKind::kCpuCompute ? t.cpu_s : t.transfer_s) += d;
+  }
+  t.critical_path_s = hi - lo;
+  t.overlap_cpu_accel_s = overlap_seconds(recs, StageKind::kCpuCompute, StageKind::kAccelCompute);
+  return t;
+}
+}  // namespace
+
+StepTiming measured_timing(const std::vector<StageRecord>& recs) { return summarize(recs); }
+
+StepTiming modeled_timing(const std::vector<StageRecord>& recs, const PlatformProfile& p) {
+  std::vector<StageRecord> r = recs;
+  std::sort(r.begin(), r.end(), [](const auto& a, const auto& b) { return a.id < b.id; });
+  std::map<int, double> queue_free;
+  std::map<int64_t, double> end_of;
+  for (auto& s : r) {
+    double start = queue_free.count(s.queue) ? queue_free[s.queue] : 0.0;
+    for (int64_t d : s.deps)
+      if (end_of.count(d)) start = std::max(start, end_of[d]);
+    s.start_s = start;
+    s.end_s = start + modeled_stage_seconds(s, p);
+    queue_free[s.queue] = s.end_s;
+    end_of[s.id] = s.end_s;
+  }
+  return summarize(r);
+}
+
+}  // namespace hg

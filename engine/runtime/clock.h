@@ -1,0 +1,52 @@
+// Clocks. `measured`: stage times as recorded (wall clock; CUDA events on a GPU). `modeled:<p>`:
+// each stage's work turned into time by a platform profile (roofline: max of compute time and
+// memory time, plus far-tier latency), then the step's stage graph replayed — a stage starts
+// when its queue is free and its dependencies have ended — to get the critical path.
+// Modeled results are labelled modeled wherever they appear.
+#pragma once
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "engine/runtime/event_log.h"
+
+namespace hg {
+
+// Rates of one machine. Datasheet profiles say so in their YAML comments.
+struct PlatformProfile {
+  std::string name;
+  std::string source;      // "datasheet", "calibrated <date>", …
+  double gpu_flops = 0;    // FLOP/s of the accelerator (BF16 tensor, dense)
+  double gpu_mem_gbs = 0;  // HBM GB/s
+  double gpu_mem_gib = 0;
+  double cpu_flops = 0;    // FP32 FLOP/s of all cores
+  double dram_gbs = 0;     // read GB/s of local DRAM
+  double dram_gib = 0;
+  double far_gbs = 0;      // read GB/s of the far tier (CXL / remote node)
+  double far_latency_ns = 0;
+  double far_gib = 0;
+  double h2d_gbs = 0;      // host → device link GB/s
+  double d2h_gbs = 0;      // device → host link GB/s
+};
+
+// Loads experiments/platforms/<name>.yaml or a path; strict keys (InputError names file:line and
+// the nearest valid key).
+PlatformProfile load_platform(const std::string& name_or_path, const std::string& platforms_dir);
+void save_platform(const PlatformProfile& p, const std::string& path, const std::string& comment);
+
+// Seconds a stage takes on the profile.
+double modeled_stage_seconds(const StageRecord& r, const PlatformProfile& p);
+
+struct StepTiming {
+  double critical_path_s = 0;  // end of the last stage minus start of the first
+  double sum_stages_s = 0;     // Σ stage durations (what a fully serial run would take)
+  double accel_s = 0, cpu_s = 0, transfer_s = 0;
+  double overlap_cpu_accel_s = 0;  // seconds CPU and accelerator stages ran together
+};
+
+// Measured timing of the records (times as logged).
+StepTiming measured_timing(const std::vector<StageRecord>& recs);
+// Modeled timing: durations from the profile, start times from queue order and dependencies.
+StepTiming modeled_timing(const std::vector<StageRecord>& recs, const PlatformProfile& p);
+
+}  // namespace hg

@@ -1,0 +1,67 @@
+// Event log.
+#include "engine/runtime/event_log.h"
+
+#include <algorithm>
+
+namespace hg {
+
+std::string_view stage_kind_name(StageKind k) {
+  switch (k) {
+    case StageKind::kAccelCompute: return "accel";
+    case StageKind::kCpuCompute: return "cpu";
+    case StageKind::kTransfer: return "transfer";
+  }
+  return "?";
+}
+
+int64_t EventLog::reserve_id() {
+  std::lock_guard<std::mutex> l(mu_);
+  return next_id_++;
+}
+
+void EventLog::record(StageRecord r) {
+  std::lock_guard<std::mutex> l(mu_);
+  records_.push_back(std::move(r));
+}
+
+std::vector<StageRecord> EventLog::snapshot() const {
+  std::lock_guard<std::mutex> l(mu_);
+  auto v = records_;
+  std::sort(v.begin(), v.end(), [](const auto& a, const auto& b) { return a.id < b.id; });
+  return v;
+}
+
+void EventLog::clear() {
+  std::lock_guard<std::mutex> l(mu_);
+  records_.clear();
+}
+
+namespace {
+// Union of intervals of one kind, sorted and merged.
+std::vector<std::pair<double, double>> intervals(const std::vector<StageRecord>& log, StageKind k) {
+  std::vector<std::pair<double, double>> v;
+  for (auto& r : log)
+    if (r.kind == k) v.emplace_back(r.start_s, r.end_s);
+  std::sort(v.begin(), v.end());
+  std::vector<std::pair<double, double>> m;
+  for (auto& iv : v) {
+    if (!m.empty() && iv.first <= m.back().second) m.back().second = std::max(m.back().second, iv.second);
+    else m.push_back(iv);
+  }
+  return m;
+}
+}  // namespace
+
+double overlap_seconds(const std::vector<StageRecord>& log, StageKind a, StageKind b) {
+  const auto x = intervals(log, a), y = intervals(log, b);
+  double total = 0;
+  size_t i = 0, j = 0;
+  while (i < x.size() && j < y.size()) {
+    const double lo = std::max(x[i].first, y[j].first), hi = std::min(x[i].second, y[j].second);
+    if (hi > lo) total += hi - lo;
+    (x[i].second < y[j].second) ? ++i : ++j;
+  }
+  return total;
+}
+
+}  // namespace hg

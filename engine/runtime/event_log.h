@@ -1,0 +1,62 @@
+// The event log: every stage (accelerator compute, CPU compute, transfer) with its work (FLOPs,
+// bytes per tier) and its measured start/end, plus the stages it waited on. Clocks read it:
+// `measured` uses the recorded times; `modeled:<platform>` turns the work into time and replays
+// the dependencies. Append-only and thread-safe.
+#pragma once
+#include <array>
+#include <chrono>
+#include <cstdint>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "engine/runtime/memory.h"
+
+namespace hg {
+
+enum class StageKind : uint8_t { kAccelCompute, kCpuCompute, kTransfer };
+std::string_view stage_kind_name(StageKind k);
+
+struct StageWork {
+  double flops = 0;
+  std::array<int64_t, kNumTiers> bytes{};  // bytes read or written per tier by a compute stage
+  // Transfers: bytes moved from src to dst.
+  Tier src = Tier::kDram;
+  Tier dst = Tier::kDram;
+  int64_t transfer_bytes = 0;
+};
+
+struct StageRecord {
+  int64_t id = -1;
+  std::string name;
+  StageKind kind = StageKind::kCpuCompute;
+  int queue = 0;             // queue index (stages on one queue run in order)
+  int64_t step = 0;          // decode step (or -1 outside steps)
+  StageWork work;
+  std::vector<int64_t> deps;  // stage ids this one waited for
+  double start_s = 0, end_s = 0;  // measured, seconds since the log's origin
+};
+
+class EventLog {
+ public:
+  EventLog() : origin_(std::chrono::steady_clock::now()) {}
+  double now() const { return std::chrono::duration<double>(std::chrono::steady_clock::now() - origin_).count(); }
+  int64_t reserve_id();
+  void record(StageRecord r);
+  std::vector<StageRecord> snapshot() const;  // sorted by id
+  void clear();
+  void set_step(int64_t s) { step_ = s; }
+  int64_t step() const { return step_; }
+
+ private:
+  std::chrono::steady_clock::time_point origin_;
+  mutable std::mutex mu_;
+  std::vector<StageRecord> records_;
+  int64_t next_id_ = 0;
+  int64_t step_ = -1;
+};
+
+// Measured overlap of two stage kinds within [t0, t1): seconds both were running.
+double overlap_seconds(const std::vector<StageRecord>& log, StageKind a, StageKind b);
+
+}  // namespace hg

@@ -1,0 +1,127 @@
+// Memory tiers and the ledger every allocation goes through. Tiers: `gpu` (CUDA device memory, or
+// the emulated accelerator's pool), `dram` (local NUMA node; pinned when a GPU is present), `far`
+// (a CXL or remote NUMA node via libnuma; the local node with a warning on one-node machines).
+// The ledger counts current and peak bytes per tier against a capacity; exceeding it is an
+// OutOfMemory value (try_allocate) or an OutOfMemoryError (allocate) — never a crash.
+// Thread-safe: allocations may come from any queue.
+#pragma once
+#include <array>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <variant>
+
+namespace hg {
+
+enum class Tier : uint8_t { kGpu, kDram, kFar };
+constexpr int kNumTiers = 3;
+std::string_view tier_name(Tier t);
+// Parses "gpu", "dram", "far".
+std::optional<Tier> parse_tier(std::string_view s);
+
+struct TierUsage {
+  int64_t capacity = 0;  // bytes
+  int64_t in_use = 0;
+  int64_t peak = 0;
+};
+
+// "AoG cannot hold this sequence": what did not fit, as a value.
+struct OutOfMemory {
+  Tier tier = Tier::kGpu;
+  int64_t requested = 0;
+  int64_t in_use = 0;
+  int64_t capacity = 0;
+  std::string message() const;
+};
+
+class TierLedger {
+ public:
+  TierLedger() = default;
+  void set_capacity(Tier t, int64_t bytes);
+  // Reserves bytes on tier t, or returns what did not fit.
+  std::optional<OutOfMemory> reserve(Tier t, int64_t bytes);
+  void release(Tier t, int64_t bytes);
+  TierUsage usage(Tier t) const;
+  int64_t available(Tier t) const;
+  void reset_peaks();
+
+ private:
+  mutable std::mutex mu_;
+  std::array<TierUsage, kNumTiers> u_{};
+};
+
+// Where tiers physically live and how bytes are obtained for them.
+struct TierConfig {
+  int64_t gpu_memory_bytes = 0;  // 0: what the device (or, emulated, the machine) has
+  int64_t dram_bytes = 0;        // 0: the local node's memory
+  int64_t far_bytes = 0;         // 0: the far node's memory
+  int far_node = -1;             // NUMA node of `far`; -1: the highest-numbered node other than local
+  bool pinned_dram = false;      // cudaHostAlloc for dram (set when a CUDA device drives the run)
+};
+
+class MemorySystem;
+
+// An owned allocation on one tier; returns its bytes to the ledger when destroyed.
+class Allocation {
+ public:
+  Allocation() = default;
+  Allocation(Allocation&& o) noexcept { *this = std::move(o); }
+  Allocation& operator=(Allocation&& o) noexcept;
+  Allocation(const Allocation&) = delete;
+  Allocation& operator=(const Allocation&) = delete;
+  ~Allocation();
+
+  void* data() const { return ptr_; }
+  template <typename T>
+  T* as() const { return static_cast<T*>(ptr_); }
+  int64_t bytes() const { return bytes_; }
+  Tier tier() const { return tier_; }
+  bool empty() const { return ptr_ == nullptr; }
+
+ private:
+  friend class MemorySystem;
+  MemorySystem* owner_ = nullptr;
+  void* ptr_ = nullptr;
+  int64_t bytes_ = 0;
+  Tier tier_ = Tier::kDram;
+};
+
+class MemorySystem {
+ public:
+  // gpu_allocator: how device bytes are obtained (cudaMalloc); null → host memory (emulated).
+  struct DeviceAllocator {
+    std::function<void*(size_t)> alloc;
+    std::function<void(void*)> free;
+    std::function<void*(size_t)> host_alloc;  // pinned host memory for dram (cudaHostAlloc)
+    std::function<void(void*)> host_free;
+    int64_t device_bytes = 0;
+  };
+  explicit MemorySystem(const TierConfig& cfg, std::optional<DeviceAllocator> device = std::nullopt);
+  ~MemorySystem();
+
+  std::variant<Allocation, OutOfMemory> try_allocate(Tier t, int64_t bytes);
+  Allocation allocate(Tier t, int64_t bytes);  // throws OutOfMemoryError
+  const TierLedger& ledger() const { return ledger_; }
+  TierLedger& ledger() { return ledger_; }
+  // Empty when `far` is a real other node; else the one-line warning that result rows carry.
+  const std::string& far_note() const { return far_note_; }
+  int far_node() const { return far_node_; }
+  int local_node() const { return local_node_; }
+  bool device_memory() const { return device_.has_value(); }
+
+ private:
+  friend class Allocation;
+  void free(Allocation& a);
+  TierConfig cfg_;
+  std::optional<DeviceAllocator> device_;
+  TierLedger ledger_;
+  int local_node_ = 0;
+  int far_node_ = 0;
+  bool numa_ = false;
+  std::string far_note_;
+};
+
+}  // namespace hg

@@ -1,0 +1,76 @@
+// Execution queues with events, like CUDA streams: tasks on one queue run in submission order on
+// the queue's own worker thread, each after the events it depends on; submit() returns an Event
+// the host or other queues can wait on. Every task is logged as a stage with its work. A task
+// that throws fails its event; waiting on it rethrows.
+#pragma once
+#include <condition_variable>
+#include <deque>
+#include <exception>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "engine/runtime/event_log.h"
+
+namespace hg {
+
+class Event {
+ public:
+  Event() = default;
+  bool valid() const { return st_ != nullptr; }
+  bool done() const;
+  void wait() const;  // blocks; rethrows the task's exception
+  int64_t stage_id() const { return st_ ? st_->id : -1; }
+
+ private:
+  friend class Queue;
+  struct State {
+    std::mutex mu;
+    std::condition_variable cv;
+    bool done = false;
+    std::exception_ptr error;
+    int64_t id = -1;
+  };
+  std::shared_ptr<State> st_;
+};
+
+class Queue {
+ public:
+  // omp_threads: size of the OpenMP team for kernels this queue's tasks run.
+  Queue(std::string name, StageKind kind, int index, EventLog* log, int omp_threads);
+  ~Queue();
+  Queue(const Queue&) = delete;
+  Queue& operator=(const Queue&) = delete;
+
+  Event submit(std::string name, StageWork work, std::vector<Event> deps, std::function<void()> fn);
+  void synchronize();  // waits for everything submitted so far
+  const std::string& name() const { return name_; }
+  int index() const { return index_; }
+  StageKind kind() const { return kind_; }
+
+ private:
+  struct Task {
+    std::string name;
+    StageWork work;
+    std::vector<Event> deps;
+    std::function<void()> fn;
+    Event ev;
+  };
+  void run();
+  std::string name_;
+  StageKind kind_;
+  int index_;
+  EventLog* log_;
+  int omp_threads_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<Task> tasks_;
+  bool stop_ = false;
+  std::thread worker_;
+  Event last_;
+};
+
+}  // namespace hg

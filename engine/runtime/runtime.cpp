@@ -1,0 +1,175 @@
+// Runtime construction and calibration.
+#include "engine/runtime/runtime.h"
+
+#include <immintrin.h>
+#include <omp.h>
+
+#include <chrono>
+#include <cstring>
+
+#include "engine/core/error.h"
+#include "engine/core/thread_pool.h"
+
+namespace hg {
+
+int cuda_device_count_or_zero();  // backend/backend.cpp
+
+std::string_view device_kind_name(DeviceKind k) {
+  switch (k) {
+    case DeviceKind::kCpu: return "cpu";
+    case DeviceKind::kEmulated: return "emulated";
+    case DeviceKind::kCuda: return "cuda";
+  }
+  return "?";
+}
+
+Runtime::Runtime(const RuntimeConfig& cfg) {
+  const int hw = hardware_threads();
+  const bool have_cuda = cuda_device_count_or_zero() > 0;
+  if (cfg.device == "auto") {
+    kind_ = have_cuda ? DeviceKind::kCuda : DeviceKind::kEmulated;
+  } else if (cfg.device == "emulated") {
+    kind_ = DeviceKind::kEmulated;
+  } else if (cfg.device == "cpu") {
+    kind_ = DeviceKind::kCpu;
+  } else if (cfg.device == "cuda") {
+    if (!cuda_compiled()) throw UnsupportedError("device cuda: this build was not compiled with CUDA support");
+    if (!have_cuda) throw UnsupportedError("device cuda: no CUDA device is visible on this machine");
+    kind_ = DeviceKind::kCuda;
+  } else {
+    input_error("unknown device '{}' (expected auto, emulated, cuda or cpu)", cfg.device);
+  }
+  if (kind_ == DeviceKind::kCuda)
+    throw UnsupportedError("device cuda: the decoder does not run on the CUDA backend yet (kernels exist; the "
+                           "device-resident decoder path is not built); use --device emulated");
+  if (kind_ == DeviceKind::kCpu) {
+    accel_threads_ = cfg.accel_threads > 0 ? cfg.accel_threads : hw;
+    cpu_threads_ = cfg.cpu_threads > 0 ? cfg.cpu_threads : hw;
+    description_ = fmt::format("cpu (no accelerator role, {} threads)", accel_threads_);
+  } else {
+    accel_threads_ = cfg.accel_threads > 0 ? cfg.accel_threads : std::max(1, hw / 2);
+    cpu_threads_ = cfg.cpu_threads > 0 ? cfg.cpu_threads : std::max(1, hw - accel_threads_);
+    description_ = fmt::format("emulated (cpu backend, {} accelerator thread{}, {} CPU-worker thread{})", accel_threads_,
+                               accel_threads_ == 1 ? "" : "s", cpu_threads_, cpu_threads_ == 1 ? "" : "s");
+  }
+  mem_ = std::make_unique<MemorySystem>(cfg.tiers);
+  accel_ = std::make_unique<Queue>("accel", StageKind::kAccelCompute, 0, &log_, accel_threads_);
+  copy_ = std::make_unique<Queue>("copy", StageKind::kTransfer, 1, &log_, 1);
+  cpu_ = std::make_unique<Queue>("cpu", StageKind::kCpuCompute, 2, &log_, cpu_threads_);
+  xfer_ = std::make_unique<TransferEngine>(*copy_);
+  accel_be_ = make_cpu_backend();
+  cpu_be_ = make_cpu_backend();
+}
+
+Runtime::~Runtime() {
+  accel_->synchronize();
+  copy_->synchronize();
+  cpu_->synchronize();
+}
+
+double measure_read_gbs(MemorySystem& mem, Tier tier, int64_t bytes, double seconds) {
+  Allocation a = mem.allocate(tier, bytes);
+  const int64_t n = bytes / 4 / 64 * 64;
+  float* p = a.as<float>();
+  parallel_chunks(n, [&](int64_t b, int64_t e) {
+    for (int64_t i = b; i < e; ++i) p[i] = float(i & 255);
+  });
+  double best = 0, spent = 0;
+  volatile float sink = 0;
+  for (int rep = 0; rep < 3 || spent < seconds; ++rep) {
+    const auto t0 = std::chrono::steady_clock::now();
+    float total = 0;
+#pragma omp parallel reduction(+ : total)
+    {
+      const int t = omp_get_thread_num(), nt = omp_get_num_threads();
+      const int64_t b = n * t / nt / 64 * 64, e = t == nt - 1 ? n : n * (t + 1) / nt / 64 * 64;
+#if defined(__AVX512F__)
+      __m512 a0 = _mm512_setzero_ps(), a1 = _mm512_setzero_ps(), a2 = _mm512_setzero_ps(), a3 = _mm512_setzero_ps();
+      for (int64_t i = b; i < e; i += 64) {
+        a0 = _mm512_add_ps(a0, _mm512_loadu_ps(p + i));
+        a1 = _mm512_add_ps(a1, _mm512_loadu_ps(p + i + 16));
+        a2 = _mm512_add_ps(a2, _mm512_loadu_ps(p + i + 32));
+        a3 = _mm512_add_ps(a3, _mm512_loadu_ps(p + i + 48));
+      }
+      total += _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(a0, a1), _mm512_add_ps(a2, a3)));
+#else
+      for (int64_t i = b; i < e; ++i) total += p[i];
+#endif
+    }
+    sink = sink + total;
+    const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    spent += dt;
+    best = std::max(best, double(n) * 4 / dt / 1e9);
+    if (rep > 50) break;
+  }
+  return best;
+}
+
+namespace {
+double measure_copy_gbs(MemorySystem& mem, Tier src, Tier dst, int64_t bytes, double seconds) {
+  Allocation a = mem.allocate(src, bytes), b = mem.allocate(dst, bytes);
+  std::memset(a.data(), 1, size_t(bytes));
+  std::memset(b.data(), 0, size_t(bytes));
+  double best = 0, spent = 0;
+  for (int rep = 0; rep < 3 || spent < seconds; ++rep) {
+    const auto t0 = std::chrono::steady_clock::now();
+    std::memcpy(b.data(), a.data(), size_t(bytes));  // one copy worker, as the runtime's copy queue
+    const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    spent += dt;
+    best = std::max(best, double(bytes) / dt / 1e9);
+    if (rep > 50) break;
+  }
+  return best;
+}
+
+double measure_cpu_flops(double seconds) {
+  // oneDNN SGEMM 512×4096×4096 (the prefill shape): FLOP/s of the machine's best F32 GEMM.
+  auto be = make_cpu_backend();
+  const int64_t M = 512, K = 4096, N = 4096;
+  std::vector<float> x(size_t(M * K), 0.5f), y(size_t(M * N));
+  Weight w = make_weight(DType::kF32, {N, K});
+  std::fill(static_cast<float*>(w.buf.data()), static_cast<float*>(w.buf.data()) + N * K, 0.25f);
+  be->matmul(x.data(), M, w, nullptr, y.data());  // warm-up, primitive creation
+  double best = 0, spent = 0;
+  for (int rep = 0; rep < 2 || spent < seconds; ++rep) {
+    const auto t0 = std::chrono::steady_clock::now();
+    be->matmul(x.data(), M, w, nullptr, y.data());
+    const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    spent += dt;
+    best = std::max(best, 2.0 * double(M * K * N) / dt);
+    if (rep > 20) break;
+  }
+  return best;
+}
+}  // namespace
+
+PlatformProfile calibrate(const CalibrateOptions& o, std::string* notes) {
+  MemorySystem mem(TierConfig{});
+  PlatformProfile p;
+  p.name = "this-machine";
+  p.dram_gbs = measure_read_gbs(mem, Tier::kDram, o.buffer_bytes, o.seconds_per_measure);
+  p.far_gbs = measure_read_gbs(mem, Tier::kFar, o.buffer_bytes, o.seconds_per_measure);
+  p.cpu_flops = measure_cpu_flops(o.seconds_per_measure);
+  p.dram_gib = double(mem.ledger().usage(Tier::kDram).capacity) / double(1 << 30);
+  p.far_gib = double(mem.ledger().usage(Tier::kFar).capacity) / double(1 << 30);
+  const double copy = measure_copy_gbs(mem, Tier::kDram, Tier::kFar, o.buffer_bytes / 2, o.seconds_per_measure);
+  std::string n = fmt::format("dram read {:.1f} GB/s, far read {:.1f} GB/s, dram→far copy {:.1f} GB/s (one worker), "
+                              "SGEMM {:.0f} GFLOP/s, {} threads", p.dram_gbs, p.far_gbs, copy, p.cpu_flops / 1e9,
+                              num_threads());
+  if (!mem.far_note().empty()) n += "; " + mem.far_note();
+  if (cuda_device_count_or_zero() > 0) {
+    n += "; a CUDA device is present but GPU rates are not calibrated yet (gpu/link absent)";
+  } else {
+    // No GPU: the emulated accelerator is this CPU, and its "link" is a memcpy by the copy worker.
+    p.gpu_flops = p.cpu_flops;
+    p.gpu_mem_gbs = p.dram_gbs;
+    p.gpu_mem_gib = p.dram_gib;
+    p.h2d_gbs = p.d2h_gbs = copy;
+    n += "; no GPU: gpu = the emulated accelerator (CPU rates), link = memcpy copy bandwidth";
+  }
+  if (notes) *notes = n;
+  p.source = "calibrated by hgbench calibrate";
+  return p;
+}
+
+}  // namespace hg

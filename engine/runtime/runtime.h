@@ -1,0 +1,68 @@
+// The runtime a run executes in: the device playing the accelerator (a CUDA GPU, or the
+// host-emulated accelerator — the CPU backend on its own worker thread with its own
+// capacity-limited `gpu` tier), the memory tiers, the queues (accelerator, copy, CPU worker),
+// transfers and the event log. `device: auto` picks CUDA when a device exists, else the
+// emulator; `cuda` without one is an error; `cpu` runs without an accelerator role.
+#pragma once
+#include <memory>
+#include <string>
+
+#include "engine/backend/backend.h"
+#include "engine/runtime/clock.h"
+#include "engine/runtime/memory.h"
+#include "engine/runtime/queue.h"
+#include "engine/runtime/transfer.h"
+
+namespace hg {
+
+enum class DeviceKind : uint8_t { kCpu, kEmulated, kCuda };
+std::string_view device_kind_name(DeviceKind k);
+
+struct RuntimeConfig {
+  std::string device = "auto";  // auto | emulated | cuda | cpu
+  TierConfig tiers;
+  int accel_threads = 0;  // emulated accelerator's threads (0: half the machine, at least 1)
+  int cpu_threads = 0;    // CPU worker queue's threads (0: the rest, at least 1)
+};
+
+class Runtime {
+ public:
+  explicit Runtime(const RuntimeConfig& cfg);
+  ~Runtime();
+
+  DeviceKind device() const { return kind_; }
+  // E.g. "emulated (cpu backend, 1 thread)" or "cuda:0 NVIDIA H200".
+  const std::string& device_description() const { return description_; }
+  MemorySystem& memory() { return *mem_; }
+  EventLog& log() { return log_; }
+  Queue& accel() { return *accel_; }
+  Queue& copy() { return *copy_; }
+  Queue& cpu() { return *cpu_; }
+  TransferEngine& transfers() { return *xfer_; }
+  Backend& accel_backend() { return *accel_be_; }  // the accelerator's math (runs on accel())
+  Backend& cpu_backend() { return *cpu_be_; }      // strategy CPU work (runs on cpu())
+  int accel_threads() const { return accel_threads_; }
+  int cpu_threads() const { return cpu_threads_; }
+
+ private:
+  DeviceKind kind_ = DeviceKind::kEmulated;
+  std::string description_;
+  EventLog log_;
+  std::unique_ptr<MemorySystem> mem_;
+  std::unique_ptr<Queue> accel_, copy_, cpu_;
+  std::unique_ptr<TransferEngine> xfer_;
+  std::unique_ptr<Backend> accel_be_, cpu_be_;
+  int accel_threads_ = 1, cpu_threads_ = 1;
+};
+
+// Machine measurements for `hgbench calibrate` (profile `this-machine`): read bandwidth of dram
+// and far, copy bandwidth, CPU FLOP/s; GPU rates when a device exists.
+struct CalibrateOptions {
+  double seconds_per_measure = 0.5;
+  int64_t buffer_bytes = int64_t(512) << 20;
+};
+PlatformProfile calibrate(const CalibrateOptions& o, std::string* notes);
+// Best-of-several read bandwidth (GB/s) of a buffer on `tier` with all threads.
+double measure_read_gbs(MemorySystem& mem, Tier tier, int64_t bytes, double seconds);
+
+}  // namespace hg

@@ -1,0 +1,63 @@
+// Transfers.
+#include "engine/runtime/transfer.h"
+
+#include <cstring>
+
+namespace hg {
+
+int64_t TransferTotals::total_bytes() const {
+  int64_t t = 0;
+  for (auto& r : bytes)
+    for (auto b : r) t += b;
+  return t;
+}
+
+TransferEngine::TransferEngine(Queue& copy_queue, CopyFn copy_fn) : q_(copy_queue), copy_(std::move(copy_fn)) {
+  if (!copy_) copy_ = [](void* d, const void* s, size_t n, Tier, Tier) { std::memcpy(d, s, n); };
+}
+
+void TransferEngine::count(Tier src, Tier dst, int64_t bytes) {
+  std::lock_guard<std::mutex> l(mu_);
+  totals_.bytes[size_t(src)][size_t(dst)] += bytes;
+  totals_.count[size_t(src)][size_t(dst)] += 1;
+}
+
+Event TransferEngine::copy(void* dst, Tier dst_tier, const void* src, Tier src_tier, int64_t bytes,
+                           std::vector<Event> deps, std::string name) {
+  StageWork w;
+  w.src = src_tier;
+  w.dst = dst_tier;
+  w.transfer_bytes = bytes;
+  count(src_tier, dst_tier, bytes);
+  return q_.submit(std::move(name), w, std::move(deps),
+                   [=, this] { copy_(dst, src, size_t(bytes), dst_tier, src_tier); });
+}
+
+Event TransferEngine::gather_rows(void* dst, Tier dst_tier, const void* src, Tier src_tier, int64_t row_bytes,
+                                  int64_t src_stride, std::span<const int32_t> rows, std::vector<Event> deps,
+                                  std::string name) {
+  StageWork w;
+  w.src = src_tier;
+  w.dst = dst_tier;
+  w.transfer_bytes = row_bytes * int64_t(rows.size());
+  count(src_tier, dst_tier, w.transfer_bytes);
+  std::vector<int32_t> idx(rows.begin(), rows.end());
+  return q_.submit(std::move(name), w, std::move(deps), [=, this, idx = std::move(idx)] {
+    auto* d = static_cast<char*>(dst);
+    auto* s = static_cast<const char*>(src);
+    for (size_t i = 0; i < idx.size(); ++i)
+      copy_(d + int64_t(i) * row_bytes, s + int64_t(idx[i]) * src_stride, size_t(row_bytes), dst_tier, src_tier);
+  });
+}
+
+TransferTotals TransferEngine::totals() const {
+  std::lock_guard<std::mutex> l(mu_);
+  return totals_;
+}
+
+void TransferEngine::reset_totals() {
+  std::lock_guard<std::mutex> l(mu_);
+  totals_ = {};
+}
+
+}  // namespace hg

@@ -1,0 +1,44 @@
+// Transfers: the one call through which bytes cross tiers. Each copy runs on the copy queue
+// (cudaMemcpyAsync on a copy stream with a GPU, memcpy on the copy worker without), is logged as
+// a transfer stage (source, destination, bytes, measured duration) and counted in the totals.
+#pragma once
+#include <array>
+#include <functional>
+#include <mutex>
+#include <span>
+
+#include "engine/runtime/queue.h"
+
+namespace hg {
+
+struct TransferTotals {
+  std::array<std::array<int64_t, kNumTiers>, kNumTiers> bytes{};  // [src][dst]
+  std::array<std::array<int64_t, kNumTiers>, kNumTiers> count{};
+  int64_t bytes_between(Tier src, Tier dst) const { return bytes[size_t(src)][size_t(dst)]; }
+  int64_t total_bytes() const;
+};
+
+class TransferEngine {
+ public:
+  // copy_fn(dst, src, n, dst_tier, src_tier): the device's copy (default: memcpy).
+  using CopyFn = std::function<void(void*, const void*, size_t, Tier, Tier)>;
+  explicit TransferEngine(Queue& copy_queue, CopyFn copy_fn = {});
+
+  Event copy(void* dst, Tier dst_tier, const void* src, Tier src_tier, int64_t bytes, std::vector<Event> deps = {},
+             std::string name = "copy");
+  // Gathers rows: dst row i ← src row rows[i] (row_bytes each, src rows src_stride bytes apart).
+  // One transfer stage of rows.size() · row_bytes bytes. `rows` is copied.
+  Event gather_rows(void* dst, Tier dst_tier, const void* src, Tier src_tier, int64_t row_bytes, int64_t src_stride,
+                    std::span<const int32_t> rows, std::vector<Event> deps = {}, std::string name = "gather");
+  TransferTotals totals() const;
+  void reset_totals();
+
+ private:
+  void count(Tier src, Tier dst, int64_t bytes);
+  Queue& q_;
+  CopyFn copy_;
+  mutable std::mutex mu_;
+  TransferTotals totals_;
+};
+
+}  // namespace hg
