@@ -1,0 +1,50 @@
+// CUDA backend kernels behind a plain C++ interface (no CUDA types here): device buffers are raw
+// pointers, the stream is the backend's own. Every CUDA and cuBLAS call is checked; a failure
+// throws std::runtime_error with file and line. Compiled whenever nvcc exists; run only with a
+// device (tests/unit/test_cuda_kernels.cpp checks each kernel against the CPU backend).
+// Shapes use the engine's vocabulary: M rows, K in, N out, H query heads, H_kv KV heads, D head dim.
+#pragma once
+#include <cstddef>
+#include <cstdint>
+
+#include "engine/core/dtype.h"
+
+namespace hg::cuda {
+
+int device_count();
+void* dev_alloc(size_t bytes);
+void dev_free(void* p);
+void* host_alloc_pinned(size_t bytes);
+void host_free_pinned(void* p);
+void h2d(void* dst, const void* src, size_t bytes);
+void d2h(void* dst, const void* src, size_t bytes);
+void synchronize();
+
+// y[M, N] = x[M, K] · W[N, K]ᵀ (+ bias[N]); W F32, BF16 or F16 with F32 accumulation (cuBLAS).
+// For BF16/F16 weights x is converted on the device into `x_half` (M·K halves of scratch).
+void gemm(const float* x, int64_t M, const void* w, DType wt, int64_t N, int64_t K, const float* bias, float* y,
+          void* x_half);
+void rms_norm(const float* x, const float* w, int64_t M, int64_t n, float eps, float* y);
+void layer_norm(const float* x, const float* w, const float* b, int64_t M, int64_t n, float eps, float* y);
+// In place on x[M, n_heads, D]; inv_freq[D/2] on the device; interleaved or rotate-half pairs.
+void rope(float* x, int64_t M, int n_heads, int D, const int32_t* pos, const float* inv_freq, bool interleaved);
+void swiglu(const float* gate, const float* up, int64_t n, float* y);
+void relu(float* x, int64_t n);
+void add(float* y, const float* x, int64_t n);           // y += x
+void add_bias(float* y, const float* b, int64_t M, int64_t N);  // y[m, :] += b
+// y[m, :] = table[ids[m], :] as F32.
+void embed(const void* table, DType t, int64_t d, const int32_t* ids, int64_t M, float* y);
+// logits[h, t] = scale · q[h] · K[h / (H / H_kv), t], t < n; K [H_kv, ld, D] (ld ≥ n rows per head).
+void attention_logits(const float* q, const float* K, int64_t ld, int64_t n, int H, int H_kv, int D, float scale,
+                      float* logits);
+// Token concatenation + softmax: out[h, a_pos[i]] = a[h, i], out[h, b_pos[j]] = b[h, j]
+// (a_pos/b_pos give each part's token-order slots, together a permutation of [0, na + nb)), then
+// softmax over each row of out [H, na + nb].
+void concat_softmax(const float* a, int64_t na, const int32_t* a_pos, const float* b, int64_t nb, const int32_t* b_pos,
+                    int H, float* out);
+// out[h, :] = Σ_t p[h, t] · V[h / (H / H_kv), t, :]; V [H_kv, ld, D].
+void weighted_v_sum(const float* p, const float* V, int64_t ld, int64_t n, int H, int H_kv, int D, float* out);
+// dst row i = src row idx[i] (row_bytes each; src rows src_stride bytes apart).
+void gather_rows(void* dst, const void* src, int64_t row_bytes, int64_t src_stride, const int32_t* idx, int64_t n);
+
+}  // namespace hg::cuda

@@ -1,0 +1,187 @@
+// Every CUDA kernel against the CPU backend (or the ref oracle) on random inputs; tolerances from
+// the table below (BF16 GEMM as in test_cpu_kernels). Built whenever nvcc exists; each test skips
+// with a message when no CUDA device is visible.
+#include "engine/backend/backend.h"
+#include "engine/backend/cuda/cuda_kernels.h"
+#include "test_util.h"
+
+namespace hg {
+namespace {
+
+constexpr test::Tol kTolF32{1e-4, 1e-4};
+constexpr test::Tol kTolGemmF32{1e-3, 1e-3};  // cuBLAS may use TF32-free but reordered sums
+constexpr test::Tol kTolGemmHalf{3e-2, 2e-2};
+
+#define HG_REQUIRE_CUDA_DEVICE() \
+  if (cuda::device_count() == 0) GTEST_SKIP() << "no CUDA device visible; CUDA kernels compiled but not run"
+
+// Device copy of a host vector, freed at scope exit.
+template <typename T>
+struct Dev {
+  explicit Dev(const std::vector<T>& h) : n(h.size()) {
+    p = static_cast<T*>(cuda::dev_alloc(std::max<size_t>(1, n) * sizeof(T)));
+    if (n) cuda::h2d(p, h.data(), n * sizeof(T));
+  }
+  explicit Dev(size_t count) : n(count) { p = static_cast<T*>(cuda::dev_alloc(std::max<size_t>(1, n) * sizeof(T))); }
+  ~Dev() { cuda::dev_free(p); }
+  std::vector<T> host() const {
+    std::vector<T> h(n);
+    cuda::synchronize();
+    if (n) cuda::d2h(h.data(), p, n * sizeof(T));
+    return h;
+  }
+  T* p;
+  size_t n;
+};
+
+TEST(CudaKernels, GemmMatchesCpu) {
+  HG_REQUIRE_CUDA_DEVICE();
+  auto cpu = make_cpu_backend();
+  for (DType t : {DType::kF32, DType::kBF16, DType::kF16})
+    for (auto [M, K, N] : {std::tuple<int64_t, int64_t, int64_t>{1, 17, 97}, {17, 97, 33}, {64, 1024, 512}}) {
+      auto x = test::random_vec(size_t(M * K), 1);
+      auto wf = test::random_vec(size_t(N * K), 2);
+      auto b = test::random_vec(size_t(N), 3);
+      Weight w = convert_weight(DType::kF32, wf.data(), t, {N, K});
+      std::vector<uint8_t> wb(w.bytes());
+      std::memcpy(wb.data(), w.buf.data(), w.bytes());
+      Dev<float> dx(x), db(b), dy(size_t(M * N));
+      Dev<uint8_t> dw(wb), dh(size_t(M * K * 2));
+      cuda::gemm(dx.p, M, dw.p, t, N, K, db.p, dy.p, dh.p);
+      std::vector<float> ref(size_t(M * N));
+      if (t == DType::kF32) {
+        cpu->matmul(x.data(), M, w, b.data(), ref.data());
+      } else {  // the oracle: ref backend on the same rounded activations
+        for (auto& v : x) v = t == DType::kBF16 ? bf16_to_f32(f32_to_bf16(v)) : f16_to_f32(f32_to_f16(v));
+        make_ref_backend()->matmul(x.data(), M, w, b.data(), ref.data());
+      }
+      const auto got = dy.host();
+      EXPECT_TRUE(test::all_close(got.data(), ref.data(), ref.size(), t == DType::kF32 ? kTolGemmF32 : kTolGemmHalf))
+          << dtype_name(t) << " M" << M << " K" << K << " N" << N;
+    }
+}
+
+TEST(CudaKernels, ElementwiseAndNormsMatchCpu) {
+  HG_REQUIRE_CUDA_DEVICE();
+  auto cpu = make_cpu_backend();
+  const int64_t M = 5, n = 1000;
+  auto x = test::random_vec(size_t(M * n), 4), w = test::random_vec(size_t(n), 5), b = test::random_vec(size_t(n), 6);
+  auto u = test::random_vec(size_t(M * n), 7);
+  Dev<float> dx(x), dw(w), db(b), du(u), dy(size_t(M * n));
+  std::vector<float> ref(size_t(M * n));
+  cuda::rms_norm(dx.p, dw.p, M, n, 1e-5f, dy.p);
+  cpu->rms_norm(x.data(), w.data(), M, n, 1e-5f, ref.data());
+  EXPECT_TRUE(test::all_close(dy.host().data(), ref.data(), ref.size(), kTolF32)) << "rms_norm";
+  cuda::layer_norm(dx.p, dw.p, db.p, M, n, 1e-5f, dy.p);
+  cpu->layer_norm(x.data(), w.data(), b.data(), M, n, 1e-5f, ref.data());
+  EXPECT_TRUE(test::all_close(dy.host().data(), ref.data(), ref.size(), kTolF32)) << "layer_norm";
+  cuda::swiglu(dx.p, du.p, M * n, dy.p);
+  cpu->swiglu(x.data(), u.data(), M * n, ref.data());
+  EXPECT_TRUE(test::all_close(dy.host().data(), ref.data(), ref.size(), kTolF32)) << "swiglu";
+  Dev<float> dr(x);
+  cuda::relu(dr.p, M * n);
+  auto r = x;
+  cpu->relu(r.data(), M * n);
+  EXPECT_TRUE(test::all_close(dr.host().data(), r.data(), r.size(), {0, 0})) << "relu";
+  cuda::add(dr.p, du.p, M * n);
+  cpu->add(r.data(), u.data(), M * n);
+  EXPECT_TRUE(test::all_close(dr.host().data(), r.data(), r.size(), kTolF32)) << "add";
+  cuda::add_bias(dr.p, db.p, M, n);
+  for (int64_t m = 0; m < M; ++m) cpu->add(r.data() + m * n, b.data(), n);
+  EXPECT_TRUE(test::all_close(dr.host().data(), r.data(), r.size(), kTolF32)) << "bias";
+}
+
+TEST(CudaKernels, RopeAndEmbedMatchCpu) {
+  HG_REQUIRE_CUDA_DEVICE();
+  auto cpu = make_cpu_backend();
+  HParams hp;
+  hp.head_dim = 64;
+  hp.rope_theta = 500000;
+  hp.rope_scaling = {"llama3", 8.0, 1.0, 4.0, 8192};
+  for (RopeStyle st : {RopeStyle::kHalf, RopeStyle::kInterleaved}) {
+    hp.rope_style = st;
+    const RopeTable t = make_rope_table(hp, {});
+    std::vector<float> inv(t.inv_freq.begin(), t.inv_freq.end());
+    const int64_t M = 4;
+    const int H = 3;
+    auto x = test::random_vec(size_t(M * H * 64), 8);
+    std::vector<int32_t> pos = {0, 7, 1000, 30000};
+    Dev<float> dx(x), dinv(inv);
+    Dev<int32_t> dpos(pos);
+    cuda::rope(dx.p, M, H, 64, dpos.p, dinv.p, st == RopeStyle::kInterleaved);
+    cpu->rope(x.data(), M, H, 64, pos.data(), t);
+    EXPECT_TRUE(test::all_close(dx.host().data(), x.data(), x.size(), {2e-3, 1e-3})) << int(st);  // fp32 angles
+  }
+  auto tab = test::random_vec(50 * 33, 9);
+  for (DType t : {DType::kF32, DType::kBF16, DType::kF16}) {
+    Weight w = convert_weight(DType::kF32, tab.data(), t, {50, 33});
+    std::vector<uint8_t> wb(w.bytes());
+    std::memcpy(wb.data(), w.buf.data(), w.bytes());
+    std::vector<int32_t> ids = {3, 49, 0};
+    Dev<uint8_t> dw(wb);
+    Dev<int32_t> did(ids);
+    Dev<float> dy(3 * 33);
+    cuda::embed(dw.p, t, 33, did.p, 3, dy.p);
+    std::vector<float> ref(3 * 33);
+    cpu->embed(w, ids.data(), 3, ref.data());
+    EXPECT_TRUE(test::all_close(dy.host().data(), ref.data(), ref.size(), {0, 0})) << dtype_name(t);
+  }
+}
+
+TEST(CudaKernels, SplitAttentionEqualsCpuAttention) {
+  HG_REQUIRE_CUDA_DEVICE();
+  // Keys split in two sets (as HybridGen: device-resident and CPU-computed logits), merged in
+  // token order, softmax, weighted V sum over the gathered V set = exact attention on the CPU.
+  const int H = 8, H_kv = 2, D = 64;
+  const int64_t n = 301, ld = 320;
+  auto q = test::random_vec(size_t(H * D), 10);
+  auto K = test::random_vec(size_t(H_kv * ld * D), 11, -2, 2);
+  auto V = test::random_vec(size_t(H_kv * ld * D), 12);
+  const float scale = 0.125f;
+  std::vector<float> ref(size_t(H * D));
+  AttnRow row{K.data(), V.data(), ld * D, int32_t(n)};
+  AttentionArgs a;
+  a.n_rows = 1;
+  a.H = H;
+  a.H_kv = H_kv;
+  a.D = D;
+  a.scale = scale;
+  a.q = q.data();
+  a.rows = &row;
+  a.out = ref.data();
+  make_cpu_backend()->attention(a);
+
+  // Part A: even tokens' logits on the device; part B: odd tokens' logits computed on the CPU.
+  std::vector<int32_t> a_pos, b_pos;
+  for (int32_t t = 0; t < n; ++t) (t % 2 ? b_pos : a_pos).push_back(t);
+  const int64_t na = int64_t(a_pos.size()), nb = int64_t(b_pos.size());
+  // Device keys of part A: gathered rows per KV head.
+  std::vector<float> Ka(size_t(H_kv * na * D));
+  for (int g = 0; g < H_kv; ++g)
+    for (int64_t i = 0; i < na; ++i)
+      std::memcpy(&Ka[size_t((g * na + i) * D)], &K[size_t((g * ld + a_pos[size_t(i)]) * D)], size_t(D) * 4);
+  std::vector<float> lb(size_t(H * nb));
+  for (int h = 0; h < H; ++h)
+    for (int64_t j = 0; j < nb; ++j) {
+      double s = 0;
+      for (int d = 0; d < D; ++d) s += double(q[size_t(h * D + d)]) * K[size_t(((h / (H / H_kv)) * ld + b_pos[size_t(j)]) * D + d)];
+      lb[size_t(h * nb + j)] = float(s * scale);
+    }
+  Dev<float> dq(q), dKa(Ka), dla(size_t(H * na)), dlb(lb), dp(size_t(H * n)), dV(V), dout(size_t(H * D));
+  Dev<int32_t> dapos(a_pos), dbpos(b_pos);
+  cuda::attention_logits(dq.p, dKa.p, na, na, H, H_kv, D, scale, dla.p);
+  cuda::concat_softmax(dla.p, na, dapos.p, dlb.p, nb, dbpos.p, H, dp.p);
+  // Gather V rows in token order per KV head (row gather by index), then aggregate.
+  std::vector<int32_t> order(static_cast<size_t>(n));
+  for (int32_t t = 0; t < n; ++t) order[size_t(t)] = t;
+  Dev<int32_t> dorder(order);
+  Dev<float> dVg(size_t(H_kv * n * D));
+  for (int g = 0; g < H_kv; ++g)
+    cuda::gather_rows(dVg.p + g * n * D, dV.p + g * ld * D, D * 4, D * 4, dorder.p, n);
+  cuda::weighted_v_sum(dp.p, dVg.p, n, n, H, H_kv, D, dout.p);
+  const auto got = dout.host();
+  EXPECT_TRUE(test::all_close(got.data(), ref.data(), ref.size(), {2e-5, 1e-4}));
+}
+
+}  // namespace
+}  // namespace hg
