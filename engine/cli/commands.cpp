@@ -122,6 +122,9 @@ Loads a model and generates text; prints each sequence's text, then prefill and 
                    CPU backend on its own worker thread with a capacity-limited gpu tier), cuda,
                    auto (cuda when a device exists, else emulated)
   --gpu-memory B   capacity of the accelerator's gpu tier, e.g. 2GiB (default: all it has)
+  --clock C        measured (default) or modeled:<platform> (experiments/platforms/<platform>.yaml
+                   or a path): also prints modeled prefill/decode tokens/s from the event log
+                   (needs an accelerator device: emulated or cuda)
   --strategy NAME  KV strategy (default full; see `hgbench strategies`)
   --weights TYPE   engine weight type f32 or bf16 (default: bf16 for BF16 files, else f32)
   --ignore-eos     keep generating after EOS
@@ -162,7 +165,7 @@ int cmd_generate(const std::vector<std::string>& args) {
                            {{"--top-p"}, true}, {{"--seed"}, true}, {{"--threads", "-t"}, true},
                            {{"--backend"}, true}, {{"--strategy"}, true}, {{"--weights"}, true},
                            {{"--ignore-eos"}, false}, {{"--ids"}, false}, {{"--quiet"}, false},
-                           {{"--device"}, true}, {{"--gpu-memory"}, true}});
+                           {{"--device"}, true}, {{"--gpu-memory"}, true}, {{"--clock"}, true}});
   if (!o.values.count("--model")) input_error("generate: --model is required (see hgbench generate --help)");
   const int threads = number<int>(o, cmd, "--threads", hardware_threads());
   if (threads <= 0) input_error("generate: --threads must be positive");
@@ -182,11 +185,21 @@ int cmd_generate(const std::vector<std::string>& args) {
   if (go.sampler.top_p <= 0 || go.sampler.top_p > 1) input_error("generate: --top-p must be in (0, 1]");
   if (go.sampler.top_k < 0) input_error("generate: --top-k must be non-negative");
 
+  const std::string clock = str(o, "--clock", "measured");
+  std::optional<PlatformProfile> profile;
+  if (clock.rfind("modeled:", 0) == 0) {
+    profile = load_platform(clock.substr(8), std::string(HG_SOURCE_DIR) + "/experiments/platforms");
+  } else if (clock != "measured") {
+    input_error("generate: --clock '{}' (expected measured or modeled:<platform>)", clock);
+  }
   RuntimeConfig rc;
   rc.device = str(o, "--device", "cpu");
   if (o.values.count("--gpu-memory")) rc.tiers.gpu_memory_bytes = parse_bytes(str(o, "--gpu-memory", ""), "--gpu-memory");
   if (rc.device == "cpu" || o.values.count("--threads")) rc.accel_threads = threads;
   Runtime rt(rc);
+  if (profile && rt.device() == DeviceKind::kCpu)
+    input_error("generate: --clock {} needs an accelerator device (--device emulated or cuda): the cpu device logs no "
+                "stages", clock);
   std::unique_ptr<Backend> own_backend;
   Backend* backend = &rt.accel_backend();
   if (o.values.count("--backend") || rt.device() == DeviceKind::kCpu) {
@@ -242,6 +255,16 @@ int cmd_generate(const std::vector<std::string>& args) {
              model.source, rt.device_description(), backend->name(), strategy->name(), dtype_name(model.weight_dtype),
              rt.device() == DeviceKind::kCpu ? threads : rt.accel_threads(),
              prompts.size(), r.prefill_tokens, r.prefill_s, pf, r.decode_tokens, r.decode_s, dc);
+  if (profile) {
+    // Replay each step's stages on the profile; step 0 is the prefill.
+    std::map<int64_t, std::vector<StageRecord>> by_step;
+    for (auto& rec : rt.log().snapshot()) by_step[rec.step].push_back(rec);
+    double m_prefill = 0, m_decode = 0;
+    for (auto& [st, recs] : by_step) (st == 0 ? m_prefill : m_decode) += modeled_timing(recs, *profile).critical_path_s;
+    fmt::print(stderr, "MODELED on {} ({}): prefill {:.1f} tok/s | decode {:.2f} tok/s  [modeled, not measured]\n",
+               profile->name, profile->source, m_prefill > 0 ? double(r.prefill_tokens) / m_prefill : 0.0,
+               m_decode > 0 ? double(r.decode_tokens) / m_decode : 0.0);
+  }
   return 0;
 }
 

@@ -21,7 +21,11 @@ StageWork forward_work(const Model& m, std::span<const TokenRow> rows) {
                             (hp.tie_embeddings ? double(m[GlobalSlot::kTokEmbd].numel()) : 0.0);
   StageWork w;
   w.flops = 2.0 * mat_params * double(rows.size()) + 4.0 * hp.n_layers * hp.n_heads * hp.head_dim * double(keys);
-  w.bytes[size_t(Tier::kGpu)] = m.weight_bytes() + int64_t(2) * hp.n_layers * hp.n_kv_heads * hp.head_dim * 4 * keys;
+  // An untied embedding table is only gathered (one row per token), not streamed.
+  const int64_t embd = hp.tie_embeddings ? 0 : int64_t(m[GlobalSlot::kTokEmbd].bytes());
+  w.bytes[size_t(Tier::kGpu)] = m.weight_bytes() - embd +
+                                int64_t(rows.size()) * hp.d_model * int64_t(dtype_size(m.weight_dtype)) +
+                                int64_t(2) * hp.n_layers * hp.n_kv_heads * hp.head_dim * 4 * keys;
   return w;
 }
 }  // namespace
