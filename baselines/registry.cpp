@@ -6,11 +6,18 @@
 
 namespace hg {
 
+StrategyInfo flexgen_info();
+StrategyInfo moe_lightning_info();
+
 namespace {
 std::vector<StrategyInfo> register_strategies() {
   std::vector<StrategyInfo> s;
-  s.push_back({"full", "all KV kept, exact attention (the oracle)",
-               [](const StrategyContext& c) { return std::make_unique<FullStrategy>(c.backend, c.runtime); }});
+  s.push_back({"full", "all KV on the accelerator, exact attention (the oracle)", {},
+               [](const StrategyContext& c, const StrategyParams&) {
+                 return std::make_unique<FullStrategy>(c.backend, c.runtime);
+               }});
+  s.push_back(flexgen_info());
+  s.push_back(moe_lightning_info());
   return s;
 }
 }  // namespace
@@ -20,13 +27,19 @@ const std::vector<StrategyInfo>& strategies() {
   return s;
 }
 
-std::unique_ptr<KvStrategy> make_strategy(const std::string& name, const StrategyContext& ctx) {
+const StrategyInfo& strategy_info(const std::string& name) {
   std::string names;
   for (auto& s : strategies()) {
-    if (s.name == name) return s.make(ctx);
+    if (s.name == name) return s;
     names += (names.empty() ? "" : ", ") + s.name;
   }
   input_error("unknown strategy '{}' (expected one of: {})", name, names);
+}
+
+std::unique_ptr<KvStrategy> make_strategy(const std::string& name, const StrategyContext& ctx,
+                                          const std::map<std::string, std::string>& values) {
+  const StrategyInfo& info = strategy_info(name);
+  return info.make(ctx, StrategyParams(name, info.params, values));
 }
 
 }  // namespace hg

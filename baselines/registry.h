@@ -6,7 +6,9 @@
 #include <vector>
 
 #include "engine/backend/backend.h"
+#include "engine/core/model.h"
 #include "engine/decoder/kv_strategy.h"
+#include "engine/decoder/strategy_params.h"
 
 namespace hg {
 
@@ -17,16 +19,21 @@ class Runtime;
 struct StrategyContext {
   Backend& backend;
   Runtime* runtime = nullptr;
+  const Model* model = nullptr;  // weights, for strategies that speculate (InfiniGen, HybridGen)
 };
 
 struct StrategyInfo {
   std::string name;
   std::string doc;
-  std::function<std::unique_ptr<KvStrategy>(const StrategyContext&)> make;
+  std::vector<ParamSpec> params;
+  std::function<std::unique_ptr<KvStrategy>(const StrategyContext&, const StrategyParams&)> make;
 };
 
 const std::vector<StrategyInfo>& strategies();
 // Throws InputError naming the known strategies when `name` is not one.
-std::unique_ptr<KvStrategy> make_strategy(const std::string& name, const StrategyContext& ctx);
+// values: parameter overrides (`--set name.param=value`), validated against the schema.
+std::unique_ptr<KvStrategy> make_strategy(const std::string& name, const StrategyContext& ctx,
+                                          const std::map<std::string, std::string>& values = {});
+const StrategyInfo& strategy_info(const std::string& name);
 
 }  // namespace hg

@@ -3,7 +3,7 @@
 
 namespace hg {
 
-void FullStrategy::begin(const KvShape& shape, std::span<const int32_t> capacity) {
+void FullStrategy::begin(const KvShape& shape, std::span<const int32_t> capacity, std::span<const int32_t>) {
   if (rt_ && rt_->device() != DeviceKind::kCpu) store_.reset(shape, capacity, &rt_->memory(), Tier::kGpu);
   else store_.reset(shape, capacity);
 }

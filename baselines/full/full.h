@@ -16,7 +16,7 @@ class FullStrategy final : public KvStrategy {
  public:
   explicit FullStrategy(Backend& backend, Runtime* runtime = nullptr) : be_(backend), rt_(runtime) {}
   std::string_view name() const override { return "full"; }
-  void begin(const KvShape& shape, std::span<const int32_t> capacity) override;
+  void begin(const KvShape& shape, std::span<const int32_t> capacity, std::span<const int32_t> prompt_len) override;
   void append(int layer, std::span<const TokenRow> rows, const float* k, const float* v) override;
   void attend(int layer, std::span<const TokenRow> rows, const float* q, float scale, float* out) override;
   const KvStore& store() const { return store_; }

@@ -39,6 +39,11 @@ struct AttentionArgs {
   const float* q = nullptr;      // [n_rows, H, D]
   const AttnRow* rows = nullptr; // [n_rows]
   float* out = nullptr;          // [n_rows, H, D]
+  // Optional taps, [n_rows, H, tap_ld]: scaled pre-softmax logits and post-softmax probabilities
+  // of each row's keys (H2O and Keyformer scores).
+  float* logits_out = nullptr;
+  float* probs_out = nullptr;
+  int64_t tap_ld = 0;
 };
 
 class Backend {
@@ -63,6 +68,15 @@ class Backend {
   virtual void embed(const Weight& table, const int32_t* ids, int64_t M, float* y) = 0;
   // Softmax attention per row and query head; query head h uses KV head h / (H / H_kv).
   virtual void attention(const AttentionArgs& a) = 0;
+
+  // Attention in parts, for strategies that split it (HybridGen, InfiniGen): G query heads of one
+  // KV group over n keys/values given as D-contiguous rows.
+  // logits[h, t] = scale · q[h] · K[t]   (q [G, D], K [n, D], logits [G, n])
+  virtual void group_logits(const float* q, int G, const float* K, int64_t n, int D, float scale, float* logits) = 0;
+  // In place softmax over each of `rows` rows of length n.
+  virtual void softmax_rows(float* x, int64_t rows, int64_t n) = 0;
+  // out[h] = Σ_t p[h, t] · V[t]   (p [G, n], V [n, D], out [G, D])
+  virtual void group_weighted_v(const float* p, int G, const float* V, int64_t n, int D, float* out) = 0;
 };
 
 // Backend names: "cpu", "ref", "cuda". Throws UnsupportedError for cuda when not compiled in or

@@ -126,6 +126,8 @@ Loads a model and generates text; prints each sequence's text, then prefill and 
                    or a path): also prints modeled prefill/decode tokens/s from the event log
                    (needs an accelerator device: emulated or cuda)
   --strategy NAME  KV strategy (default full; see `hgbench strategies`)
+  --set S.P=V      set parameter P of strategy S (repeatable), e.g. --set flexgen.overlap=false
+  --step-stats     print one line per decode step: the strategy's record (K, mode, bytes, …)
   --weights TYPE   engine weight type f32 or bf16 (default: bf16 for BF16 files, else f32)
   --ignore-eos     keep generating after EOS
   --ids            also print the generated token ids
@@ -165,7 +167,8 @@ int cmd_generate(const std::vector<std::string>& args) {
                            {{"--top-p"}, true}, {{"--seed"}, true}, {{"--threads", "-t"}, true},
                            {{"--backend"}, true}, {{"--strategy"}, true}, {{"--weights"}, true},
                            {{"--ignore-eos"}, false}, {{"--ids"}, false}, {{"--quiet"}, false},
-                           {{"--device"}, true}, {{"--gpu-memory"}, true}, {{"--clock"}, true}});
+                           {{"--device"}, true}, {{"--gpu-memory"}, true}, {{"--clock"}, true},
+                           {{"--set"}, true, true}, {{"--step-stats"}, false}});
   if (!o.values.count("--model")) input_error("generate: --model is required (see hgbench generate --help)");
   const int threads = number<int>(o, cmd, "--threads", hardware_threads());
   if (threads <= 0) input_error("generate: --threads must be positive");
@@ -206,8 +209,19 @@ int cmd_generate(const std::vector<std::string>& args) {
     own_backend = make_backend(str(o, "--backend", "cpu"));
     backend = own_backend.get();
   }
-  auto strategy = make_strategy(str(o, "--strategy", "full"), StrategyContext{*backend, &rt});
+  const std::string sname = str(o, "--strategy", "full");
+  std::map<std::string, std::string> sets;
+  if (o.values.count("--set"))
+    for (auto& kv : o.values.at("--set")) {
+      const size_t dot = kv.find('.'), eq = kv.find('=');
+      if (dot == std::string::npos || eq == std::string::npos || eq < dot)
+        input_error("generate: --set '{}' must be STRATEGY.PARAM=VALUE", kv);
+      if (kv.substr(0, dot) != sname)
+        input_error("generate: --set '{}' names strategy '{}' but --strategy is '{}'", kv, kv.substr(0, dot), sname);
+      sets[kv.substr(dot + 1, eq - dot - 1)] = kv.substr(eq + 1);
+    }
   Model model = load_model(str(o, "--model", ""), load_options(o, cmd));
+  auto strategy = make_strategy(sname, StrategyContext{*backend, &rt, &model}, sets);
   // The weights live on the accelerator: an emulated gpu tier too small for them is a result.
   if (rt.device() != DeviceKind::kCpu) {
     if (auto oom = rt.memory().ledger().reserve(Tier::kGpu, model.weight_bytes()))
@@ -231,7 +245,14 @@ int cmd_generate(const std::vector<std::string>& args) {
     fmt::print("{}", texts[0]);
     std::fflush(stdout);
   }
-  GenerateResult r = generate(model, *backend, *strategy, prompts, go, [&](int, int32_t id) {
+  const bool step_stats = o.flags.count("--step-stats");
+  int step_no = 0;
+  GenerateResult r = generate(model, *backend, *strategy, prompts, go, [&](int seq, int32_t id) {
+    if (step_stats && seq == 0) {
+      std::string line = fmt::format("step {}:", step_no++);
+      for (auto& [k, v] : strategy->step_stats()) line += fmt::format(" {}={:g}", k, v);
+      fmt::print(stderr, "{}\n", line);
+    }
     if (!stream) return;
     fmt::print("{}", tok.piece(id, prev));
     std::fflush(stdout);
@@ -338,7 +359,18 @@ int cmd_calibrate(const std::vector<std::string>& args) {
 
 int cmd_strategies(const std::vector<std::string>& args) {
   if (!args.empty() && args[0] != "--help" && args[0] != "-h") input_error("strategies: takes no arguments");
-  for (auto& s : strategies()) fmt::print("{:<16} {}\n", s.name, s.doc);
+  for (auto& s : strategies()) {
+    fmt::print("{:<16} {}\n", s.name, s.doc);
+    for (auto& p : s.params) {
+      std::string type = param_type_name(p.type);
+      if (p.type == ParamSpec::Type::kEnum) {
+        type = "";
+        for (auto& c : p.choices) type += (type.empty() ? "" : "|") + c;
+      }
+      fmt::print("    {:<20} {:<22} default {:<8} {}{}\n", p.name, type, p.dflt, p.doc,
+                 p.unit.empty() ? "" : " [" + p.unit + "]");
+    }
+  }
   return 0;
 }
 

@@ -25,7 +25,8 @@ Decoder::Decoder(const Model& model, Backend& backend, KvStrategy& kv, int max_r
 }
 
 KvShape Decoder::kv_shape() const {
-  return KvShape{model_.hp.n_layers, model_.hp.n_heads, model_.hp.n_kv_heads, model_.hp.head_dim};
+  return KvShape{model_.hp.n_layers, model_.hp.n_heads, model_.hp.n_kv_heads, model_.hp.head_dim,
+                 model_.traits.pos == PosKind::kRope ? &rope_ : nullptr};
 }
 
 void Decoder::forward(std::span<const int32_t> tokens, std::span<const TokenRow> rows,

@@ -38,10 +38,11 @@ GenerateResult generate(const Model& model, Backend& backend, KvStrategy& kv,
   if (B == 0) input_error("generate: no prompts");
   if (opts.n_new < 0) input_error("generate: -n must be non-negative");
   const int64_t V = model.hp.n_vocab;
-  std::vector<int32_t> capacity(static_cast<size_t>(B));
+  std::vector<int32_t> capacity(static_cast<size_t>(B)), prompt_len(static_cast<size_t>(B));
   for (int b = 0; b < B; ++b) {
     if (prompts[size_t(b)].empty()) input_error("generate: prompt {} is empty (no BOS and no text)", b);
     capacity[size_t(b)] = int32_t(prompts[size_t(b)].size()) + std::max(opts.n_new, 1);
+    prompt_len[size_t(b)] = int32_t(prompts[size_t(b)].size());
     if (model.traits.pos == PosKind::kLearned && capacity[size_t(b)] > model.hp.max_pos)
       input_error("generate: sequence {} needs {} positions but the model has {} learned positions", b,
                   capacity[size_t(b)], model.hp.max_pos);
@@ -55,7 +56,7 @@ GenerateResult generate(const Model& model, Backend& backend, KvStrategy& kv,
     rt->log().set_step(step++);
     rt->accel().submit(step == 1 ? "prefill" : "decode", forward_work(model, r), {}, [&] { dec.forward(t, r, w, lg); }).wait();
   };
-  kv.begin(dec.kv_shape(), capacity);
+  kv.begin(dec.kv_shape(), capacity, prompt_len);
 
   GenerateResult res;
   res.tokens.resize(size_t(B));

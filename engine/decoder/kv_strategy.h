@@ -4,16 +4,21 @@
 // out are row-major [n_rows, heads, D]. Only begin/append/attend/prepare/end_step mutate state.
 #pragma once
 #include <cstdint>
+#include <map>
 #include <span>
+#include <string>
 #include <string_view>
 
 namespace hg {
+
+struct RopeTable;
 
 struct KvShape {
   int n_layers = 0;
   int H = 0;     // query heads
   int H_kv = 0;  // KV heads
   int D = 0;     // head dim
+  const RopeTable* rope = nullptr;  // the model's RoPE (null: learned positions); keys arrive rotated
 };
 
 struct TokenRow {
@@ -25,9 +30,9 @@ class KvStrategy {
  public:
   virtual ~KvStrategy() = default;
   virtual std::string_view name() const = 0;
-  // Starts a batch of capacity.size() sequences; sequence b will hold at most capacity[b] tokens.
-  // Drops all previous state.
-  virtual void begin(const KvShape& shape, std::span<const int32_t> capacity) = 0;
+  // Starts a batch of capacity.size() sequences; sequence b has prompt_len[b] prompt tokens and
+  // will hold at most capacity[b] tokens. Drops all previous state.
+  virtual void begin(const KvShape& shape, std::span<const int32_t> capacity, std::span<const int32_t> prompt_len) = 0;
   // Stores the keys and values (after RoPE) of `rows` for `layer`: k, v [n_rows, H_kv, D].
   virtual void append(int layer, std::span<const TokenRow> rows, const float* k, const float* v) = 0;
   // Causal attention: each row attends its sequence's tokens at positions <= row.pos.
@@ -40,6 +45,8 @@ class KvStrategy {
   }
   // After the last layer of each decoder forward call.
   virtual void end_step() {}
+  // What the last step did (K, mode, tokens per tier, bytes moved, …), for per-step records.
+  virtual std::map<std::string, double> step_stats() const { return {}; }
 };
 
 }  // namespace hg

@@ -50,6 +50,16 @@ Event TransferEngine::gather_rows(void* dst, Tier dst_tier, const void* src, Tie
   });
 }
 
+Event TransferEngine::run(Tier src_tier, Tier dst_tier, int64_t bytes, std::function<void()> fn, std::vector<Event> deps,
+                          std::string name) {
+  StageWork w;
+  w.src = src_tier;
+  w.dst = dst_tier;
+  w.transfer_bytes = bytes;
+  count(src_tier, dst_tier, bytes);
+  return q_.submit(std::move(name), w, std::move(deps), std::move(fn));
+}
+
 TransferTotals TransferEngine::totals() const {
   std::lock_guard<std::mutex> l(mu_);
   return totals_;

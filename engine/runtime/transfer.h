@@ -30,6 +30,10 @@ class TransferEngine {
   // One transfer stage of rows.size() · row_bytes bytes. `rows` is copied.
   Event gather_rows(void* dst, Tier dst_tier, const void* src, Tier src_tier, int64_t row_bytes, int64_t src_stride,
                     std::span<const int32_t> rows, std::vector<Event> deps = {}, std::string name = "gather");
+  // A custom copy (e.g. scattering rows into a per-head layout) of `bytes` from src to dst tier:
+  // `fn` does the copying on the copy queue; it is logged and counted like any transfer.
+  Event run(Tier src_tier, Tier dst_tier, int64_t bytes, std::function<void()> fn, std::vector<Event> deps = {},
+            std::string name = "copy");
   TransferTotals totals() const;
   void reset_totals();
 

@@ -15,7 +15,7 @@ std::vector<float> prefill_logits(const Model& m, Backend& be, const std::vector
   FullStrategy kv(be);
   Decoder dec(m, be, kv, max_rows);
   const int32_t cap = int32_t(toks.size());
-  kv.begin(dec.kv_shape(), std::span<const int32_t>(&cap, 1));
+  kv.begin(dec.kv_shape(), std::span<const int32_t>(&cap, 1), std::span<const int32_t>(&cap, 1));
   std::vector<TokenRow> rows;
   std::vector<int32_t> want;
   for (size_t i = 0; i < toks.size(); ++i) {

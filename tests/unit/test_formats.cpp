@@ -196,7 +196,7 @@ std::vector<float> last_logits(const Model& m) {
   std::vector<TokenRow> rows;
   for (int i = 0; i < 5; ++i) rows.push_back({0, i});
   const int32_t cap = 5;
-  kv.begin(dec.kv_shape(), std::span<const int32_t>(&cap, 1));
+  kv.begin(dec.kv_shape(), std::span<const int32_t>(&cap, 1), std::span<const int32_t>(&cap, 1));
   std::vector<float> lg(size_t(m.hp.n_vocab));
   const int32_t want = 4;
   dec.forward(toks, rows, std::span<const int32_t>(&want, 1), lg.data());

@@ -134,8 +134,32 @@ class CpuBackend final : public Backend {
       if (s.size() < size_t(G * max_keys)) s.resize(size_t(G * max_keys));
       cpu::attention_group(a.q + (int64_t(r) * a.H + int64_t(g) * G) * a.D, row.k + g * row.head_stride,
                            row.v + g * row.head_stride, row.n_keys, G, a.D, a.scale,
-                           a.out + (int64_t(r) * a.H + int64_t(g) * G) * a.D, s.data());
+                           a.out + (int64_t(r) * a.H + int64_t(g) * G) * a.D, s.data(),
+                           a.logits_out ? a.logits_out + (int64_t(r) * a.H + int64_t(g) * G) * a.tap_ld : nullptr,
+                           a.probs_out ? a.probs_out + (int64_t(r) * a.H + int64_t(g) * G) * a.tap_ld : nullptr,
+                           a.tap_ld);
     });
+  }
+
+  void group_logits(const float* q, int G, const float* K, int64_t n, int D, float scale, float* logits) override {
+    // Key blocks across the pool (each key row read once for the G heads).
+    const int64_t nb = std::max<int64_t>(1, std::min<int64_t>(num_threads() * 4, n / 256));
+    parallel_for(nb, [&](int64_t b) { cpu::group_logits(q, G, K, n, n * b / nb, n * (b + 1) / nb, D, scale, logits); });
+  }
+
+  void softmax_rows(float* x, int64_t rows, int64_t n) override {
+    parallel_for(rows, [&](int64_t r) {
+      float* v = x + r * n;
+      float mx = -INFINITY;
+      for (int64_t t = 0; t < n; ++t) mx = std::max(mx, v[t]);
+      const float sum = cpu::exp_shift_sum(v, n, mx);
+      const float inv = 1.0f / sum;
+      for (int64_t t = 0; t < n; ++t) v[t] *= inv;
+    });
+  }
+
+  void group_weighted_v(const float* p, int G, const float* V, int64_t n, int D, float* out) override {
+    cpu::group_weighted_v(p, G, V, n, D, out);
   }
 
  private:

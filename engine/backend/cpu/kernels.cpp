@@ -153,8 +153,39 @@ void f16_to_f32_row(const uint16_t* x, float* y, int64_t n) {
   for (; i < n; ++i) y[i] = f16_to_f32(x[i]);
 }
 
+void group_logits(const float* q, int G, const float* K, int64_t n, int64_t t0, int64_t t1, int D, float scale,
+                  float* logits) {
+  for (int64_t t = t0; t < t1; ++t) {
+    const float* k = K + t * D;
+    for (int h = 0; h < G; ++h) logits[h * n + t] = dot(q + int64_t(h) * D, k, D) * scale;
+  }
+}
+
+void group_weighted_v(const float* p, int G, const float* V, int64_t n, int D, float* out) {
+  std::fill(out, out + int64_t(G) * D, 0.0f);
+#if HG_AVX512
+  const int nb = (D + 15) / 16;
+  const __mmask16 last = (D % 16) ? tail_mask(D % 16) : __mmask16(0xffff);
+  for (int64_t t = 0; t < n; ++t) {
+    const float* v = V + t * D;
+    for (int b = 0; b < nb; ++b) {
+      const __mmask16 m = b == nb - 1 ? last : __mmask16(0xffff);
+      const __m512 vv = _mm512_maskz_loadu_ps(m, v + b * 16);
+      for (int h = 0; h < G; ++h) {
+        float* o = out + int64_t(h) * D + b * 16;
+        _mm512_mask_storeu_ps(o, m, _mm512_fmadd_ps(_mm512_set1_ps(p[h * n + t]), vv, _mm512_maskz_loadu_ps(m, o)));
+      }
+    }
+  }
+#else
+  for (int64_t t = 0; t < n; ++t)
+    for (int h = 0; h < G; ++h)
+      for (int d = 0; d < D; ++d) out[int64_t(h) * D + d] += p[h * n + t] * V[t * D + d];
+#endif
+}
+
 void attention_group(const float* q, const float* K, const float* V, int64_t n_keys, int G, int D, float scale,
-                     float* out, float* scratch) {
+                     float* out, float* scratch, float* logits_out, float* probs_out, int64_t tap_ld) {
   if (n_keys <= 0) {
     std::fill(out, out + int64_t(G) * D, 0.0f);
     return;
@@ -164,6 +195,8 @@ void attention_group(const float* q, const float* K, const float* V, int64_t n_k
     const float* k = K + t * D;
     for (int h = 0; h < G; ++h) scratch[h * n_keys + t] = dot(q + int64_t(h) * D, k, D) * scale;
   }
+  if (logits_out)
+    for (int h = 0; h < G; ++h) std::copy(scratch + h * n_keys, scratch + (h + 1) * n_keys, logits_out + h * tap_ld);
   std::vector<float> inv_sum(size_t(G), 0.0f);
   for (int h = 0; h < G; ++h) {
     float* s = scratch + int64_t(h) * n_keys;
@@ -171,6 +204,8 @@ void attention_group(const float* q, const float* K, const float* V, int64_t n_k
     for (int64_t t = 0; t < n_keys; ++t) mx = std::max(mx, s[t]);
     const float sum = exp_shift_sum(s, n_keys, mx);
     inv_sum[size_t(h)] = sum > 0 ? 1.0f / sum : 0.0f;
+    if (probs_out)
+      for (int64_t t = 0; t < n_keys; ++t) probs_out[h * tap_ld + t] = s[t] * inv_sum[size_t(h)];
   }
   std::fill(out, out + int64_t(G) * D, 0.0f);
 #if HG_AVX512

@@ -23,7 +23,15 @@ void f16_to_f32_row(const uint16_t* x, float* y, int64_t n);
 // Decode/prefill attention for one query row and one KV head group (GQA without copying K/V):
 // q [G, D] are the G query heads sharing K, V [n_keys, D]; out [G, D].
 // scratch holds G * n_keys floats. Each K and V row is read once for all G heads.
+// Optional taps (may be null): logits_out / probs_out [G, tap_ld] receive the scaled logits and
+// the normalised probabilities.
 void attention_group(const float* q, const float* K, const float* V, int64_t n_keys, int G, int D, float scale,
-                     float* out, float* scratch);
+                     float* out, float* scratch, float* logits_out = nullptr, float* probs_out = nullptr,
+                     int64_t tap_ld = 0);
+// logits[h, t] = scale · q[h] · K[t] for t in [t0, t1) (q [G, D], K [n, D], logits [G, n]).
+void group_logits(const float* q, int G, const float* K, int64_t n, int64_t t0, int64_t t1, int D, float scale,
+                  float* logits);
+// out[h] = Σ_t p[h, t] · V[t] over all n rows.
+void group_weighted_v(const float* p, int G, const float* V, int64_t n, int D, float* out);
 
 }  // namespace hg::cpu

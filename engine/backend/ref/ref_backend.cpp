@@ -113,6 +113,10 @@ class RefBackend final : public Backend {
         }
         double sum = 0;
         for (auto& v : s) sum += (v = std::exp(v - mx));
+        if (a.probs_out)
+          for (int t = 0; t < row.n_keys; ++t) a.probs_out[(int64_t(r) * a.H + h) * a.tap_ld + t] = float(s[size_t(t)] / sum);
+        if (a.logits_out)
+          for (int t = 0; t < row.n_keys; ++t) a.logits_out[(int64_t(r) * a.H + h) * a.tap_ld + t] = float(s[size_t(t)]);
         float* o = a.out + (int64_t(r) * a.H + h) * a.D;
         for (int d = 0; d < a.D; ++d) {
           double acc = 0;
@@ -121,6 +125,35 @@ class RefBackend final : public Backend {
         }
       }
     }
+  }
+
+  void group_logits(const float* q, int G, const float* K, int64_t n, int D, float scale, float* logits) override {
+    for (int h = 0; h < G; ++h)
+      for (int64_t t = 0; t < n; ++t) {
+        double acc = 0;
+        for (int d = 0; d < D; ++d) acc += double(q[int64_t(h) * D + d]) * K[t * D + d];
+        logits[int64_t(h) * n + t] = float(acc * scale);
+      }
+  }
+
+  void softmax_rows(float* x, int64_t rows, int64_t n) override {
+    for (int64_t r = 0; r < rows; ++r) {
+      float* v = x + r * n;
+      double mx = -INFINITY, sum = 0;
+      for (int64_t t = 0; t < n; ++t) mx = std::max(mx, double(v[t]));
+      std::vector<double> e(static_cast<size_t>(n));
+      for (int64_t t = 0; t < n; ++t) sum += (e[size_t(t)] = std::exp(double(v[t]) - mx));
+      for (int64_t t = 0; t < n; ++t) v[t] = float(e[size_t(t)] / sum);
+    }
+  }
+
+  void group_weighted_v(const float* p, int G, const float* V, int64_t n, int D, float* out) override {
+    for (int h = 0; h < G; ++h)
+      for (int d = 0; d < D; ++d) {
+        double acc = 0;
+        for (int64_t t = 0; t < n; ++t) acc += double(p[int64_t(h) * n + t]) * V[t * D + d];
+        out[int64_t(h) * D + d] = float(acc);
+      }
   }
 };
 

@@ -1,0 +1,36 @@
+// Shared strategy helpers.
+#include "baselines/common.h"
+
+#include "engine/core/error.h"
+
+namespace hg {
+
+Runtime& require_runtime(const StrategyContext& ctx, const char* strategy) {
+  if (!ctx.runtime) input_error("strategy {} needs a runtime (tiers, queues, transfers)", strategy);
+  return *ctx.runtime;
+}
+
+std::map<int32_t, int32_t> first_new_position(std::span<const TokenRow> rows) {
+  std::map<int32_t, int32_t> m;
+  for (auto& r : rows) {
+    auto it = m.find(r.seq);
+    if (it == m.end()) m[r.seq] = r.pos;
+    else it->second = std::min(it->second, r.pos);
+  }
+  return m;
+}
+
+AttentionArgs attention_args(const KvShape& s, std::span<const AttnRow> rows, const float* q, float scale, float* out) {
+  AttentionArgs a;
+  a.n_rows = int(rows.size());
+  a.H = s.H;
+  a.H_kv = s.H_kv;
+  a.D = s.D;
+  a.scale = scale;
+  a.q = q;
+  a.rows = rows.data();
+  a.out = out;
+  return a;
+}
+
+}  // namespace hg

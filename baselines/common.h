@@ -1,0 +1,22 @@
+// Helpers the strategies share: runtime checks, per-sequence grouping of token rows, and the
+// AttentionArgs they hand to a backend.
+#pragma once
+#include <map>
+#include <span>
+#include <vector>
+
+#include "baselines/registry.h"
+#include "engine/backend/backend.h"
+#include "engine/runtime/runtime.h"
+
+namespace hg {
+
+// The runtime a strategy needs (tiers, queues, transfers); InputError when the run has none.
+Runtime& require_runtime(const StrategyContext& ctx, const char* strategy);
+
+// Lowest position among `rows` per sequence: the tokens [0, first) were stored by earlier calls.
+std::map<int32_t, int32_t> first_new_position(std::span<const TokenRow> rows);
+
+AttentionArgs attention_args(const KvShape& s, std::span<const AttnRow> rows, const float* q, float scale, float* out);
+
+}  // namespace hg

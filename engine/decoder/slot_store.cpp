@@ -1,0 +1,59 @@
+// Slot storage.
+#include "engine/decoder/slot_store.h"
+
+#include <cstring>
+
+#include "engine/core/error.h"
+
+namespace hg {
+
+void SlotStore::reset(const KvShape& shape, std::span<const int32_t> slots, MemorySystem& mem, Tier tier) {
+  shape_ = shape;
+  cap_.assign(slots.begin(), slots.end());
+  k_.clear();
+  v_.clear();
+  bytes_ = 0;
+  for (int l = 0; l < shape.n_layers; ++l)
+    for (size_t b = 0; b < cap_.size(); ++b) {
+      const int64_t n = int64_t(shape.H_kv) * cap_[b] * shape.D * 4;
+      k_.push_back(mem.allocate(tier, n));
+      v_.push_back(mem.allocate(tier, n));
+      bytes_ += 2 * n;
+    }
+  pos_.assign(size_t(shape.n_layers) * cap_.size() * size_t(shape.H_kv), {});
+  count_.assign(pos_.size(), 0);
+  for (int l = 0; l < shape.n_layers; ++l)
+    for (size_t b = 0; b < cap_.size(); ++b)
+      for (int g = 0; g < shape.H_kv; ++g) pos_[idx(l, int(b), g)].assign(size_t(cap_[b]), -1);
+}
+
+int32_t SlotStore::insert(int layer, int seq, int g, int32_t pos, const float* k_row, const float* v_row) {
+  const size_t i = idx(layer, seq, g);
+  if (count_[i] >= cap_[size_t(seq)])
+    throw OutOfMemoryError(fmt::format("slot store: head {} of layer {} of sequence {} is full ({} slots)", g, layer,
+                                       seq, cap_[size_t(seq)]));
+  const int32_t s = count_[i]++;
+  const int D = shape_.D;
+  std::memcpy(k(layer, seq) + g * head_stride(seq) + int64_t(s) * D, k_row, size_t(D) * 4);
+  std::memcpy(v(layer, seq) + g * head_stride(seq) + int64_t(s) * D, v_row, size_t(D) * 4);
+  pos_[i][size_t(s)] = pos;
+  return s;
+}
+
+int32_t SlotStore::remove(int layer, int seq, int g, int32_t slot) {
+  const size_t i = idx(layer, seq, g);
+  HG_CHECK(slot >= 0 && slot < count_[i]);
+  const int32_t last = --count_[i];
+  if (slot != last) {
+    const int D = shape_.D;
+    float* K = k(layer, seq) + g * head_stride(seq);
+    float* V = v(layer, seq) + g * head_stride(seq);
+    std::memcpy(K + int64_t(slot) * D, K + int64_t(last) * D, size_t(D) * 4);
+    std::memcpy(V + int64_t(slot) * D, V + int64_t(last) * D, size_t(D) * 4);
+    pos_[i][size_t(slot)] = pos_[i][size_t(last)];
+  }
+  pos_[i][size_t(last)] = -1;
+  return last;
+}
+
+}  // namespace hg

@@ -1,0 +1,46 @@
+// Slot storage for strategies that keep a subset of tokens: per (layer, sequence, KV head) up to
+// C slots, each a K row and a V row [D] plus the token's logical position. Removing a slot moves
+// the last slot into it (attention is order-free), so slots stay dense: slots [0, count) are live.
+// Budget tests read count()/positions() here, not the strategy's own counters.
+#pragma once
+#include <cstdint>
+#include <span>
+#include <vector>
+
+#include "engine/decoder/kv_strategy.h"
+#include "engine/runtime/memory.h"
+
+namespace hg {
+
+class SlotStore {
+ public:
+  // slots[b]: capacity C_b of sequence b (per layer and KV head). Allocated on `tier` of `mem`.
+  void reset(const KvShape& shape, std::span<const int32_t> slots, MemorySystem& mem, Tier tier);
+  int32_t count(int layer, int seq, int g) const { return count_[idx(layer, seq, g)]; }
+  int32_t capacity(int seq) const { return cap_[size_t(seq)]; }
+  const int32_t* positions(int layer, int seq, int g) const { return pos_[idx(layer, seq, g)].data(); }
+  // K/V of (layer, seq): [H_kv, C, D]; head stride C·D floats.
+  float* k(int layer, int seq) { return k_[size_t(layer) * cap_.size() + size_t(seq)].as<float>(); }
+  float* v(int layer, int seq) { return v_[size_t(layer) * cap_.size() + size_t(seq)].as<float>(); }
+  int64_t head_stride(int seq) const { return int64_t(cap_[size_t(seq)]) * shape_.D; }
+  // Appends a token to head g; returns its slot. Throws OutOfMemoryError when the head is full.
+  int32_t insert(int layer, int seq, int g, int32_t pos, const float* k_row, const float* v_row);
+  // Frees `slot`; the last live slot moves into it. Returns the index that moved (or slot itself
+  // when it was the last), so callers can mirror per-slot metadata.
+  int32_t remove(int layer, int seq, int g, int32_t slot);
+  const KvShape& shape() const { return shape_; }
+  int64_t bytes() const { return bytes_; }
+
+ private:
+  size_t idx(int layer, int seq, int g) const {
+    return (size_t(layer) * cap_.size() + size_t(seq)) * size_t(shape_.H_kv) + size_t(g);
+  }
+  KvShape shape_;
+  std::vector<int32_t> cap_;
+  std::vector<Allocation> k_, v_;
+  std::vector<std::vector<int32_t>> pos_;
+  std::vector<int32_t> count_;
+  int64_t bytes_ = 0;
+};
+
+}  // namespace hg

@@ -1,0 +1,41 @@
+// Strategy parameters: each strategy declares its schema once (name, type, default, unit, doc);
+// `hgbench strategies`, `--set S.param=value` and YAML use it. Values are validated strictly:
+// an unknown name is an error with the nearest valid one, a bad value names what was expected.
+#pragma once
+#include <map>
+#include <string>
+#include <vector>
+
+namespace hg {
+
+struct ParamSpec {
+  enum class Type { kInt, kFloat, kBool, kEnum };
+  std::string name;
+  Type type = Type::kInt;
+  std::string dflt;
+  std::string unit;  // "tokens", "ratio", "" …
+  std::string doc;
+  std::vector<std::string> choices;  // for kEnum
+};
+
+class StrategyParams {
+ public:
+  StrategyParams() = default;
+  // Validates `values` against `schema` (for strategy `owner`) and fills defaults.
+  StrategyParams(const std::string& owner, const std::vector<ParamSpec>& schema,
+                 const std::map<std::string, std::string>& values);
+  int64_t get_int(const std::string& name) const;
+  double get_float(const std::string& name) const;
+  bool get_bool(const std::string& name) const;
+  const std::string& get(const std::string& name) const;
+  // The effective settings, for result rows.
+  const std::map<std::string, std::string>& all() const { return v_; }
+
+ private:
+  std::string owner_;
+  std::map<std::string, std::string> v_;
+};
+
+std::string param_type_name(ParamSpec::Type t);
+
+}  // namespace hg
