@@ -7,6 +7,7 @@
 
 #include "baselines/registry.h"
 #include "engine/backend/backend.h"
+#include "engine/core/error.h"
 #include "engine/runtime/runtime.h"
 
 namespace hg {

@@ -8,6 +8,9 @@ namespace hg {
 
 StrategyInfo flexgen_info();
 StrategyInfo moe_lightning_info();
+StrategyInfo h2o_info();
+StrategyInfo keyformer_info();
+StrategyInfo streamingllm_info();
 
 namespace {
 std::vector<StrategyInfo> register_strategies() {
@@ -18,6 +21,9 @@ std::vector<StrategyInfo> register_strategies() {
                }});
   s.push_back(flexgen_info());
   s.push_back(moe_lightning_info());
+  s.push_back(h2o_info());
+  s.push_back(keyformer_info());
+  s.push_back(streamingllm_info());
   return s;
 }
 }  // namespace

@@ -239,7 +239,7 @@ int cmd_generate(const std::vector<std::string>& args) {
     for (int b = 0; b < batch; ++b) prompts.push_back(ids);
   }
   const bool quiet = o.flags.count("--quiet");
-  const bool stream = !quiet && prompts.size() == 1;
+  const bool stream = !quiet && prompts.size() == 1 && !o.flags.count("--step-stats");
   int32_t prev = prompts[0].back();
   if (stream) {
     fmt::print("{}", texts[0]);

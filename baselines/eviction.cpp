@@ -1,0 +1,149 @@
+// Shared engine of the eviction strategies.
+#include "baselines/eviction.h"
+
+#include <algorithm>
+#include <numeric>
+
+#include "engine/core/error.h"
+
+namespace hg {
+
+EvictingStrategy::EvictingStrategy(const StrategyContext& ctx, const char* name)
+    : be_(ctx.backend), rt_(require_runtime(ctx, name)) {}
+
+void EvictingStrategy::begin(const KvShape& shape, std::span<const int32_t> capacity,
+                             std::span<const int32_t> prompt_len) {
+  shape_ = shape;
+  prompt_.assign(prompt_len.begin(), prompt_len.end());
+  capacity_.assign(capacity.begin(), capacity.end());
+  std::vector<int32_t> slots(prompt_.size());
+  for (size_t b = 0; b < prompt_.size(); ++b) slots[b] = std::max(prompt_[b], budget(int(b))) + 1;
+  store_.reset(shape, slots, rt_.memory(), Tier::kGpu);
+  scores_.assign(size_t(shape.n_layers) * prompt_.size() * size_t(shape.H_kv), {});
+  for (size_t i = 0; i < scores_.size(); ++i) scores_[i].assign(size_t(slots[(i / size_t(shape.H_kv)) % prompt_.size()]), 0.0);
+  evicted_ = 0;
+}
+
+void EvictingStrategy::evict_to(int layer, int seq, int32_t keep) {
+  for (int g = 0; g < shape_.H_kv; ++g)
+    while (store_.count(layer, seq, g) > keep) {
+      const int32_t s = victim(layer, seq, g);
+      auto& sc = scores(layer, seq, g);
+      const int32_t moved = store_.remove(layer, seq, g, s);
+      sc[size_t(s)] = sc[size_t(moved)];
+      sc[size_t(moved)] = 0.0;
+      ++evicted_;
+    }
+}
+
+void EvictingStrategy::append(int layer, std::span<const TokenRow> rows, const float* k, const float* v) {
+  const int D = shape_.D, Hkv = shape_.H_kv;
+  std::vector<float> kr(static_cast<size_t>(D));
+  for (size_t i = 0; i < rows.size(); ++i) {
+    const TokenRow r = rows[i];
+    // Prefill selection: the first decode step prunes the prompt to the budget.
+    if (r.pos == prompt_len(r.seq) && r.pos > 0) evict_to(layer, r.seq, budget(r.seq));
+    for (int g = 0; g < Hkv; ++g) {
+      const float* krow = k + (int64_t(i) * Hkv + g) * D;
+      if (cache_positions() && shape_.rope) {  // store pre-RoPE: rotate back by the original position
+        std::copy(krow, krow + D, kr.begin());
+        const int32_t neg = -r.pos;
+        be_.rope(kr.data(), 1, 1, D, &neg, *shape_.rope);
+        krow = kr.data();
+      }
+      const int32_t s = store_.insert(layer, r.seq, g, r.pos, krow, v + (int64_t(i) * Hkv + g) * D);
+      scores(layer, r.seq, g)[size_t(s)] = 0.0;
+    }
+  }
+}
+
+void EvictingStrategy::attend(int layer, std::span<const TokenRow> rows, const float* q, float scale, float* out) {
+  const int H = shape_.H, Hkv = shape_.H_kv, D = shape_.D, G = group();
+  int64_t ld = 0;
+  for (auto& r : rows) ld = std::max<int64_t>(ld, store_.capacity(r.seq));
+  logits_.resize(rows.size() * size_t(H) * size_t(ld));
+  probs_.resize(logits_.size());
+  attn_rows_.resize(rows.size());
+  const bool rerotate = cache_positions() && shape_.rope;
+  const float* qa = q;
+  if (rerotate) {
+    krot_.resize(rows.size() * size_t(Hkv) * size_t(ld) * size_t(D));
+    qrot_.assign(q, q + rows.size() * size_t(H) * size_t(D));
+    qa = qrot_.data();
+  }
+  for (size_t i = 0; i < rows.size(); ++i) {
+    const TokenRow r = rows[i];
+    // Slots are in position order during prefill (nothing evicted yet): row at pos p sees p + 1.
+    const int32_t n = r.pos < prompt_len(r.seq) ? r.pos + 1 : store_.count(layer, r.seq, 0);
+    AttnRow ar{store_.k(layer, r.seq), store_.v(layer, r.seq), store_.head_stride(r.seq), n};
+    if (rerotate) {
+      // Keys at their rank within the cache (0..n-1), the query at the current token's rank.
+      float* kb = krot_.data() + i * size_t(Hkv) * size_t(ld) * size_t(D);
+      std::vector<int32_t> rank(static_cast<size_t>(n));
+      for (int g = 0; g < Hkv; ++g) {
+        const int32_t* pos = store_.positions(layer, r.seq, g);
+        std::vector<int32_t> order(static_cast<size_t>(n));
+        std::iota(order.begin(), order.end(), 0);
+        std::sort(order.begin(), order.end(), [&](int32_t a, int32_t b) { return pos[a] < pos[b]; });
+        for (int32_t j = 0; j < n; ++j) rank[size_t(order[size_t(j)])] = j;
+        float* kg = kb + int64_t(g) * ld * D;
+        std::copy(ar.k + g * ar.head_stride, ar.k + g * ar.head_stride + int64_t(n) * D, kg);
+        be_.rope(kg, n, 1, D, rank.data(), *shape_.rope);
+      }
+      const int32_t delta = (n - 1) - r.pos;  // current token's cache position minus its position
+      if (delta != 0) be_.rope(qrot_.data() + i * size_t(H) * size_t(D), 1, H, D, &delta, *shape_.rope);
+      // V keeps the slot order; K is the rotated copy in the same order.
+      ar.k = kb;
+      ar.head_stride = ld * D;
+      if (ar.head_stride != store_.head_stride(r.seq)) {
+        // V must share K's head stride: copy V into the same layout.
+        tmp_.resize(krot_.size());
+        float* vb = tmp_.data() + i * size_t(Hkv) * size_t(ld) * size_t(D);
+        for (int g = 0; g < Hkv; ++g)
+          std::copy(store_.v(layer, r.seq) + g * store_.head_stride(r.seq),
+                    store_.v(layer, r.seq) + g * store_.head_stride(r.seq) + int64_t(n) * D, vb + int64_t(g) * ld * D);
+        ar.v = vb;
+      }
+    }
+    attn_rows_[i] = ar;
+  }
+  AttentionArgs a = attention_args(shape_, attn_rows_, qa, scale, out);
+  a.logits_out = logits_.data();
+  a.probs_out = probs_.data();
+  a.tap_ld = ld;
+  be_.attention(a);
+  for (size_t i = 0; i < rows.size(); ++i) {
+    const TokenRow r = rows[i];
+    for (int g = 0; g < Hkv; ++g)
+      accumulate(layer, r.seq, g, logits_.data() + (i * size_t(H) + size_t(g * G)) * size_t(ld),
+                 probs_.data() + (i * size_t(H) + size_t(g * G)) * size_t(ld), ld, attn_rows_[i].n_keys, r.pos);
+  }
+  // Decode rows: back to the budget.
+  for (auto& r : rows)
+    if (r.pos >= prompt_len(r.seq)) evict_to(layer, r.seq, budget(r.seq));
+}
+
+int32_t EvictingStrategy::lowest_non_recent(int layer, int seq, int g, int32_t recent) {
+  const int32_t n = store_.count(layer, seq, g);
+  const int32_t* pos = store_.positions(layer, seq, g);
+  std::vector<int32_t> p(pos, pos + n);
+  std::nth_element(p.begin(), p.begin() + std::max(0, n - recent), p.end());
+  const int32_t cut = recent >= n ? INT32_MIN : p[size_t(n - recent)];  // positions >= cut are recent
+  const auto& sc = scores(layer, seq, g);
+  int32_t best = -1;
+  for (int32_t s = 0; s < n; ++s) {
+    if (recent > 0 && pos[s] >= cut) continue;
+    // Lowest score; ties go to the oldest token.
+    if (best < 0 || sc[size_t(s)] < sc[size_t(best)] || (sc[size_t(s)] == sc[size_t(best)] && pos[s] < pos[best])) best = s;
+  }
+  if (best < 0) throw std::logic_error("eviction: every retained token is in the recent window");
+  return best;
+}
+
+std::map<std::string, double> EvictingStrategy::step_stats() const {
+  double held = 0;
+  for (size_t b = 0; b < prompt_.size(); ++b) held += store_.count(0, int(b), 0);
+  return {{"held_tokens_layer0_head0", held}, {"evicted_total", double(evicted_)}};
+}
+
+}  // namespace hg

@@ -1,0 +1,62 @@
+// Token-eviction strategies (StreamingLLM, H2O, Keyformer) share this engine: retained tokens
+// live in a SlotStore on the accelerator's `gpu` tier; attention runs there over the retained set
+// plus the current token (with logit/probability taps); a policy scores tokens and picks which to
+// drop. Prefill keeps the whole prompt (causal attention over it, scores accumulated); the first
+// decode step prunes to the budget; every decode step then adds one token and evicts down to the
+// budget again. Evicted tokens never return. GQA: one retained set per KV head, scores summed over
+// the query heads of the group.
+#pragma once
+#include <vector>
+
+#include "baselines/common.h"
+#include "engine/decoder/slot_store.h"
+
+namespace hg {
+
+class EvictingStrategy : public KvStrategy {
+ public:
+  EvictingStrategy(const StrategyContext& ctx, const char* name);
+  void begin(const KvShape& shape, std::span<const int32_t> capacity, std::span<const int32_t> prompt_len) override;
+  void append(int layer, std::span<const TokenRow> rows, const float* k, const float* v) override;
+  void attend(int layer, std::span<const TokenRow> rows, const float* q, float scale, float* out) override;
+  std::map<std::string, double> step_stats() const override;
+  const SlotStore& store() const { return store_; }
+  // Tokens the policy keeps after each step for sequence b.
+  virtual int32_t budget(int seq) const = 0;
+
+ protected:
+  // Scores of the retained tokens of (layer, seq, g), per slot.
+  std::vector<double>& scores(int layer, int seq, int g) { return scores_[sidx(layer, seq, g)]; }
+  // Policy: fold row's taps into scores. logits/probs: [H, tap_ld] of this row; slots [0, n).
+  virtual void accumulate(int layer, int seq, int g, const float* logits, const float* probs, int64_t tap_ld,
+                          int32_t n, int32_t pos) = 0;
+  // Policy: which slot of (layer, seq, g) to drop now (count > budget).
+  virtual int32_t victim(int layer, int seq, int g) = 0;
+  // Keys are stored as given (post-RoPE) unless this returns true (then pre-RoPE, re-rotated
+  // at positions within the cache each step, as StreamingLLM's pos-shift).
+  virtual bool cache_positions() const { return false; }
+  // Index of the slot holding the lowest score among slots whose position is not among the
+  // `recent` newest retained ones.
+  int32_t lowest_non_recent(int layer, int seq, int g, int32_t recent);
+  int32_t prompt_len(int seq) const { return prompt_[size_t(seq)]; }
+  int32_t n_new(int seq) const { return capacity_[size_t(seq)] - prompt_[size_t(seq)]; }
+  const KvShape& shape() const { return shape_; }
+  int group() const { return shape_.H / shape_.H_kv; }
+
+ private:
+  size_t sidx(int layer, int seq, int g) const {
+    return (size_t(layer) * prompt_.size() + size_t(seq)) * size_t(shape_.H_kv) + size_t(g);
+  }
+  void evict_to(int layer, int seq, int32_t keep);
+  Backend& be_;
+  Runtime& rt_;
+  KvShape shape_;
+  SlotStore store_;
+  std::vector<int32_t> prompt_, capacity_;
+  std::vector<std::vector<double>> scores_;
+  std::vector<float> logits_, probs_, krot_, qrot_, tmp_;
+  std::vector<AttnRow> attn_rows_;
+  int64_t evicted_ = 0;
+};
+
+}  // namespace hg

@@ -1,0 +1,50 @@
+// `streamingllm` — attention sinks plus a sliding window: keep the first `sinks` tokens and the
+// newest `window` (the paper's setting: 4 sinks, 1024-token window). `positions: cache` (default,
+// as mit-han-lab/streaming-llm pos_shift): keys are stored before RoPE and rotated each step at
+// their position within the cache, the query at the current token's cache position; `original`
+// keeps each key at its text position (kvpress without KeyRerotationPress). Models with learned
+// positions (OPT) have nothing to re-rotate: both settings behave as `original`.
+#include "baselines/eviction.h"
+
+namespace hg {
+namespace {
+
+class StreamingLlm final : public EvictingStrategy {
+ public:
+  StreamingLlm(const StrategyContext& ctx, const StrategyParams& p)
+      : EvictingStrategy(ctx, "streamingllm"), sinks_(int32_t(p.get_int("sinks"))), window_(int32_t(p.get_int("window"))),
+        cache_pos_(p.get("positions") == "cache") {
+    if (sinks_ < 0 || window_ < 1) input_error("strategy streamingllm: sinks must be >= 0 and window >= 1");
+  }
+  std::string_view name() const override { return "streamingllm"; }
+  int32_t budget(int) const override { return sinks_ + window_; }
+
+ protected:
+  bool cache_positions() const override { return cache_pos_; }
+  void accumulate(int, int, int, const float*, const float*, int64_t, int32_t, int32_t) override {}
+  int32_t victim(int layer, int seq, int g) override {
+    // The oldest token that is not a sink (positions < sinks are the sinks).
+    const int32_t n = store().count(layer, seq, g);
+    const int32_t* pos = store().positions(layer, seq, g);
+    int32_t best = -1;
+    for (int32_t s = 0; s < n; ++s)
+      if (pos[s] >= sinks_ && (best < 0 || pos[s] < pos[best])) best = s;
+    return best;
+  }
+
+ private:
+  int32_t sinks_, window_;
+  bool cache_pos_;
+};
+
+}  // namespace
+
+StrategyInfo streamingllm_info() {
+  return {"streamingllm", "attention sinks + sliding window of the newest tokens (StreamingLLM)",
+          {{"sinks", ParamSpec::Type::kInt, "4", "tokens", "first tokens always kept", {}},
+           {"window", ParamSpec::Type::kInt, "1024", "tokens", "newest tokens kept", {}},
+           {"positions", ParamSpec::Type::kEnum, "cache", "", "RoPE positions of kept keys", {"cache", "original"}}},
+          [](const StrategyContext& c, const StrategyParams& p) { return std::make_unique<StreamingLlm>(c, p); }};
+}
+
+}  // namespace hg
