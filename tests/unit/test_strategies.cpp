@@ -1,0 +1,305 @@
+// KV strategies on the emulated accelerator: exact ones match the `ref` oracle's logits at every
+// decode step; budgeted ones hold exactly their budget (read from the SlotStore); H2O's and
+// Keyformer's evictions match a brute-force recomputation; transfer accounting per decode step
+// matches the design's formulas.
+#include <cmath>
+#include <set>
+
+#include "baselines/eviction.h"
+#include "baselines/full/full.h"
+#include "baselines/registry.h"
+#include "engine/decoder/decoder.h"
+#include "engine/formats/formats.h"
+#include "engine/runtime/runtime.h"
+#include "test_util.h"
+
+namespace hg {
+
+double keyformer_gumbel(uint64_t seed, int layer, int seq, int step, int head, int32_t pos);
+
+namespace {
+
+// Teacher-forced run: prefill `prompt` tokens of `toks`, then one decode step per remaining token.
+// Returns the logits of the last prompt row and of every decode step; calls on_step(step) after each.
+std::vector<std::vector<float>> step_logits(const Model& m, Backend& be, KvStrategy& kv, const std::vector<int32_t>& toks,
+                                            int prompt, const std::function<void(int)>& on_step = {}) {
+  Decoder dec(m, be, kv);
+  const int32_t cap = int32_t(toks.size()) + 1, pl = prompt;
+  kv.begin(dec.kv_shape(), std::span<const int32_t>(&cap, 1), std::span<const int32_t>(&pl, 1));
+  std::vector<std::vector<float>> out;
+  std::vector<float> lg(size_t(m.hp.n_vocab));
+  std::vector<TokenRow> rows;
+  for (int i = 0; i < prompt; ++i) rows.push_back({0, i});
+  const int32_t last = prompt - 1;
+  dec.forward(std::span<const int32_t>(toks.data(), size_t(prompt)), rows, std::span<const int32_t>(&last, 1), lg.data());
+  out.push_back(lg);
+  if (on_step) on_step(0);
+  for (size_t i = size_t(prompt); i < toks.size(); ++i) {
+    const TokenRow r{0, int32_t(i)};
+    const int32_t zero = 0;
+    dec.forward(std::span<const int32_t>(&toks[i], 1), std::span<const TokenRow>(&r, 1), std::span<const int32_t>(&zero, 1),
+                lg.data());
+    out.push_back(lg);
+    if (on_step) on_step(int(i) - prompt + 1);
+  }
+  return out;
+}
+
+std::vector<int32_t> token_stream(int n, int vocab, uint64_t seed) {
+  std::mt19937_64 g(seed);
+  std::vector<int32_t> t = {1};
+  for (int i = 1; i < n; ++i) t.push_back(int32_t(3 + g() % uint64_t(vocab - 3)));
+  return t;
+}
+
+struct ExactCase {
+  std::string model;  // synthetic spec or a ../shared path
+  std::string strategy;
+  std::map<std::string, std::string> params;
+};
+
+class ExactStrategies : public ::testing::TestWithParam<ExactCase> {};
+
+TEST_P(ExactStrategies, MatchRefOracleAtEveryDecodeStep) {
+  const ExactCase& c = GetParam();
+  std::string spec = c.model;
+  if (spec.rfind("synthetic:", 0) != 0) {
+    HG_REQUIRE_SHARED(spec);
+    spec = test::shared_path(spec);
+  }
+  Model m = load_model(spec);
+  const auto toks = token_stream(40, m.hp.n_vocab, 7);
+  auto ref = make_ref_backend();
+  FullStrategy oracle(*ref);
+  const auto want = step_logits(m, *ref, oracle, toks, 23);
+
+  RuntimeConfig rc;
+  rc.device = "emulated";
+  Runtime rt(rc);
+  auto kv = make_strategy(c.strategy, StrategyContext{rt.accel_backend(), &rt, &m}, c.params);
+  std::vector<std::vector<float>> got;
+  rt.accel().submit("run", {}, {}, [&] { got = step_logits(m, rt.accel_backend(), *kv, toks, 23); }).wait();
+  ASSERT_EQ(got.size(), want.size());
+  for (size_t s = 0; s < got.size(); ++s) {
+    double mx = 0;
+    for (float v : want[s]) mx = std::max(mx, double(std::abs(v)));
+    ASSERT_TRUE(test::all_close(got[s].data(), want[s].data(), want[s].size(), {1e-4 * mx, 1e-4}))
+        << c.strategy << " step " << s;
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Strategies, ExactStrategies,
+    ::testing::Values(ExactCase{"synthetic:tiny-qwen2", "full", {}},
+                      ExactCase{"synthetic:tiny-qwen2", "flexgen", {{"overlap", "true"}}},
+                      ExactCase{"synthetic:tiny-qwen2", "flexgen", {{"overlap", "false"}}},
+                      ExactCase{"synthetic:tiny-qwen2", "moe_lightning", {{"micro_batches", "1"}}},
+                      ExactCase{"synthetic:tiny-qwen2", "moe_lightning", {{"micro_batches", "3"}}},
+                      ExactCase{"synthetic:tiny-opt", "flexgen", {}},
+                      // Budgets above the sequence length: nothing is evicted, so these are exact too
+                      // (for streamingllm this checks the pre-RoPE store and the re-rotation).
+                      ExactCase{"synthetic:tiny-llama", "streamingllm", {{"window", "1000"}}},
+                      ExactCase{"synthetic:tiny-qwen2", "h2o", {{"heavy_ratio", "1"}, {"recent_ratio", "1"}}},
+                      ExactCase{"models/stories260K/stories260K.gguf", "flexgen", {}},
+                      ExactCase{"models/stories260K/stories260K.gguf", "moe_lightning", {}}),
+    [](const auto& i) {
+      std::string s = i.param.model.substr(i.param.model.rfind('/') + 1) + "_" + i.param.strategy;
+      for (auto& [k, v] : i.param.params) s += "_" + k + v;
+      for (auto& ch : s)
+        if (!isalnum(ch)) ch = '_';
+      return s;
+    });
+
+// The per-head retained positions of layer l, head g, read from the store.
+std::set<int32_t> held(const SlotStore& st, int l, int g) {
+  const int32_t n = st.count(l, 0, g);
+  return std::set<int32_t>(st.positions(l, 0, g), st.positions(l, 0, g) + n);
+}
+
+struct BudgetCase {
+  std::string strategy;
+  std::map<std::string, std::string> params;
+  int32_t budget;  // for a 40-token prompt
+};
+
+class BudgetedStrategies : public ::testing::TestWithParam<BudgetCase> {};
+
+TEST_P(BudgetedStrategies, HoldExactlyTheirBudgetEveryStep) {
+  const BudgetCase& c = GetParam();
+  Model m = load_model("synthetic:tiny-llama");
+  RuntimeConfig rc;
+  rc.device = "emulated";
+  Runtime rt(rc);
+  auto kv = make_strategy(c.strategy, StrategyContext{rt.accel_backend(), &rt, &m}, c.params);
+  auto* ev = dynamic_cast<EvictingStrategy*>(kv.get());
+  ASSERT_NE(ev, nullptr);
+  const int prompt = 40;
+  const auto toks = token_stream(prompt + 30, m.hp.n_vocab, 3);
+  rt.accel().submit("run", {}, {}, [&] {
+    step_logits(m, rt.accel_backend(), *kv, toks, prompt, [&](int step) {
+      const int32_t tokens = prompt + step;
+      for (int l = 0; l < m.hp.n_layers; ++l)
+        for (int g = 0; g < m.hp.n_kv_heads; ++g) {
+          const int32_t n = ev->store().count(l, 0, g);
+          // After the prefill all prompt tokens are held; after each decode step, exactly the budget.
+          EXPECT_EQ(n, step == 0 ? tokens : std::min(c.budget, tokens)) << c.strategy << " step " << step;
+          if (c.strategy == "streamingllm" && step > 0) {
+            std::set<int32_t> want;
+            for (int32_t p = 0; p < 4; ++p) want.insert(p);
+            for (int32_t p = tokens - (c.budget - 4); p < tokens; ++p) want.insert(p);
+            EXPECT_EQ(held(ev->store(), l, g), want) << "step " << step;
+          }
+        }
+    });
+  }).wait();
+}
+
+INSTANTIATE_TEST_SUITE_P(Strategies, BudgetedStrategies,
+                         ::testing::Values(BudgetCase{"h2o", {}, 4 + 4},  // floor(0.1·40) heavy + 4 recent
+                                           BudgetCase{"h2o", {{"heavy_ratio", "0.2"}, {"recent_ratio", "0.05"}}, 8 + 2},
+                                           BudgetCase{"keyformer", {}, 24},  // round(0.6·40)
+                                           BudgetCase{"streamingllm", {{"window", "12"}}, 16},
+                                           BudgetCase{"streamingllm", {{"window", "12"}, {"positions", "original"}}, 16}),
+                         [](const auto& i) {
+                           std::string s = i.param.strategy;
+                           for (auto& [k, v] : i.param.params) s += "_" + k + v;
+                           for (auto& ch : s)
+                             if (!isalnum(ch)) ch = '_';
+                           return s;
+                         });
+
+// Drives a 1-layer strategy with seeded q/k/v rows and checks every eviction against a
+// brute-force re-implementation (double precision, explicit sets).
+void brute_force_check(const std::string& name, const std::map<std::string, std::string>& params) {
+  const int H = 4, Hkv = 2, D = 8, G = H / Hkv, P = 20, steps = 15;
+  RuntimeConfig rc;
+  rc.device = "emulated";
+  Runtime rt(rc);
+  auto ref = make_ref_backend();
+  auto kv = make_strategy(name, StrategyContext{*ref, &rt, nullptr}, params);
+  auto* ev = dynamic_cast<EvictingStrategy*>(kv.get());
+  const KvShape shape{1, H, Hkv, D, nullptr};
+  const int32_t cap = P + steps + 1, pl = P;
+  kv->begin(shape, std::span<const int32_t>(&cap, 1), std::span<const int32_t>(&pl, 1));
+  const int n = P + steps;
+  const auto Q = test::random_vec(size_t(n * H * D), 1, -2, 2);
+  const auto K = test::random_vec(size_t(n * Hkv * D), 2, -2, 2);
+  const auto V = test::random_vec(size_t(n * Hkv * D), 3);
+  const float scale = 1.0f / std::sqrt(float(D));
+  std::vector<float> out(size_t(n * H * D));
+  // Brute force state per KV head: retained set and scores.
+  std::vector<std::set<int32_t>> keep(Hkv);
+  std::vector<std::map<int32_t, double>> score(Hkv);
+  const int32_t budget = ev->budget(0);
+  int32_t heavy_recent = 0;
+  if (name == "h2o") heavy_recent = std::max(1, int32_t(std::floor(std::stod(params.at("recent_ratio")) * P)));
+  else heavy_recent = std::clamp(int32_t(std::lround(0.3 * budget)), 1, budget - 1);
+  auto logit = [&](int t, int h, int32_t key) {
+    double s = 0;
+    for (int d = 0; d < D; ++d) s += double(Q[size_t((t * H + h) * D + d)]) * K[size_t((key * Hkv + h / G) * D + d)];
+    return s * scale;
+  };
+  auto evict = [&](int g) {
+    while (int32_t(keep[size_t(g)].size()) > budget) {
+      std::vector<int32_t> pos(keep[size_t(g)].begin(), keep[size_t(g)].end());
+      const int32_t cut = pos[pos.size() - size_t(heavy_recent)];
+      int32_t victim = -1;
+      for (int32_t p : pos)
+        if (p < cut && (victim < 0 || score[size_t(g)][p] < score[size_t(g)][victim])) victim = p;
+      keep[size_t(g)].erase(victim);
+      score[size_t(g)].erase(victim);
+    }
+  };
+  for (int t = 0; t < n; ++t) {
+    const TokenRow r{0, t};
+    if (t == P)
+      for (int g = 0; g < Hkv; ++g) evict(g);
+    for (int g = 0; g < Hkv; ++g) keep[size_t(g)].insert(t), score[size_t(g)][t] = 0.0;
+    kv->append(0, std::span<const TokenRow>(&r, 1), &K[size_t(t * Hkv * D)], &V[size_t(t * Hkv * D)]);
+    kv->attend(0, std::span<const TokenRow>(&r, 1), &Q[size_t(t * H * D)], scale, &out[size_t(t * H * D)]);
+    const int step = std::max(0, t - P + 1);
+    for (int g = 0; g < Hkv; ++g) {
+      std::vector<int32_t> pos(keep[size_t(g)].begin(), keep[size_t(g)].end());
+      for (int hh = 0; hh < G; ++hh) {
+        const int h = g * G + hh;
+        std::vector<double> z;
+        double mx = -INFINITY;
+        for (int32_t p : pos) {
+          double x = logit(t, h, p);
+          if (name == "keyformer") {
+            const double tau = 1.0 + double(step) * (2.0 - 1.0) / double(cap - P);
+            x = (x + keyformer_gumbel(0, 0, 0, step, h, p)) / tau;
+          }
+          z.push_back(x);
+          mx = std::max(mx, x);
+        }
+        double sum = 0;
+        for (auto& v : z) sum += (v = std::exp(v - mx));
+        for (size_t i = 0; i < pos.size(); ++i) score[size_t(g)][pos[i]] += z[i] / sum;
+      }
+      if (t >= P) evict(g);
+      ASSERT_EQ(held(ev->store(), 0, g), keep[size_t(g)]) << name << " token " << t << " head " << g;
+    }
+  }
+}
+
+TEST(H2o, EvictionOrderMatchesBruteForce) { brute_force_check("h2o", {{"heavy_ratio", "0.2"}, {"recent_ratio", "0.15"}}); }
+TEST(Keyformer, EvictionOrderMatchesBruteForce) { brute_force_check("keyformer", {}); }
+
+// Transfer accounting per decode step (design invariant 3).
+TEST(TransferAccounting, FlexgenAndMoeLightningPerStep) {
+  Model m = load_model("synthetic:tiny-qwen2");
+  const auto& hp = m.hp;
+  const int prompt = 17;
+  const auto toks = token_stream(prompt + 6, hp.n_vocab, 5);
+  const int64_t row_kv = int64_t(hp.n_kv_heads) * hp.head_dim * 4;  // one token's K (or V) of one layer
+  for (const char* name : {"flexgen", "moe_lightning"}) {
+    RuntimeConfig rc;
+    rc.device = "emulated";
+    Runtime rt(rc);
+    auto kv = make_strategy(name, StrategyContext{rt.accel_backend(), &rt, &m});
+    TransferTotals before;
+    rt.accel().submit("run", {}, {}, [&] {
+      step_logits(m, rt.accel_backend(), *kv, toks, prompt, [&](int step) {
+        const TransferTotals now = rt.transfers().totals();
+        if (step > 0) {
+          const int64_t N = prompt + step - 1;  // tokens stored before this step
+          const int64_t h2d = now.bytes_between(Tier::kDram, Tier::kGpu) - before.bytes_between(Tier::kDram, Tier::kGpu);
+          const int64_t d2h = now.bytes_between(Tier::kGpu, Tier::kDram) - before.bytes_between(Tier::kGpu, Tier::kDram);
+          if (std::string(name) == "flexgen") {
+            EXPECT_EQ(h2d, hp.n_layers * 2 * N * row_kv) << "step " << step;  // 2·N·d per KV head and layer
+            EXPECT_EQ(d2h, hp.n_layers * 2 * row_kv) << "step " << step;      // the new token's K and V
+          } else {
+            const int64_t q = int64_t(hp.n_heads) * hp.head_dim * 4;
+            EXPECT_EQ(d2h, hp.n_layers * (q + 2 * row_kv)) << "step " << step;  // q, k, v
+            EXPECT_EQ(h2d, hp.n_layers * q) << "step " << step;                 // the attention output
+          }
+        }
+        before = now;
+      });
+    }).wait();
+  }
+}
+
+TEST(Strategies, SchemaAndParamErrors) {
+  std::set<std::string> names;
+  for (auto& s : strategies()) names.insert(s.name);
+  for (const char* n : {"full", "flexgen", "moe_lightning", "h2o", "keyformer", "streamingllm"}) EXPECT_TRUE(names.count(n)) << n;
+  Model m = load_model("synthetic:tiny-llama");
+  RuntimeConfig rc;
+  rc.device = "emulated";
+  Runtime rt(rc);
+  const StrategyContext ctx{rt.accel_backend(), &rt, &m};
+  try {
+    make_strategy("h2o", ctx, {{"heavy_ration", "0.2"}});
+    ADD_FAILURE();
+  } catch (const InputError& e) {
+    EXPECT_NE(std::string(e.what()).find("did you mean 'heavy_ratio'"), std::string::npos) << e.what();
+  }
+  EXPECT_THROW(make_strategy("streamingllm", ctx, {{"positions", "sideways"}}), InputError);
+  EXPECT_THROW(make_strategy("flexgen", ctx, {{"overlap", "maybe"}}), InputError);
+  EXPECT_THROW(make_strategy("flexgen", StrategyContext{rt.accel_backend(), nullptr, &m}), InputError);
+}
+
+}  // namespace
+}  // namespace hg
