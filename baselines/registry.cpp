@@ -11,6 +11,7 @@ StrategyInfo moe_lightning_info();
 StrategyInfo h2o_info();
 StrategyInfo keyformer_info();
 StrategyInfo streamingllm_info();
+StrategyInfo hybridgen_info();
 
 namespace {
 std::vector<StrategyInfo> register_strategies() {
@@ -24,6 +25,7 @@ std::vector<StrategyInfo> register_strategies() {
   s.push_back(h2o_info());
   s.push_back(keyformer_info());
   s.push_back(streamingllm_info());
+  s.push_back(hybridgen_info());
   return s;
 }
 }  // namespace

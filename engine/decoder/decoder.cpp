@@ -87,8 +87,9 @@ void Decoder::forward_chunk(const int32_t* tokens, const TokenRow* rows, int M) 
 
   for (int l = 0; l < hp.n_layers; ++l) {
     const LayerWeights& w = model_.layers[size_t(l)];
+    // Speculation for the next layer reads this layer's input (the residual stream, pre-norm).
+    if (l + 1 < hp.n_layers) kv_.prepare(l + 1, row_span, x_.data());
     norm(w[Slot::kAttnNorm], w[Slot::kAttnNormB], h_.data());
-    if (l + 1 < hp.n_layers) kv_.prepare(l + 1, row_span, h_.data());
     be_.matmul(h_.data(), M, w[Slot::kWq], bias(w[Slot::kBq]), q_.data());
     be_.matmul(h_.data(), M, w[Slot::kWk], bias(w[Slot::kBk]), k_.data());
     be_.matmul(h_.data(), M, w[Slot::kWv], bias(w[Slot::kBv]), v_.data());

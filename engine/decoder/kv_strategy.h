@@ -38,8 +38,9 @@ class KvStrategy {
   // Causal attention: each row attends its sequence's tokens at positions <= row.pos.
   // q [n_rows, H, D] → out [n_rows, H, D]; logits are scaled by `scale`.
   virtual void attend(int layer, std::span<const TokenRow> rows, const float* q, float scale, float* out) = 0;
-  // Optional: speculative work for next_layer given this layer's input [n_rows, d_model], run
-  // while this layer computes (InfiniGen, HybridGen).
+  // Optional: speculative work for next_layer given the input of layer next_layer − 1 (the
+  // residual stream before its norm) [n_rows, d_model], called before that layer computes so the
+  // work can overlap it (InfiniGen, HybridGen). The buffer is only valid during the call.
   virtual void prepare(int next_layer, std::span<const TokenRow> rows, const float* layer_input) {
     (void)next_layer, (void)rows, (void)layer_input;
   }
