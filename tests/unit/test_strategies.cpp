@@ -3,6 +3,7 @@
 // Keyformer's evictions match a brute-force recomputation; transfer accounting per decode step
 // matches the design's formulas.
 #include <cmath>
+#include <filesystem>
 #include <set>
 
 #include "baselines/eviction.h"
@@ -299,6 +300,97 @@ TEST(Strategies, SchemaAndParamErrors) {
   EXPECT_THROW(make_strategy("streamingllm", ctx, {{"positions", "sideways"}}), InputError);
   EXPECT_THROW(make_strategy("flexgen", ctx, {{"overlap", "maybe"}}), InputError);
   EXPECT_THROW(make_strategy("flexgen", StrategyContext{rt.accel_backend(), nullptr, &m}), InputError);
+}
+
+}  // namespace
+}  // namespace hg
+
+namespace hg {
+namespace {
+
+TEST(HybridGen, ExactWhenEveryOffloadedTokenIsSelected) {
+  for (const char* spec : {"synthetic:tiny-qwen2", "synthetic:tiny-llama", "models/stories260K/stories260K.gguf"}) {
+    std::string path = spec;
+    if (path.rfind("synthetic:", 0) != 0) {
+      if (!std::filesystem::exists(test::shared_path(path))) continue;
+      path = test::shared_path(path);
+    }
+    Model m = load_model(path);
+    const auto toks = token_stream(45, m.hp.n_vocab, 9);
+    auto ref = make_ref_backend();
+    FullStrategy oracle(*ref);
+    const auto want = step_logits(m, *ref, oracle, toks, 23);
+    for (const char* placement : {"semantic", "interleave"}) {
+      RuntimeConfig rc;
+      rc.device = "emulated";
+      Runtime rt(rc);
+      auto kv = make_strategy("hybridgen", StrategyContext{rt.accel_backend(), &rt, &m},
+                              {{"gpu_kv_tokens", "6"}, {"k", "fixed"}, {"k_fixed", "1000"}, {"mode", "post"},
+                               {"speculative_query", "false"}, {"placement", placement}, {"page_tokens", "4"}});
+      std::vector<std::vector<float>> got;
+      rt.accel().submit("run", {}, {}, [&] { got = step_logits(m, rt.accel_backend(), *kv, toks, 23); }).wait();
+      for (size_t s = 0; s < got.size(); ++s) {
+        double mx = 0;
+        for (float v : want[s]) mx = std::max(mx, double(std::abs(v)));
+        ASSERT_TRUE(test::all_close(got[s].data(), want[s].data(), want[s].size(), {1e-4 * mx, 1e-4}))
+            << spec << " " << placement << " step " << s;
+      }
+      if (std::string(placement) == "interleave")
+        EXPECT_GT(rt.transfers().totals().bytes_between(Tier::kFar, Tier::kGpu), 0) << "V pages on far were read";
+      else
+        EXPECT_EQ(rt.transfers().totals().bytes_between(Tier::kFar, Tier::kGpu), 0);
+    }
+  }
+}
+
+TEST(HybridGen, TransfersAreLogitsPlusSelectedValueRows) {
+  Model m = load_model("synthetic:tiny-qwen2");
+  const auto& hp = m.hp;
+  const int prompt = 20, R = 5, K = 4, G = hp.n_heads / hp.n_kv_heads;
+  const auto toks = token_stream(prompt + 6, hp.n_vocab, 4);
+  RuntimeConfig rc;
+  rc.device = "emulated";
+  Runtime rt(rc);
+  auto kv = make_strategy("hybridgen", StrategyContext{rt.accel_backend(), &rt, &m},
+                          {{"gpu_kv_tokens", std::to_string(R)}, {"k", "fixed"}, {"k_fixed", std::to_string(K)},
+                           {"mode", "post"}, {"speculative_query", "false"}});
+  TransferTotals before;
+  rt.accel().submit("run", {}, {}, [&] {
+    step_logits(m, rt.accel_backend(), *kv, toks, prompt, [&](int step) {
+      const TransferTotals now = rt.transfers().totals();
+      if (step > 0) {
+        const int64_t h2d = now.bytes_between(Tier::kDram, Tier::kGpu) - before.bytes_between(Tier::kDram, Tier::kGpu);
+        const int64_t d2h = now.bytes_between(Tier::kGpu, Tier::kDram) - before.bytes_between(Tier::kGpu, Tier::kDram);
+        // Per layer and KV head: K logits for its G query heads, and K V rows.
+        EXPECT_EQ(h2d, int64_t(hp.n_layers) * hp.n_kv_heads * (int64_t(G) * K * 4 + int64_t(K) * hp.head_dim * 4))
+            << "step " << step;
+        // One token leaves each ring per step: its K and V row.
+        EXPECT_EQ(d2h, int64_t(hp.n_layers) * 2 * hp.n_kv_heads * hp.head_dim * 4) << "step " << step;
+      }
+      before = now;
+    });
+  }).wait();
+}
+
+TEST(HybridGen, SpeculativeQueryRunsOnTheCpuQueue) {
+  Model m = load_model("synthetic:tiny-llama");
+  const auto toks = token_stream(40, m.hp.n_vocab, 2);
+  RuntimeConfig rc;
+  rc.device = "emulated";
+  Runtime rt(rc);
+  auto kv = make_strategy("hybridgen", StrategyContext{rt.accel_backend(), &rt, &m}, {{"gpu_kv_tokens", "8"}});
+  rt.accel().submit("run", {}, {}, [&] { step_logits(m, rt.accel_backend(), *kv, toks, 20); }).wait();
+  int spec = 0, plain = 0;
+  for (auto& r : rt.log().snapshot()) {
+    spec += r.name.rfind("hybridgen speculative", 0) == 0;
+    plain += r.name.rfind("hybridgen logits", 0) == 0;
+  }
+  // Layer 0 uses its true query every step; layers 1.. are speculated from the previous layer.
+  EXPECT_EQ(plain, 20);  // 20 decode steps, each with offloaded tokens
+  EXPECT_EQ(spec, 20 * (m.hp.n_layers - 1));
+  const auto st = kv->step_stats();
+  EXPECT_TRUE(st.count("K"));
+  EXPECT_TRUE(st.count("t_cpu_ms"));
 }
 
 }  // namespace

@@ -1,0 +1,80 @@
+// HybridGen's feedback scheduler (Algorithm 1) on scripted stage times.
+#include "baselines/hybridgen/scheduler.h"
+#include "test_util.h"
+
+namespace hg {
+namespace {
+
+TEST(FeedbackScheduler, FullSchedulerRaisesLowersSwitchesAndReturns) {
+  SchedulerConfig c;  // adaptive K, adaptive mode
+  c.k_min = 128;
+  c.k_max = 1024;
+  c.k_growth = 2.0;
+  FeedbackScheduler s(c);
+  EXPECT_EQ(s.k(), 128);
+  EXPECT_FALSE(s.pre());
+  s.update(1, 1, 5, 10000);  // slack: 2 <= 5 → K up
+  EXPECT_EQ(s.k(), 256);
+  s.update(1, 1, 5, 10000);
+  s.update(1, 1, 5, 10000);
+  EXPECT_EQ(s.k(), 1024);
+  s.update(1, 1, 5, 10000);  // capped at k_max
+  EXPECT_EQ(s.k(), 1024);
+  s.update(6, 1, 5, 10000);  // CPU bottleneck → K down
+  EXPECT_EQ(s.k(), 512);
+  s.update(6, 1, 5, 10000);
+  s.update(6, 1, 5, 10000);
+  EXPECT_EQ(s.k(), 128);
+  EXPECT_FALSE(s.pre());
+  s.update(6, 1, 5, 10000);  // at k_min and still the bottleneck → pre
+  EXPECT_TRUE(s.pre());
+  EXPECT_EQ(s.k(), 128);
+  // In pre, the CPU scored 128 of 10000 tokens: post would cost 0.1 · 10000/128 ≈ 7.8 > 5 − 1.
+  s.update(0.1, 1, 5, 10000);
+  EXPECT_TRUE(s.pre());
+  // Offloaded tokens dropped (or the accelerator got slower): 0.1 · 1000/128 ≈ 0.78 + 1 <= 5 → post.
+  s.update(0.1, 1, 5, 1000);
+  EXPECT_FALSE(s.pre());
+  EXPECT_EQ(s.k(), 128);
+}
+
+TEST(FeedbackScheduler, SixAblationConfigurations) {
+  auto run = [](bool adaptive_k, SchedulerConfig::Mode mode) {
+    SchedulerConfig c;
+    c.adaptive_k = adaptive_k;
+    c.mode = mode;
+    c.k_min = 100;
+    c.k_fixed = 300;
+    c.k_max = 800;
+    FeedbackScheduler s(c);
+    std::vector<std::pair<int64_t, bool>> trace;
+    for (int i = 0; i < 3; ++i) s.update(1, 0, 2, 5000), trace.emplace_back(s.k(), s.pre());   // slack
+    for (int i = 0; i < 6; ++i) s.update(3, 0, 2, 5000), trace.emplace_back(s.k(), s.pre());   // bottleneck
+    return trace;
+  };
+  using M = SchedulerConfig::Mode;
+  // Fixed-K Post: K and mode never change.
+  for (auto [k, pre] : run(false, M::kPost)) EXPECT_TRUE(k == 300 && !pre);
+  // Fixed-K Pre: pre throughout.
+  for (auto [k, pre] : run(false, M::kPre)) EXPECT_TRUE(k == 300 && pre);
+  // Fixed-K Adaptive: K fixed, switches to pre at the first bottleneck.
+  auto fa = run(false, M::kAdaptive);
+  EXPECT_FALSE(fa[2].second);
+  EXPECT_TRUE(fa[3].second);
+  for (auto [k, pre] : fa) EXPECT_EQ(k, 300);
+  // Adaptive-K Post: K moves within [k_min, k_max], never pre.
+  auto ap = run(true, M::kPost);
+  EXPECT_EQ(ap[2].first, 800);
+  EXPECT_EQ(ap.back().first, 100);
+  for (auto [k, pre] : ap) EXPECT_FALSE(pre);
+  // Adaptive-K Pre: K moves, always pre.
+  for (auto [k, pre] : run(true, M::kPre)) EXPECT_TRUE(pre);
+  // Full scheduler: K up, down to k_min, then pre.
+  auto full = run(true, M::kAdaptive);
+  EXPECT_EQ(full[2].first, 800);
+  EXPECT_TRUE(full.back().second);
+  EXPECT_EQ(full.back().first, 100);
+}
+
+}  // namespace
+}  // namespace hg
