@@ -41,15 +41,20 @@ TEST(Calibrate, ProfileBandwidthWithinTwentyPercentOfStream) {
   o.seconds_per_measure = 0.3;
   o.buffer_bytes = int64_t(256) << 20;
   std::string notes;
-  // Noisy shared machines: take the better of two tries of each, back to back.
+  // Shared machines are noisy: measure the two back to back, up to three times, and require one
+  // pair to agree within 20% (a real disagreement fails all three).
   double cal = 0, stream = 0;
+  bool agree = false;
+  std::string tries;
   PlatformProfile p;
-  for (int i = 0; i < 2; ++i) {
+  for (int i = 0; i < 3 && !agree; ++i) {
     p = calibrate(o, &notes);
-    cal = std::max(cal, p.dram_gbs);
-    stream = std::max(stream, stream_read_gbs());
+    cal = p.dram_gbs;
+    stream = stream_read_gbs();
+    tries += " (" + std::to_string(cal) + " vs " + std::to_string(stream) + ")";
+    agree = std::abs(cal - stream) <= 0.2 * stream;
   }
-  EXPECT_NEAR(cal, stream, 0.2 * stream) << "calibrate " << cal << " GB/s vs STREAM-style " << stream << " GB/s";
+  EXPECT_TRUE(agree) << "calibrate vs STREAM-style GB/s:" << tries;
   EXPECT_GT(p.cpu_flops, 1e9);
   const std::string out = test::temp_path("this-machine.yaml");
   save_platform(p, out, "test");
