@@ -12,6 +12,7 @@ StrategyInfo h2o_info();
 StrategyInfo keyformer_info();
 StrategyInfo streamingllm_info();
 StrategyInfo hybridgen_info();
+StrategyInfo infinigen_info();
 
 namespace {
 std::vector<StrategyInfo> register_strategies() {
@@ -25,6 +26,7 @@ std::vector<StrategyInfo> register_strategies() {
   s.push_back(h2o_info());
   s.push_back(keyformer_info());
   s.push_back(streamingllm_info());
+  s.push_back(infinigen_info());
   s.push_back(hybridgen_info());
   return s;
 }

@@ -395,3 +395,50 @@ TEST(HybridGen, SpeculativeQueryRunsOnTheCpuQueue) {
 
 }  // namespace
 }  // namespace hg
+
+namespace hg {
+int32_t infinigen_fetch_count(const float* logits, int H, int64_t n, double alpha, double max_ratio);
+namespace {
+
+TEST(InfiniGen, FullColumnsAndAllTokensMatchRef) {
+  // partial_ratio 1: the skewed partial keys are the whole (rotated) keys, so q·k is unchanged;
+  // alpha huge and max_kv_ratio 1: every token is fetched. Attention must equal the oracle.
+  for (const char* spec : {"synthetic:tiny-qwen2", "models/stories260K/stories260K.gguf"}) {
+    std::string path = spec;
+    if (path.rfind("synthetic:", 0) != 0) {
+      if (!std::filesystem::exists(test::shared_path(path))) continue;
+      path = test::shared_path(path);
+    }
+    Model m = load_model(path);
+    const auto toks = token_stream(40, m.hp.n_vocab, 12);
+    auto ref = make_ref_backend();
+    FullStrategy oracle(*ref);
+    const auto want = step_logits(m, *ref, oracle, toks, 25);
+    RuntimeConfig rc;
+    rc.device = "emulated";
+    Runtime rt(rc);
+    auto kv = make_strategy("infinigen", StrategyContext{rt.accel_backend(), &rt, &m},
+                            {{"partial_ratio", "1"}, {"max_kv_ratio", "1"}, {"alpha", "1e9"}, {"full_layers", "1"}});
+    std::vector<std::vector<float>> got;
+    rt.accel().submit("run", {}, {}, [&] { got = step_logits(m, rt.accel_backend(), *kv, toks, 25); }).wait();
+    for (size_t s = 0; s < got.size(); ++s) {
+      double mx = 0;
+      for (float v : want[s]) mx = std::max(mx, double(std::abs(v)));
+      ASSERT_TRUE(test::all_close(got[s].data(), want[s].data(), want[s].size(), {1e-3 * mx, 1e-3})) << spec << " step " << s;
+    }
+    EXPECT_EQ(kv->step_stats().at("fetched_tokens_last"), double(toks.size() - 1));
+  }
+}
+
+TEST(InfiniGen, FetchCountFollowsTheAlphaRule) {
+  // Two heads over 10 tokens: head 0 has 3 tokens within alpha=4 of its max, head 1 has 5.
+  std::vector<float> l = {10, 7, 6.5f, 1, 0, 0, 0, 0, 0, 0,   // > 6: 10, 7, 6.5 → 3
+                          2, 1.5f, 1, 0.5f, -1.9f, -5, -5, -5, -5, -5};  // > -2: 5
+  EXPECT_EQ(infinigen_fetch_count(l.data(), 2, 10, 4.0, 1.0), 4);  // mean 4
+  EXPECT_EQ(infinigen_fetch_count(l.data(), 2, 10, 4.0, 0.2), 2);  // capped at 0.2 · 10
+  EXPECT_EQ(infinigen_fetch_count(l.data(), 2, 10, 100.0, 1.0), 10);
+  EXPECT_EQ(infinigen_fetch_count(l.data(), 2, 10, 0.0, 1.0), 1);  // only the max itself is not > max
+}
+
+}  // namespace
+}  // namespace hg

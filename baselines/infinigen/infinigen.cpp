@@ -1,0 +1,303 @@
+// `infinigen` — speculative KV fetching (snu-comparch/InfiniGen). The full KV cache lives on
+// `dram` and is never evicted. Offline skewing: per layer and KV head, an orthogonal matrix A from
+// the SVD (Eigen) of the calibration prompt's queries (the group's heads) and keys, after RoPE for
+// RoPE models; q·k = (qA)·(kA). The calibration prompt is the run's first prompt. At prefill the
+// `partial_ratio` columns with the largest Σ|qA| + Σ|kA| (the paper's rule; the authors' code uses
+// |Q| only, InfiniGen#7) form a partial key cache on the accelerator, appended every step.
+// Speculation for layer i+1 runs while layer i computes: the partial query comes from layer i's
+// attention input (layer i's norm), layer i+1's W_q (+ bias) and RoPE, skewed and sliced (with
+// RoPE the rotation sits between W_q and A, so the full q is formed and then projected — the same
+// numbers as a pre-multiplied partial W_q without RoPE). Per query head, tokens whose partial
+// logit exceeds max − alpha are counted; the count is averaged over heads and capped at
+// max_kv_ratio of the current length; that many top tokens per KV head (by the group's max partial
+// logit — GQA generalisation) have their K and V rows gathered from dram onto the accelerator,
+// where layer i+1 attends over them plus the current token. Layers 0 and 1 load their full KV, as
+// the authors' code does. Prefill attention is exact.
+#include <Eigen/Dense>
+#include <Eigen/SVD>
+#include <algorithm>
+#include <cmath>
+
+#include "baselines/common.h"
+#include "engine/decoder/kv_store.h"
+
+namespace hg {
+
+// The α rule: per head, #tokens with partial logit > max − alpha; mean over heads; capped at
+// max_ratio·n (at least 1). logits [H, n].
+int32_t infinigen_fetch_count(const float* logits, int H, int64_t n, double alpha, double max_ratio) {
+  if (n == 0) return 0;
+  double total = 0;
+  for (int h = 0; h < H; ++h) {
+    const float* l = logits + int64_t(h) * n;
+    const float mx = *std::max_element(l, l + n);
+    for (int64_t t = 0; t < n; ++t) total += l[t] > mx - alpha;
+  }
+  const double avg = total / H;
+  const double cap = std::max(1.0, std::floor(max_ratio * double(n)));
+  return int32_t(std::max(1.0, std::min(std::floor(avg), cap)));
+}
+
+namespace {
+
+class InfiniGen final : public KvStrategy {
+ public:
+  InfiniGen(const StrategyContext& ctx, const StrategyParams& p)
+      : be_(ctx.backend), rt_(require_runtime(ctx, "infinigen")), model_(ctx.model),
+        partial_ratio_(p.get_float("partial_ratio")), alpha_(p.get_float("alpha")),
+        max_kv_ratio_(p.get_float("max_kv_ratio")), full_layers_(int(p.get_int("full_layers"))) {
+    if (!model_) input_error("strategy infinigen needs the model's weights");
+    if (!(partial_ratio_ > 0 && partial_ratio_ <= 1) || !(max_kv_ratio_ > 0 && max_kv_ratio_ <= 1))
+      input_error("strategy infinigen: partial_ratio and max_kv_ratio must be in (0, 1]");
+  }
+  std::string_view name() const override { return "infinigen"; }
+
+  void begin(const KvShape& shape, std::span<const int32_t> capacity, std::span<const int32_t> prompt_len) override {
+    shape_ = shape;
+    B_ = int(capacity.size());
+    prompt_.assign(prompt_len.begin(), prompt_len.end());
+    store_.reset(shape, capacity, &rt_.memory(), Tier::kDram);
+    dp_ = std::max(1, int(std::lround(partial_ratio_ * shape.D)));
+    skew_.assign(size_t(shape.n_layers) * size_t(shape.H_kv), Eigen::MatrixXf());
+    cols_.assign(skew_.size(), {});
+    calib_q_.assign(size_t(shape.n_layers), {});
+    calib_k_.assign(size_t(shape.n_layers), {});
+    // Partial key cache [H_kv, cap, dp] per (layer, seq) on the accelerator.
+    std::vector<int32_t> cap(capacity.begin(), capacity.end());
+    partial_.reset(KvShape{shape.n_layers, shape.H, shape.H_kv, dp_, nullptr}, cap, &rt_.memory(), Tier::kGpu);
+    fetch_.assign(size_t(shape.n_layers) * size_t(B_), nullptr);
+    last_fetch_ = 0;
+  }
+
+  void append(int layer, std::span<const TokenRow> rows, const float* k, const float* v) override {
+    const int Hkv = shape_.H_kv, D = shape_.D;
+    new_k_ = k;
+    new_v_ = v;
+    new_rows_.assign(rows.begin(), rows.end());
+    if (calibrating(rows)) {
+      for (size_t i = 0; i < rows.size(); ++i)
+        if (rows[i].seq == 0) calib_k_[size_t(layer)].insert(calib_k_[size_t(layer)].end(), k + int64_t(i) * Hkv * D, k + int64_t(i + 1) * Hkv * D);
+    }
+    const int64_t bytes = int64_t(rows.size()) * Hkv * D * 4 * 2;
+    std::vector<TokenRow> r(rows.begin(), rows.end());
+    rt_.transfers().run(Tier::kGpu, Tier::kDram, bytes, [this, layer, r, k, v] { store_.write(layer, r, k, v); }, {},
+                        "kv writeback").wait();
+    if (ready(layer)) append_partial(layer, rows, k);
+  }
+
+  void prepare(int layer, std::span<const TokenRow> rows, const float* x) override {
+    if (layer < full_layers_ || !ready(layer)) return;
+    for (size_t i = 0; i < rows.size(); ++i) {
+      const TokenRow r = rows[i];
+      if (r.pos < prompt_[size_t(r.seq)]) continue;
+      speculate(layer, r, x + int64_t(i) * model_->hp.d_model);
+    }
+  }
+
+  void attend(int layer, std::span<const TokenRow> rows, const float* q, float scale, float* out) override {
+    const int Hkv = shape_.H_kv, D = shape_.D, H = shape_.H;
+    const int64_t hd = int64_t(H) * D;
+    if (calibrating(rows))
+      for (size_t i = 0; i < rows.size(); ++i)
+        if (rows[i].seq == 0) calib_q_[size_t(layer)].insert(calib_q_[size_t(layer)].end(), q + int64_t(i) * hd, q + int64_t(i + 1) * hd);
+    for (size_t i = 0; i < rows.size(); ++i) {
+      const TokenRow r = rows[i];
+      auto& f = fetch_[size_t(layer) * size_t(B_) + size_t(r.seq)];
+      std::vector<AttnRow> ar(1);
+      Allocation kb, vb;
+      if (r.pos >= prompt_[size_t(r.seq)] && f) {  // speculative fetch: selected rows + the current token
+        f->done.wait();
+        const int32_t n = f->n + 1;
+        kb = rt_.memory().allocate(Tier::kGpu, int64_t(Hkv) * n * D * 4);
+        vb = rt_.memory().allocate(Tier::kGpu, int64_t(Hkv) * n * D * 4);
+        for (int g = 0; g < Hkv; ++g) {
+          std::copy(f->k.as<float>() + int64_t(g) * f->n * D, f->k.as<float>() + int64_t(g + 1) * f->n * D, kb.as<float>() + int64_t(g) * n * D);
+          std::copy(f->v.as<float>() + int64_t(g) * f->n * D, f->v.as<float>() + int64_t(g + 1) * f->n * D, vb.as<float>() + int64_t(g) * n * D);
+          std::copy(new_k_ + (int64_t(i) * Hkv + g) * D, new_k_ + (int64_t(i) * Hkv + g + 1) * D, kb.as<float>() + (int64_t(g) * n + f->n) * D);
+          std::copy(new_v_ + (int64_t(i) * Hkv + g) * D, new_v_ + (int64_t(i) * Hkv + g + 1) * D, vb.as<float>() + (int64_t(g) * n + f->n) * D);
+        }
+        ar[0] = AttnRow{kb.as<float>(), vb.as<float>(), int64_t(n) * D, n};
+        last_fetch_ = f->n;
+        f = nullptr;
+      } else {  // layers 0/1, prefill and calibration: the full KV from dram
+        const int32_t n = r.pos + 1;
+        kb = rt_.memory().allocate(Tier::kGpu, int64_t(Hkv) * n * D * 4);
+        vb = rt_.memory().allocate(Tier::kGpu, int64_t(Hkv) * n * D * 4);
+        rt_.transfers().run(Tier::kDram, Tier::kGpu, int64_t(2) * Hkv * n * D * 4, [&] {
+          for (int g = 0; g < Hkv; ++g) {
+            std::copy(store_.k(layer, r.seq) + g * store_.head_stride(r.seq), store_.k(layer, r.seq) + g * store_.head_stride(r.seq) + int64_t(n) * D, kb.as<float>() + int64_t(g) * n * D);
+            std::copy(store_.v(layer, r.seq) + g * store_.head_stride(r.seq), store_.v(layer, r.seq) + g * store_.head_stride(r.seq) + int64_t(n) * D, vb.as<float>() + int64_t(g) * n * D);
+          }
+        }, {}, "full kv load").wait();
+        ar[0] = AttnRow{kb.as<float>(), vb.as<float>(), int64_t(n) * D, n};
+      }
+      be_.attention(attention_args(shape_, ar, q + int64_t(i) * hd, scale, out + int64_t(i) * hd));
+    }
+    // The end of the calibration prompt: skew this layer and build its partial key cache.
+    for (auto& r : rows)
+      if (r.seq == 0 && r.pos == prompt_[0] - 1 && !ready(layer)) calibrate(layer);
+  }
+
+  std::map<std::string, double> step_stats() const override {
+    const auto t = rt_.transfers().totals();
+    return {{"fetched_tokens_last", double(last_fetch_)},
+            {"dram_to_gpu_bytes", double(t.bytes_between(Tier::kDram, Tier::kGpu))}};
+  }
+
+ private:
+  struct Fetch {
+    int32_t n = 0;
+    Allocation k, v;  // gpu: [H_kv][n][D]
+    Event done;
+  };
+  bool ready(int layer) const { return skew_[size_t(layer) * size_t(shape_.H_kv)].size() > 0; }
+  bool calibrating(std::span<const TokenRow> rows) const {
+    for (auto& r : rows)
+      if (r.seq == 0 && r.pos < prompt_[0]) return true;
+    return false;
+  }
+
+  void calibrate(int layer) {
+    const int Hkv = shape_.H_kv, D = shape_.D, G = shape_.H / Hkv;
+    const auto& qs = calib_q_[size_t(layer)];
+    const auto& ks = calib_k_[size_t(layer)];
+    const int64_t T = int64_t(ks.size()) / (int64_t(Hkv) * D);
+    for (int g = 0; g < Hkv; ++g) {
+      Eigen::MatrixXf M(T * (G + 1), D);
+      for (int64_t t = 0; t < T; ++t) {
+        for (int h = 0; h < G; ++h)
+          for (int d = 0; d < D; ++d) M(t * (G + 1) + h, d) = qs[size_t((t * shape_.H + g * G + h) * D + d)];
+        for (int d = 0; d < D; ++d) M(t * (G + 1) + G, d) = ks[size_t((t * Hkv + g) * D + d)];
+      }
+      Eigen::BDCSVD<Eigen::MatrixXf> svd(M, Eigen::ComputeThinV);
+      Eigen::MatrixXf A = svd.matrixV();  // D×D orthogonal
+      // Columns with the largest Σ|qA| + Σ|kA|.
+      const Eigen::MatrixXf S = M * A;
+      std::vector<std::pair<float, int>> mag(static_cast<size_t>(D));
+      for (int c = 0; c < D; ++c) mag[size_t(c)] = {-S.col(c).cwiseAbs().sum(), c};
+      std::sort(mag.begin(), mag.end());
+      auto& cols = cols_[size_t(layer) * size_t(Hkv) + size_t(g)];
+      cols.clear();
+      for (int i = 0; i < dp_; ++i) cols.push_back(mag[size_t(i)].second);
+      skew_[size_t(layer) * size_t(Hkv) + size_t(g)] = A;
+    }
+    calib_q_[size_t(layer)].clear();
+    calib_k_[size_t(layer)].clear();
+    // Partial keys of every stored token of every sequence.
+    for (int b = 0; b < B_; ++b) {
+      const int32_t n = prompt_[size_t(b)];
+      std::vector<TokenRow> rows;
+      std::vector<float> k(size_t(n) * size_t(Hkv) * size_t(D));
+      for (int32_t t = 0; t < n; ++t) {
+        rows.push_back({b, t});
+        for (int g = 0; g < Hkv; ++g)
+          std::copy(store_.k(layer, b) + g * store_.head_stride(b) + int64_t(t) * D,
+                    store_.k(layer, b) + g * store_.head_stride(b) + int64_t(t + 1) * D, k.begin() + (int64_t(t) * Hkv + g) * D);
+      }
+      append_partial(layer, rows, k.data());
+    }
+  }
+
+  // Skews and slices k rows [n, H_kv, D] into the partial key cache.
+  void append_partial(int layer, std::span<const TokenRow> rows, const float* k) {
+    const int Hkv = shape_.H_kv, D = shape_.D;
+    for (size_t i = 0; i < rows.size(); ++i)
+      for (int g = 0; g < Hkv; ++g) {
+        const Eigen::MatrixXf& A = skew_[size_t(layer) * size_t(Hkv) + size_t(g)];
+        const auto& cols = cols_[size_t(layer) * size_t(Hkv) + size_t(g)];
+        Eigen::Map<const Eigen::RowVectorXf> kr(k + (int64_t(i) * Hkv + g) * D, D);
+        float* dst = partial_.k(layer, rows[i].seq) + g * partial_.head_stride(rows[i].seq) + int64_t(rows[i].pos) * dp_;
+        for (int c = 0; c < dp_; ++c) dst[c] = kr.dot(A.col(cols[size_t(c)]));
+      }
+  }
+
+  void speculate(int layer, const TokenRow& r, const float* x) {
+    const Model& m = *model_;
+    const int Hkv = shape_.H_kv, D = shape_.D, H = shape_.H, G = H / Hkv;
+    const int64_t d = m.hp.d_model;
+    // Layer i's attention input (its norm), layer i+1's W_q, RoPE at the current position.
+    const LayerWeights& prev = m.layers[size_t(layer - 1)];
+    const LayerWeights& w = m.layers[size_t(layer)];
+    std::vector<float> h(static_cast<size_t>(d)), q(size_t(H) * size_t(D));
+    if (m.traits.norm == NormKind::kRms) be_.rms_norm(x, prev[Slot::kAttnNorm].f32(), 1, d, m.hp.norm_eps, h.data());
+    else be_.layer_norm(x, prev[Slot::kAttnNorm].f32(), prev[Slot::kAttnNormB].f32(), 1, d, m.hp.norm_eps, h.data());
+    be_.matmul(h.data(), 1, w[Slot::kWq], w[Slot::kBq].empty() ? nullptr : w[Slot::kBq].f32(), q.data());
+    if (shape_.rope) be_.rope(q.data(), 1, H, D, &r.pos, *shape_.rope);
+    // Partial logits over the tokens stored so far (the current one joins at attention).
+    const int32_t n = r.pos;
+    std::vector<float> logits(size_t(H) * size_t(n));
+    for (int g = 0; g < Hkv; ++g) {
+      const Eigen::MatrixXf& A = skew_[size_t(layer) * size_t(Hkv) + size_t(g)];
+      const auto& cols = cols_[size_t(layer) * size_t(Hkv) + size_t(g)];
+      std::vector<float> qp(size_t(G) * size_t(dp_));
+      for (int hh = 0; hh < G; ++hh) {
+        Eigen::Map<const Eigen::RowVectorXf> qr(q.data() + int64_t(g * G + hh) * D, D);
+        for (int c = 0; c < dp_; ++c) qp[size_t(hh) * size_t(dp_) + size_t(c)] = qr.dot(A.col(cols[size_t(c)]));
+      }
+      be_.group_logits(qp.data(), G, partial_.k(layer, r.seq) + g * partial_.head_stride(r.seq), n, dp_, 1.0f,
+                       logits.data() + int64_t(g) * G * n);
+    }
+    const int32_t count = infinigen_fetch_count(logits.data(), H, n, alpha_, max_kv_ratio_);
+    auto f = std::make_shared<Fetch>();
+    f->n = count;
+    f->k = rt_.memory().allocate(Tier::kGpu, int64_t(Hkv) * count * D * 4);
+    f->v = rt_.memory().allocate(Tier::kGpu, int64_t(Hkv) * count * D * 4);
+    std::vector<std::vector<int32_t>> sel(static_cast<size_t>(Hkv));
+    for (int g = 0; g < Hkv; ++g) {
+      std::vector<std::pair<float, int32_t>> sc(static_cast<size_t>(n));
+      for (int32_t t = 0; t < n; ++t) {
+        float mx = -INFINITY;
+        for (int hh = 0; hh < G; ++hh) mx = std::max(mx, logits[(size_t(g) * G + size_t(hh)) * size_t(n) + size_t(t)]);
+        sc[size_t(t)] = {-mx, t};
+      }
+      std::nth_element(sc.begin(), sc.begin() + count, sc.end());
+      for (int32_t i = 0; i < count; ++i) sel[size_t(g)].push_back(sc[size_t(i)].second);
+      std::sort(sel[size_t(g)].begin(), sel[size_t(g)].end());
+    }
+    const int seq = r.seq;
+    f->done = rt_.transfers().run(Tier::kDram, Tier::kGpu, int64_t(2) * Hkv * count * D * 4,
+                                  [this, f, sel = std::move(sel), layer, seq, Hkv, D] {
+                                    for (int g = 0; g < Hkv; ++g)
+                                      for (size_t i = 0; i < sel[size_t(g)].size(); ++i) {
+                                        const int64_t src = g * store_.head_stride(seq) + int64_t(sel[size_t(g)][i]) * D;
+                                        std::copy(store_.k(layer, seq) + src, store_.k(layer, seq) + src + D,
+                                                  f->k.as<float>() + (int64_t(g) * f->n + int64_t(i)) * D);
+                                        std::copy(store_.v(layer, seq) + src, store_.v(layer, seq) + src + D,
+                                                  f->v.as<float>() + (int64_t(g) * f->n + int64_t(i)) * D);
+                                      }
+                                  },
+                                  {}, "speculative kv fetch");
+    fetch_[size_t(layer) * size_t(B_) + size_t(r.seq)] = f;
+  }
+
+  Backend& be_;
+  Runtime& rt_;
+  const Model* model_;
+  double partial_ratio_, alpha_, max_kv_ratio_;
+  int full_layers_;
+  KvShape shape_;
+  int B_ = 0, dp_ = 1;
+  std::vector<int32_t> prompt_;
+  KvStore store_, partial_;
+  std::vector<Eigen::MatrixXf> skew_;
+  std::vector<std::vector<int>> cols_;
+  std::vector<std::vector<float>> calib_q_, calib_k_;
+  std::vector<std::shared_ptr<Fetch>> fetch_;
+  const float *new_k_ = nullptr, *new_v_ = nullptr;
+  std::vector<TokenRow> new_rows_;
+  int32_t last_fetch_ = 0;
+};
+
+}  // namespace
+
+StrategyInfo infinigen_info() {
+  using T = ParamSpec::Type;
+  return {"infinigen", "SVD-skewed partial keys speculate which KV rows to fetch from dram for the next layer (InfiniGen)",
+          {{"partial_ratio", T::kFloat, "0.2", "ratio", "fraction of head-dim columns in the partial key cache", {}},
+           {"alpha", T::kFloat, "4.0", "", "tokens within max − alpha of the partial logits are counted", {}},
+           {"max_kv_ratio", T::kFloat, "0.2", "ratio", "cap on fetched tokens, fraction of the current length", {}},
+           {"full_layers", T::kInt, "2", "layers", "first layers that load their full KV", {}}},
+          [](const StrategyContext& c, const StrategyParams& p) { return std::make_unique<InfiniGen>(c, p); }};
+}
+
+}  // namespace hg
