@@ -66,8 +66,9 @@ void EvictingStrategy::attend(int layer, std::span<const TokenRow> rows, const f
   attn_rows_.resize(rows.size());
   const bool rerotate = cache_positions() && shape_.rope;
   const float* qa = q;
+  rotated_.clear();
+  krot_used_ = 0;
   if (rerotate) {
-    krot_.resize(rows.size() * size_t(Hkv) * size_t(ld) * size_t(D));
     qrot_.assign(q, q + rows.size() * size_t(H) * size_t(D));
     qa = qrot_.data();
   }
@@ -77,33 +78,41 @@ void EvictingStrategy::attend(int layer, std::span<const TokenRow> rows, const f
     const int32_t n = r.pos < prompt_len(r.seq) ? r.pos + 1 : store_.count(layer, r.seq, 0);
     AttnRow ar{store_.k(layer, r.seq), store_.v(layer, r.seq), store_.head_stride(r.seq), n};
     if (rerotate) {
-      // Keys at their rank within the cache (0..n-1), the query at the current token's rank.
-      float* kb = krot_.data() + i * size_t(Hkv) * size_t(ld) * size_t(D);
-      std::vector<int32_t> rank(static_cast<size_t>(n));
-      for (int g = 0; g < Hkv; ++g) {
-        const int32_t* pos = store_.positions(layer, r.seq, g);
-        std::vector<int32_t> order(static_cast<size_t>(n));
-        std::iota(order.begin(), order.end(), 0);
-        std::sort(order.begin(), order.end(), [&](int32_t a, int32_t b) { return pos[a] < pos[b]; });
-        for (int32_t j = 0; j < n; ++j) rank[size_t(order[size_t(j)])] = j;
-        float* kg = kb + int64_t(g) * ld * D;
-        std::copy(ar.k + g * ar.head_stride, ar.k + g * ar.head_stride + int64_t(n) * D, kg);
-        be_.rope(kg, n, 1, D, rank.data(), *shape_.rope);
+      // Keys at their rank within the cache (0..n-1), the query at the current token's rank. One
+      // rotated copy per sequence and call: during prefill nothing was evicted, so ranks equal
+      // positions and every row of the chunk reads a prefix of the same copy.
+      auto it = rotated_.find(r.seq);
+      if (it == rotated_.end()) {
+        int32_t nmax = 0;
+        for (auto& x : rows)
+          if (x.seq == r.seq) nmax = std::max(nmax, x.pos < prompt_len(x.seq) ? x.pos + 1 : store_.count(layer, x.seq, 0));
+        const size_t off = krot_used_;
+        krot_used_ += size_t(Hkv) * size_t(ld) * size_t(D);
+        if (krot_.size() < krot_used_) krot_.resize(krot_used_);
+        if (tmp_.size() < krot_used_) tmp_.resize(krot_used_);
+        float* kb = krot_.data() + off;
+        float* vb = tmp_.data() + off;
+        std::vector<int32_t> rank(static_cast<size_t>(nmax));
+        for (int g = 0; g < Hkv; ++g) {
+          const int32_t* pos = store_.positions(layer, r.seq, g);
+          std::vector<int32_t> order(static_cast<size_t>(nmax));
+          std::iota(order.begin(), order.end(), 0);
+          std::sort(order.begin(), order.end(), [&](int32_t a2, int32_t b2) { return pos[a2] < pos[b2]; });
+          for (int32_t j = 0; j < nmax; ++j) rank[size_t(order[size_t(j)])] = j;
+          float* kg = kb + int64_t(g) * ld * D;
+          const float* ks = store_.k(layer, r.seq) + g * store_.head_stride(r.seq);
+          std::copy(ks, ks + int64_t(nmax) * D, kg);
+          be_.rope(kg, nmax, 1, D, rank.data(), *shape_.rope);
+          const float* vs = store_.v(layer, r.seq) + g * store_.head_stride(r.seq);
+          std::copy(vs, vs + int64_t(nmax) * D, vb + int64_t(g) * ld * D);  // V in K's layout
+        }
+        it = rotated_.emplace(r.seq, off).first;
       }
       const int32_t delta = (n - 1) - r.pos;  // current token's cache position minus its position
       if (delta != 0) be_.rope(qrot_.data() + i * size_t(H) * size_t(D), 1, H, D, &delta, *shape_.rope);
-      // V keeps the slot order; K is the rotated copy in the same order.
-      ar.k = kb;
+      ar.k = krot_.data() + it->second;
+      ar.v = tmp_.data() + it->second;
       ar.head_stride = ld * D;
-      if (ar.head_stride != store_.head_stride(r.seq)) {
-        // V must share K's head stride: copy V into the same layout.
-        tmp_.resize(krot_.size());
-        float* vb = tmp_.data() + i * size_t(Hkv) * size_t(ld) * size_t(D);
-        for (int g = 0; g < Hkv; ++g)
-          std::copy(store_.v(layer, r.seq) + g * store_.head_stride(r.seq),
-                    store_.v(layer, r.seq) + g * store_.head_stride(r.seq) + int64_t(n) * D, vb + int64_t(g) * ld * D);
-        ar.v = vb;
-      }
     }
     attn_rows_[i] = ar;
   }

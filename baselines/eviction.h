@@ -56,6 +56,8 @@ class EvictingStrategy : public KvStrategy {
   std::vector<std::vector<double>> scores_;
   std::vector<float> logits_, probs_, krot_, qrot_, tmp_;
   std::vector<AttnRow> attn_rows_;
+  std::map<int32_t, size_t> rotated_;  // seq → offset of its rotated K/V copy in this call
+  size_t krot_used_ = 0;
   int64_t evicted_ = 0;
 };
 

@@ -48,13 +48,6 @@ class FlexGen final : public KvStrategy {
     writeback_.wait();  // k, v are the decoder's scratch: done before the next layer reuses it
   }
 
-  std::map<std::string, double> step_stats() const override {
-    const auto t = rt_.transfers().totals();
-    return {{"dram_to_gpu_bytes", double(t.bytes_between(Tier::kDram, Tier::kGpu))},
-            {"gpu_to_dram_bytes", double(t.bytes_between(Tier::kGpu, Tier::kDram))}};
-  }
-
- private:
   // Copies tokens [0, first[seq]) of `layer` from dram into staging slot layer % 2.
   Event load(int layer, const std::map<int32_t, int32_t>& first) {
     const int slot = layer % 2;

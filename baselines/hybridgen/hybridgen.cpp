@@ -192,12 +192,6 @@ class HybridGen final : public KvStrategy {
     sched_.update(t_cpu, t_tx, t_gpu, n_off);
     waited_ = 0;
     ++step_;
-    const auto tot = rt_.transfers().totals();
-    for (auto src : {Tier::kGpu, Tier::kDram, Tier::kFar})
-      for (auto dst : {Tier::kGpu, Tier::kDram, Tier::kFar})
-        if (tot.bytes_between(src, dst) > 0)
-          last_[std::string(tier_name(src)) + "_to_" + std::string(tier_name(dst)) + "_bytes"] =
-              double(tot.bytes_between(src, dst));
     last_["tokens_gpu"] = double(std::min<int64_t>(R_, seen_pos_max_ + 1));
     last_["tokens_offloaded"] = double(n_off);
     last_["v_pages_far"] = double(far_pages_);

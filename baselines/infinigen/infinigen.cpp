@@ -100,12 +100,35 @@ class InfiniGen final : public KvStrategy {
     if (calibrating(rows))
       for (size_t i = 0; i < rows.size(); ++i)
         if (rows[i].seq == 0) calib_q_[size_t(layer)].insert(calib_q_[size_t(layer)].end(), q + int64_t(i) * hd, q + int64_t(i + 1) * hd);
+    // Full-KV rows (layers < full_layers, prefill, before calibration) share one load per sequence.
+    std::map<int32_t, std::pair<Allocation, Allocation>> full;
+    std::map<int32_t, int32_t> full_n;
+    for (size_t i = 0; i < rows.size(); ++i) {
+      const TokenRow r = rows[i];
+      const bool spec = r.pos >= prompt_[size_t(r.seq)] && fetch_[size_t(layer) * size_t(B_) + size_t(r.seq)];
+      if (!spec) full_n[r.seq] = std::max(full_n[r.seq], r.pos + 1);
+    }
+    for (auto& [seq, n] : full_n) {
+      Allocation kb = rt_.memory().allocate(Tier::kGpu, int64_t(Hkv) * n * D * 4);
+      Allocation vb = rt_.memory().allocate(Tier::kGpu, int64_t(Hkv) * n * D * 4);
+      const int sq = seq, nn = n;
+      rt_.transfers().run(Tier::kDram, Tier::kGpu, int64_t(2) * Hkv * n * D * 4, [&] {
+        for (int g = 0; g < Hkv; ++g) {
+          const float* ks = store_.k(layer, sq) + g * store_.head_stride(sq);
+          const float* vs = store_.v(layer, sq) + g * store_.head_stride(sq);
+          std::copy(ks, ks + int64_t(nn) * D, kb.as<float>() + int64_t(g) * nn * D);
+          std::copy(vs, vs + int64_t(nn) * D, vb.as<float>() + int64_t(g) * nn * D);
+        }
+      }, {}, "full kv load").wait();
+      full[seq] = {std::move(kb), std::move(vb)};
+    }
     for (size_t i = 0; i < rows.size(); ++i) {
       const TokenRow r = rows[i];
       auto& f = fetch_[size_t(layer) * size_t(B_) + size_t(r.seq)];
       std::vector<AttnRow> ar(1);
       Allocation kb, vb;
-      if (r.pos >= prompt_[size_t(r.seq)] && f) {  // speculative fetch: selected rows + the current token
+      const bool spec = r.pos >= prompt_[size_t(r.seq)] && f;
+      if (spec) {  // the speculatively fetched rows plus the current token
         f->done.wait();
         const int32_t n = f->n + 1;
         kb = rt_.memory().allocate(Tier::kGpu, int64_t(Hkv) * n * D * 4);
@@ -119,17 +142,9 @@ class InfiniGen final : public KvStrategy {
         ar[0] = AttnRow{kb.as<float>(), vb.as<float>(), int64_t(n) * D, n};
         last_fetch_ = f->n;
         f = nullptr;
-      } else {  // layers 0/1, prefill and calibration: the full KV from dram
-        const int32_t n = r.pos + 1;
-        kb = rt_.memory().allocate(Tier::kGpu, int64_t(Hkv) * n * D * 4);
-        vb = rt_.memory().allocate(Tier::kGpu, int64_t(Hkv) * n * D * 4);
-        rt_.transfers().run(Tier::kDram, Tier::kGpu, int64_t(2) * Hkv * n * D * 4, [&] {
-          for (int g = 0; g < Hkv; ++g) {
-            std::copy(store_.k(layer, r.seq) + g * store_.head_stride(r.seq), store_.k(layer, r.seq) + g * store_.head_stride(r.seq) + int64_t(n) * D, kb.as<float>() + int64_t(g) * n * D);
-            std::copy(store_.v(layer, r.seq) + g * store_.head_stride(r.seq), store_.v(layer, r.seq) + g * store_.head_stride(r.seq) + int64_t(n) * D, vb.as<float>() + int64_t(g) * n * D);
-          }
-        }, {}, "full kv load").wait();
-        ar[0] = AttnRow{kb.as<float>(), vb.as<float>(), int64_t(n) * D, n};
+      } else {
+        const int32_t n = full_n[r.seq];
+        ar[0] = AttnRow{full[r.seq].first.as<float>(), full[r.seq].second.as<float>(), int64_t(n) * D, r.pos + 1};
       }
       be_.attention(attention_args(shape_, ar, q + int64_t(i) * hd, scale, out + int64_t(i) * hd));
     }
@@ -139,9 +154,7 @@ class InfiniGen final : public KvStrategy {
   }
 
   std::map<std::string, double> step_stats() const override {
-    const auto t = rt_.transfers().totals();
-    return {{"fetched_tokens_last", double(last_fetch_)},
-            {"dram_to_gpu_bytes", double(t.bytes_between(Tier::kDram, Tier::kGpu))}};
+    return {{"fetched_tokens", double(last_fetch_)}};
   }
 
  private:

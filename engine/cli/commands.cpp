@@ -5,6 +5,7 @@
 #include <cstdio>
 #include <map>
 #include <optional>
+#include <random>
 
 #include <fmt/format.h>
 
@@ -109,6 +110,8 @@ Loads a model and generates text; prints each sequence's text, then prefill and 
   --model M        GGUF file, Hugging Face directory, llama2.c .bin (?tokenizer=PATH), or
                    synthetic:<preset>[?layers=N&dtype=bf16&seed=S] (see `hgbench models`)
   --prompt TEXT    prompt text (repeat for a batch of different prompts; default: BOS only)
+  --prompt-tokens N  instead of text: BOS + N−1 token ids drawn uniformly (seeded by --seed), for
+                   long-context runs on synthetic models
   -n N             tokens to generate per sequence (default 32)
   --batch B        run B copies of each prompt (default 1)
   --greedy         argmax decoding (default unless --temp/--top-k/--top-p are given)
@@ -168,7 +171,7 @@ int cmd_generate(const std::vector<std::string>& args) {
                            {{"--backend"}, true}, {{"--strategy"}, true}, {{"--weights"}, true},
                            {{"--ignore-eos"}, false}, {{"--ids"}, false}, {{"--quiet"}, false},
                            {{"--device"}, true}, {{"--gpu-memory"}, true}, {{"--clock"}, true},
-                           {{"--set"}, true, true}, {{"--step-stats"}, false}});
+                           {{"--set"}, true, true}, {{"--step-stats"}, false}, {{"--prompt-tokens"}, true}});
   if (!o.values.count("--model")) input_error("generate: --model is required (see hgbench generate --help)");
   const int threads = number<int>(o, cmd, "--threads", hardware_threads());
   if (threads <= 0) input_error("generate: --threads must be positive");
@@ -232,7 +235,18 @@ int cmd_generate(const std::vector<std::string>& args) {
 
   std::vector<std::string> texts = o.values.count("--prompt") ? o.values.at("--prompt") : std::vector<std::string>{""};
   std::vector<std::vector<int32_t>> prompts;
+  if (o.values.count("--prompt-tokens")) {
+    if (o.values.count("--prompt")) input_error("generate: give --prompt or --prompt-tokens, not both");
+    const int n = number<int>(o, cmd, "--prompt-tokens", 0);
+    if (n < 1) input_error("generate: --prompt-tokens must be >= 1");
+    std::mt19937_64 g(go.sampler.seed);
+    std::vector<int32_t> ids = {tok.bos_id >= 0 ? tok.bos_id : 0};
+    for (int i = 1; i < n; ++i) ids.push_back(int32_t(3 + g() % uint64_t(model.hp.n_vocab - 3)));
+    texts = {fmt::format("<{} random tokens>", n)};
+    for (int b = 0; b < batch; ++b) prompts.push_back(ids);
+  }
   for (auto& t : texts) {
+    if (o.values.count("--prompt-tokens")) break;
     auto ids = tok.encode_prompt(t);
     if (ids.empty() && tok.bos_id >= 0) ids.push_back(tok.bos_id);
     if (ids.empty()) input_error("generate: prompt '{}' encodes to no tokens and the tokenizer has no BOS", t);
@@ -247,10 +261,19 @@ int cmd_generate(const std::vector<std::string>& args) {
   }
   const bool step_stats = o.flags.count("--step-stats");
   int step_no = 0;
+  TransferTotals seen;
   GenerateResult r = generate(model, *backend, *strategy, prompts, go, [&](int seq, int32_t id) {
     if (step_stats && seq == 0) {
+      // The strategy's record plus the bytes this step moved per link (step 0 is the prefill).
       std::string line = fmt::format("step {}:", step_no++);
       for (auto& [k, v] : strategy->step_stats()) line += fmt::format(" {}={:g}", k, v);
+      const TransferTotals now = rt.transfers().totals();
+      for (auto src : {Tier::kGpu, Tier::kDram, Tier::kFar})
+        for (auto dst : {Tier::kGpu, Tier::kDram, Tier::kFar}) {
+          const int64_t d = now.bytes_between(src, dst) - seen.bytes_between(src, dst);
+          if (d > 0) line += fmt::format(" {}->{}={}B", tier_name(src), tier_name(dst), d);
+        }
+      seen = now;
       fmt::print(stderr, "{}\n", line);
     }
     if (!stream) return;
