@@ -19,22 +19,6 @@ namespace hg::cpu {
 namespace {
 inline __mmask16 tail_mask(int64_t r) { return __mmask16((1u << r) - 1u); }
 
-// Horizontal sums of 16 vectors at once: returns [Σ a[0], Σ a[1], …, Σ a[15]] (a transpose-and-add
-// tree: 15 adds and 30 shuffles for 16 sums instead of 16 full reductions).
-inline __m512 reduce16(const __m512* a) {
-  __m512 s[8];
-  for (int i = 0; i < 8; ++i)  // per 128-bit lane: [a0+a2, b0+b2, a1+a3, b1+b3]
-    s[i] = _mm512_add_ps(_mm512_unpacklo_ps(a[2 * i], a[2 * i + 1]), _mm512_unpackhi_ps(a[2 * i], a[2 * i + 1]));
-  __m512 u[4];
-  for (int i = 0; i < 4; ++i) {  // per lane: the lane sums of 4 vectors
-    const __m512d x = _mm512_castps_pd(s[2 * i]), y = _mm512_castps_pd(s[2 * i + 1]);
-    u[i] = _mm512_add_ps(_mm512_castpd_ps(_mm512_unpacklo_pd(x, y)), _mm512_castpd_ps(_mm512_unpackhi_pd(x, y)));
-  }
-  const __m512 w0 = _mm512_add_ps(_mm512_shuffle_f32x4(u[0], u[1], 0x88), _mm512_shuffle_f32x4(u[0], u[1], 0xDD));
-  const __m512 w1 = _mm512_add_ps(_mm512_shuffle_f32x4(u[2], u[3], 0x88), _mm512_shuffle_f32x4(u[2], u[3], 0xDD));
-  return _mm512_add_ps(_mm512_shuffle_f32x4(w0, w1, 0x88), _mm512_shuffle_f32x4(w0, w1, 0xDD));
-}
-
 // exp(x) for x <= ~88: x = n ln2 + r, |r| <= ln2/2, exp(r) by a degree-6 polynomial.
 inline __m512 exp512(__m512 x) {
   x = _mm512_max_ps(x, _mm512_set1_ps(-87.3f));
@@ -207,31 +191,7 @@ void attention_group(const float* q, const float* K, const float* V, int64_t n_k
     return;
   }
   // scratch[h * n_keys + t] = scale * q_h · k_t; then softmax per h; out_h = Σ_t p_h[t] v_t.
-  int64_t t0 = 0;
-#if HG_AVX512
-  // Blocks of 16 keys (≤ 8 KiB, L1-resident while the G heads read them): 16 partial-sum vectors
-  // per head, reduced together.
-  {
-    const int nb = (D + 15) / 16;
-    const __mmask16 last = (D % 16) ? tail_mask(D % 16) : __mmask16(0xffff);
-    const __m512 vs = _mm512_set1_ps(scale);
-    for (; t0 + 16 <= n_keys; t0 += 16) {
-      const float* kb = K + t0 * D;
-      for (int h = 0; h < G; ++h) {
-        const float* qh = q + int64_t(h) * D;
-        __m512 acc[16];
-        for (int j = 0; j < 16; ++j) acc[j] = _mm512_setzero_ps();
-        for (int b = 0; b < nb; ++b) {
-          const __mmask16 m = b == nb - 1 ? last : __mmask16(0xffff);
-          const __m512 qv = _mm512_maskz_loadu_ps(m, qh + b * 16);
-          for (int j = 0; j < 16; ++j) acc[j] = _mm512_fmadd_ps(qv, _mm512_maskz_loadu_ps(m, kb + int64_t(j) * D + b * 16), acc[j]);
-        }
-        _mm512_storeu_ps(scratch + h * n_keys + t0, _mm512_mul_ps(reduce16(acc), vs));
-      }
-    }
-  }
-#endif
-  for (int64_t t = t0; t < n_keys; ++t) {
+  for (int64_t t = 0; t < n_keys; ++t) {
     const float* k = K + t * D;
     for (int h = 0; h < G; ++h) scratch[h * n_keys + t] = dot(q + int64_t(h) * D, k, D) * scale;
   }
