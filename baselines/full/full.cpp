@@ -1,6 +1,8 @@
 // The `full` strategy.
 #include "baselines/full/full.h"
 
+#include "baselines/common.h"
+
 namespace hg {
 
 void FullStrategy::begin(const KvShape& shape, std::span<const int32_t> capacity, std::span<const int32_t>) {
@@ -19,16 +21,7 @@ void FullStrategy::attend(int layer, std::span<const TokenRow> rows, const float
     const TokenRow r = rows[i];
     attn_rows_[i] = AttnRow{store_.k(layer, r.seq), store_.v(layer, r.seq), store_.head_stride(r.seq), r.pos + 1};
   }
-  AttentionArgs a;
-  a.n_rows = int(rows.size());
-  a.H = s.H;
-  a.H_kv = s.H_kv;
-  a.D = s.D;
-  a.scale = scale;
-  a.q = q;
-  a.rows = attn_rows_.data();
-  a.out = out;
-  be_.attention(a);
+  be_.attention(attention_args(s, attn_rows_, q, scale, out));
 }
 
 }  // namespace hg

@@ -4,6 +4,7 @@
 // matches the design's formulas.
 #include <cmath>
 #include <filesystem>
+#include <optional>
 #include <set>
 
 #include "baselines/eviction.h"
@@ -53,6 +54,37 @@ std::vector<int32_t> token_stream(int n, int vocab, uint64_t seed) {
   return t;
 }
 
+// Loads a synthetic spec or a ../shared path; empty when the shared file is absent.
+std::optional<Model> load_test_model(const std::string& spec) {
+  if (spec.rfind("synthetic:", 0) == 0) return load_model(spec);
+  if (!std::filesystem::exists(test::shared_path(spec))) return std::nullopt;
+  return load_model(test::shared_path(spec));
+}
+
+// Runs `name` with `params` on the emulated accelerator and compares its logits at every
+// teacher-forced step with the ref oracle's (atol = rtol·max|logit|).
+void expect_matches_oracle(const Model& m, const std::string& name, const std::map<std::string, std::string>& params,
+                           const std::vector<int32_t>& toks, int prompt, double rtol, const std::string& what,
+                           std::function<void(Runtime&, KvStrategy&)> after = {}) {
+  auto ref = make_ref_backend();
+  FullStrategy oracle(*ref);
+  const auto want = step_logits(m, *ref, oracle, toks, prompt);
+  RuntimeConfig rc;
+  rc.device = "emulated";
+  Runtime rt(rc);
+  auto kv = make_strategy(name, StrategyContext{rt.accel_backend(), &rt, &m}, params);
+  std::vector<std::vector<float>> got;
+  rt.accel().submit("run", {}, {}, [&] { got = step_logits(m, rt.accel_backend(), *kv, toks, prompt); }).wait();
+  ASSERT_EQ(got.size(), want.size());
+  for (size_t s = 0; s < got.size(); ++s) {
+    double mx = 0;
+    for (float v : want[s]) mx = std::max(mx, double(std::abs(v)));
+    ASSERT_TRUE(test::all_close(got[s].data(), want[s].data(), want[s].size(), {rtol * mx, rtol}))
+        << what << " step " << s;
+  }
+  if (after) after(rt, *kv);
+}
+
 struct ExactCase {
   std::string model;  // synthetic spec or a ../shared path
   std::string strategy;
@@ -63,30 +95,9 @@ class ExactStrategies : public ::testing::TestWithParam<ExactCase> {};
 
 TEST_P(ExactStrategies, MatchRefOracleAtEveryDecodeStep) {
   const ExactCase& c = GetParam();
-  std::string spec = c.model;
-  if (spec.rfind("synthetic:", 0) != 0) {
-    HG_REQUIRE_SHARED(spec);
-    spec = test::shared_path(spec);
-  }
-  Model m = load_model(spec);
-  const auto toks = token_stream(40, m.hp.n_vocab, 7);
-  auto ref = make_ref_backend();
-  FullStrategy oracle(*ref);
-  const auto want = step_logits(m, *ref, oracle, toks, 23);
-
-  RuntimeConfig rc;
-  rc.device = "emulated";
-  Runtime rt(rc);
-  auto kv = make_strategy(c.strategy, StrategyContext{rt.accel_backend(), &rt, &m}, c.params);
-  std::vector<std::vector<float>> got;
-  rt.accel().submit("run", {}, {}, [&] { got = step_logits(m, rt.accel_backend(), *kv, toks, 23); }).wait();
-  ASSERT_EQ(got.size(), want.size());
-  for (size_t s = 0; s < got.size(); ++s) {
-    double mx = 0;
-    for (float v : want[s]) mx = std::max(mx, double(std::abs(v)));
-    ASSERT_TRUE(test::all_close(got[s].data(), want[s].data(), want[s].size(), {1e-4 * mx, 1e-4}))
-        << c.strategy << " step " << s;
-  }
+  auto m = load_test_model(c.model);
+  if (!m) GTEST_SKIP() << "../shared is absent (" << c.model << "); skipped";
+  expect_matches_oracle(*m, c.strategy, c.params, token_stream(40, m->hp.n_vocab, 7), 23, 1e-4, c.strategy);
 }
 
 INSTANTIATE_TEST_SUITE_P(
@@ -310,36 +321,18 @@ namespace {
 
 TEST(HybridGen, ExactWhenEveryOffloadedTokenIsSelected) {
   for (const char* spec : {"synthetic:tiny-qwen2", "synthetic:tiny-llama", "models/stories260K/stories260K.gguf"}) {
-    std::string path = spec;
-    if (path.rfind("synthetic:", 0) != 0) {
-      if (!std::filesystem::exists(test::shared_path(path))) continue;
-      path = test::shared_path(path);
-    }
-    Model m = load_model(path);
-    const auto toks = token_stream(45, m.hp.n_vocab, 9);
-    auto ref = make_ref_backend();
-    FullStrategy oracle(*ref);
-    const auto want = step_logits(m, *ref, oracle, toks, 23);
-    for (const char* placement : {"semantic", "interleave"}) {
-      RuntimeConfig rc;
-      rc.device = "emulated";
-      Runtime rt(rc);
-      auto kv = make_strategy("hybridgen", StrategyContext{rt.accel_backend(), &rt, &m},
-                              {{"gpu_kv_tokens", "6"}, {"k", "fixed"}, {"k_fixed", "1000"}, {"mode", "post"},
-                               {"speculative_query", "false"}, {"placement", placement}, {"page_tokens", "4"}});
-      std::vector<std::vector<float>> got;
-      rt.accel().submit("run", {}, {}, [&] { got = step_logits(m, rt.accel_backend(), *kv, toks, 23); }).wait();
-      for (size_t s = 0; s < got.size(); ++s) {
-        double mx = 0;
-        for (float v : want[s]) mx = std::max(mx, double(std::abs(v)));
-        ASSERT_TRUE(test::all_close(got[s].data(), want[s].data(), want[s].size(), {1e-4 * mx, 1e-4}))
-            << spec << " " << placement << " step " << s;
-      }
-      if (std::string(placement) == "interleave")
-        EXPECT_GT(rt.transfers().totals().bytes_between(Tier::kFar, Tier::kGpu), 0) << "V pages on far were read";
-      else
-        EXPECT_EQ(rt.transfers().totals().bytes_between(Tier::kFar, Tier::kGpu), 0);
-    }
+    auto m = load_test_model(spec);
+    if (!m) continue;
+    for (const char* placement : {"semantic", "interleave"})
+      expect_matches_oracle(*m, "hybridgen",
+                            {{"gpu_kv_tokens", "6"}, {"k", "fixed"}, {"k_fixed", "1000"}, {"mode", "post"},
+                             {"speculative_query", "false"}, {"placement", placement}, {"page_tokens", "4"}},
+                            token_stream(45, m->hp.n_vocab, 9), 23, 1e-4, std::string(spec) + " " + placement,
+                            [&](Runtime& rt, KvStrategy&) {
+                              const int64_t far = rt.transfers().totals().bytes_between(Tier::kFar, Tier::kGpu);
+                              if (std::string(placement) == "interleave") EXPECT_GT(far, 0) << "V pages on far were read";
+                              else EXPECT_EQ(far, 0);
+                            });
   }
 }
 
@@ -404,29 +397,13 @@ TEST(InfiniGen, FullColumnsAndAllTokensMatchRef) {
   // partial_ratio 1: the skewed partial keys are the whole (rotated) keys, so q·k is unchanged;
   // alpha huge and max_kv_ratio 1: every token is fetched. Attention must equal the oracle.
   for (const char* spec : {"synthetic:tiny-qwen2", "models/stories260K/stories260K.gguf"}) {
-    std::string path = spec;
-    if (path.rfind("synthetic:", 0) != 0) {
-      if (!std::filesystem::exists(test::shared_path(path))) continue;
-      path = test::shared_path(path);
-    }
-    Model m = load_model(path);
-    const auto toks = token_stream(40, m.hp.n_vocab, 12);
-    auto ref = make_ref_backend();
-    FullStrategy oracle(*ref);
-    const auto want = step_logits(m, *ref, oracle, toks, 25);
-    RuntimeConfig rc;
-    rc.device = "emulated";
-    Runtime rt(rc);
-    auto kv = make_strategy("infinigen", StrategyContext{rt.accel_backend(), &rt, &m},
-                            {{"partial_ratio", "1"}, {"max_kv_ratio", "1"}, {"alpha", "1e9"}, {"full_layers", "1"}});
-    std::vector<std::vector<float>> got;
-    rt.accel().submit("run", {}, {}, [&] { got = step_logits(m, rt.accel_backend(), *kv, toks, 25); }).wait();
-    for (size_t s = 0; s < got.size(); ++s) {
-      double mx = 0;
-      for (float v : want[s]) mx = std::max(mx, double(std::abs(v)));
-      ASSERT_TRUE(test::all_close(got[s].data(), want[s].data(), want[s].size(), {1e-3 * mx, 1e-3})) << spec << " step " << s;
-    }
-    EXPECT_EQ(kv->step_stats().at("fetched_tokens"), double(toks.size() - 1));
+    auto m = load_test_model(spec);
+    if (!m) continue;
+    const auto toks = token_stream(40, m->hp.n_vocab, 12);
+    expect_matches_oracle(*m, "infinigen", {{"partial_ratio", "1"}, {"max_kv_ratio", "1"}, {"alpha", "1e9"}, {"full_layers", "1"}},
+                          toks, 25, 1e-3, spec, [&](Runtime&, KvStrategy& kv) {
+                            EXPECT_EQ(kv.step_stats().at("fetched_tokens"), double(toks.size() - 1));
+                          });
   }
 }
 

@@ -207,29 +207,7 @@ void attention_group(const float* q, const float* K, const float* V, int64_t n_k
     if (probs_out)
       for (int64_t t = 0; t < n_keys; ++t) probs_out[h * tap_ld + t] = s[t] * inv_sum[size_t(h)];
   }
-  std::fill(out, out + int64_t(G) * D, 0.0f);
-#if HG_AVX512
-  const int nb = (D + 15) / 16;
-  const __mmask16 last = (D % 16) ? tail_mask(D % 16) : __mmask16(0xffff);
-  for (int64_t t = 0; t < n_keys; ++t) {
-    const float* v = V + t * D;
-    for (int b = 0; b < nb; ++b) {
-      const __mmask16 m = b == nb - 1 ? last : __mmask16(0xffff);
-      const __m512 vv = _mm512_maskz_loadu_ps(m, v + b * 16);
-      for (int h = 0; h < G; ++h) {
-        float* o = out + int64_t(h) * D + b * 16;
-        const __m512 p = _mm512_set1_ps(scratch[h * n_keys + t]);
-        _mm512_mask_storeu_ps(o, m, _mm512_fmadd_ps(p, vv, _mm512_maskz_loadu_ps(m, o)));
-      }
-    }
-  }
-#else
-  for (int64_t t = 0; t < n_keys; ++t)
-    for (int h = 0; h < G; ++h) {
-      const float p = scratch[h * n_keys + t];
-      for (int d = 0; d < D; ++d) out[int64_t(h) * D + d] += p * V[t * D + d];
-    }
-#endif
+  group_weighted_v(scratch, G, V, n_keys, D, out);  // unnormalised weights; scaled below
   for (int h = 0; h < G; ++h)
     for (int d = 0; d < D; ++d) out[int64_t(h) * D + d] *= inv_sum[size_t(h)];
 }
