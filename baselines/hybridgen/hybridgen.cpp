@@ -187,8 +187,12 @@ class HybridGen final : public KvStrategy {
       t_tx = t_tx_;
       t_cpu_ = t_tx_ = 0;
     }
-    last_ = {{"K", double(sched_.k())}, {"mode_pre", sched_.pre() ? 1.0 : 0.0}, {"t_cpu_ms", t_cpu * 1e3},
-             {"t_tx_ms", t_tx * 1e3}, {"t_gpu_ms", t_gpu * 1e3}};
+    // The accelerator's stage excludes the time it waited for CPU results; that wait is the part
+    // of the CPU stage (plus transfers) the pipeline did not hide.
+    const double hidden = t_cpu + t_tx > 0 ? std::clamp(1.0 - waited_ / (t_cpu + t_tx), 0.0, 1.0) : 1.0;
+    last_ = {{"K", double(sched_.k())},       {"mode_pre", sched_.pre() ? 1.0 : 0.0}, {"t_cpu_ms", t_cpu * 1e3},
+             {"t_tx_ms", t_tx * 1e3},         {"t_gpu_ms", t_gpu * 1e3},              {"wait_ms", waited_ * 1e3},
+             {"cpu_hidden_pct", 100 * hidden}};
     sched_.update(t_cpu, t_tx, t_gpu, n_off);
     waited_ = 0;
     ++step_;
