@@ -7,6 +7,7 @@
 
 #include <chrono>
 #include <cmath>
+#include <cstring>
 #include <random>
 #include <vector>
 
@@ -130,6 +131,46 @@ BENCHMARK(BM_DecodeAttention)
     ->ArgNames({"N", "H", "H_kv", "threads"})
     ->Args({4096, 32, 8, 1})->Args({4096, 32, 8, 2})->Args({16384, 32, 8, 1})->Args({16384, 32, 8, 2})
     ->UseRealTime();
+
+// HybridGen's CPU stage: logits of G query heads over N offloaded keys of one KV head (F32).
+// Bytes read: the keys, N · D · 4.
+void BM_GroupLogits(benchmark::State& st) {
+  set_num_threads(int(st.range(1)));
+  const int64_t N = st.range(0);
+  const int G = 4, D = 128;
+  std::vector<float> K(size_t(N * D)), q(size_t(G * D)), lg(size_t(G * N));
+  fill(K.data(), K.size(), 7);
+  fill(q.data(), q.size(), 8);
+  auto be = make_cpu_backend();
+  for (auto _ : st) {
+    be->group_logits(q.data(), G, K.data(), N, D, 0.088f, lg.data());
+    benchmark::ClobberMemory();
+  }
+  report(st, double(N * D * 4));
+}
+// 256K keys = 128 MiB: larger than the last-level cache, so every pass streams from memory.
+BENCHMARK(BM_GroupLogits)->ArgNames({"N", "threads"})->Args({262144, 1})->Args({262144, 2})->UseRealTime();
+
+// Gather of selected V rows (random positions, D = 128 F32) as the copy worker does it.
+// Bytes read: K · D · 4.
+void BM_GatherRows(benchmark::State& st) {
+  const int64_t N = 1 << 20, K = st.range(0), D = 128;
+  std::vector<float> V(size_t(N * D)), out(size_t(K * D));
+  fill(V.data(), V.size(), 9);
+  // 16 index sets used in turn, so that the rows are not cache-resident from the last pass.
+  std::mt19937_64 g(1);
+  std::vector<std::vector<int32_t>> sets(16, std::vector<int32_t>(static_cast<size_t>(K)));
+  for (auto& set : sets)
+    for (auto& i : set) i = int32_t(g() % uint64_t(N));
+  size_t it = 0;
+  for (auto _ : st) {
+    const auto& idx = sets[it++ % sets.size()];
+    for (int64_t i = 0; i < K; ++i) std::memcpy(&out[size_t(i * D)], &V[size_t(idx[size_t(i)]) * D], D * 4);
+    benchmark::ClobberMemory();
+  }
+  report(st, double(K * D * 4));
+}
+BENCHMARK(BM_GatherRows)->ArgNames({"K"})->Arg(1024)->Arg(16384)->UseRealTime();  // one copy worker
 
 // GEMV through oneDNN (M = 1): y = x · Wᵀ, W [N, K]. Bytes read: the weights. Cold: cycles
 // through enough matrices to exceed the last-level cache.
