@@ -5,9 +5,13 @@
 
 #include <immintrin.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstring>
+#include <span>
+
+#include <sys/mman.h>
 #include <random>
 #include <vector>
 
@@ -151,11 +155,31 @@ void BM_GroupLogits(benchmark::State& st) {
 // 256K keys = 128 MiB: larger than the last-level cache, so every pass streams from memory.
 BENCHMARK(BM_GroupLogits)->ArgNames({"N", "threads"})->Args({262144, 1})->Args({262144, 2})->UseRealTime();
 
+// dst row i ← src row idx[i], with the next 16 rows prefetched (several misses in flight).
+void gather_rows_prefetched(void* dst, const void* src, int64_t row_bytes, int64_t src_stride, const int32_t* idx,
+                            int64_t n) {
+  constexpr int64_t kAhead = 16;
+  auto* d = static_cast<char*>(dst);
+  auto* s = static_cast<const char*>(src);
+  auto touch = [&](int64_t i) {
+    const char* row = s + int64_t(idx[i]) * src_stride;
+    for (int64_t off = 0; off < row_bytes; off += 64) __builtin_prefetch(row + off, 0, 0);
+  };
+  for (int64_t i = 0; i < std::min(n, kAhead); ++i) touch(i);
+  for (int64_t i = 0; i < n; ++i) {
+    if (i + kAhead < n) touch(i + kAhead);
+    std::memcpy(d + i * row_bytes, s + int64_t(idx[i]) * src_stride, size_t(row_bytes));
+  }
+}
+
 // Gather of selected V rows (random positions, D = 128 F32) as the copy worker does it.
 // Bytes read: K · D · 4.
 void BM_GatherRows(benchmark::State& st) {
   const int64_t N = 1 << 20, K = st.range(0), D = 128;
-  std::vector<float> V(size_t(N * D)), out(size_t(K * D));
+  AlignedBuffer vbuf(size_t(N * D) * 4);
+  if (st.range(2)) madvise(vbuf.data(), vbuf.bytes(), MADV_HUGEPAGE);
+  std::span<float> V(static_cast<float*>(vbuf.data()), size_t(N * D));
+  std::vector<float> out(size_t(K * D));
   fill(V.data(), V.size(), 9);
   // 16 index sets used in turn, so that the rows are not cache-resident from the last pass.
   std::mt19937_64 g(1);
@@ -163,14 +187,22 @@ void BM_GatherRows(benchmark::State& st) {
   for (auto& set : sets)
     for (auto& i : set) i = int32_t(g() % uint64_t(N));
   size_t it = 0;
+  const bool prefetch = st.range(1) != 0;
   for (auto _ : st) {
     const auto& idx = sets[it++ % sets.size()];
-    for (int64_t i = 0; i < K; ++i) std::memcpy(&out[size_t(i * D)], &V[size_t(idx[size_t(i)]) * D], D * 4);
+    if (prefetch) {
+      gather_rows_prefetched(out.data(), V.data(), D * 4, D * 4, idx.data(), K);
+    } else {
+      for (int64_t i = 0; i < K; ++i) std::memcpy(&out[size_t(i * D)], &V[size_t(idx[size_t(i)]) * D], D * 4);
+    }
     benchmark::ClobberMemory();
   }
   report(st, double(K * D * 4));
 }
-BENCHMARK(BM_GatherRows)->ArgNames({"K"})->Arg(1024)->Arg(16384)->UseRealTime();  // one copy worker
+BENCHMARK(BM_GatherRows)
+    ->ArgNames({"K", "prefetch", "hugepages"})
+    ->Args({16384, 0, 0})->Args({16384, 1, 0})->Args({16384, 0, 1})->Args({16384, 1, 1})
+    ->UseRealTime();
 
 // GEMV through oneDNN (M = 1): y = x · Wᵀ, W [N, K]. Bytes read: the weights. Cold: cycles
 // through enough matrices to exceed the last-level cache.
