@@ -100,9 +100,7 @@ class HybridGen final : public KvStrategy {
     pending_.assign(size_t(shape.n_layers) * size_t(B_), nullptr);
     offloaded_.assign(pending_.size(), 0);
     last_pos_.assign(pending_.size(), -1);
-    results_.clear();
     sched_ = FeedbackScheduler(sched_cfg_);
-    step_ = 0;
     t_cpu_ = t_tx_ = waited_ = 0;
     last_ = {};
   }
@@ -195,7 +193,6 @@ class HybridGen final : public KvStrategy {
              {"cpu_hidden_pct", 100 * hidden}};
     sched_.update(t_cpu, t_tx, t_gpu, n_off);
     waited_ = 0;
-    ++step_;
     last_["tokens_gpu"] = double(std::min<int64_t>(R_, seen_pos_max_ + 1));
     last_["tokens_offloaded"] = double(n_off);
     last_["v_pages_far"] = double(far_pages_);
@@ -477,9 +474,7 @@ class HybridGen final : public KvStrategy {
   int64_t max_pages_ = 0, far_pages_ = 0;
   std::vector<Allocation> vpages_;
   std::vector<std::shared_ptr<CpuResult>> pending_;
-  std::vector<std::shared_ptr<CpuResult>> results_;
   std::vector<int32_t> offloaded_, last_pos_;  // per (layer, seq): tokens on the CPU side; newest position
-  int64_t step_ = 0;
   int32_t seen_pos_max_ = 0;
   bool in_step_ = false;
   Clock::time_point step_start_;

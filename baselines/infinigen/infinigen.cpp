@@ -73,7 +73,6 @@ class InfiniGen final : public KvStrategy {
     const int Hkv = shape_.H_kv, D = shape_.D;
     new_k_ = k;
     new_v_ = v;
-    new_rows_.assign(rows.begin(), rows.end());
     if (calibrating(rows)) {
       for (size_t i = 0; i < rows.size(); ++i)
         if (rows[i].seq == 0) calib_k_[size_t(layer)].insert(calib_k_[size_t(layer)].end(), k + int64_t(i) * Hkv * D, k + int64_t(i + 1) * Hkv * D);
@@ -297,7 +296,6 @@ class InfiniGen final : public KvStrategy {
   std::vector<std::vector<float>> calib_q_, calib_k_;
   std::vector<std::shared_ptr<Fetch>> fetch_;
   const float *new_k_ = nullptr, *new_v_ = nullptr;
-  std::vector<TokenRow> new_rows_;
   int32_t last_fetch_ = 0;
 };
 
