@@ -102,6 +102,8 @@ class HybridGen final : public KvStrategy {
     last_pos_.assign(pending_.size(), -1);
     sched_ = FeedbackScheduler(sched_cfg_);
     t_cpu_ = t_tx_ = waited_ = 0;
+    seen_pos_max_ = 0;
+    in_step_ = false;
     last_ = {};
   }
 
