@@ -17,9 +17,12 @@ StrategyInfo infinigen_info();
 namespace {
 std::vector<StrategyInfo> register_strategies() {
   std::vector<StrategyInfo> s;
-  s.push_back({"full", "all KV on the accelerator, exact attention (the oracle)", {},
-               [](const StrategyContext& c, const StrategyParams&) {
-                 return std::make_unique<FullStrategy>(c.backend, c.runtime);
+  s.push_back({"full", "all KV on the accelerator, exact attention (the oracle)",
+               {{"kv_dtype", ParamSpec::Type::kEnum, "f32", "", "element type of the KV cache", {"f32", "f16", "bf16"}}},
+               [](const StrategyContext& c, const StrategyParams& p) {
+                 DType t = DType::kF32;
+                 parse_dtype(p.get("kv_dtype"), &t);
+                 return std::make_unique<FullStrategy>(c.backend, c.runtime, t);
                }});
   s.push_back(flexgen_info());
   s.push_back(moe_lightning_info());

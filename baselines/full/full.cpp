@@ -6,8 +6,8 @@
 namespace hg {
 
 void FullStrategy::begin(const KvShape& shape, std::span<const int32_t> capacity, std::span<const int32_t>) {
-  if (rt_ && rt_->device() != DeviceKind::kCpu) store_.reset(shape, capacity, &rt_->memory(), Tier::kGpu);
-  else store_.reset(shape, capacity);
+  if (rt_ && rt_->device() != DeviceKind::kCpu) store_.reset(shape, capacity, &rt_->memory(), Tier::kGpu, kv_dtype_);
+  else store_.reset(shape, capacity, nullptr, Tier::kDram, kv_dtype_);
 }
 
 void FullStrategy::append(int layer, std::span<const TokenRow> rows, const float* k, const float* v) {
@@ -19,9 +19,11 @@ void FullStrategy::attend(int layer, std::span<const TokenRow> rows, const float
   attn_rows_.resize(rows.size());
   for (size_t i = 0; i < rows.size(); ++i) {
     const TokenRow r = rows[i];
-    attn_rows_[i] = AttnRow{store_.k(layer, r.seq), store_.v(layer, r.seq), store_.head_stride(r.seq), r.pos + 1};
+    attn_rows_[i] = AttnRow{store_.k_raw(layer, r.seq), store_.v_raw(layer, r.seq), store_.head_stride(r.seq), r.pos + 1};
   }
-  be_.attention(attention_args(s, attn_rows_, q, scale, out));
+  AttentionArgs a = attention_args(s, attn_rows_, q, scale, out);
+  a.kv_dtype = kv_dtype_;
+  be_.attention(a);
 }
 
 }  // namespace hg

@@ -14,7 +14,8 @@ namespace hg {
 
 class FullStrategy final : public KvStrategy {
  public:
-  explicit FullStrategy(Backend& backend, Runtime* runtime = nullptr) : be_(backend), rt_(runtime) {}
+  explicit FullStrategy(Backend& backend, Runtime* runtime = nullptr, DType kv_dtype = DType::kF32)
+      : be_(backend), rt_(runtime), kv_dtype_(kv_dtype) {}
   std::string_view name() const override { return "full"; }
   void begin(const KvShape& shape, std::span<const int32_t> capacity, std::span<const int32_t> prompt_len) override;
   void append(int layer, std::span<const TokenRow> rows, const float* k, const float* v) override;
@@ -24,6 +25,7 @@ class FullStrategy final : public KvStrategy {
  private:
   Backend& be_;
   Runtime* rt_;
+  DType kv_dtype_;
   KvStore store_;
   std::vector<AttnRow> attn_rows_;
 };

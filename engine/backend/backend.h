@@ -22,12 +22,12 @@ struct RopeTable {
 // theta^(-2i/D), then Llama-3 scaling (rope_scaling) or division by GGUF rope_freqs factors.
 RopeTable make_rope_table(const HParams& hp, const std::vector<float>& freq_factors);
 
-// One query row of attention: keys/values of its sequence, D-contiguous rows per KV head.
-// K element (g, t, d) lives at k[g * head_stride + t * D + d]; same for V. The row attends to
-// keys [0, n_keys).
+// One query row of attention: keys/values of its sequence, D-contiguous rows per KV head, of
+// element type AttentionArgs::kv_dtype. K element (g, t, d) lives at k[g * head_stride + t * D + d]
+// (in elements); same for V. The row attends to keys [0, n_keys).
 struct AttnRow {
-  const float* k = nullptr;
-  const float* v = nullptr;
+  const void* k = nullptr;
+  const void* v = nullptr;
   int64_t head_stride = 0;
   int32_t n_keys = 0;
 };
@@ -38,6 +38,7 @@ struct AttentionArgs {
   float scale = 1.0f;
   const float* q = nullptr;      // [n_rows, H, D]
   const AttnRow* rows = nullptr; // [n_rows]
+  DType kv_dtype = DType::kF32;  // element type of every row's K and V
   float* out = nullptr;          // [n_rows, H, D]
   // Optional taps, [n_rows, H, tap_ld]: scaled pre-softmax logits and post-softmax probabilities
   // of each row's keys (H2O and Keyformer scores).

@@ -17,10 +17,16 @@ class KvStore {
  public:
   // Allocates from `mem` on `tier` when given (an over-capacity tier throws OutOfMemoryError),
   // else plain host memory.
+  // dtype: element type of the stored K and V (rows arrive as F32 and are converted).
   void reset(const KvShape& shape, std::span<const int32_t> capacity, MemorySystem* mem = nullptr,
-             Tier tier = Tier::kDram);
-  float* k(int layer, int seq) { return buf_[index(layer, seq)].k; }
-  float* v(int layer, int seq) { return buf_[index(layer, seq)].v; }
+             Tier tier = Tier::kDram, DType dtype = DType::kF32);
+  // F32 stores only (strategies that read rows as floats).
+  float* k(int layer, int seq) { return static_cast<float*>(f32(buf_[index(layer, seq)].k)); }
+  float* v(int layer, int seq) { return static_cast<float*>(f32(buf_[index(layer, seq)].v)); }
+  // Any dtype: element (g, t, d) at index g·head_stride + t·D + d of the storage type.
+  void* k_raw(int layer, int seq) { return buf_[index(layer, seq)].k; }
+  void* v_raw(int layer, int seq) { return buf_[index(layer, seq)].v; }
+  DType dtype() const { return dtype_; }
   // Distance between KV heads, in floats.
   int64_t head_stride(int seq) const { return int64_t(capacity_[size_t(seq)]) * shape_.D; }
   int32_t capacity(int seq) const { return capacity_[size_t(seq)]; }
@@ -31,13 +37,18 @@ class KvStore {
 
  private:
   size_t index(int layer, int seq) const { return size_t(layer) * capacity_.size() + size_t(seq); }
+  void* f32(void* p) const {
+    if (dtype_ != DType::kF32) throw std::logic_error("KvStore: float access to a non-F32 store");
+    return p;
+  }
+  DType dtype_ = DType::kF32;
   KvShape shape_;
   std::vector<int32_t> capacity_;
   struct Slot {
     AlignedBuffer hk, hv;  // host storage (no memory system)
     Allocation tk, tv;     // tiered storage
-    float* k = nullptr;
-    float* v = nullptr;
+    void* k = nullptr;
+    void* v = nullptr;
   };
   std::vector<Slot> buf_;
   int64_t bytes_ = 0;

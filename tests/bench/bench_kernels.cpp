@@ -110,10 +110,14 @@ BENCHMARK(BM_SetReference)->Iterations(1)->UseRealTime();
 void BM_DecodeAttention(benchmark::State& st) {
   set_num_threads(int(st.range(3)));
   const int N = int(st.range(0)), H = int(st.range(1)), Hkv = int(st.range(2)), D = 128;
-  std::vector<float> K(size_t(Hkv) * N * D), V(K.size()), q(size_t(H) * D), out(q.size());
-  fill(K.data(), K.size(), 1);
-  fill(V.data(), V.size(), 2);
+  const DType t = st.range(4) == 0 ? DType::kF32 : st.range(4) == 1 ? DType::kF16 : DType::kBF16;
+  std::vector<float> Kf(size_t(Hkv) * N * D), Vf(Kf.size()), q(size_t(H) * D), out(q.size());
+  fill(Kf.data(), Kf.size(), 1);
+  fill(Vf.data(), Vf.size(), 2);
   fill(q.data(), q.size(), 3);
+  AlignedBuffer K(Kf.size() * dtype_size(t)), V(Vf.size() * dtype_size(t));
+  from_f32(t, Kf.data(), K.data(), Kf.size());
+  from_f32(t, Vf.data(), V.data(), Vf.size());
   auto be = make_cpu_backend();
   AttnRow row{K.data(), V.data(), int64_t(N) * D, N};
   AttentionArgs a;
@@ -125,15 +129,18 @@ void BM_DecodeAttention(benchmark::State& st) {
   a.q = q.data();
   a.rows = &row;
   a.out = out.data();
+  a.kv_dtype = t;
   for (auto _ : st) {
     be->attention(a);
     benchmark::ClobberMemory();
   }
-  report(st, 2.0 * Hkv * N * D * 4);
+  st.SetLabel(std::string(dtype_name(t)));
+  report(st, 2.0 * Hkv * N * D * double(dtype_size(t)));
 }
 BENCHMARK(BM_DecodeAttention)
-    ->ArgNames({"N", "H", "H_kv", "threads"})
-    ->Args({4096, 32, 8, 1})->Args({4096, 32, 8, 2})->Args({16384, 32, 8, 1})->Args({16384, 32, 8, 2})
+    ->ArgNames({"N", "H", "H_kv", "threads", "kv"})  // kv: 0 f32, 1 f16, 2 bf16
+    ->Args({4096, 32, 8, 1, 0})->Args({4096, 32, 8, 2, 0})->Args({16384, 32, 8, 1, 0})->Args({16384, 32, 8, 2, 0})
+    ->Args({16384, 32, 8, 1, 1})->Args({16384, 32, 8, 2, 1})->Args({16384, 32, 8, 1, 2})->Args({16384, 32, 8, 2, 2})
     ->UseRealTime();
 
 // HybridGen's CPU stage: logits of G query heads over N offloaded keys of one KV head (F32).

@@ -188,5 +188,37 @@ INSTANTIATE_TEST_SUITE_P(Shapes, AttentionTest,
                                   std::to_string(p.n_keys);
                          });
 
+// F16 and BF16 KV caches: the CPU kernel converts rows as it reads them; the oracle reads the
+// same stored values, so the tolerance is the F32 one.
+TEST(AttentionKvTypes, HalfPrecisionKvMatchesRef) {
+  for (DType t : {DType::kF16, DType::kBF16})
+    for (auto [H, Hkv, D, n] : {std::tuple{8, 2, 64, 1000}, std::tuple{4, 4, 17, 97}, std::tuple{32, 8, 128, 513}}) {
+      const int64_t cap = n + 5;
+      auto q = test::random_vec(size_t(H * D), 71);
+      auto Kf = test::random_vec(size_t(Hkv * cap * D), 72, -3, 3);
+      auto Vf = test::random_vec(size_t(Hkv * cap * D), 73);
+      std::vector<uint16_t> K(Kf.size()), V(Vf.size());
+      from_f32(t, Kf.data(), K.data(), K.size());
+      from_f32(t, Vf.data(), V.data(), V.size());
+      AttnRow row{K.data(), V.data(), cap * D, int32_t(n)};
+      AttentionArgs a;
+      a.n_rows = 1;
+      a.H = H;
+      a.H_kv = Hkv;
+      a.D = D;
+      a.scale = 1.0f / std::sqrt(float(D));
+      a.q = q.data();
+      a.rows = &row;
+      a.kv_dtype = t;
+      std::vector<float> out(q.size()), outr(q.size());
+      a.out = out.data();
+      make_cpu_backend()->attention(a);
+      a.out = outr.data();
+      make_ref_backend()->attention(a);
+      EXPECT_TRUE(test::all_close(out.data(), outr.data(), out.size(), kTolAttention))
+          << dtype_name(t) << " H" << H << " Hkv" << Hkv << " D" << D << " n" << n;
+    }
+}
+
 }  // namespace
 }  // namespace hg

@@ -132,8 +132,9 @@ class CpuBackend final : public Backend {
       const AttnRow& row = a.rows[r];
       auto& s = scratch_[size_t(omp_get_thread_num())];
       if (s.size() < size_t(G * max_keys)) s.resize(size_t(G * max_keys));
-      cpu::attention_group(a.q + (int64_t(r) * a.H + int64_t(g) * G) * a.D, row.k + g * row.head_stride,
-                           row.v + g * row.head_stride, row.n_keys, G, a.D, a.scale,
+      const int64_t off = int64_t(g) * row.head_stride * int64_t(dtype_size(a.kv_dtype));
+      cpu::attention_group(a.q + (int64_t(r) * a.H + int64_t(g) * G) * a.D, static_cast<const char*>(row.k) + off,
+                           static_cast<const char*>(row.v) + off, a.kv_dtype, row.n_keys, G, a.D, a.scale,
                            a.out + (int64_t(r) * a.H + int64_t(g) * G) * a.D, s.data(),
                            a.logits_out ? a.logits_out + (int64_t(r) * a.H + int64_t(g) * G) * a.tap_ld : nullptr,
                            a.probs_out ? a.probs_out + (int64_t(r) * a.H + int64_t(g) * G) * a.tap_ld : nullptr,

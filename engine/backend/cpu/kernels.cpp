@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <type_traits>
 #include <vector>
 
 #if defined(__AVX512F__)
@@ -14,6 +15,14 @@
 #include "engine/core/dtype.h"
 
 namespace hg::cpu {
+
+// Storage tags for 16-bit KV elements (both are uint16_t in memory).
+struct F16Tag {
+  uint16_t bits;
+};
+struct BF16Tag {
+  uint16_t bits;
+};
 
 #if HG_AVX512
 namespace {
@@ -161,16 +170,65 @@ void group_logits(const float* q, int G, const float* K, int64_t n, int64_t t0, 
   }
 }
 
-void group_weighted_v(const float* p, int G, const float* V, int64_t n, int D, float* out) {
+namespace {
+// Loads 16 (masked) elements of a K/V row as F32.
+#if HG_AVX512
+template <typename T>
+inline __m512 load16(const T* p, __mmask16 m) {
+  if constexpr (std::is_same_v<T, float>) {
+    return _mm512_maskz_loadu_ps(m, p);
+  } else {
+    const __m256i h = _mm256_maskz_loadu_epi16(m, p);
+    if constexpr (std::is_same_v<T, F16Tag>) return _mm512_cvtph_ps(h);
+    else return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+  }
+}
+#endif
+template <typename T>
+inline float elem(const T* p, int64_t i) {
+  if constexpr (std::is_same_v<T, float>) return p[i];
+  else if constexpr (std::is_same_v<T, F16Tag>) return f16_to_f32(reinterpret_cast<const uint16_t*>(p)[i]);
+  else return bf16_to_f32(reinterpret_cast<const uint16_t*>(p)[i]);
+}
+
+// q·k for a K row of type T.
+template <typename T>
+inline float dot_kv(const float* q, const T* k, int D) {
+#if HG_AVX512
+  if constexpr (std::is_same_v<T, float>) {
+    return dot(q, k, D);
+  } else {
+    // Two independent FMA chains; full loads in the main loop, one masked tail.
+    __m512 a0 = _mm512_setzero_ps(), a1 = _mm512_setzero_ps();
+    int i = 0;
+    for (; i + 32 <= D; i += 32) {
+      a0 = _mm512_fmadd_ps(_mm512_loadu_ps(q + i), load16(k + i, __mmask16(0xffff)), a0);
+      a1 = _mm512_fmadd_ps(_mm512_loadu_ps(q + i + 16), load16(k + i + 16, __mmask16(0xffff)), a1);
+    }
+    for (; i < D; i += 16) {
+      const __mmask16 m = D - i >= 16 ? __mmask16(0xffff) : tail_mask(D - i);
+      a0 = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m, q + i), load16(k + i, m), a0);
+    }
+    return _mm512_reduce_add_ps(_mm512_add_ps(a0, a1));
+  }
+#else
+  float s = 0;
+  for (int i = 0; i < D; ++i) s += q[i] * elem(k, i);
+  return s;
+#endif
+}
+
+template <typename T>
+void weighted_v_kv(const float* p, int G, const T* V, int64_t n, int D, float* out) {
   std::fill(out, out + int64_t(G) * D, 0.0f);
 #if HG_AVX512
   const int nb = (D + 15) / 16;
   const __mmask16 last = (D % 16) ? tail_mask(D % 16) : __mmask16(0xffff);
   for (int64_t t = 0; t < n; ++t) {
-    const float* v = V + t * D;
+    const T* v = V + t * D;
     for (int b = 0; b < nb; ++b) {
       const __mmask16 m = b == nb - 1 ? last : __mmask16(0xffff);
-      const __m512 vv = _mm512_maskz_loadu_ps(m, v + b * 16);
+      const __m512 vv = load16(v + b * 16, m);
       for (int h = 0; h < G; ++h) {
         float* o = out + int64_t(h) * D + b * 16;
         _mm512_mask_storeu_ps(o, m, _mm512_fmadd_ps(_mm512_set1_ps(p[h * n + t]), vv, _mm512_maskz_loadu_ps(m, o)));
@@ -180,24 +238,26 @@ void group_weighted_v(const float* p, int G, const float* V, int64_t n, int D, f
 #else
   for (int64_t t = 0; t < n; ++t)
     for (int h = 0; h < G; ++h)
-      for (int d = 0; d < D; ++d) out[int64_t(h) * D + d] += p[h * n + t] * V[t * D + d];
+      for (int d = 0; d < D; ++d) out[int64_t(h) * D + d] += p[h * n + t] * elem(V, t * D + d);
 #endif
 }
 
-void attention_group(const float* q, const float* K, const float* V, int64_t n_keys, int G, int D, float scale,
-                     float* out, float* scratch, float* logits_out, float* probs_out, int64_t tap_ld) {
+template <typename T>
+void attention_group_t(const float* q, const T* K, const T* V, int64_t n_keys, int G, int D, float scale, float* out,
+                       float* scratch, float* logits_out, float* probs_out, int64_t tap_ld) {
   if (n_keys <= 0) {
     std::fill(out, out + int64_t(G) * D, 0.0f);
     return;
   }
-  // scratch[h * n_keys + t] = scale * q_h · k_t; then softmax per h; out_h = Σ_t p_h[t] v_t.
+  // scratch[h * n_keys + t] = scale * q_h · k_t (each K row read once for the G heads); then
+  // softmax per h; out_h = Σ_t p_h[t] v_t (each V row read once).
   for (int64_t t = 0; t < n_keys; ++t) {
-    const float* k = K + t * D;
-    for (int h = 0; h < G; ++h) scratch[h * n_keys + t] = dot(q + int64_t(h) * D, k, D) * scale;
+    const T* k = K + t * D;
+    for (int h = 0; h < G; ++h) scratch[h * n_keys + t] = dot_kv(q + int64_t(h) * D, k, D) * scale;
   }
   if (logits_out)
     for (int h = 0; h < G; ++h) std::copy(scratch + h * n_keys, scratch + (h + 1) * n_keys, logits_out + h * tap_ld);
-  std::vector<float> inv_sum(size_t(G), 0.0f);
+  std::vector<float> inv_sum(static_cast<size_t>(G), 0.0f);
   for (int h = 0; h < G; ++h) {
     float* s = scratch + int64_t(h) * n_keys;
     float mx = -INFINITY;
@@ -207,9 +267,29 @@ void attention_group(const float* q, const float* K, const float* V, int64_t n_k
     if (probs_out)
       for (int64_t t = 0; t < n_keys; ++t) probs_out[h * tap_ld + t] = s[t] * inv_sum[size_t(h)];
   }
-  group_weighted_v(scratch, G, V, n_keys, D, out);  // unnormalised weights; scaled below
+  weighted_v_kv(scratch, G, V, n_keys, D, out);  // unnormalised weights; scaled below
   for (int h = 0; h < G; ++h)
     for (int d = 0; d < D; ++d) out[int64_t(h) * D + d] *= inv_sum[size_t(h)];
+}
+}  // namespace
+
+void group_weighted_v(const float* p, int G, const float* V, int64_t n, int D, float* out) {
+  weighted_v_kv(p, G, V, n, D, out);
+}
+
+void attention_group(const float* q, const void* K, const void* V, DType kv, int64_t n_keys, int G, int D, float scale,
+                     float* out, float* scratch, float* logits_out, float* probs_out, int64_t tap_ld) {
+  switch (kv) {
+    case DType::kF32:
+      return attention_group_t(q, static_cast<const float*>(K), static_cast<const float*>(V), n_keys, G, D, scale, out,
+                               scratch, logits_out, probs_out, tap_ld);
+    case DType::kF16:
+      return attention_group_t(q, static_cast<const F16Tag*>(K), static_cast<const F16Tag*>(V), n_keys, G, D, scale,
+                               out, scratch, logits_out, probs_out, tap_ld);
+    case DType::kBF16:
+      return attention_group_t(q, static_cast<const BF16Tag*>(K), static_cast<const BF16Tag*>(V), n_keys, G, D, scale,
+                               out, scratch, logits_out, probs_out, tap_ld);
+  }
 }
 
 }  // namespace hg::cpu

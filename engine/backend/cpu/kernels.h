@@ -4,6 +4,8 @@
 #pragma once
 #include <cstdint>
 
+#include "engine/core/dtype.h"
+
 namespace hg::cpu {
 
 float dot(const float* a, const float* b, int64_t n);
@@ -25,7 +27,8 @@ void f16_to_f32_row(const uint16_t* x, float* y, int64_t n);
 // scratch holds G * n_keys floats. Each K and V row is read once for all G heads.
 // Optional taps (may be null): logits_out / probs_out [G, tap_ld] receive the scaled logits and
 // the normalised probabilities.
-void attention_group(const float* q, const float* K, const float* V, int64_t n_keys, int G, int D, float scale,
+// K and V rows are of type `kv` (F32, F16 or BF16; converted to F32 as they are read).
+void attention_group(const float* q, const void* K, const void* V, DType kv, int64_t n_keys, int G, int D, float scale,
                      float* out, float* scratch, float* logits_out = nullptr, float* probs_out = nullptr,
                      int64_t tap_ld = 0);
 // logits[h, t] = scale · q[h] · K[t] for t in [t0, t1) (q [G, D], K [n, D], logits [G, n]).

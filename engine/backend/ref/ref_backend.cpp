@@ -18,6 +18,15 @@ double weight_at(const Weight& w, int64_t i) {
   return 0;
 }
 
+double kv_at(DType t, const void* p, int64_t i) {
+  switch (t) {
+    case DType::kF32: return static_cast<const float*>(p)[i];
+    case DType::kBF16: return bf16_to_f32(static_cast<const uint16_t*>(p)[i]);
+    case DType::kF16: return f16_to_f32(static_cast<const uint16_t*>(p)[i]);
+  }
+  return 0;
+}
+
 class RefBackend final : public Backend {
  public:
   std::string_view name() const override { return "ref"; }
@@ -101,13 +110,13 @@ class RefBackend final : public Backend {
       for (int h = 0; h < a.H; ++h) {
         const int g = h / group;
         const float* q = a.q + (int64_t(r) * a.H + h) * a.D;
-        const float* K = row.k + g * row.head_stride;
-        const float* V = row.v + g * row.head_stride;
+        auto K = [&](int64_t i) { return kv_at(a.kv_dtype, row.k, g * row.head_stride + i); };
+        auto V = [&](int64_t i) { return kv_at(a.kv_dtype, row.v, g * row.head_stride + i); };
         std::vector<double> s(static_cast<size_t>(row.n_keys));
         double mx = -INFINITY;
         for (int t = 0; t < row.n_keys; ++t) {
           double acc = 0;
-          for (int d = 0; d < a.D; ++d) acc += double(q[d]) * K[int64_t(t) * a.D + d];
+          for (int d = 0; d < a.D; ++d) acc += double(q[d]) * K(int64_t(t) * a.D + d);
           s[size_t(t)] = acc * a.scale;
           mx = std::max(mx, s[size_t(t)]);
         }
@@ -120,7 +129,7 @@ class RefBackend final : public Backend {
         float* o = a.out + (int64_t(r) * a.H + h) * a.D;
         for (int d = 0; d < a.D; ++d) {
           double acc = 0;
-          for (int t = 0; t < row.n_keys; ++t) acc += s[size_t(t)] * V[int64_t(t) * a.D + d];
+          for (int t = 0; t < row.n_keys; ++t) acc += s[size_t(t)] * V(int64_t(t) * a.D + d);
           o[d] = row.n_keys > 0 ? float(acc / sum) : 0.0f;
         }
       }
