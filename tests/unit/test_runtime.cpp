@@ -143,23 +143,31 @@ TEST(Runtime, CpuPoolWorkOverlapsEmulatedAcceleratorWork) {
   busy_matmul(rt.cpu_backend(), 5);
   const double per = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() / 5;
   const int reps = std::max(3, int(0.15 / std::max(per, 1e-4)));
-  StageWork w;
-  Event c = rt.cpu().submit("cpu logits (layer i+1)", w, {}, [&] { busy_matmul(rt.cpu_backend(), reps); });
-  Event a = rt.accel().submit("accel layer i", w, {}, [&] { busy_matmul(rt.accel_backend(), reps); });
-  Event join = rt.accel().submit("merge", w, {c}, [] {});
-  join.wait();
-  const auto recs = rt.log().snapshot();
-  const StepTiming m = measured_timing(recs);
-  ASSERT_GT(m.cpu_s, 0);
-  ASSERT_GT(m.accel_s, 0);
-  // Both stages ran on their own threads at the same time: most of the shorter one overlapped.
-  EXPECT_GT(m.overlap_cpu_accel_s, 0.5 * std::min(m.cpu_s, m.accel_s))
-      << "cpu " << m.cpu_s << " s, accel " << m.accel_s << " s, overlap " << m.overlap_cpu_accel_s << " s";
-  EXPECT_LT(m.critical_path_s, 0.9 * m.sum_stages_s);
-  // The merge waited for the CPU stage.
-  const StageRecord& merge = recs.back();
-  EXPECT_EQ(merge.deps, std::vector<int64_t>{c.stage_id()});
-  EXPECT_GE(merge.start_s, recs[size_t(c.stage_id())].end_s);
+  // Other tests may share the two cores (ctest -j2): the overlap must show in one of three tries.
+  std::string tries;
+  bool shown = false;
+  for (int attempt = 0; attempt < 3 && !shown; ++attempt) {
+    rt.log().clear();
+    StageWork w;
+    Event c = rt.cpu().submit("cpu logits (layer i+1)", w, {}, [&] { busy_matmul(rt.cpu_backend(), reps); });
+    Event a = rt.accel().submit("accel layer i", w, {}, [&] { busy_matmul(rt.accel_backend(), reps); });
+    Event join = rt.accel().submit("merge", w, {c}, [] {});
+    join.wait();
+    const auto recs = rt.log().snapshot();
+    const StepTiming m = measured_timing(recs);
+    ASSERT_GT(m.cpu_s, 0);
+    ASSERT_GT(m.accel_s, 0);
+    // The merge waited for the CPU stage.
+    const StageRecord& merge = recs.back();
+    EXPECT_EQ(merge.deps, std::vector<int64_t>{c.stage_id()});
+    for (auto& r : recs)
+      if (r.id == c.stage_id()) EXPECT_GE(merge.start_s, r.end_s);
+    // Both stages ran on their own threads at the same time: most of the shorter one overlapped.
+    shown = m.overlap_cpu_accel_s > 0.5 * std::min(m.cpu_s, m.accel_s) && m.critical_path_s < 0.9 * m.sum_stages_s;
+    tries += fmt::format(" [cpu {:.3f} s, accel {:.3f} s, overlap {:.3f} s, critical {:.3f} of {:.3f} s]", m.cpu_s,
+                         m.accel_s, m.overlap_cpu_accel_s, m.critical_path_s, m.sum_stages_s);
+  }
+  EXPECT_TRUE(shown) << tries;
 }
 
 TEST(ModeledClock, ToyPipelineByHand) {
