@@ -2,6 +2,7 @@
 #include "engine/cli/commands.h"
 
 #include <charconv>
+#include <chrono>
 #include <cstdio>
 #include <map>
 #include <optional>
@@ -9,6 +10,7 @@
 
 #include <fmt/format.h>
 
+#include "baselines/full/full.h"
 #include "baselines/registry.h"
 #include "engine/backend/backend.h"
 #include "engine/core/error.h"
@@ -155,6 +157,7 @@ commands:
   models       list model formats and synthetic presets
   strategies   list KV strategies
   calibrate    measure this machine and write the `this-machine` platform profile
+  bench        decode tok/s at given context lengths and prefill tok/s, against the bandwidth limit
 )");
 }
 
@@ -352,6 +355,115 @@ int cmd_info(const std::vector<std::string>& args) {
   const Tokenizer& t = *m.tokenizer;
   fmt::print("tokenizer:      {}, {} tokens, bos {}, eos {}, add_bos {}\n", t.kind(), t.n_vocab(), t.bos_id, t.eos_id,
              t.add_bos);
+  return 0;
+}
+
+constexpr const char* kBenchHelp = R"(usage: hgbench bench --model M [--context 128,4096,16384] [--threads 1,2] [--steps N]
+                     [--kv f32|f16|bf16] [--prefill 512] [--weights f32|bf16]
+
+Decode tokens/s at each context length (the KV cache is filled with seeded random rows: its
+values do not change the cost), prefill tokens/s for one prompt, and the ratio to the bandwidth
+limit: read bandwidth (measured here, same threads) / (weight bytes + KV bytes per token).
+The `full` strategy on the cpu device. Measured, never modeled.
+)";
+
+std::vector<int> int_list(const std::string& s, const std::string& what) {
+  std::vector<int> v;
+  size_t pos = 0;
+  while (pos <= s.size()) {
+    const size_t c = s.find(',', pos);
+    const std::string x = s.substr(pos, c == std::string::npos ? std::string::npos : c - pos);
+    int n = 0;
+    auto [p, ec] = std::from_chars(x.data(), x.data() + x.size(), n);
+    if (ec != std::errc() || p != x.data() + x.size() || n <= 0) input_error("bench: {} '{}' is not a list of positive integers", what, s);
+    v.push_back(n);
+    if (c == std::string::npos) break;
+    pos = c + 1;
+  }
+  return v;
+}
+
+int cmd_bench(const std::vector<std::string>& args) {
+  const std::string cmd = "bench";
+  if (!args.empty() && (args[0] == "--help" || args[0] == "-h")) {
+    fmt::print("{}", kBenchHelp);
+    return 0;
+  }
+  const Options o = parse(cmd, args,
+                          {{{"--model", "-m"}, true}, {{"--context"}, true}, {{"--threads"}, true}, {{"--steps"}, true},
+                           {{"--kv"}, true}, {{"--prefill"}, true}, {{"--weights"}, true}});
+  if (!o.values.count("--model")) input_error("bench: --model is required (see hgbench bench --help)");
+  const auto contexts = int_list(str(o, "--context", "128,4096,16384"), "--context");
+  const auto threads = int_list(str(o, "--threads", "1,2"), "--threads");
+  const int steps = number<int>(o, cmd, "--steps", 16);
+  const int prefill = number<int>(o, cmd, "--prefill", 512);
+  if (steps < 1 || prefill < 1) input_error("bench: --steps and --prefill must be positive");
+  DType kv = DType::kF32;
+  if (!parse_dtype(str(o, "--kv", "f32"), &kv)) input_error("bench: --kv '{}' (expected f32, f16 or bf16)", str(o, "--kv", ""));
+  Model model = load_model(str(o, "--model", ""), load_options(o, cmd));
+  const HParams& hp = model.hp;
+  auto be = make_cpu_backend();
+  MemorySystem mem(TierConfig{});
+  // Weights read per decode token: every matrix once; an untied embedding only as one row.
+  const int64_t embd = hp.tie_embeddings ? 0 : int64_t(model[GlobalSlot::kTokEmbd].bytes());
+  const double weight_bytes = double(model.weight_bytes() - embd);
+  const double kv_per_token = 2.0 * hp.n_layers * hp.n_kv_heads * hp.head_dim * double(dtype_size(kv));
+  fmt::print("model {} | weights {} ({:.1f} MB read per token) | KV cache {} ({:.0f} B per cached token) | measured\n",
+             model.source, dtype_name(model.weight_dtype), weight_bytes / 1e6, dtype_name(kv), kv_per_token);
+  fmt::print("{:>8} {:>7} {:>12} {:>10} {:>14} {:>12} {:>7}\n", "context", "threads", "decode tok/s", "read GB/s",
+             "MB per token", "limit tok/s", "ratio");
+  std::mt19937_64 rng(1);
+  for (int t : threads) {
+    set_num_threads(t);
+    const double bw = measure_read_gbs(mem, Tier::kDram, int64_t(512) << 20, 0.3);
+    for (int n : contexts) {
+      FullStrategy kvs(*be, nullptr, kv);
+      Decoder dec(model, *be, kvs, 512);
+      const int32_t cap = n + steps + 1, pl = n;
+      kvs.begin(dec.kv_shape(), std::span<const int32_t>(&cap, 1), std::span<const int32_t>(&pl, 1));
+      // Fill positions [0, n) of every layer with seeded rows.
+      const int64_t row = int64_t(hp.n_kv_heads) * hp.head_dim;
+      std::vector<float> k(size_t(512 * row)), v(k.size());
+      std::uniform_real_distribution<float> u(-1, 1);
+      for (auto& x : k) x = u(rng);
+      for (auto& x : v) x = u(rng);
+      for (int l = 0; l < hp.n_layers; ++l)
+        for (int p0 = 0; p0 < n; p0 += 512) {
+          std::vector<TokenRow> rows;
+          for (int p = p0; p < std::min(n, p0 + 512); ++p) rows.push_back({0, p});
+          kvs.append(l, rows, k.data(), v.data());
+        }
+      std::vector<float> logits(size_t(hp.n_vocab));
+      int32_t tok = 5;
+      const int32_t zero = 0;
+      auto step = [&](int pos) {
+        const TokenRow r{0, pos};
+        dec.forward(std::span<const int32_t>(&tok, 1), std::span<const TokenRow>(&r, 1), std::span<const int32_t>(&zero, 1),
+                    logits.data());
+        tok = argmax(logits);
+      };
+      step(n);  // warm-up (primitive creation, first touch)
+      const auto t0 = std::chrono::steady_clock::now();
+      for (int i = 1; i <= steps; ++i) step(n + i);
+      const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      const double tps = steps / dt;
+      const double bytes = weight_bytes + kv_per_token * (n + steps / 2.0);
+      const double limit = bw * 1e9 / bytes;
+      fmt::print("{:>8} {:>7} {:>12.2f} {:>10.1f} {:>14.1f} {:>12.2f} {:>7.2f}\n", n, t, tps, bw, bytes / 1e6, limit,
+                 tps / limit);
+    }
+    // Prefill: one prompt of `prefill` tokens.
+    FullStrategy kvs(*be, nullptr, kv);
+    std::vector<int32_t> prompt(static_cast<size_t>(prefill));
+    for (auto& x : prompt) x = int32_t(3 + rng() % uint64_t(hp.n_vocab - 3));
+    GenerateOptions go;
+    go.n_new = 0;
+    generate(model, *be, kvs, {prompt}, go);  // warm-up
+    FullStrategy kvs2(*be, nullptr, kv);
+    const auto r = generate(model, *be, kvs2, {prompt}, go);
+    fmt::print("prefill {} tokens, {} thread{}: {:.1f} tok/s\n", prefill, t, t == 1 ? "" : "s",
+               double(r.prefill_tokens) / r.prefill_s);
+  }
   return 0;
 }
 

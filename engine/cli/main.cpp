@@ -22,7 +22,8 @@ int main(int argc, char** argv) {
     if (cmd == "strategies") return hg::cli::cmd_strategies(args);
     if (cmd == "models") return hg::cli::cmd_models(args);
     if (cmd == "calibrate") return hg::cli::cmd_calibrate(args);
-    fmt::print(stderr, "hgbench: unknown command '{}' (expected generate, info, models, strategies, calibrate; see --help)\n", cmd);
+    if (cmd == "bench") return hg::cli::cmd_bench(args);
+    fmt::print(stderr, "hgbench: unknown command '{}' (expected generate, info, models, strategies, calibrate, bench; see --help)\n", cmd);
     return 2;
   } catch (const hg::InputError& e) {  // bad file, field or argument; unsupported request
     fmt::print(stderr, "hgbench: error: {}\n", e.what());
