@@ -30,7 +30,7 @@ CmdResult run(const std::string& args) {
 
 TEST(Cli, HelpForEverySubcommand) {
   EXPECT_EQ(run("--help").status, 0);
-  for (const char* c : {"generate", "info", "models", "strategies"}) {
+  for (const char* c : {"generate", "info", "models", "strategies", "calibrate", "bench"}) {
     const CmdResult r = run(std::string(c) + " --help");
     EXPECT_EQ(r.status, 0) << c;
     EXPECT_FALSE(r.out.empty()) << c;
@@ -46,6 +46,21 @@ TEST(Cli, BadInputExitsTwoWithOneLine) {
     EXPECT_EQ(r.status, 2) << args << "\n" << r.out;
     EXPECT_EQ(std::count(r.out.begin(), r.out.end(), '\n'), 1) << args << "\n" << r.out;
   }
+}
+
+TEST(Cli, BenchAndStrategyRunsOnSyntheticModel) {
+  CmdResult r = run("bench --model synthetic:tiny-llama --context 16,64 --threads 1 --steps 2 --prefill 8 --kv f16");
+  EXPECT_EQ(r.status, 0) << r.out;
+  EXPECT_NE(r.out.find("ratio"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("prefill 8 tokens"), std::string::npos) << r.out;
+  EXPECT_EQ(run("bench --model synthetic:tiny-llama --context 0").status, 2);
+  r = run("generate --model synthetic:tiny-qwen2 --prompt-tokens 40 -n 4 --device emulated --strategy hybridgen "
+          "--set hybridgen.gpu_kv_tokens=8 --step-stats --quiet");
+  EXPECT_EQ(r.status, 0) << r.out;
+  EXPECT_NE(r.out.find("step 3: K="), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("device emulated"), std::string::npos) << r.out;
+  EXPECT_EQ(run("generate --model synthetic:tiny-qwen2 --strategy h2o --set flexgen.overlap=false").status, 2);
+  EXPECT_EQ(run("generate --model synthetic:tiny-qwen2 --device emulated --clock modeled:no-such-machine").status, 2);
 }
 
 TEST(Cli, GenerateAndInfoOnRealModel) {
