@@ -180,7 +180,9 @@ TEST_P(AttentionTest, CpuMatchesRef) {
 INSTANTIATE_TEST_SUITE_P(Shapes, AttentionTest,
                          ::testing::Values(AttnCase{1, 1, 16, 1, 1}, AttnCase{4, 2, 17, 3, 97}, AttnCase{8, 2, 64, 2, 1000},
                                            AttnCase{12, 2, 128, 1, 4099}, AttnCase{6, 6, 10, 5, 33},
-                                           AttnCase{32, 8, 64, 1, 517}),
+                                           AttnCase{32, 8, 64, 1, 517},
+                                           // One row, one KV head, long keys: the flash-decoding split path.
+                                           AttnCase{4, 1, 64, 1, 5000}, AttnCase{2, 1, 17, 2, 3001}),
                          [](const auto& i) {
                            const auto& p = i.param;
                            return "H" + std::to_string(p.H) + "_Hkv" + std::to_string(p.H_kv) + "_D" +

@@ -127,6 +127,16 @@ class CpuBackend final : public Backend {
     for (int r = 0; r < a.n_rows; ++r) max_keys = std::max<int64_t>(max_keys, a.rows[r].n_keys);
     const int nt = num_threads();
     if (scratch_.size() < size_t(nt)) scratch_.resize(size_t(nt));
+    // Flash-decoding split: with fewer (row, KV head) tasks than threads can keep busy and long
+    // key ranges, each task's keys are cut into chunks on different threads and the partial
+    // results merged by their log-sum-exp. Not with taps (they need one softmax per row).
+    const int64_t splits = (!a.logits_out && !a.probs_out && n_tasks < 2 * nt && max_keys >= 2048)
+                               ? std::min<int64_t>((2 * nt + n_tasks - 1) / n_tasks, max_keys / 1024)
+                               : 1;
+    if (splits > 1) {
+      attention_split(a, G, splits, max_keys);
+      return;
+    }
     parallel_for(n_tasks, [&](int64_t task) {
       const int r = int(task / a.H_kv), g = int(task % a.H_kv);
       const AttnRow& row = a.rows[r];
@@ -139,6 +149,47 @@ class CpuBackend final : public Backend {
                            a.logits_out ? a.logits_out + (int64_t(r) * a.H + int64_t(g) * G) * a.tap_ld : nullptr,
                            a.probs_out ? a.probs_out + (int64_t(r) * a.H + int64_t(g) * G) * a.tap_ld : nullptr,
                            a.tap_ld);
+    });
+  }
+
+  void attention_split(const AttentionArgs& a, int G, int64_t S, int64_t max_keys) {
+    const int64_t n_tasks = int64_t(a.n_rows) * a.H_kv;
+    const int64_t es = int64_t(dtype_size(a.kv_dtype));
+    part_out_.resize(size_t(n_tasks * S * G * a.D));
+    part_lse_.resize(size_t(n_tasks * S * G));
+    const int64_t chunk_keys = (max_keys + S - 1) / S;
+    parallel_for(n_tasks * S, [&](int64_t job) {
+      const int64_t task = job / S, c = job % S;
+      const int r = int(task / a.H_kv), g = int(task % a.H_kv);
+      const AttnRow& row = a.rows[r];
+      const int64_t t0 = row.n_keys * c / S, t1 = row.n_keys * (c + 1) / S;
+      auto& s = scratch_[size_t(omp_get_thread_num())];
+      if (s.size() < size_t(G * chunk_keys)) s.resize(size_t(G * chunk_keys));
+      const int64_t off = (int64_t(g) * row.head_stride + t0 * a.D) * es;
+      cpu::attention_group(a.q + (int64_t(r) * a.H + int64_t(g) * G) * a.D, static_cast<const char*>(row.k) + off,
+                           static_cast<const char*>(row.v) + off, a.kv_dtype, t1 - t0, G, a.D, a.scale,
+                           part_out_.data() + job * G * a.D, s.data(), nullptr, nullptr, 0,
+                           part_lse_.data() + job * G);
+    });
+    parallel_for(n_tasks, [&](int64_t task) {
+      const int r = int(task / a.H_kv), g = int(task % a.H_kv);
+      for (int h = 0; h < G; ++h) {
+        float M = -INFINITY;
+        for (int64_t c = 0; c < S; ++c) M = std::max(M, part_lse_[size_t((task * S + c) * G + h)]);
+        float* o = a.out + (int64_t(r) * a.H + int64_t(g) * G + h) * a.D;
+        std::fill(o, o + a.D, 0.0f);
+        float wsum = 0;
+        for (int64_t c = 0; c < S; ++c) {
+          const float lse = part_lse_[size_t((task * S + c) * G + h)];
+          if (lse == -INFINITY) continue;
+          const float w = std::exp(lse - M);
+          wsum += w;
+          const float* po = part_out_.data() + ((task * S + c) * G + h) * a.D;
+          for (int d = 0; d < a.D; ++d) o[d] += w * po[d];
+        }
+        if (wsum > 0)
+          for (int d = 0; d < a.D; ++d) o[d] /= wsum;
+      }
     });
   }
 
@@ -173,6 +224,7 @@ class CpuBackend final : public Backend {
   std::map<std::tuple<int64_t, int64_t, int64_t, int>, Prim> cache_;
   std::vector<uint16_t> xb_;
   std::vector<std::vector<float>> scratch_;
+  std::vector<float> part_out_, part_lse_;
 };
 
 }  // namespace

@@ -244,9 +244,10 @@ void weighted_v_kv(const float* p, int G, const T* V, int64_t n, int D, float* o
 
 template <typename T>
 void attention_group_t(const float* q, const T* K, const T* V, int64_t n_keys, int G, int D, float scale, float* out,
-                       float* scratch, float* logits_out, float* probs_out, int64_t tap_ld) {
+                       float* scratch, float* logits_out, float* probs_out, int64_t tap_ld, float* lse_out) {
   if (n_keys <= 0) {
     std::fill(out, out + int64_t(G) * D, 0.0f);
+    if (lse_out) std::fill(lse_out, lse_out + G, -INFINITY);
     return;
   }
   // scratch[h * n_keys + t] = scale * q_h · k_t (each K row read once for the G heads); then
@@ -264,6 +265,7 @@ void attention_group_t(const float* q, const T* K, const T* V, int64_t n_keys, i
     for (int64_t t = 0; t < n_keys; ++t) mx = std::max(mx, s[t]);
     const float sum = exp_shift_sum(s, n_keys, mx);
     inv_sum[size_t(h)] = sum > 0 ? 1.0f / sum : 0.0f;
+    if (lse_out) lse_out[h] = mx + std::log(sum);
     if (probs_out)
       for (int64_t t = 0; t < n_keys; ++t) probs_out[h * tap_ld + t] = s[t] * inv_sum[size_t(h)];
   }
@@ -278,17 +280,17 @@ void group_weighted_v(const float* p, int G, const float* V, int64_t n, int D, f
 }
 
 void attention_group(const float* q, const void* K, const void* V, DType kv, int64_t n_keys, int G, int D, float scale,
-                     float* out, float* scratch, float* logits_out, float* probs_out, int64_t tap_ld) {
+                     float* out, float* scratch, float* logits_out, float* probs_out, int64_t tap_ld, float* lse_out) {
   switch (kv) {
     case DType::kF32:
       return attention_group_t(q, static_cast<const float*>(K), static_cast<const float*>(V), n_keys, G, D, scale, out,
-                               scratch, logits_out, probs_out, tap_ld);
+                               scratch, logits_out, probs_out, tap_ld, lse_out);
     case DType::kF16:
       return attention_group_t(q, static_cast<const F16Tag*>(K), static_cast<const F16Tag*>(V), n_keys, G, D, scale,
-                               out, scratch, logits_out, probs_out, tap_ld);
+                               out, scratch, logits_out, probs_out, tap_ld, lse_out);
     case DType::kBF16:
       return attention_group_t(q, static_cast<const BF16Tag*>(K), static_cast<const BF16Tag*>(V), n_keys, G, D, scale,
-                               out, scratch, logits_out, probs_out, tap_ld);
+                               out, scratch, logits_out, probs_out, tap_ld, lse_out);
   }
 }
 
