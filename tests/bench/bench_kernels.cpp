@@ -141,6 +141,8 @@ BENCHMARK(BM_DecodeAttention)
     ->ArgNames({"N", "H", "H_kv", "threads", "kv"})  // kv: 0 f32, 1 f16, 2 bf16
     ->Args({4096, 32, 8, 1, 0})->Args({4096, 32, 8, 2, 0})->Args({16384, 32, 8, 1, 0})->Args({16384, 32, 8, 2, 0})
     ->Args({16384, 32, 8, 1, 1})->Args({16384, 32, 8, 2, 1})->Args({16384, 32, 8, 1, 2})->Args({16384, 32, 8, 2, 2})
+    // One KV head (a single (row, head) task): 2 threads only help through the split over keys.
+    ->Args({65536, 4, 1, 1, 0})->Args({65536, 4, 1, 2, 0})
     ->UseRealTime();
 
 // HybridGen's CPU stage: logits of G query heads over N offloaded keys of one KV head (F32).
