@@ -302,6 +302,8 @@ int cmd_generate(const std::vector<std::string>& args) {
              model.source, rt.device_description(), backend->name(), strategy->name(), dtype_name(model.weight_dtype),
              rt.device() == DeviceKind::kCpu ? threads : rt.accel_threads(),
              prompts.size(), r.prefill_tokens, r.prefill_s, pf, r.decode_tokens, r.decode_s, dc);
+  if (rt.memory().ledger().usage(Tier::kFar).peak > 0 && !rt.memory().far_note().empty())
+    fmt::print(stderr, "note: {}\n", rt.memory().far_note());
   if (profile) {
     // Replay each step's stages on the profile; step 0 is the prefill.
     std::map<int64_t, std::vector<StageRecord>> by_step;

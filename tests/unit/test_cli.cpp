@@ -5,6 +5,7 @@
 #include <array>
 #include <cstdio>
 
+#include "engine/runtime/memory.h"
 #include "test_util.h"
 
 namespace hg {
@@ -48,6 +49,11 @@ TEST(Cli, BadInputExitsTwoWithOneLine) {
   }
 }
 
+bool numa_fallback_expected() {
+  MemorySystem mem(TierConfig{});
+  return mem.far_node() == mem.local_node();
+}
+
 TEST(Cli, BenchAndStrategyRunsOnSyntheticModel) {
   CmdResult r = run("bench --model synthetic:tiny-llama --context 16,64 --threads 1 --steps 2 --prefill 8 --kv f16");
   EXPECT_EQ(r.status, 0) << r.out;
@@ -59,6 +65,13 @@ TEST(Cli, BenchAndStrategyRunsOnSyntheticModel) {
   EXPECT_EQ(r.status, 0) << r.out;
   EXPECT_NE(r.out.find("step 3: K="), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("device emulated"), std::string::npos) << r.out;
+  // V pages on `far`: on a one-node machine the run says that far is local memory.
+  r = run("generate --model synthetic:tiny-qwen2 --prompt-tokens 40 -n 2 --device emulated --strategy hybridgen "
+          "--set hybridgen.gpu_kv_tokens=8 --set hybridgen.placement=interleave --set hybridgen.page_tokens=4 --quiet");
+  EXPECT_EQ(r.status, 0) << r.out;
+  if (numa_fallback_expected()) {
+    EXPECT_NE(r.out.find("far tier falls back"), std::string::npos) << r.out;
+  }
   EXPECT_EQ(run("generate --model synthetic:tiny-qwen2 --strategy h2o --set flexgen.overlap=false").status, 2);
   EXPECT_EQ(run("generate --model synthetic:tiny-qwen2 --device emulated --clock modeled:no-such-machine").status, 2);
 }
