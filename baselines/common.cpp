@@ -21,16 +21,7 @@ std::map<int32_t, int32_t> first_new_position(std::span<const TokenRow> rows) {
 }
 
 AttentionArgs attention_args(const KvShape& s, std::span<const AttnRow> rows, const float* q, float scale, float* out) {
-  AttentionArgs a;
-  a.n_rows = int(rows.size());
-  a.H = s.H;
-  a.H_kv = s.H_kv;
-  a.D = s.D;
-  a.scale = scale;
-  a.q = q;
-  a.rows = rows.data();
-  a.out = out;
-  return a;
+  return attention_args(s.H, s.H_kv, s.D, scale, q, rows, out);
 }
 
 }  // namespace hg

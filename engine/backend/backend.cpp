@@ -29,6 +29,21 @@ int cuda_device_count_or_zero() {
 #endif
 }
 
+AttentionArgs attention_args(int H, int H_kv, int D, float scale, const float* q, std::span<const AttnRow> rows,
+                             float* out, DType kv_dtype) {
+  AttentionArgs a;
+  a.n_rows = int(rows.size());
+  a.H = H;
+  a.H_kv = H_kv;
+  a.D = D;
+  a.scale = scale;
+  a.q = q;
+  a.rows = rows.data();
+  a.out = out;
+  a.kv_dtype = kv_dtype;
+  return a;
+}
+
 std::vector<std::string> backend_names() { return {"cpu", "ref", "cuda"}; }
 
 std::unique_ptr<Backend> make_backend(std::string_view name) {

@@ -6,6 +6,7 @@
 #pragma once
 #include <cstdint>
 #include <memory>
+#include <span>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -46,6 +47,10 @@ struct AttentionArgs {
   float* probs_out = nullptr;
   int64_t tap_ld = 0;
 };
+
+// AttentionArgs for `rows` (taps off).
+AttentionArgs attention_args(int H, int H_kv, int D, float scale, const float* q, std::span<const AttnRow> rows,
+                             float* out, DType kv_dtype = DType::kF32);
 
 class Backend {
  public:

@@ -120,16 +120,7 @@ void BM_DecodeAttention(benchmark::State& st) {
   from_f32(t, Vf.data(), V.data(), Vf.size());
   auto be = make_cpu_backend();
   AttnRow row{K.data(), V.data(), int64_t(N) * D, N};
-  AttentionArgs a;
-  a.n_rows = 1;
-  a.H = H;
-  a.H_kv = Hkv;
-  a.D = D;
-  a.scale = 1.0f / std::sqrt(float(D));
-  a.q = q.data();
-  a.rows = &row;
-  a.out = out.data();
-  a.kv_dtype = t;
+  const AttentionArgs a = attention_args(H, Hkv, D, 1.0f / std::sqrt(float(D)), q.data(), {&row, 1}, out.data(), t);
   for (auto _ : st) {
     be->attention(a);
     benchmark::ClobberMemory();

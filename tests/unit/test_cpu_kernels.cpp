@@ -161,14 +161,7 @@ TEST_P(AttentionTest, CpuMatchesRef) {
   std::vector<AttnRow> rows;
   for (int r = 0; r < n_rows; ++r)  // causal-like: row r sees n_keys - r keys
     rows.push_back({K.data(), V.data(), cap * D, std::max(1, n_keys - r)});
-  AttentionArgs a;
-  a.n_rows = n_rows;
-  a.H = H;
-  a.H_kv = H_kv;
-  a.D = D;
-  a.scale = 1.0f / std::sqrt(float(D));
-  a.q = q.data();
-  a.rows = rows.data();
+  AttentionArgs a = attention_args(H, H_kv, D, 1.0f / std::sqrt(float(D)), q.data(), rows, nullptr);
   std::vector<float> out(q.size()), outr(q.size());
   a.out = out.data();
   make_cpu_backend()->attention(a);
@@ -203,15 +196,7 @@ TEST(AttentionKvTypes, HalfPrecisionKvMatchesRef) {
       from_f32(t, Kf.data(), K.data(), K.size());
       from_f32(t, Vf.data(), V.data(), V.size());
       AttnRow row{K.data(), V.data(), cap * D, int32_t(n)};
-      AttentionArgs a;
-      a.n_rows = 1;
-      a.H = H;
-      a.H_kv = Hkv;
-      a.D = D;
-      a.scale = 1.0f / std::sqrt(float(D));
-      a.q = q.data();
-      a.rows = &row;
-      a.kv_dtype = t;
+      AttentionArgs a = attention_args(H, Hkv, D, 1.0f / std::sqrt(float(D)), q.data(), {&row, 1}, nullptr, t);
       std::vector<float> out(q.size()), outr(q.size());
       a.out = out.data();
       make_cpu_backend()->attention(a);

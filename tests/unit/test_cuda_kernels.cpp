@@ -140,16 +140,7 @@ TEST(CudaKernels, SplitAttentionEqualsCpuAttention) {
   const float scale = 0.125f;
   std::vector<float> ref(size_t(H * D));
   AttnRow row{K.data(), V.data(), ld * D, int32_t(n)};
-  AttentionArgs a;
-  a.n_rows = 1;
-  a.H = H;
-  a.H_kv = H_kv;
-  a.D = D;
-  a.scale = scale;
-  a.q = q.data();
-  a.rows = &row;
-  a.out = ref.data();
-  make_cpu_backend()->attention(a);
+  make_cpu_backend()->attention(attention_args(H, H_kv, D, scale, q.data(), {&row, 1}, ref.data()));
 
   // Part A: even tokens' logits on the device; part B: odd tokens' logits computed on the CPU.
   std::vector<int32_t> a_pos, b_pos;
