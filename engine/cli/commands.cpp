@@ -98,8 +98,8 @@ LoadOptions load_options(const Options& o, const std::string& cmd) {
   LoadOptions lo;
   if (o.values.count("--weights")) {
     DType t;
-    if (!parse_dtype(str(o, "--weights", ""), &t) || t == DType::kF16)
-      input_error("{}: --weights '{}' (expected f32 or bf16)", cmd, str(o, "--weights", ""));
+    if (!parse_dtype(str(o, "--weights", ""), &t))
+      input_error("{}: --weights '{}' (expected f32, f16 or bf16)", cmd, str(o, "--weights", ""));
     lo.weight_dtype = t;
   }
   return lo;
@@ -110,7 +110,7 @@ constexpr const char* kGenerateHelp = R"(usage: hgbench generate --model M [--pr
 Loads a model and generates text; prints each sequence's text, then prefill and decode tokens/s.
 
   --model M        GGUF file, Hugging Face directory, llama2.c .bin (?tokenizer=PATH), or
-                   synthetic:<preset>[?layers=N&dtype=bf16&seed=S] (see `hgbench models`)
+                   synthetic:<preset>[?layers=N&dtype=f16|bf16&seed=S] (see `hgbench models`)
   --prompt TEXT    prompt text (repeat for a batch of different prompts; default: BOS only)
   --prompt-tokens N  instead of text: BOS + N−1 token ids drawn uniformly (seeded by --seed), for
                    long-context runs on synthetic models
@@ -133,13 +133,13 @@ Loads a model and generates text; prints each sequence's text, then prefill and 
   --strategy NAME  KV strategy (default full; see `hgbench strategies`)
   --set S.P=V      set parameter P of strategy S (repeatable), e.g. --set flexgen.overlap=false
   --step-stats     print one line per decode step: the strategy's record (K, mode, bytes, …)
-  --weights TYPE   engine weight type f32 or bf16 (default: bf16 for BF16 files, else f32)
+  --weights TYPE   engine weight type f32, f16 or bf16 (default: the file's F16/BF16, else f32)
   --ignore-eos     keep generating after EOS
   --ids            also print the generated token ids
   --quiet          print only the timing line
 )";
 
-constexpr const char* kInfoHelp = R"(usage: hgbench info --model M [--weights f32|bf16]
+constexpr const char* kInfoHelp = R"(usage: hgbench info --model M [--weights f32|f16|bf16]
 
 Prints architecture, shapes, weight type, parameter count and tokenizer of a model.
 )";
@@ -361,7 +361,7 @@ int cmd_info(const std::vector<std::string>& args) {
 }
 
 constexpr const char* kBenchHelp = R"(usage: hgbench bench --model M [--context 128,4096,16384] [--threads 1,2] [--steps N]
-                     [--kv f32|f16|bf16] [--prefill 512] [--weights f32|bf16]
+                     [--kv f32|f16|bf16] [--prefill 512] [--weights f32|f16|bf16]
 
 Decode tokens/s at each context length (the KV cache is filled with seeded random rows: its
 values do not change the cost), prefill tokens/s for one prompt, and the ratio to the bandwidth

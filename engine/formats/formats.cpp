@@ -70,13 +70,11 @@ const FormatRegistry& model_formats() {
 
 DType default_weight_dtype(DType src, const LoadOptions& opts) {
   if (opts.weight_dtype) return *opts.weight_dtype;
-  return src == DType::kBF16 ? DType::kBF16 : DType::kF32;
+  return src;  // F16 and BF16 files stay half precision (read at half the bytes); F32 stays F32
 }
 
 Model load_model(const std::string& spec_str, const LoadOptions& opts) {
   ModelSpec spec = parse_model_spec(spec_str);
-  if (opts.weight_dtype && *opts.weight_dtype == DType::kF16)
-    input_error("weight type f16 is not supported by the CPU backend's matmul (use f32 or bf16)");
   const FormatRegistry& reg = model_formats();
   const ModelFormat* fmt = nullptr;
   if (!spec.format.empty()) {

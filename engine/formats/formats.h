@@ -59,7 +59,8 @@ struct SyntheticPreset {
 };
 const std::vector<SyntheticPreset>& synthetic_presets();
 
-// Picks the engine dtype for matrices stored as `src` (bf16 stays bf16, everything else → f32).
+// Picks the engine dtype for matrices stored as `src` (F32, F16 and BF16 stay as they are) unless
+// the caller asked for one.
 DType default_weight_dtype(DType src, const LoadOptions& opts);
 
 }  // namespace hg

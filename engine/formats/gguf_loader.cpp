@@ -84,6 +84,7 @@ Model load(const ModelSpec& spec, const LoadOptions& opts) {
   if (const auto* wq = f.find_tensor(gguf_tensor_name(Slot::kWq, 0))) {
     src_name = GgufFile::type_name(wq->type);
     if (wq->type == GgufFile::kTBF16) src = DType::kBF16;
+    if (wq->type == GgufFile::kTF16) src = DType::kF16;
   }
   m.weight_dtype = default_weight_dtype(src, opts);
   m.source_dtype = src_name;

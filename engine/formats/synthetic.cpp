@@ -128,8 +128,7 @@ Model load(const ModelSpec& spec, const LoadOptions& opts) {
   const uint64_t seed = uint64_t(parse_int(spec, "seed", 1234));
   DType dt = default_weight_dtype(DType::kF32, opts);
   if (spec.options.count("dtype") && !parse_dtype(spec.options.at("dtype"), &dt))
-    input_error("synthetic:{}: dtype={} (expected f32 or bf16)", spec.path, spec.options.at("dtype"));
-  if (dt == DType::kF16) input_error("synthetic:{}: dtype=f16 is not an engine weight type (use f32 or bf16)", spec.path);
+    input_error("synthetic:{}: dtype={} (expected f32, f16 or bf16)", spec.path, spec.options.at("dtype"));
   m.weight_dtype = dt;
   m.source_dtype = std::string(dtype_name(dt));
   uint64_t id = 0;

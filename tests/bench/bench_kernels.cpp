@@ -23,7 +23,9 @@
 namespace hg {
 namespace {
 
-double g_read_gbs = 0;  // set by BM_ReadBandwidth (runs first)
+// Read bandwidth per thread count, set by BM_SetReference (runs before the kernels): each kernel's
+// x_bw is against the bandwidth of the same number of threads.
+double g_read_gbs[65] = {};
 
 void fill(float* p, size_t n, uint64_t seed) {
   std::mt19937_64 g(seed);
@@ -31,13 +33,18 @@ void fill(float* p, size_t n, uint64_t seed) {
   for (size_t i = 0; i < n; ++i) p[i] = u(g);
 }
 
-void report(benchmark::State& st, double bytes_per_iter) {
+void report(benchmark::State& st, double bytes_per_iter, int threads) {
   st.SetBytesProcessed(int64_t(bytes_per_iter) * int64_t(st.iterations()));
   st.counters["GB/s"] = benchmark::Counter(bytes_per_iter * double(st.iterations()) / 1e9, benchmark::Counter::kIsRate);
-  if (g_read_gbs > 0)
-    st.counters["x_bw"] = benchmark::Counter(bytes_per_iter * double(st.iterations()) / 1e9 / g_read_gbs,
+  const double ref = g_read_gbs[std::clamp(threads, 0, 64)];
+  if (ref > 0)
+    st.counters["x_bw"] = benchmark::Counter(bytes_per_iter * double(st.iterations()) / 1e9 / ref,
                                              benchmark::Counter::kIsRate);
 }
+
+// Enough copies of a working set of `bytes` that cycling through them streams from memory
+// (≥ 96 MiB, three times this machine's 32 MiB last-level cache).
+int cold_copies(double bytes) { return std::max(1, int(std::ceil(96.0 * (1 << 20) / bytes))); }
 
 // Read-only reduction over 1 GiB with `threads` threads: the machine's read bandwidth.
 void BM_ReadBandwidth(benchmark::State& st) {
@@ -71,37 +78,41 @@ void BM_ReadBandwidth(benchmark::State& st) {
 }
 BENCHMARK(BM_ReadBandwidth)->Arg(1)->Arg(2)->UseRealTime()->MinTime(1.0);
 
-// Measures bandwidth once with all threads before the kernel benchmarks (their x_bw reference).
+// Measures read bandwidth with 1 … hardware threads before the kernel benchmarks (their x_bw
+// references): best of 5 passes over 1 GiB each.
 void BM_SetReference(benchmark::State& st) {
-  set_num_threads(hardware_threads());
   const size_t n = (size_t(1) << 30) / 4;
   AlignedBuffer buf(n * 4);
   float* p = static_cast<float*>(buf.data());
+  set_num_threads(hardware_threads());
   parallel_chunks(int64_t(n), [&](int64_t b, int64_t e) {
     for (int64_t i = b; i < e; ++i) p[i] = 1.0f;
   });
-  double best = 0;
   for (auto _ : st) {
-    for (int rep = 0; rep < 5; ++rep) {
-      auto t0 = std::chrono::steady_clock::now();
-      float s = 0;
-      std::vector<float> part(64, 0.0f);
-      parallel_chunks(int64_t(n), [&](int64_t b, int64_t e) {
-        __m512 a0 = _mm512_setzero_ps(), a1 = _mm512_setzero_ps();
-        for (int64_t i = b; i + 32 <= e; i += 32) {
-          a0 = _mm512_add_ps(a0, _mm512_load_ps(p + i));
-          a1 = _mm512_add_ps(a1, _mm512_load_ps(p + i + 16));
-        }
-        part[size_t(b * 8 / int64_t(n))] = _mm512_reduce_add_ps(_mm512_add_ps(a0, a1));
-      });
-      for (float v : part) s += v;
-      benchmark::DoNotOptimize(s);
-      const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-      best = std::max(best, double(n) * 4 / dt / 1e9);
+    for (int threads = 1; threads <= std::min(64, hardware_threads()); ++threads) {
+      set_num_threads(threads);
+      double best = 0;
+      for (int rep = 0; rep < 5; ++rep) {
+        auto t0 = std::chrono::steady_clock::now();
+        float s = 0;
+        std::vector<float> part(64, 0.0f);
+        parallel_chunks(int64_t(n), [&](int64_t b, int64_t e) {
+          __m512 a0 = _mm512_setzero_ps(), a1 = _mm512_setzero_ps();
+          for (int64_t i = b; i + 32 <= e; i += 32) {
+            a0 = _mm512_add_ps(a0, _mm512_load_ps(p + i));
+            a1 = _mm512_add_ps(a1, _mm512_load_ps(p + i + 16));
+          }
+          part[size_t(b * 64 / int64_t(n))] = _mm512_reduce_add_ps(_mm512_add_ps(a0, a1));
+        });
+        for (float v : part) s += v;
+        benchmark::DoNotOptimize(s);
+        const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+        best = std::max(best, double(n) * 4 / dt / 1e9);
+      }
+      g_read_gbs[threads] = best;
+      st.counters["ref_read_GB/s_" + std::to_string(threads) + "t"] = best;
     }
   }
-  g_read_gbs = best;
-  st.counters["ref_read_GB/s"] = best;
 }
 BENCHMARK(BM_SetReference)->Iterations(1)->UseRealTime();
 
@@ -115,18 +126,27 @@ void BM_DecodeAttention(benchmark::State& st) {
   fill(Kf.data(), Kf.size(), 1);
   fill(Vf.data(), Vf.size(), 2);
   fill(q.data(), q.size(), 3);
-  AlignedBuffer K(Kf.size() * dtype_size(t)), V(Vf.size() * dtype_size(t));
-  from_f32(t, Kf.data(), K.data(), Kf.size());
-  from_f32(t, Vf.data(), V.data(), Vf.size());
+  const double bytes = 2.0 * Hkv * N * D * double(dtype_size(t));
+  const int copies = cold_copies(bytes);  // cycled, so that K and V come from memory, not the LLC
+  std::vector<AlignedBuffer> Ks, Vs;
+  std::vector<AttnRow> rows;
+  for (int c = 0; c < copies; ++c) {
+    Ks.emplace_back(Kf.size() * dtype_size(t));
+    Vs.emplace_back(Vf.size() * dtype_size(t));
+    from_f32(t, Kf.data(), Ks.back().data(), Kf.size());
+    from_f32(t, Vf.data(), Vs.back().data(), Vf.size());
+  }
+  for (int c = 0; c < copies; ++c) rows.push_back(AttnRow{Ks[size_t(c)].data(), Vs[size_t(c)].data(), int64_t(N) * D, N});
   auto be = make_cpu_backend();
-  AttnRow row{K.data(), V.data(), int64_t(N) * D, N};
-  const AttentionArgs a = attention_args(H, Hkv, D, 1.0f / std::sqrt(float(D)), q.data(), {&row, 1}, out.data(), t);
+  size_t it = 0;
   for (auto _ : st) {
+    const AttentionArgs a = attention_args(H, Hkv, D, 1.0f / std::sqrt(float(D)), q.data(),
+                                           {&rows[it++ % rows.size()], 1}, out.data(), t);
     be->attention(a);
     benchmark::ClobberMemory();
   }
   st.SetLabel(std::string(dtype_name(t)));
-  report(st, 2.0 * Hkv * N * D * double(dtype_size(t)));
+  report(st, bytes, int(st.range(3)));
 }
 BENCHMARK(BM_DecodeAttention)
     ->ArgNames({"N", "H", "H_kv", "threads", "kv"})  // kv: 0 f32, 1 f16, 2 bf16
@@ -150,7 +170,7 @@ void BM_GroupLogits(benchmark::State& st) {
     be->group_logits(q.data(), G, K.data(), N, D, 0.088f, lg.data());
     benchmark::ClobberMemory();
   }
-  report(st, double(N * D * 4));
+  report(st, double(N * D * 4), int(st.range(1)));
 }
 // 256K keys = 128 MiB: larger than the last-level cache, so every pass streams from memory.
 BENCHMARK(BM_GroupLogits)->ArgNames({"N", "threads"})->Args({262144, 1})->Args({262144, 2})->UseRealTime();
@@ -197,19 +217,19 @@ void BM_GatherRows(benchmark::State& st) {
     }
     benchmark::ClobberMemory();
   }
-  report(st, double(K * D * 4));
+  report(st, double(K * D * 4), 1);
 }
 BENCHMARK(BM_GatherRows)
     ->ArgNames({"K", "prefetch", "hugepages"})
     ->Args({16384, 0, 0})->Args({16384, 1, 0})->Args({16384, 0, 1})->Args({16384, 1, 1})
     ->UseRealTime();
 
-// GEMV through oneDNN (M = 1): y = x · Wᵀ, W [N, K]. Bytes read: the weights. Cold: cycles
+// Decode GEMV (M = 1; cpu::gemv, the CPU backend's path for up to 4 rows): y = x · Wᵀ, W [N, K]. Bytes read: the weights. Cold: cycles
 // through enough matrices to exceed the last-level cache.
 void BM_Gemv(benchmark::State& st) {
   set_num_threads(int(st.range(2)));
   const int64_t K = st.range(0), N = st.range(0);
-  const DType t = st.range(1) ? DType::kBF16 : DType::kF32;
+  const DType t = st.range(1) == 0 ? DType::kF32 : st.range(1) == 1 ? DType::kBF16 : DType::kF16;
   const int n_mats = 8;  // 8 × 64 MiB (F32 4096²) ≫ LLC
   std::vector<Weight> ws;
   std::vector<float> tmp(size_t(N * K));
@@ -224,11 +244,12 @@ void BM_Gemv(benchmark::State& st) {
     benchmark::ClobberMemory();
   }
   st.SetLabel(std::string(dtype_name(t)));
-  report(st, double(N * K) * double(dtype_size(t)));
+  report(st, double(N * K) * double(dtype_size(t)), int(st.range(2)));
 }
 BENCHMARK(BM_Gemv)
-    ->ArgNames({"K=N", "bf16", "threads"})
-    ->Args({4096, 0, 1})->Args({4096, 0, 2})->Args({4096, 1, 1})->Args({4096, 1, 2})
+    ->ArgNames({"K=N", "type", "threads"})  // type: 0 f32, 1 bf16, 2 f16
+    ->Args({4096, 0, 1})->Args({4096, 0, 2})->Args({4096, 1, 1})->Args({4096, 1, 2})->Args({4096, 2, 1})
+    ->Args({4096, 2, 2})
     ->UseRealTime();
 
 }  // namespace

@@ -38,18 +38,28 @@ TEST_P(MatmulTest, CpuMatchesRef) {
   auto cpu = make_cpu_backend();
   auto ref = make_ref_backend();
   cpu->matmul(x.data(), M, w, bias.data(), y.data());
-  // The BF16 path rounds activations to BF16; the oracle sees the same rounded inputs.
-  if (t == DType::kBF16)
+  // Up to 4 rows (decode) run the own GEMV: F32 activations, weights converted exactly, so the
+  // F32 tolerance holds for every weight type. Larger M with BF16 weights goes through oneDNN,
+  // which rounds activations to BF16; the oracle then sees the same rounded inputs.
+  const bool onednn_bf16 = t == DType::kBF16 && M > 4;
+  if (onednn_bf16)
     for (auto& v : x) v = bf16_to_f32(f32_to_bf16(v));
   ref->matmul(x.data(), M, w, bias.data(), yr.data());
-  EXPECT_TRUE(test::all_close(y.data(), yr.data(), y.size(), t == DType::kBF16 ? kTolMatmulBf16 : kTolMatmulF32));
+  EXPECT_TRUE(test::all_close(y.data(), yr.data(), y.size(), onednn_bf16 ? kTolMatmulBf16 : kTolMatmulF32));
 }
 
 INSTANTIATE_TEST_SUITE_P(Shapes, MatmulTest,
                          ::testing::Values(MatmulCase{1, 17, 97, DType::kF32}, MatmulCase{17, 97, 33, DType::kF32},
                                            MatmulCase{97, 1000, 17, DType::kF32}, MatmulCase{1, 64, 300, DType::kF32},
                                            MatmulCase{1, 17, 97, DType::kBF16}, MatmulCase{17, 97, 33, DType::kBF16},
-                                           MatmulCase{97, 1000, 17, DType::kBF16}),
+                                           MatmulCase{97, 1000, 17, DType::kBF16},
+                                           // GEMV path (M ≤ 4): row-block and K tails, every weight type.
+                                           MatmulCase{2, 1000, 1030, DType::kF32}, MatmulCase{3, 33, 129, DType::kBF16},
+                                           MatmulCase{4, 128, 64, DType::kF32}, MatmulCase{1, 17, 97, DType::kF16},
+                                           MatmulCase{2, 64, 300, DType::kF16}, MatmulCase{3, 1000, 33, DType::kF16},
+                                           MatmulCase{4, 97, 1025, DType::kF16},
+                                           // F16 prefill: weight blocks converted to F32 (N > one block).
+                                           MatmulCase{5, 97, 33, DType::kF16}, MatmulCase{17, 64, 2100, DType::kF16}),
                          [](const auto& i) {
                            return "M" + std::to_string(i.param.M) + "_K" + std::to_string(i.param.K) + "_N" +
                                   std::to_string(i.param.N) + "_" + std::string(dtype_name(i.param.t));
@@ -174,6 +184,10 @@ INSTANTIATE_TEST_SUITE_P(Shapes, AttentionTest,
                          ::testing::Values(AttnCase{1, 1, 16, 1, 1}, AttnCase{4, 2, 17, 3, 97}, AttnCase{8, 2, 64, 2, 1000},
                                            AttnCase{12, 2, 128, 1, 4099}, AttnCase{6, 6, 10, 5, 33},
                                            AttnCase{32, 8, 64, 1, 517},
+                                           // Group sizes 5 and 7 (Qwen2.5-14B/7B shapes), 16 (beyond the
+                                           // compiled group sizes: the generic path), D = 96 (run-time D).
+                                           AttnCase{10, 2, 128, 2, 300}, AttnCase{28, 4, 128, 1, 129},
+                                           AttnCase{16, 1, 64, 1, 200}, AttnCase{8, 2, 96, 1, 65},
                                            // One row, one KV head, long keys: the flash-decoding split path.
                                            AttnCase{4, 1, 64, 1, 5000}, AttnCase{2, 1, 17, 2, 3001}),
                          [](const auto& i) {
@@ -205,6 +219,53 @@ TEST(AttentionKvTypes, HalfPrecisionKvMatchesRef) {
       EXPECT_TRUE(test::all_close(out.data(), outr.data(), out.size(), kTolAttention))
           << dtype_name(t) << " H" << H << " Hkv" << Hkv << " D" << D << " n" << n;
     }
+}
+
+// The taps (H2O/Keyformer scores) through the fused one-pass kernel: logits and probabilities
+// of every key, each tap alone and both together, against the oracle.
+TEST(AttentionTaps, LogitsAndProbsMatchRef) {
+  for (auto [H, Hkv, D, n] : {std::tuple{8, 2, 128, 300}, std::tuple{5, 1, 64, 77}, std::tuple{3, 3, 17, 16}}) {
+    auto q = test::random_vec(size_t(H * D), 81);
+    auto K = test::random_vec(size_t(Hkv * n * D), 82, -3, 3);
+    auto V = test::random_vec(size_t(Hkv * n * D), 83);
+    AttnRow row{K.data(), V.data(), int64_t(n) * D, int32_t(n)};
+    for (int mode = 0; mode < 3; ++mode) {  // 0: both taps, 1: logits only, 2: probs only
+      std::vector<float> out(q.size()), outr(q.size()), lg(size_t(H * n)), lgr(lg.size()), pr(lg.size()), prr(lg.size());
+      AttentionArgs a = attention_args(H, Hkv, D, 1.0f / std::sqrt(float(D)), q.data(), {&row, 1}, out.data());
+      a.tap_ld = n;
+      a.logits_out = mode != 2 ? lg.data() : nullptr;
+      a.probs_out = mode != 1 ? pr.data() : nullptr;
+      make_cpu_backend()->attention(a);
+      a.out = outr.data();
+      a.logits_out = mode != 2 ? lgr.data() : nullptr;
+      a.probs_out = mode != 1 ? prr.data() : nullptr;
+      make_ref_backend()->attention(a);
+      const std::string what = "H" + std::to_string(H) + " D" + std::to_string(D) + " mode " + std::to_string(mode);
+      EXPECT_TRUE(test::all_close(out.data(), outr.data(), out.size(), kTolAttention)) << what;
+      if (mode != 2) EXPECT_TRUE(test::all_close(lg.data(), lgr.data(), lg.size(), kTolAttention)) << what;
+      if (mode != 1) EXPECT_TRUE(test::all_close(pr.data(), prr.data(), pr.size(), kTolAttention)) << what;
+    }
+  }
+}
+
+// Attention in parts (HybridGen's CPU logits): every compiled group size, D = 64/128 (unrolled)
+// and 40 (run-time), key counts around the 16-key block.
+TEST_F(Backends, GroupLogitsAndWeightedVMatchRef) {
+  for (int G : {1, 3, 4, 8, 12})
+    for (int D : {64, 128, 40})
+      for (int64_t n : {1, 15, 16, 17, 1000}) {
+        auto q = test::random_vec(size_t(G * D), 91);
+        auto K = test::random_vec(size_t(n * D), 92, -2, 2);
+        std::vector<float> lg(size_t(G * n), -7.0f), lgr(lg.size(), -7.0f);
+        cpu->group_logits(q.data(), G, K.data(), n, D, 0.125f, lg.data());
+        ref->group_logits(q.data(), G, K.data(), n, D, 0.125f, lgr.data());
+        EXPECT_TRUE(test::all_close(lg.data(), lgr.data(), lg.size(), kTolAttention)) << G << " " << D << " " << n;
+        cpu->softmax_rows(lg.data(), G, n);
+        std::vector<float> o(size_t(G * D)), orf(o.size());
+        cpu->group_weighted_v(lg.data(), G, K.data(), n, D, o.data());
+        ref->group_weighted_v(lg.data(), G, K.data(), n, D, orf.data());
+        EXPECT_TRUE(test::all_close(o.data(), orf.data(), o.size(), kTolAttention)) << G << " " << D << " " << n;
+      }
 }
 
 }  // namespace

@@ -17,6 +17,11 @@
 namespace hg {
 namespace {
 
+// Decode batches up to this many rows use cpu::gemv; larger ones oneDNN.
+constexpr int64_t kGemvMaxRows = 4;
+constexpr int64_t kGemvRows = 64;     // weight rows per parallel task
+constexpr int64_t kF16Block = 1024;  // F16 weight rows converted per prefill block
+
 class CpuBackend final : public Backend {
  public:
   CpuBackend() : engine_(dnnl::engine::kind::cpu, 0), stream_(engine_) {}
@@ -24,20 +29,50 @@ class CpuBackend final : public Backend {
 
   void matmul(const float* x, int64_t M, const Weight& w, const float* bias, float* y) override {
     const int64_t N = w.rows(), K = w.cols();
-    if (w.dtype == DType::kF16) throw UnsupportedError("cpu matmul: F16 weights are converted at load (use f32 or bf16)");
+    if (M <= kGemvMaxRows) {
+      // Decode: our own streaming GEMV (F32/F16/BF16 weights, F32 activations and accumulation).
+      const int64_t nblk = (N + kGemvRows - 1) / kGemvRows;
+      parallel_chunks(nblk, [&](int64_t b, int64_t e) {
+        cpu::gemv(x, int(M), w.buf.data(), w.dtype, K, b * kGemvRows, std::min(N, e * kGemvRows), y, N);
+      });
+    } else if (w.dtype == DType::kF16) {
+      // Prefill with F16 weights: oneDNN 2.6 has no F16 matmul on this CPU, so blocks of rows are
+      // converted to F32 (hardware F16→F32) and multiplied as F32; the conversion is paid once per
+      // block per call, amortised over the M rows.
+      if (wf_.size() < size_t(kF16Block * K)) wf_.resize(size_t(kF16Block * K));
+      for (int64_t n0 = 0; n0 < N; n0 += kF16Block) {
+        const int64_t nb = std::min(kF16Block, N - n0);
+        parallel_chunks(nb, [&](int64_t b, int64_t e) {
+          cpu::f16_to_f32_row(w.as<uint16_t>() + (n0 + b) * K, wf_.data() + b * K, (e - b) * K);
+        });
+        dnnl_matmul(x, M, wf_.data(), dnnl::memory::data_type::f32, K, nb, N, y + n0);
+      }
+    } else {
+      dnnl_matmul(x, M, w.buf.data(), w.dtype == DType::kBF16 ? dnnl::memory::data_type::bf16
+                                                              : dnnl::memory::data_type::f32,
+                  K, N, N, y);
+    }
+    if (bias) {
+      for (int64_t m = 0; m < M; ++m) cpu::add(y + m * N, bias, N);
+    }
+  }
+
+  // y[M, N] (row stride ldy) = x[M, K] · W[N, K]ᵀ through a cached oneDNN primitive; BF16 weights
+  // take BF16 activations (converted here) with F32 accumulation.
+  void dnnl_matmul(const float* x, int64_t M, const void* wptr, dnnl::memory::data_type wt, int64_t K, int64_t N,
+                   int64_t ldy, float* y) {
     using dt = dnnl::memory::data_type;
-    const dt wt = w.dtype == DType::kBF16 ? dt::bf16 : dt::f32;
-    auto key = std::make_tuple(M, K, N, int(w.dtype));
+    auto key = std::make_tuple(M, K, N, ldy, int(wt));
     auto it = cache_.find(key);
     if (it == cache_.end()) {
       dnnl::memory::desc src({M, K}, wt, dnnl::memory::format_tag::ab);
       dnnl::memory::desc wei({K, N}, wt, dnnl::memory::format_tag::ba);  // W[N, K] row-major
-      dnnl::memory::desc dst({M, N}, dt::f32, dnnl::memory::format_tag::ab);
+      dnnl::memory::desc dst({M, N}, dt::f32, dnnl::memory::dims{ldy, 1});
       dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(src, wei, dst), engine_);
       it = cache_.emplace(key, Prim{dnnl::matmul(pd), src, wei, dst}).first;
     }
     const void* src_ptr = x;
-    if (w.dtype == DType::kBF16) {
+    if (wt == dt::bf16) {
       if (xb_.size() < size_t(M * K)) xb_.resize(size_t(M * K));
       parallel_chunks(M, [&](int64_t b, int64_t e) {
         cpu::f32_to_bf16_row(x + b * K, xb_.data() + b * K, (e - b) * K);
@@ -45,13 +80,10 @@ class CpuBackend final : public Backend {
       src_ptr = xb_.data();
     }
     dnnl::memory src_m(it->second.src, engine_, const_cast<void*>(src_ptr));
-    dnnl::memory wei_m(it->second.wei, engine_, const_cast<void*>(w.buf.data()));
+    dnnl::memory wei_m(it->second.wei, engine_, const_cast<void*>(wptr));
     dnnl::memory dst_m(it->second.dst, engine_, y);
     it->second.prim.execute(stream_, {{DNNL_ARG_SRC, src_m}, {DNNL_ARG_WEIGHTS, wei_m}, {DNNL_ARG_DST, dst_m}});
     stream_.wait();
-    if (bias) {
-      for (int64_t m = 0; m < M; ++m) cpu::add(y + m * N, bias, N);
-    }
   }
 
   void rms_norm(const float* x, const float* w, int64_t M, int64_t n, float eps, float* y) override {
@@ -221,8 +253,9 @@ class CpuBackend final : public Backend {
   };
   dnnl::engine engine_;
   dnnl::stream stream_;
-  std::map<std::tuple<int64_t, int64_t, int64_t, int>, Prim> cache_;
+  std::map<std::tuple<int64_t, int64_t, int64_t, int64_t, int>, Prim> cache_;
   std::vector<uint16_t> xb_;
+  std::vector<float> wf_;  // F16 weight block converted for prefill
   std::vector<std::vector<float>> scratch_;
   std::vector<float> part_out_, part_lse_;
 };

@@ -162,14 +162,6 @@ void f16_to_f32_row(const uint16_t* x, float* y, int64_t n) {
   for (; i < n; ++i) y[i] = f16_to_f32(x[i]);
 }
 
-void group_logits(const float* q, int G, const float* K, int64_t n, int64_t t0, int64_t t1, int D, float scale,
-                  float* logits) {
-  for (int64_t t = t0; t < t1; ++t) {
-    const float* k = K + t * D;
-    for (int h = 0; h < G; ++h) logits[h * n + t] = dot(q + int64_t(h) * D, k, D) * scale;
-  }
-}
-
 namespace {
 // Loads 16 (masked) elements of a K/V row as F32.
 #if HG_AVX512
@@ -242,6 +234,234 @@ void weighted_v_kv(const float* p, int G, const T* V, int64_t n, int D, float* o
 #endif
 }
 
+#if HG_AVX512
+// Rows ahead that the attention kernels prefetch (reading past the end of K or V is harmless:
+// prefetches do not fault).
+constexpr int kPrefetchRows = 256;
+
+// Lane i of the result is the sum of the 16 lanes of v[i] (a transposing tree: 15 shuffle pairs
+// for 16 sums instead of 16 separate horizontal reductions).
+inline __m512 hsum16(const __m512* v) {
+  __m512 w[8], z[4];
+  for (int i = 0; i < 8; ++i)  // lanes 0-7: v[2i] folded to 8; lanes 8-15: v[2i+1]
+    w[i] = _mm512_add_ps(_mm512_shuffle_f32x4(v[2 * i], v[2 * i + 1], 0x44),
+                         _mm512_shuffle_f32x4(v[2 * i], v[2 * i + 1], 0xEE));
+  for (int i = 0; i < 4; ++i)  // quarter j: key 4i+j folded to 4 lanes
+    z[i] = _mm512_add_ps(_mm512_shuffle_f32x4(w[2 * i], w[2 * i + 1], 0x88),
+                         _mm512_shuffle_f32x4(w[2 * i], w[2 * i + 1], 0xDD));
+  const __m512 y0 = _mm512_add_ps(_mm512_unpacklo_ps(z[0], z[1]), _mm512_unpackhi_ps(z[0], z[1]));
+  const __m512 y1 = _mm512_add_ps(_mm512_unpacklo_ps(z[2], z[3]), _mm512_unpackhi_ps(z[2], z[3]));
+  // 64-bit interleave (pairs of floats move together), then a float add.
+  const __m512d y0d = _mm512_castps_pd(y0), y1d = _mm512_castps_pd(y1);
+  const __m512 r = _mm512_add_ps(_mm512_castpd_ps(_mm512_unpacklo_pd(y0d, y1d)),
+                                 _mm512_castpd_ps(_mm512_unpackhi_pd(y0d, y1d)));
+  // Lane 4j+m now holds key 4m+j; restore key order.
+  return _mm512_permutexvar_ps(_mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15), r);
+}
+
+// s[h * ld + c] = scale · q[h] · K[c] for c < kk ≤ 16 (lanes c ≥ kk get -inf). Each K row is read
+// once for the G heads.
+template <int G, int DT, typename T>
+inline void logits16(const float* q, const T* K, int kk, int D_, float scale, float* s, int64_t ld) {
+  const int D = DT > 0 ? DT : D_;
+  alignas(64) __m512 part[G][16];
+  const int nb = (D + 15) / 16;
+  const __mmask16 last = (D % 16) ? tail_mask(D % 16) : __mmask16(0xffff);
+  const int row_bytes = D * int(sizeof(T));
+  for (int c = 0; c < kk; ++c) {
+    const T* k = K + int64_t(c) * D;
+    // Software prefetch kPrefetchRows rows ahead: the hardware prefetcher alone leaves the
+    // single-thread stream well under the read bandwidth.
+    for (int off = 0; off < row_bytes; off += 64)
+      _mm_prefetch(reinterpret_cast<const char*>(k + kPrefetchRows * D) + off, _MM_HINT_T2);
+    __m512 a[G];
+    for (int h = 0; h < G; ++h) a[h] = _mm512_setzero_ps();
+    for (int b = 0; b < nb; ++b) {
+      const __mmask16 m = b == nb - 1 ? last : __mmask16(0xffff);
+      const __m512 kv = load16(k + b * 16, m);
+      for (int h = 0; h < G; ++h) a[h] = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m, q + h * D + b * 16), kv, a[h]);
+    }
+    for (int h = 0; h < G; ++h) part[h][c] = a[h];
+  }
+  for (int c = kk; c < 16; ++c)
+    for (int h = 0; h < G; ++h) part[h][c] = _mm512_setzero_ps();
+  const __mmask16 valid = kk >= 16 ? __mmask16(0xffff) : tail_mask(kk);
+  for (int h = 0; h < G; ++h)
+    _mm512_storeu_ps(s + h * ld, _mm512_mask_mul_ps(_mm512_set1_ps(-INFINITY), valid, hsum16(part[h]),
+                                                    _mm512_set1_ps(scale)));
+}
+
+// acc[h] += Σ_{c < cn} p[h * ld + c] · V[c] for D-blocks [b0, b0 + BB): G·BB accumulators stay in
+// registers across the chunk's rows.
+template <int G, int BB, int DT, typename T>
+inline void weighted_v_blocks(const float* p, int64_t ld, const T* V, int cn, int D_, int b0, int nb, __mmask16 last,
+                              float* acc) {
+  const int D = DT > 0 ? DT : D_;
+  __m512 a[G][BB];
+  __mmask16 mk[BB];
+  for (int j = 0; j < BB; ++j) {
+    mk[j] = b0 + j < nb ? (b0 + j == nb - 1 ? last : __mmask16(0xffff)) : __mmask16(0);
+    for (int h = 0; h < G; ++h) a[h][j] = _mm512_maskz_loadu_ps(mk[j], acc + h * D + (b0 + j) * 16);
+  }
+  for (int c = 0; c < cn; ++c) {
+    const T* v = V + int64_t(c) * D + b0 * 16;
+    if (b0 == 0)
+      for (int off = 0; off < D * int(sizeof(T)); off += 64)
+        _mm_prefetch(reinterpret_cast<const char*>(v + kPrefetchRows * D) + off, _MM_HINT_T2);
+    __m512 vv[BB];
+    for (int j = 0; j < BB; ++j) vv[j] = load16(v + j * 16, mk[j]);
+    for (int h = 0; h < G; ++h) {
+      const __m512 ph = _mm512_set1_ps(p[h * ld + c]);
+      for (int j = 0; j < BB; ++j) a[h][j] = _mm512_fmadd_ps(ph, vv[j], a[h][j]);
+    }
+  }
+  for (int j = 0; j < BB; ++j)
+    for (int h = 0; h < G; ++h) _mm512_mask_storeu_ps(acc + h * D + (b0 + j) * 16, mk[j], a[h][j]);
+}
+
+// One pass over K and V in chunks of kChunk keys with an online softmax (running max and sum per
+// head; accumulators rescaled when the max grows): K and V are each streamed once, the chunk's
+// logits stay in L1.
+template <int G, int DT, typename T>
+void attention_group_fused(const float* q, const T* K, const T* V, int64_t n, int D_, float scale, float* out,
+                           float* logits_out, float* probs_out, int64_t tap_ld, float* lse_out) {
+  const int D = DT > 0 ? DT : D_;
+  constexpr int kChunk = 64;
+  constexpr int BB = G <= 2 ? 4 : G <= 4 ? 4 : 2;  // D-blocks per V pass: G·BB ≤ 16 accumulators
+  alignas(64) float s[G * kChunk];
+  float mx[G], sum[G];
+  for (int h = 0; h < G; ++h) mx[h] = -INFINITY, sum[h] = 0.0f;
+  std::fill(out, out + int64_t(G) * D, 0.0f);
+  const int nb = (D + 15) / 16;
+  const __mmask16 last = (D % 16) ? tail_mask(D % 16) : __mmask16(0xffff);
+  for (int64_t t0 = 0; t0 < n; t0 += kChunk) {
+    const int cn = int(std::min<int64_t>(kChunk, n - t0));
+    if (cn < kChunk) std::fill(s, s + G * kChunk, -INFINITY);  // the last chunk's unused lanes
+    for (int c0 = 0; c0 < cn; c0 += 16)
+      logits16<G, DT>(q, K + (t0 + c0) * D, std::min(16, cn - c0), D, scale, s + c0, kChunk);
+    if (logits_out)
+      for (int h = 0; h < G; ++h) std::copy(s + h * kChunk, s + h * kChunk + cn, logits_out + h * tap_ld + t0);
+    else if (probs_out)  // logits parked in probs_out, normalised at the end
+      for (int h = 0; h < G; ++h) std::copy(s + h * kChunk, s + h * kChunk + cn, probs_out + h * tap_ld + t0);
+    for (int h = 0; h < G; ++h) {
+      float* sh = s + h * kChunk;
+      __m512 m16 = _mm512_set1_ps(-INFINITY);
+      for (int c = 0; c < kChunk; c += 16) m16 = _mm512_max_ps(m16, _mm512_load_ps(sh + c));
+      const float m_new = std::max(mx[h], _mm512_reduce_max_ps(m16));
+      if (m_new > mx[h]) {
+        const float corr = mx[h] == -INFINITY ? 0.0f : std::exp(mx[h] - m_new);
+        sum[h] *= corr;
+        if (t0 > 0)
+          for (int d = 0; d < D; ++d) out[h * D + d] *= corr;
+        mx[h] = m_new;
+      }
+      sum[h] += exp_shift_sum(sh, kChunk, mx[h]);  // lanes ≥ cn hold -inf → 0
+    }
+    for (int b0 = 0; b0 < nb; b0 += BB)
+      weighted_v_blocks<G, BB, DT>(s, kChunk, V + t0 * D, cn, D, b0, nb, last, out);
+  }
+  for (int h = 0; h < G; ++h) {
+    const float inv = sum[h] > 0 ? 1.0f / sum[h] : 0.0f;
+    for (int d = 0; d < D; ++d) out[h * D + d] *= inv;
+    const float lse = mx[h] + std::log(sum[h]);
+    if (lse_out) lse_out[h] = lse;
+    if (probs_out) {
+      const float* lg = logits_out ? logits_out + h * tap_ld : probs_out + h * tap_ld;
+      float* pr = probs_out + h * tap_ld;
+      for (int64_t t = 0; t < n; ++t) pr[t] = std::exp(lg[t] - lse);
+    }
+  }
+}
+
+template <int G, int DT>
+void group_logits_fixed(const float* q, const float* K, int64_t n, int64_t t0, int64_t t1, int D_, float scale,
+                        float* logits) {
+  const int D = DT > 0 ? DT : D_;
+  for (int64_t t = t0; t < t1; t += 16) {
+    const int kk = int(std::min<int64_t>(16, t1 - t));
+    if (kk == 16) {
+      logits16<G, DT>(q, K + t * D, 16, D, scale, logits + t, n);
+    } else {  // tail: through a buffer, so nothing past t1 is written
+      alignas(64) float tmp[G * 16];
+      logits16<G, DT>(q, K + t * D, kk, D, scale, tmp, 16);
+      for (int h = 0; h < G; ++h) std::copy(tmp + h * 16, tmp + h * 16 + kk, logits + h * n + t);
+    }
+  }
+}
+#endif
+
+// y[m, n] = x[m] · W[n] for n in [n0, n1), MR rows of x (decode batch), W rows of type T. Blocks
+// of 16 weight rows: 4 rows at a time share each x load (4·MR accumulators), and one hsum16 per
+// x row turns the 16 rows' partial vectors into 16 outputs. Weights are read once, streamed.
+template <int MR, typename T>
+void gemv_t(const float* x, const T* W, int64_t K, int64_t n0, int64_t n1, float* y, int64_t ldy) {
+  const int64_t kb_full = K / 16;
+  const __mmask16 tail = (K % 16) ? tail_mask(K % 16) : __mmask16(0);
+  const int64_t row_bytes = K * int64_t(sizeof(T));
+  for (int64_t nb = n0; nb < n1; nb += 16) {
+    const int rows = int(std::min<int64_t>(16, n1 - nb));
+    alignas(64) __m512 part[MR][16];
+    for (int r0 = 0; r0 < rows; r0 += 4) {
+      const int rr = std::min(4, rows - r0);
+      const T* w[4];
+      for (int j = 0; j < 4; ++j) w[j] = W + (nb + r0 + std::min(j, rr - 1)) * K;  // rows past the end repeat
+      for (int j = 0; j < 4; ++j)
+        for (int64_t off = 0; off < row_bytes; off += 64)
+          _mm_prefetch(reinterpret_cast<const char*>(w[j] + 16 * K) + off, _MM_HINT_T2);
+      __m512 a[MR][4];
+      for (int m = 0; m < MR; ++m)
+        for (int j = 0; j < 4; ++j) a[m][j] = _mm512_setzero_ps();
+      for (int64_t kb = 0; kb < kb_full; ++kb) {
+        __m512 wv[4];
+        for (int j = 0; j < 4; ++j) wv[j] = load16(w[j] + kb * 16, __mmask16(0xffff));
+        for (int m = 0; m < MR; ++m) {
+          const __m512 xv = _mm512_loadu_ps(x + m * K + kb * 16);
+          for (int j = 0; j < 4; ++j) a[m][j] = _mm512_fmadd_ps(xv, wv[j], a[m][j]);
+        }
+      }
+      if (tail) {
+        __m512 wv[4];
+        for (int j = 0; j < 4; ++j) wv[j] = load16(w[j] + kb_full * 16, tail);
+        for (int m = 0; m < MR; ++m) {
+          const __m512 xv = _mm512_maskz_loadu_ps(tail, x + m * K + kb_full * 16);
+          for (int j = 0; j < 4; ++j) a[m][j] = _mm512_fmadd_ps(xv, wv[j], a[m][j]);
+        }
+      }
+      for (int m = 0; m < MR; ++m)
+        for (int j = 0; j < 4; ++j) part[m][r0 + j] = a[m][j];
+    }
+    for (int m = 0; m < MR; ++m) {
+      for (int r = rows; r < 16; ++r) part[m][r] = _mm512_setzero_ps();
+      _mm512_mask_storeu_ps(y + m * ldy + nb, rows >= 16 ? __mmask16(0xffff) : tail_mask(rows), hsum16(part[m]));
+    }
+  }
+}
+
+// Calls f(std::integral_constant<int, G>) for G in 1..8; false for other G.
+template <typename F>
+bool with_group_size(int G, F&& f) {
+  switch (G) {
+    case 1: f(std::integral_constant<int, 1>{}); return true;
+    case 2: f(std::integral_constant<int, 2>{}); return true;
+    case 3: f(std::integral_constant<int, 3>{}); return true;
+    case 4: f(std::integral_constant<int, 4>{}); return true;
+    case 5: f(std::integral_constant<int, 5>{}); return true;
+    case 6: f(std::integral_constant<int, 6>{}); return true;
+    case 7: f(std::integral_constant<int, 7>{}); return true;
+    case 8: f(std::integral_constant<int, 8>{}); return true;
+    default: return false;
+  }
+}
+
+// Calls f(std::integral_constant<int, D>) for the common head sizes 64 and 128 (fully unrolled
+// loops), f(std::integral_constant<int, 0>) (run-time D) otherwise.
+template <typename F>
+void with_head_dim(int D, F&& f) {
+  if (D == 128) f(std::integral_constant<int, 128>{});
+  else if (D == 64) f(std::integral_constant<int, 64>{});
+  else f(std::integral_constant<int, 0>{});
+}
+
 template <typename T>
 void attention_group_t(const float* q, const T* K, const T* V, int64_t n_keys, int G, int D, float scale, float* out,
                        float* scratch, float* logits_out, float* probs_out, int64_t tap_ld, float* lse_out) {
@@ -250,6 +470,15 @@ void attention_group_t(const float* q, const T* K, const T* V, int64_t n_keys, i
     if (lse_out) std::fill(lse_out, lse_out + G, -INFINITY);
     return;
   }
+#if HG_AVX512
+  if (with_group_size(G, [&](auto g) {
+        with_head_dim(D, [&](auto d) {
+          attention_group_fused<decltype(g)::value, decltype(d)::value>(q, K, V, n_keys, D, scale, out, logits_out,
+                                                                         probs_out, tap_ld, lse_out);
+        });
+      }))
+    return;
+#endif
   // scratch[h * n_keys + t] = scale * q_h · k_t (each K row read once for the G heads); then
   // softmax per h; out_h = Σ_t p_h[t] v_t (each V row read once).
   for (int64_t t = 0; t < n_keys; ++t) {
@@ -273,10 +502,27 @@ void attention_group_t(const float* q, const T* K, const T* V, int64_t n_keys, i
   for (int h = 0; h < G; ++h)
     for (int d = 0; d < D; ++d) out[int64_t(h) * D + d] *= inv_sum[size_t(h)];
 }
+
 }  // namespace
 
 void group_weighted_v(const float* p, int G, const float* V, int64_t n, int D, float* out) {
   weighted_v_kv(p, G, V, n, D, out);
+}
+
+void group_logits(const float* q, int G, const float* K, int64_t n, int64_t t0, int64_t t1, int D, float scale,
+                  float* logits) {
+#if HG_AVX512
+  if (with_group_size(G, [&](auto g) {
+        with_head_dim(D, [&](auto d) {
+          group_logits_fixed<decltype(g)::value, decltype(d)::value>(q, K, n, t0, t1, D, scale, logits);
+        });
+      }))
+    return;
+#endif
+  for (int64_t t = t0; t < t1; ++t) {
+    const float* k = K + t * D;
+    for (int h = 0; h < G; ++h) logits[h * n + t] = dot(q + int64_t(h) * D, k, D) * scale;
+  }
 }
 
 void attention_group(const float* q, const void* K, const void* V, DType kv, int64_t n_keys, int G, int D, float scale,
@@ -292,6 +538,44 @@ void attention_group(const float* q, const void* K, const void* V, DType kv, int
       return attention_group_t(q, static_cast<const BF16Tag*>(K), static_cast<const BF16Tag*>(V), n_keys, G, D, scale,
                                out, scratch, logits_out, probs_out, tap_ld, lse_out);
   }
+}
+
+void gemv(const float* x, int M, const void* W, DType wt, int64_t K, int64_t n0, int64_t n1, float* y, int64_t ldy) {
+#if HG_AVX512
+  auto run = [&](auto tag) {
+    using T = decltype(tag);
+    const T* w = static_cast<const T*>(W);
+    switch (M) {
+      case 1: return gemv_t<1>(x, w, K, n0, n1, y, ldy);
+      case 2: return gemv_t<2>(x, w, K, n0, n1, y, ldy);
+      case 3: return gemv_t<3>(x, w, K, n0, n1, y, ldy);
+      case 4: return gemv_t<4>(x, w, K, n0, n1, y, ldy);
+      default:
+        for (int m = 0; m < M; m += 4) {
+          const int mr = std::min(4, M - m);
+          gemv(x + int64_t(m) * K, mr, W, wt, K, n0, n1, y + int64_t(m) * ldy, ldy);
+        }
+    }
+  };
+  switch (wt) {
+    case DType::kF32: return run(float{});
+    case DType::kF16: return run(F16Tag{});
+    case DType::kBF16: return run(BF16Tag{});
+  }
+#else
+  for (int m = 0; m < M; ++m)
+    for (int64_t n = n0; n < n1; ++n) {
+      float s = 0;
+      for (int64_t k = 0; k < K; ++k) {
+        const int64_t i = n * K + k;
+        const float w = wt == DType::kF32   ? static_cast<const float*>(W)[i]
+                        : wt == DType::kF16 ? f16_to_f32(static_cast<const uint16_t*>(W)[i])
+                                            : bf16_to_f32(static_cast<const uint16_t*>(W)[i]);
+        s += x[int64_t(m) * K + k] * w;
+      }
+      y[int64_t(m) * ldy + n] = s;
+    }
+#endif
 }
 
 }  // namespace hg::cpu

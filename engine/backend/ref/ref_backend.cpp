@@ -120,12 +120,12 @@ class RefBackend final : public Backend {
           s[size_t(t)] = acc * a.scale;
           mx = std::max(mx, s[size_t(t)]);
         }
+        if (a.logits_out)  // before the exponent: the scaled logits
+          for (int t = 0; t < row.n_keys; ++t) a.logits_out[(int64_t(r) * a.H + h) * a.tap_ld + t] = float(s[size_t(t)]);
         double sum = 0;
         for (auto& v : s) sum += (v = std::exp(v - mx));
         if (a.probs_out)
           for (int t = 0; t < row.n_keys; ++t) a.probs_out[(int64_t(r) * a.H + h) * a.tap_ld + t] = float(s[size_t(t)] / sum);
-        if (a.logits_out)
-          for (int t = 0; t < row.n_keys; ++t) a.logits_out[(int64_t(r) * a.H + h) * a.tap_ld + t] = float(s[size_t(t)]);
         float* o = a.out + (int64_t(r) * a.H + h) * a.D;
         for (int d = 0; d < a.D; ++d) {
           double acc = 0;
