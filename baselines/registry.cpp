@@ -2,6 +2,7 @@
 #include "baselines/registry.h"
 
 #include "baselines/full/full.h"
+#include "baselines/null/null.h"
 #include "engine/core/error.h"
 
 namespace hg {
@@ -31,6 +32,8 @@ std::vector<StrategyInfo> register_strategies() {
   s.push_back(streamingllm_info());
   s.push_back(infinigen_info());
   s.push_back(hybridgen_info());
+  s.push_back({"null", "no KV, zero attention output: not a method; measures the harness's own overhead", {},
+               [](const StrategyContext&, const StrategyParams&) { return std::make_unique<NullStrategy>(); }});
   return s;
 }
 }  // namespace

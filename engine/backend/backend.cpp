@@ -44,11 +44,12 @@ AttentionArgs attention_args(int H, int H_kv, int D, float scale, const float* q
   return a;
 }
 
-std::vector<std::string> backend_names() { return {"cpu", "ref", "cuda"}; }
+std::vector<std::string> backend_names() { return {"cpu", "ref", "cuda", "null"}; }
 
 std::unique_ptr<Backend> make_backend(std::string_view name) {
   if (name == "cpu") return make_cpu_backend();
   if (name == "ref") return make_ref_backend();
+  if (name == "null") return make_null_backend();
   if (name == "cuda") {
 #if HG_WITH_CUDA
     if (cuda_device_count() <= 0) throw UnsupportedError("backend cuda: no CUDA device is visible on this machine");
@@ -57,7 +58,7 @@ std::unique_ptr<Backend> make_backend(std::string_view name) {
     throw UnsupportedError("backend cuda: this build was not compiled with CUDA support (configure with HG_CUDA=ON)");
 #endif
   }
-  input_error("unknown backend '{}' (expected cpu, ref or cuda)", name);
+  input_error("unknown backend '{}' (expected cpu, ref, cuda or null)", name);
 }
 
 RopeTable make_rope_table(const HParams& hp, const std::vector<float>& freq_factors) {

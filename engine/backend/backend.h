@@ -85,7 +85,7 @@ class Backend {
   virtual void group_weighted_v(const float* p, int G, const float* V, int64_t n, int D, float* out) = 0;
 };
 
-// Backend names: "cpu", "ref", "cuda". Throws UnsupportedError for cuda when not compiled in or
+// Backend names: "cpu", "ref", "cuda", "null" (no-op ops; overhead measurement only). Throws UnsupportedError for cuda when not compiled in or
 // no device, InputError for an unknown name.
 std::unique_ptr<Backend> make_backend(std::string_view name);
 std::vector<std::string> backend_names();
@@ -93,5 +93,7 @@ bool cuda_compiled();
 
 std::unique_ptr<Backend> make_ref_backend();
 std::unique_ptr<Backend> make_cpu_backend();
+// Every op a no-op: for measuring the harness's own per-step overhead (engine/backend/null/).
+std::unique_ptr<Backend> make_null_backend();
 
 }  // namespace hg

@@ -11,6 +11,7 @@
 #include <fmt/format.h>
 
 #include "baselines/full/full.h"
+#include "baselines/null/null.h"
 #include "baselines/registry.h"
 #include "engine/backend/backend.h"
 #include "engine/core/error.h"
@@ -302,6 +303,17 @@ int cmd_generate(const std::vector<std::string>& args) {
              model.source, rt.device_description(), backend->name(), strategy->name(), dtype_name(model.weight_dtype),
              rt.device() == DeviceKind::kCpu ? threads : rt.accel_threads(),
              prompts.size(), r.prefill_tokens, r.prefill_s, pf, r.decode_tokens, r.decode_s, dc);
+  if (rt.device() != DeviceKind::kCpu) {
+    // How well the strategy's stages overlapped, from the event log (measured).
+    const PipelineSummary p = pipeline_summary(rt.log().snapshot());
+    if (p.steps > 0)
+      fmt::print(stderr,
+                 "pipeline over {} decode steps (measured, per step): accelerator {:.2f} ms, CPU {:.2f} ms, transfers "
+                 "{:.2f} ms | CPU hidden behind the accelerator {:.0f}% | critical path {:.2f} ms vs serial sum "
+                 "{:.2f} ms ({:.2f})\n",
+                 p.steps, p.accel_s * 1e3, p.cpu_s * 1e3, p.transfer_s * 1e3, p.hidden_frac * 100, p.critical_s * 1e3,
+                 p.serial_s * 1e3, p.serial_s > 0 ? p.critical_s / p.serial_s : 0.0);
+  }
   if (rt.memory().ledger().usage(Tier::kFar).peak > 0 && !rt.memory().far_note().empty())
     fmt::print(stderr, "note: {}\n", rt.memory().far_note());
   if (profile) {
@@ -363,10 +375,12 @@ int cmd_info(const std::vector<std::string>& args) {
 constexpr const char* kBenchHelp = R"(usage: hgbench bench --model M [--context 128,4096,16384] [--threads 1,2] [--steps N]
                      [--kv f32|f16|bf16] [--prefill 512] [--weights f32|f16|bf16]
 
-Decode tokens/s at each context length (the KV cache is filled with seeded random rows: its
-values do not change the cost), prefill tokens/s for one prompt, and the ratio to the bandwidth
-limit: read bandwidth (measured here, same threads) / (weight bytes + KV bytes per token).
-The `full` strategy on the cpu device. Measured, never modeled.
+Decode tokens/s at each context length (the KV cache, F16 by default, is filled with seeded random
+rows: its values do not change the cost), prefill tokens/s for one prompt, and the ratio to the
+bandwidth limit: read bandwidth (measured here, same threads) / (weight bytes + KV bytes per
+token). Then the harness overhead: the same decode loop with the null backend and the null
+strategy, as a share of the first context's step. The `full` strategy on the cpu device.
+Measured, never modeled.
 )";
 
 std::vector<int> int_list(const std::string& s, const std::string& what) {
@@ -385,6 +399,24 @@ std::vector<int> int_list(const std::string& s, const std::string& what) {
   return v;
 }
 
+// Seconds per greedy decode step of batch 1 at positions pos0 + 1 … pos0 + steps, after one
+// warm-up step at pos0 (primitive creation, first touch).
+double decode_step_seconds(Decoder& dec, int pos0, int steps) {
+  std::vector<float> logits(size_t(dec.model().hp.n_vocab));
+  int32_t tok = 5;
+  const int32_t zero = 0;
+  auto step = [&](int pos) {
+    const TokenRow r{0, pos};
+    dec.forward(std::span<const int32_t>(&tok, 1), std::span<const TokenRow>(&r, 1), std::span<const int32_t>(&zero, 1),
+                logits.data());
+    tok = argmax(logits);
+  };
+  step(pos0);
+  const auto t0 = std::chrono::steady_clock::now();
+  for (int i = 1; i <= steps; ++i) step(pos0 + i);
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() / steps;
+}
+
 int cmd_bench(const std::vector<std::string>& args) {
   const std::string cmd = "bench";
   if (!args.empty() && (args[0] == "--help" || args[0] == "-h")) {
@@ -401,7 +433,7 @@ int cmd_bench(const std::vector<std::string>& args) {
   const int prefill = number<int>(o, cmd, "--prefill", 512);
   if (steps < 1 || prefill < 1) input_error("bench: --steps and --prefill must be positive");
   DType kv = DType::kF32;
-  if (!parse_dtype(str(o, "--kv", "f32"), &kv)) input_error("bench: --kv '{}' (expected f32, f16 or bf16)", str(o, "--kv", ""));
+  if (!parse_dtype(str(o, "--kv", "f16"), &kv)) input_error("bench: --kv '{}' (expected f32, f16 or bf16)", str(o, "--kv", ""));
   Model model = load_model(str(o, "--model", ""), load_options(o, cmd));
   const HParams& hp = model.hp;
   auto be = make_cpu_backend();
@@ -418,6 +450,8 @@ int cmd_bench(const std::vector<std::string>& args) {
   for (int t : threads) {
     set_num_threads(t);
     const double bw = measure_read_gbs(mem, Tier::kDram, int64_t(512) << 20, 0.3);
+    double first_step_s = 0;
+    int first_context = 0;
     for (int n : contexts) {
       FullStrategy kvs(*be, nullptr, kv);
       Decoder dec(model, *be, kvs, 512);
@@ -435,24 +469,25 @@ int cmd_bench(const std::vector<std::string>& args) {
           for (int p = p0; p < std::min(n, p0 + 512); ++p) rows.push_back({0, p});
           kvs.append(l, rows, k.data(), v.data());
         }
-      std::vector<float> logits(size_t(hp.n_vocab));
-      int32_t tok = 5;
-      const int32_t zero = 0;
-      auto step = [&](int pos) {
-        const TokenRow r{0, pos};
-        dec.forward(std::span<const int32_t>(&tok, 1), std::span<const TokenRow>(&r, 1), std::span<const int32_t>(&zero, 1),
-                    logits.data());
-        tok = argmax(logits);
-      };
-      step(n);  // warm-up (primitive creation, first touch)
-      const auto t0 = std::chrono::steady_clock::now();
-      for (int i = 1; i <= steps; ++i) step(n + i);
-      const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-      const double tps = steps / dt;
+      const double tps = 1.0 / decode_step_seconds(dec, n, steps);
+      if (first_step_s == 0) first_step_s = 1.0 / tps, first_context = n;
       const double bytes = weight_bytes + kv_per_token * (n + steps / 2.0);
       const double limit = bw * 1e9 / bytes;
       fmt::print("{:>8} {:>7} {:>12.2f} {:>10.1f} {:>14.1f} {:>12.2f} {:>7.2f}\n", n, t, tps, bw, bytes / 1e6, limit,
                  tps / limit);
+    }
+    {
+      // Harness overhead: the same decode loop with every kernel a no-op (null backend) and no KV
+      // (null strategy): what remains is the engine's own per-step work.
+      auto nb = make_null_backend();
+      NullStrategy ns;
+      Decoder dec(model, *nb, ns, 512);
+      const int32_t cap = 1 << 20, pl = 0;
+      ns.begin(dec.kv_shape(), std::span<const int32_t>(&cap, 1), std::span<const int32_t>(&pl, 1));
+      const double s = decode_step_seconds(dec, 0, std::max(64, steps * 8));
+      fmt::print("harness overhead: {:.1f} us per decode step (null backend, null strategy) = {:.2f}% of the measured "
+                 "step at context {}\n",
+                 s * 1e6, 100.0 * s / first_step_s, first_context);
     }
     // Prefill: one prompt of `prefill` tokens.
     FullStrategy kvs(*be, nullptr, kv);

@@ -2,6 +2,7 @@
 #include "engine/runtime/event_log.h"
 
 #include <algorithm>
+#include <map>
 
 namespace hg {
 
@@ -62,6 +63,37 @@ double overlap_seconds(const std::vector<StageRecord>& log, StageKind a, StageKi
     (x[i].second < y[j].second) ? ++i : ++j;
   }
   return total;
+}
+
+double busy_seconds(const std::vector<StageRecord>& log, StageKind k) {
+  double s = 0;
+  for (auto& [a, b] : intervals(log, k)) s += b - a;
+  return s;
+}
+
+PipelineSummary pipeline_summary(const std::vector<StageRecord>& log) {
+  std::map<int64_t, std::vector<StageRecord>> by_step;
+  for (auto& r : log)
+    if (r.step >= 1) by_step[r.step].push_back(r);
+  PipelineSummary p;
+  double hidden = 0;
+  for (auto& [step, recs] : by_step) {
+    (void)step;
+    ++p.steps;
+    const double a = busy_seconds(recs, StageKind::kAccelCompute), c = busy_seconds(recs, StageKind::kCpuCompute),
+                 t = busy_seconds(recs, StageKind::kTransfer);
+    p.accel_s += a, p.cpu_s += c, p.transfer_s += t, p.serial_s += a + c + t;
+    hidden += overlap_seconds(recs, StageKind::kCpuCompute, StageKind::kAccelCompute);
+    double lo = recs.front().start_s, hi = recs.front().end_s;
+    for (auto& r : recs) lo = std::min(lo, r.start_s), hi = std::max(hi, r.end_s);
+    p.critical_s += hi - lo;
+  }
+  p.hidden_frac = p.cpu_s > 0 ? hidden / p.cpu_s : 0;
+  if (p.steps > 0) {
+    const double n = p.steps;
+    p.accel_s /= n, p.cpu_s /= n, p.transfer_s /= n, p.critical_s /= n, p.serial_s /= n;
+  }
+  return p;
 }
 
 }  // namespace hg

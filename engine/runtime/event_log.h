@@ -58,5 +58,19 @@ class EventLog {
 
 // Measured overlap of two stage kinds within [t0, t1): seconds both were running.
 double overlap_seconds(const std::vector<StageRecord>& log, StageKind a, StageKind b);
+// Seconds during which at least one stage of kind k ran (union of its intervals).
+double busy_seconds(const std::vector<StageRecord>& log, StageKind k);
+
+// Pipeline efficiency over the logged decode steps (step >= 1), averaged per step: busy time per
+// stage kind, how much of the CPU stage ran while the accelerator was busy (hidden_frac), the
+// step's critical path as measured (first start to last end) and the serial sum of the three
+// kinds' busy times. critical_s / serial_s < 1 is the time overlap saved.
+struct PipelineSummary {
+  int steps = 0;
+  double accel_s = 0, cpu_s = 0, transfer_s = 0;  // per step
+  double hidden_frac = 0;                          // Σ overlap(cpu, accel) / Σ cpu
+  double critical_s = 0, serial_s = 0;             // per step
+};
+PipelineSummary pipeline_summary(const std::vector<StageRecord>& log);
 
 }  // namespace hg

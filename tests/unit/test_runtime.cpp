@@ -283,5 +283,29 @@ TEST(EmulatedDevice, CudaWithoutDeviceIsAnError) {
   EXPECT_THROW(Runtime rt(rc), InputError);
 }
 
+// pipeline_summary by hand: two decode steps (and a prefill it must ignore).
+// Step 1: accel [0, 4), cpu [1, 3), transfer [4, 5) → busy 4 / 2 / 1, hidden 2, critical 5, serial 7.
+// Step 2: accel [10, 12), cpu [11, 14) (1 of its 3 s hidden), no transfer → critical 4, serial 5.
+TEST(EventLogSummary, PipelineEfficiencyByHand) {
+  auto rec = [](int64_t step, StageKind k, double a, double b) {
+    StageRecord r;
+    r.step = step, r.kind = k, r.start_s = a, r.end_s = b;
+    return r;
+  };
+  const std::vector<StageRecord> log = {
+      rec(0, StageKind::kAccelCompute, -50, -1),  // prefill: ignored
+      rec(1, StageKind::kAccelCompute, 0, 2), rec(1, StageKind::kAccelCompute, 1.5, 4),
+      rec(1, StageKind::kCpuCompute, 1, 3), rec(1, StageKind::kTransfer, 4, 5),
+      rec(2, StageKind::kAccelCompute, 10, 12), rec(2, StageKind::kCpuCompute, 11, 14)};
+  const PipelineSummary p = pipeline_summary(log);
+  EXPECT_EQ(p.steps, 2);
+  EXPECT_DOUBLE_EQ(p.accel_s, (4 + 2) / 2.0);
+  EXPECT_DOUBLE_EQ(p.cpu_s, (2 + 3) / 2.0);
+  EXPECT_DOUBLE_EQ(p.transfer_s, 0.5);
+  EXPECT_DOUBLE_EQ(p.hidden_frac, (2 + 1) / 5.0);
+  EXPECT_DOUBLE_EQ(p.critical_s, (5 + 4) / 2.0);
+  EXPECT_DOUBLE_EQ(p.serial_s, (7 + 5) / 2.0);
+}
+
 }  // namespace
 }  // namespace hg

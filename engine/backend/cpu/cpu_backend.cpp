@@ -62,7 +62,8 @@ class CpuBackend final : public Backend {
   void dnnl_matmul(const float* x, int64_t M, const void* wptr, dnnl::memory::data_type wt, int64_t K, int64_t N,
                    int64_t ldy, float* y) {
     using dt = dnnl::memory::data_type;
-    auto key = std::make_tuple(M, K, N, ldy, int(wt));
+    // oneDNN partitions a primitive's work for the thread count at creation: part of the key.
+    auto key = std::make_tuple(M, K, N, ldy, int(wt), num_threads());
     auto it = cache_.find(key);
     if (it == cache_.end()) {
       dnnl::memory::desc src({M, K}, wt, dnnl::memory::format_tag::ab);
@@ -253,7 +254,7 @@ class CpuBackend final : public Backend {
   };
   dnnl::engine engine_;
   dnnl::stream stream_;
-  std::map<std::tuple<int64_t, int64_t, int64_t, int64_t, int>, Prim> cache_;
+  std::map<std::tuple<int64_t, int64_t, int64_t, int64_t, int, int>, Prim> cache_;
   std::vector<uint16_t> xb_;
   std::vector<float> wf_;  // F16 weight block converted for prefill
   std::vector<std::vector<float>> scratch_;

@@ -1,0 +1,36 @@
+// The `null` backend: every op returns at once without reading or writing its buffers (embed
+// still checks ids). With the `null` strategy it leaves only the engine's own work — the decoder's
+// layer loop, strategy dispatch, logits handling, sampling — so `hgbench bench` can measure the
+// harness's per-step overhead against a real step. Its outputs are meaningless by design.
+#include "engine/backend/backend.h"
+#include "engine/core/error.h"
+
+namespace hg {
+namespace {
+
+class NullBackend final : public Backend {
+ public:
+  std::string_view name() const override { return "null"; }
+  void matmul(const float*, int64_t, const Weight&, const float*, float*) override {}
+  void rms_norm(const float*, const float*, int64_t, int64_t, float, float*) override {}
+  void layer_norm(const float*, const float*, const float*, int64_t, int64_t, float, float*) override {}
+  void rope(float*, int64_t, int, int, const int32_t*, const RopeTable&) override {}
+  void swiglu(const float*, const float*, int64_t, float*) override {}
+  void relu(float*, int64_t) override {}
+  void add(float*, const float*, int64_t) override {}
+  void embed(const Weight& table, const int32_t* ids, int64_t M, float*) override {
+    for (int64_t m = 0; m < M; ++m)
+      if (ids[m] < 0 || ids[m] >= table.rows())
+        throw InputError(fmt::format("token id {} out of range [0, {})", ids[m], table.rows()));
+  }
+  void attention(const AttentionArgs&) override {}
+  void group_logits(const float*, int, const float*, int64_t, int, float, float*) override {}
+  void softmax_rows(float*, int64_t, int64_t) override {}
+  void group_weighted_v(const float*, int, const float*, int64_t, int, float*) override {}
+};
+
+}  // namespace
+
+std::unique_ptr<Backend> make_null_backend() { return std::make_unique<NullBackend>(); }
+
+}  // namespace hg
