@@ -161,7 +161,9 @@ TEST(Runtime, CpuPoolWorkOverlapsEmulatedAcceleratorWork) {
     const StageRecord& merge = recs.back();
     EXPECT_EQ(merge.deps, std::vector<int64_t>{c.stage_id()});
     for (auto& r : recs)
-      if (r.id == c.stage_id()) EXPECT_GE(merge.start_s, r.end_s);
+      if (r.id == c.stage_id()) {
+        EXPECT_GE(merge.start_s, r.end_s);
+      }
     // Both stages ran on their own threads at the same time: most of the shorter one overlapped.
     shown = m.overlap_cpu_accel_s > 0.5 * std::min(m.cpu_s, m.accel_s) && m.critical_path_s < 0.9 * m.sum_stages_s;
     tries += fmt::format(" [cpu {:.3f} s, accel {:.3f} s, overlap {:.3f} s, critical {:.3f} of {:.3f} s]", m.cpu_s,
