@@ -393,11 +393,12 @@ void group_logits_fixed(const float* q, const float* K, int64_t n, int64_t t0, i
 // y[m, n] = x[m] · W[n] for n in [n0, n1), MR rows of x (decode batch), W rows of type T. Blocks
 // of 16 weight rows: 4 rows at a time share each x load (4·MR accumulators), and one hsum16 per
 // x row turns the 16 rows' partial vectors into 16 outputs. Weights are read once, streamed.
+constexpr int64_t kGemvPrefetchRows = 16;
+
 template <int MR, typename T>
 void gemv_t(const float* x, const T* W, int64_t K, int64_t n0, int64_t n1, float* y, int64_t ldy) {
   const int64_t kb_full = K / 16;
   const __mmask16 tail = (K % 16) ? tail_mask(K % 16) : __mmask16(0);
-  const int64_t row_bytes = K * int64_t(sizeof(T));
   for (int64_t nb = n0; nb < n1; nb += 16) {
     const int rows = int(std::min<int64_t>(16, n1 - nb));
     alignas(64) __m512 part[MR][16];
@@ -405,13 +406,15 @@ void gemv_t(const float* x, const T* W, int64_t K, int64_t n0, int64_t n1, float
       const int rr = std::min(4, rows - r0);
       const T* w[4];
       for (int j = 0; j < 4; ++j) w[j] = W + (nb + r0 + std::min(j, rr - 1)) * K;  // rows past the end repeat
-      for (int j = 0; j < 4; ++j)
-        for (int64_t off = 0; off < row_bytes; off += 64)
-          _mm_prefetch(reinterpret_cast<const char*>(w[j] + 16 * K) + off, _MM_HINT_T2);
       __m512 a[MR][4];
       for (int m = 0; m < MR; ++m)
         for (int j = 0; j < 4; ++j) a[m][j] = _mm512_setzero_ps();
       for (int64_t kb = 0; kb < kb_full; ++kb) {
+        // Prefetch the rows 16 ahead, spread over the loop (one line per row per 64 bytes read),
+        // so that the requests do not arrive in one burst.
+        if ((kb * 16 * int64_t(sizeof(T))) % 64 == 0)
+          for (int j = 0; j < 4; ++j)
+            _mm_prefetch(reinterpret_cast<const char*>(w[j] + kGemvPrefetchRows * K + kb * 16), _MM_HINT_T2);
         __m512 wv[4];
         for (int j = 0; j < 4; ++j) wv[j] = load16(w[j] + kb * 16, __mmask16(0xffff));
         for (int m = 0; m < MR; ++m) {
