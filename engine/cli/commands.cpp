@@ -2,6 +2,7 @@
 #include "engine/cli/commands.h"
 
 #include <charconv>
+#include <filesystem>
 #include <chrono>
 #include <cstdio>
 #include <map>
@@ -18,6 +19,7 @@
 #include "engine/core/thread_pool.h"
 #include "engine/decoder/generate.h"
 #include "engine/formats/formats.h"
+#include "engine/formats/gguf_writer.h"
 #include "engine/runtime/runtime.h"
 #include "engine/tokenizer/tokenizer.h"
 
@@ -159,6 +161,7 @@ commands:
   strategies   list KV strategies
   calibrate    measure this machine and write the `this-machine` platform profile
   bench        decode tok/s at given context lengths and prefill tok/s, against the bandwidth limit
+  export       write a model (e.g. synthetic:llama-3.2-1b?dtype=f16) as a GGUF file llama.cpp loads
 )");
 }
 
@@ -506,6 +509,32 @@ int cmd_bench(const std::vector<std::string>& args) {
     fmt::print("prefill {} tokens, {} thread{}: {:.1f} tok/s\n", prefill, t, t == 1 ? "" : "s",
                double(r.prefill_tokens) / r.prefill_s);
   }
+  return 0;
+}
+
+constexpr const char* kExportHelp = R"(usage: hgbench export --model M --out FILE.gguf [--weights f32|f16|bf16]
+
+Writes a Llama-architecture model as GGUF v3, for running the same bytes in hgbench and in
+llama.cpp (e.g. `llama-bench -m FILE.gguf`). Matrices keep the model's weight type (or --weights);
+q/k rows are permuted to llama.cpp's interleaved RoPE and Llama-3 scaling becomes rope_freqs.weight.
+The vocabulary is generated (<unk>, <s>, </s>, 256 byte pieces, placeholders), so text is
+meaningless: this is for speed comparisons with random (`synthetic:`) weights.
+)";
+
+int cmd_export(const std::vector<std::string>& args) {
+  const std::string cmd = "export";
+  if (!args.empty() && (args[0] == "--help" || args[0] == "-h")) {
+    fmt::print("{}", kExportHelp);
+    return 0;
+  }
+  const Options o = parse(cmd, args, {{{"--model", "-m"}, true}, {{"--out", "-o"}, true}, {{"--weights"}, true}});
+  if (!o.values.count("--model") || !o.values.count("--out"))
+    input_error("export: --model and --out are required (see hgbench export --help)");
+  const Model model = load_model(str(o, "--model", ""), load_options(o, cmd));
+  const std::string out = str(o, "--out", "");
+  write_gguf(model, out);
+  fmt::print("wrote {} ({} weights, {} layers, {:.1f} MB)\n", out, dtype_name(model.weight_dtype), model.hp.n_layers,
+             double(std::filesystem::file_size(out)) / 1e6);
   return 0;
 }
 

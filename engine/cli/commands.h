@@ -11,6 +11,7 @@ int cmd_strategies(const std::vector<std::string>& args);
 int cmd_models(const std::vector<std::string>& args);
 int cmd_calibrate(const std::vector<std::string>& args);
 int cmd_bench(const std::vector<std::string>& args);
+int cmd_export(const std::vector<std::string>& args);
 void print_usage();
 
 }  // namespace hg::cli

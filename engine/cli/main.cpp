@@ -23,7 +23,8 @@ int main(int argc, char** argv) {
     if (cmd == "models") return hg::cli::cmd_models(args);
     if (cmd == "calibrate") return hg::cli::cmd_calibrate(args);
     if (cmd == "bench") return hg::cli::cmd_bench(args);
-    fmt::print(stderr, "hgbench: unknown command '{}' (expected generate, info, models, strategies, calibrate, bench; see --help)\n", cmd);
+    if (cmd == "export") return hg::cli::cmd_export(args);
+    fmt::print(stderr, "hgbench: unknown command '{}' (expected generate, info, models, strategies, calibrate, bench, export; see --help)\n", cmd);
     return 2;
   } catch (const hg::InputError& e) {  // bad file, field or argument; unsupported request
     fmt::print(stderr, "hgbench: error: {}\n", e.what());

@@ -8,6 +8,7 @@
 #include "engine/arch/arch.h"
 #include "engine/decoder/generate.h"
 #include "engine/formats/formats.h"
+#include "engine/formats/gguf_writer.h"
 #include "engine/tokenizer/tokenizer.h"
 #include "test_util.h"
 
@@ -225,6 +226,30 @@ INSTANTIATE_TEST_SUITE_P(Archs, HfRoundTrip,
                              if (c == '-') c = '_';
                            return s;
                          });
+
+// `hgbench export`: a synthetic Llama-3 model (rotate-half RoPE, llama3 frequency scaling) written
+// as GGUF loads back as llama.cpp would read it — interleaved RoPE with permuted q/k rows and
+// rope_freqs factors — and gives the same logits, in each weight type.
+TEST(Formats, GgufExportLoadsToTheSameLogits) {
+  for (const char* dt : {"f32", "f16", "bf16"}) {
+    Model m = load_model(std::string("synthetic:tiny-llama?dtype=") + dt);
+    ASSERT_EQ(m.hp.rope_style, RopeStyle::kHalf);
+    ASSERT_FALSE(m.hp.rope_scaling.type.empty());
+    const std::string path = test::temp_path(std::string("export_") + dt + ".gguf");
+    write_gguf(m, path);
+    Model g = load_model(path);
+    EXPECT_EQ(g.format, "gguf");
+    EXPECT_EQ(g.hp.rope_style, RopeStyle::kInterleaved);
+    EXPECT_EQ(g.weight_dtype, m.weight_dtype) << dt;
+    EXPECT_EQ(g.tokenizer->n_vocab(), m.hp.n_vocab);
+    const auto a = last_logits(m), b = last_logits(g);
+    EXPECT_TRUE(test::all_close(b.data(), a.data(), a.size(), {2e-5, 1e-4})) << dt;
+  }
+  // Other architectures are refused with a message, and nothing is left behind.
+  const std::string bad = test::temp_path("export_opt.gguf");
+  EXPECT_THROW(write_gguf(load_model("synthetic:tiny-opt"), bad), UnsupportedError);
+  EXPECT_FALSE(std::filesystem::exists(bad));
+}
 
 TEST(Formats, OptProjectedEmbeddingsAreRejected) {
   Model m = load_model("synthetic:tiny-opt");
