@@ -55,7 +55,17 @@ const StrategyInfo& strategy_info(const std::string& name) {
 std::unique_ptr<KvStrategy> make_strategy(const std::string& name, const StrategyContext& ctx,
                                           const std::map<std::string, std::string>& values) {
   const StrategyInfo& info = strategy_info(name);
-  return info.make(ctx, StrategyParams(name, info.params, values));
+  StrategyParams params(name, info.params, values);
+  // On a CUDA device the accelerator's memory is device memory. Only `full` (F32 KV) keeps its
+  // cache behind the backend's interface; the others read and write host pointers.
+  if (ctx.runtime && ctx.runtime->device() == DeviceKind::kCuda) {
+    if (name != "full")
+      throw UnsupportedError(fmt::format("strategy {} does not run on the cuda device yet (only full does); use "
+                                         "--device emulated", name));
+    if (params.get("kv_dtype") != "f32")
+      throw UnsupportedError("strategy full on the cuda device: kv_dtype must be f32");
+  }
+  return info.make(ctx, std::move(params));
 }
 
 }  // namespace hg

@@ -7,11 +7,12 @@ namespace hg {
 
 void FullStrategy::begin(const KvShape& shape, std::span<const int32_t> capacity, std::span<const int32_t>) {
   if (rt_ && rt_->device() != DeviceKind::kCpu) store_.reset(shape, capacity, &rt_->memory(), Tier::kGpu, kv_dtype_);
+  else if (!be_.host_memory()) store_.reset(shape, capacity, nullptr, Tier::kDram, kv_dtype_, &be_);  // e.g. --backend cuda
   else store_.reset(shape, capacity, nullptr, Tier::kDram, kv_dtype_);
 }
 
 void FullStrategy::append(int layer, std::span<const TokenRow> rows, const float* k, const float* v) {
-  store_.write(layer, rows, k, v);
+  store_.write(layer, rows, k, v, &be_);  // through the backend: device memory on cuda
 }
 
 void FullStrategy::attend(int layer, std::span<const TokenRow> rows, const float* q, float scale, float* out) {

@@ -2,7 +2,10 @@
 // whether CUDA was compiled in (HG_WITH_CUDA is a private definition of this file's target).
 #include "engine/backend/backend.h"
 
+#include <algorithm>
 #include <cmath>
+#include <cstdlib>
+#include <cstring>
 #include <numbers>
 
 #include "engine/core/error.h"
@@ -29,6 +32,30 @@ int cuda_device_count_or_zero() {
 #endif
 }
 
+void* Backend::alloc(size_t bytes) {
+  void* p = std::aligned_alloc(64, (std::max<size_t>(bytes, 1) + 63) / 64 * 64);
+  if (!p) throw OutOfMemoryError(fmt::format("{} backend: cannot allocate {} bytes", name(), bytes));
+  return p;
+}
+void Backend::free(void* p) { std::free(p); }
+void Backend::upload(void* dst, const void* src, size_t bytes) { std::memcpy(dst, src, bytes); }
+void Backend::download(void* dst, const void* src, size_t bytes) { std::memcpy(dst, src, bytes); }
+void Backend::copy(void* dst, const void* src, size_t bytes) { std::memmove(dst, src, bytes); }
+
+void write_kv_host(const float* src, int64_t n, int H_kv, int D, const int32_t* pos, void* dst, int64_t head_stride,
+                   DType dt) {
+  const int64_t es = int64_t(dtype_size(dt));
+  char* out = static_cast<char*>(dst);
+  for (int64_t i = 0; i < n; ++i)
+    for (int g = 0; g < H_kv; ++g)
+      from_f32(dt, src + (i * H_kv + g) * D, out + (g * head_stride + int64_t(pos[i]) * D) * es, size_t(D));
+}
+
+void Backend::write_kv(const float* src, int64_t n, int H_kv, int D, const int32_t* pos, void* dst,
+                       int64_t head_stride, DType dt) {
+  write_kv_host(src, n, H_kv, D, pos, dst, head_stride, dt);
+}
+
 AttentionArgs attention_args(int H, int H_kv, int D, float scale, const float* q, std::span<const AttnRow> rows,
                              float* out, DType kv_dtype) {
   AttentionArgs a;
@@ -53,7 +80,7 @@ std::unique_ptr<Backend> make_backend(std::string_view name) {
   if (name == "cuda") {
 #if HG_WITH_CUDA
     if (cuda_device_count() <= 0) throw UnsupportedError("backend cuda: no CUDA device is visible on this machine");
-    throw UnsupportedError("backend cuda: the CUDA kernels are not implemented yet (issue 3); use cpu");
+    return make_cuda_backend();
 #else
     throw UnsupportedError("backend cuda: this build was not compiled with CUDA support (configure with HG_CUDA=ON)");
 #endif

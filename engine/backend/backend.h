@@ -83,7 +83,63 @@ class Backend {
   virtual void softmax_rows(float* x, int64_t rows, int64_t n) = 0;
   // out[h] = Σ_t p[h, t] · V[t]   (p [G, n], V [n, D], out [G, D])
   virtual void group_weighted_v(const float* p, int G, const float* V, int64_t n, int D, float* out) = 0;
+
+  // K or V rows of n new tokens of one sequence into its cache: element (g, pos[i], d) at
+  // g·head_stride + pos[i]·D + d of `dst` (type dt), from src [n, H_kv, D] F32. pos is a host array.
+  virtual void write_kv(const float* src, int64_t n, int H_kv, int D, const int32_t* pos, void* dst,
+                        int64_t head_stride, DType dt);
+
+  // Memory the ops compute on. Host backends (cpu, ref, null) use host memory. The `cuda` backend
+  // uses device memory: every float*/void* buffer argument above is then a device pointer, except
+  // these host-side arguments — Weight objects, norm weights and biases (model-owned host arrays,
+  // uploaded on first use and cached), embed ids, rope positions, write_kv positions, and the
+  // AttentionArgs::rows array itself (its k/v pointers are device memory).
+  virtual bool host_memory() const { return true; }
+  virtual void* alloc(size_t bytes);
+  virtual void free(void* p);
+  virtual void upload(void* dst, const void* src, size_t bytes);    // host → backend memory
+  virtual void download(void* dst, const void* src, size_t bytes);  // backend memory → host; waits
+  virtual void copy(void* dst, const void* src, size_t bytes);      // within backend memory
+  // Host memory this backend copies to and from fastest (pinned for cuda; plain for host backends).
+  virtual void* alloc_host(size_t bytes) { return Backend::alloc(bytes); }
+  virtual void free_host(void* p) { Backend::free(p); }
+  // The device this backend computes on ("" for the host) and its memory (0 for the host).
+  virtual std::string device_name() const { return ""; }
+  virtual int64_t device_memory_bytes() const { return 0; }
 };
+
+// An array of T in a backend's memory (host or device), freed with it. Move-only.
+template <typename T>
+class BackendArray {
+ public:
+  BackendArray() = default;
+  BackendArray(Backend& be, size_t n) : be_(&be), n_(n), p_(n ? static_cast<T*>(be.alloc(n * sizeof(T))) : nullptr) {}
+  BackendArray(BackendArray&& o) noexcept { *this = std::move(o); }
+  BackendArray& operator=(BackendArray&& o) noexcept {
+    if (this != &o) {
+      release();
+      be_ = o.be_, n_ = o.n_, p_ = o.p_;
+      o.p_ = nullptr, o.n_ = 0;
+    }
+    return *this;
+  }
+  ~BackendArray() { release(); }
+  T* data() const { return p_; }
+  size_t size() const { return n_; }
+
+ private:
+  void release() {
+    if (p_) be_->free(p_);
+    p_ = nullptr;
+  }
+  Backend* be_ = nullptr;
+  size_t n_ = 0;
+  T* p_ = nullptr;
+};
+
+// The host implementation of Backend::write_kv (also used by KvStore without a backend).
+void write_kv_host(const float* src, int64_t n, int H_kv, int D, const int32_t* pos, void* dst, int64_t head_stride,
+                   DType dt);
 
 // Backend names: "cpu", "ref", "cuda", "null" (no-op ops; overhead measurement only). Throws UnsupportedError for cuda when not compiled in or
 // no device, InputError for an unknown name.
@@ -95,5 +151,8 @@ std::unique_ptr<Backend> make_ref_backend();
 std::unique_ptr<Backend> make_cpu_backend();
 // Every op a no-op: for measuring the harness's own per-step overhead (engine/backend/null/).
 std::unique_ptr<Backend> make_null_backend();
+// The CUDA backend on device 0 (engine/backend/cuda/cuda_backend.cpp); only in CUDA builds —
+// call make_backend("cuda"), which says why when it is not available.
+std::unique_ptr<Backend> make_cuda_backend();
 
 }  // namespace hg

@@ -125,10 +125,13 @@ Loads a model and generates text; prints each sequence's text, then prefill and 
   --top-p P        nucleus sampling mass (1.0: all)
   --seed S         sampling seed (default 0); sequence b uses stream b
   --threads T      CPU threads (default: all hardware threads)
-  --backend NAME   cpu (default), ref (scalar oracle), cuda
+  --backend NAME   cpu (default), ref (scalar oracle), cuda (device 0; strategy full, F32 KV),
+                   null (every kernel a no-op: harness overhead only)
   --device NAME    cpu (default: no accelerator role), emulated (host-emulated accelerator: the
-                   CPU backend on its own worker thread with a capacity-limited gpu tier), cuda,
-                   auto (cuda when a device exists, else emulated)
+                   CPU backend on its own worker thread with a capacity-limited gpu tier), cuda
+                   (weights, activations and the full strategy's F32 KV cache in GPU memory;
+                   other strategies are refused there for now), auto (cuda when a device
+                   exists, else emulated)
   --gpu-memory B   capacity of the accelerator's gpu tier, e.g. 2GiB (default: all it has)
   --clock C        measured (default) or modeled:<platform> (experiments/platforms/<platform>.yaml
                    or a path): also prints modeled prefill/decode tokens/s from the event log

@@ -12,15 +12,16 @@ Decoder::Decoder(const Model& model, Backend& backend, KvStrategy& kv, int max_r
   const HParams& hp = model.hp;
   rope_ = make_rope_table(hp, model.rope_freq_factors);
   const size_t M = size_t(max_rows_);
-  x_.resize(M * size_t(hp.d_model));
-  h_.resize(M * size_t(hp.d_model));
-  o_.resize(M * size_t(hp.d_model));
-  q_.resize(M * size_t(hp.n_heads * hp.head_dim));
-  att_.resize(M * size_t(hp.n_heads * hp.head_dim));
-  k_.resize(M * size_t(hp.n_kv_heads * hp.head_dim));
-  v_.resize(M * size_t(hp.n_kv_heads * hp.head_dim));
-  f1_.resize(M * size_t(hp.d_ff));
-  f2_.resize(M * size_t(hp.d_ff));
+  auto array = [&](size_t n) { return BackendArray<float>(backend, n); };
+  x_ = array(M * size_t(hp.d_model));
+  h_ = array(M * size_t(hp.d_model));
+  o_ = array(M * size_t(hp.d_model));
+  q_ = array(M * size_t(hp.n_heads * hp.head_dim));
+  att_ = array(M * size_t(hp.n_heads * hp.head_dim));
+  k_ = array(M * size_t(hp.n_kv_heads * hp.head_dim));
+  v_ = array(M * size_t(hp.n_kv_heads * hp.head_dim));
+  f1_ = array(M * size_t(hp.d_ff));
+  f2_ = array(M * size_t(hp.d_ff));
   pos_.resize(M);
 }
 
@@ -44,7 +45,7 @@ void Decoder::forward(std::span<const int32_t> tokens, std::span<const TokenRow>
            size_t(logit_rows[next_logit + size_t(n_out)]) < c0 + size_t(M)) {
       const int64_t r = logit_rows[next_logit + size_t(n_out)] - int64_t(c0);
       HG_CHECK(r >= 0);
-      std::memcpy(o_.data() + n_out * d, x_.data() + r * d, size_t(d) * 4);
+      be_.copy(o_.data() + n_out * d, x_.data() + r * d, size_t(d) * 4);
       ++n_out;
     }
     if (n_out == 0) continue;
@@ -53,7 +54,14 @@ void Decoder::forward(std::span<const int32_t> tokens, std::span<const TokenRow>
     else
       be_.layer_norm(o_.data(), model_[GlobalSlot::kOutNorm].f32(), model_[GlobalSlot::kOutNormB].f32(), n_out, d,
                      hp.norm_eps, h_.data());
-    be_.matmul(h_.data(), n_out, model_.output(), nullptr, logits + int64_t(next_logit) * V);
+    float* out = logits + int64_t(next_logit) * V;
+    if (be_.host_memory()) {
+      be_.matmul(h_.data(), n_out, model_.output(), nullptr, out);
+    } else {
+      if (logits_.size() < size_t(n_out * V)) logits_ = BackendArray<float>(be_, size_t(n_out * V));
+      be_.matmul(h_.data(), n_out, model_.output(), nullptr, logits_.data());
+      be_.download(out, logits_.data(), size_t(n_out * V) * 4);
+    }
     next_logit += size_t(n_out);
   }
   kv_.end_step();

@@ -1,7 +1,8 @@
 // The decoder: embeddings, the per-layer block (norm → q/k/v → RoPE → strategy attention → out
 // projection → residual → norm → FFN → residual), final norm and LM head, for a ragged batch of
 // token rows (prefill and decode alike). Architecture differences come from ArchTraits only; KV
-// placement is the strategy's. Scratch buffers are allocated once for `max_rows` rows.
+// placement is the strategy's. Scratch buffers are allocated once for `max_rows` rows, in the
+// backend's memory; logits arrive in host memory.
 #pragma once
 #include <span>
 #include <vector>
@@ -29,8 +30,10 @@ class Decoder {
   KvStrategy& kv_;
   int max_rows_;
   RopeTable rope_;
-  std::vector<float> x_, h_, q_, k_, v_, att_, f1_, f2_, o_;
-  std::vector<int32_t> pos_;
+  // Activations live in the backend's memory (device memory for cuda).
+  BackendArray<float> x_, h_, q_, k_, v_, att_, f1_, f2_, o_;
+  BackendArray<float> logits_;  // backends without host memory: logits before the download
+  std::vector<int32_t> pos_;    // host (rope takes host positions)
 };
 
 }  // namespace hg

@@ -6,7 +6,7 @@
 namespace hg {
 
 void KvStore::reset(const KvShape& shape, std::span<const int32_t> capacity, MemorySystem* mem, Tier tier,
-                    DType dtype) {
+                    DType dtype, Backend* device) {
   shape_ = shape;
   dtype_ = dtype;
   capacity_.assign(capacity.begin(), capacity.end());
@@ -22,6 +22,11 @@ void KvStore::reset(const KvShape& shape, std::span<const int32_t> capacity, Mem
         sl.tv = mem->allocate(tier, int64_t(n));
         sl.k = sl.tk.data();
         sl.v = sl.tv.data();
+      } else if (device) {
+        sl.dk = BackendArray<char>(*device, n);
+        sl.dv = BackendArray<char>(*device, n);
+        sl.k = sl.dk.data();
+        sl.v = sl.dv.data();
       } else {
         sl.hk = AlignedBuffer(n);
         sl.hv = AlignedBuffer(n);
@@ -32,19 +37,32 @@ void KvStore::reset(const KvShape& shape, std::span<const int32_t> capacity, Mem
     }
 }
 
-void KvStore::write(int layer, std::span<const TokenRow> rows, const float* k, const float* v) {
+void KvStore::write(int layer, std::span<const TokenRow> rows, const float* k, const float* v, Backend* be) {
   const int D = shape_.D, Hkv = shape_.H_kv;
-  for (size_t i = 0; i < rows.size(); ++i) {
-    const TokenRow r = rows[i];
-    if (r.seq < 0 || size_t(r.seq) >= capacity_.size() || r.pos < 0 || r.pos >= capacity_[size_t(r.seq)])
-      throw OutOfMemoryError(fmt::format("KV store: position {} of sequence {} exceeds its capacity", r.pos, r.seq));
-    char* K = static_cast<char*>(k_raw(layer, r.seq));
-    char* V = static_cast<char*>(v_raw(layer, r.seq));
-    const int64_t hs = head_stride(r.seq), es = int64_t(dtype_size(dtype_));
-    for (int g = 0; g < Hkv; ++g) {
-      from_f32(dtype_, k + (int64_t(i) * Hkv + g) * D, K + (g * hs + int64_t(r.pos) * D) * es, size_t(D));
-      from_f32(dtype_, v + (int64_t(i) * Hkv + g) * D, V + (g * hs + int64_t(r.pos) * D) * es, size_t(D));
+  const int64_t row = int64_t(Hkv) * D;
+  // Runs of consecutive rows of one sequence go in one call.
+  for (size_t i0 = 0; i0 < rows.size();) {
+    const int32_t seq = rows[i0].seq;
+    if (seq < 0 || size_t(seq) >= capacity_.size())
+      throw OutOfMemoryError(fmt::format("KV store: sequence {} is not in the batch", seq));
+    size_t i1 = i0;
+    pos_.clear();
+    while (i1 < rows.size() && rows[i1].seq == seq) {
+      const int32_t p = rows[i1].pos;
+      if (p < 0 || p >= capacity_[size_t(seq)])
+        throw OutOfMemoryError(fmt::format("KV store: position {} of sequence {} exceeds its capacity", p, seq));
+      pos_.push_back(p);
+      ++i1;
     }
+    const int64_t n = int64_t(i1 - i0), hs = head_stride(seq);
+    if (be) {
+      be->write_kv(k + int64_t(i0) * row, n, Hkv, D, pos_.data(), k_raw(layer, seq), hs, dtype_);
+      be->write_kv(v + int64_t(i0) * row, n, Hkv, D, pos_.data(), v_raw(layer, seq), hs, dtype_);
+    } else {
+      write_kv_host(k + int64_t(i0) * row, n, Hkv, D, pos_.data(), k_raw(layer, seq), hs, dtype_);
+      write_kv_host(v + int64_t(i0) * row, n, Hkv, D, pos_.data(), v_raw(layer, seq), hs, dtype_);
+    }
+    i0 = i1;
   }
 }
 

@@ -6,6 +6,7 @@
 #include <span>
 #include <vector>
 
+#include "engine/backend/backend.h"
 #include "engine/core/error.h"
 #include "engine/core/tensor.h"
 #include "engine/decoder/kv_strategy.h"
@@ -16,10 +17,11 @@ namespace hg {
 class KvStore {
  public:
   // Allocates from `mem` on `tier` when given (an over-capacity tier throws OutOfMemoryError),
-  // else plain host memory.
+  // else from `device` when given (a backend without host memory, outside a runtime), else plain
+  // host memory.
   // dtype: element type of the stored K and V (rows arrive as F32 and are converted).
   void reset(const KvShape& shape, std::span<const int32_t> capacity, MemorySystem* mem = nullptr,
-             Tier tier = Tier::kDram, DType dtype = DType::kF32);
+             Tier tier = Tier::kDram, DType dtype = DType::kF32, Backend* device = nullptr);
   // F32 stores only (strategies that read rows as floats).
   float* k(int layer, int seq) { return static_cast<float*>(f32(buf_[index(layer, seq)].k)); }
   float* v(int layer, int seq) { return static_cast<float*>(f32(buf_[index(layer, seq)].v)); }
@@ -30,8 +32,10 @@ class KvStore {
   // Distance between KV heads, in floats.
   int64_t head_stride(int seq) const { return int64_t(capacity_[size_t(seq)]) * shape_.D; }
   int32_t capacity(int seq) const { return capacity_[size_t(seq)]; }
-  // Copies rows' k, v [n, H_kv, D] into their (seq, pos) slots.
-  void write(int layer, std::span<const TokenRow> rows, const float* k, const float* v);
+  // Copies rows' k, v [n, H_kv, D] into their (seq, pos) slots. With a backend, through its
+  // write_kv (k and v then live in the backend's memory, as the store does: device memory for
+  // cuda); without one, on the host.
+  void write(int layer, std::span<const TokenRow> rows, const float* k, const float* v, Backend* be = nullptr);
   int64_t bytes() const { return bytes_; }
   const KvShape& shape() const { return shape_; }
 
@@ -45,13 +49,15 @@ class KvStore {
   KvShape shape_;
   std::vector<int32_t> capacity_;
   struct Slot {
-    AlignedBuffer hk, hv;  // host storage (no memory system)
-    Allocation tk, tv;     // tiered storage
+    AlignedBuffer hk, hv;           // host storage (no memory system)
+    Allocation tk, tv;              // tiered storage
+    BackendArray<char> dk, dv;      // a backend's own memory
     void* k = nullptr;
     void* v = nullptr;
   };
   std::vector<Slot> buf_;
   int64_t bytes_ = 0;
+  std::vector<int32_t> pos_;  // write() scratch
 };
 
 }  // namespace hg

@@ -39,10 +39,23 @@ Runtime::Runtime(const RuntimeConfig& cfg) {
   } else {
     input_error("unknown device '{}' (expected auto, emulated, cuda or cpu)", cfg.device);
   }
-  if (kind_ == DeviceKind::kCuda)
-    throw UnsupportedError("device cuda: the decoder does not run on the CUDA backend yet (kernels exist; the "
-                           "device-resident decoder path is not built); use --device emulated");
-  if (kind_ == DeviceKind::kCpu) {
+  std::optional<MemorySystem::DeviceAllocator> device_memory;
+  TierConfig tiers = cfg.tiers;
+  if (kind_ == DeviceKind::kCuda) {
+    // The GPU: its own backend (device memory), one host thread driving its stream, the gpu tier
+    // on cudaMalloc and dram pinned so that copies are DMA.
+    accel_be_ = make_backend("cuda");
+    Backend* be = accel_be_.get();
+    accel_threads_ = 1;
+    cpu_threads_ = cfg.cpu_threads > 0 ? cfg.cpu_threads : std::max(1, hw - 1);
+    description_ = fmt::format("cuda:0 {} ({:.0f} GiB)", be->device_name(),
+                               double(be->device_memory_bytes()) / double(int64_t(1) << 30));
+    device_memory = MemorySystem::DeviceAllocator{[be](size_t n) { return be->alloc(n); },
+                                                  [be](void* p) { be->free(p); },
+                                                  [be](size_t n) { return be->alloc_host(n); },
+                                                  [be](void* p) { be->free_host(p); }, be->device_memory_bytes()};
+    tiers.pinned_dram = true;
+  } else if (kind_ == DeviceKind::kCpu) {
     accel_threads_ = cfg.accel_threads > 0 ? cfg.accel_threads : hw;
     cpu_threads_ = cfg.cpu_threads > 0 ? cfg.cpu_threads : hw;
     description_ = fmt::format("cpu (no accelerator role, {} threads)", accel_threads_);
@@ -52,12 +65,12 @@ Runtime::Runtime(const RuntimeConfig& cfg) {
     description_ = fmt::format("emulated (cpu backend, {} accelerator thread{}, {} CPU-worker thread{})", accel_threads_,
                                accel_threads_ == 1 ? "" : "s", cpu_threads_, cpu_threads_ == 1 ? "" : "s");
   }
-  mem_ = std::make_unique<MemorySystem>(cfg.tiers);
+  mem_ = std::make_unique<MemorySystem>(tiers, std::move(device_memory));
   accel_ = std::make_unique<Queue>("accel", StageKind::kAccelCompute, 0, &log_, accel_threads_);
   copy_ = std::make_unique<Queue>("copy", StageKind::kTransfer, 1, &log_, 1);
   cpu_ = std::make_unique<Queue>("cpu", StageKind::kCpuCompute, 2, &log_, cpu_threads_);
   xfer_ = std::make_unique<TransferEngine>(*copy_);
-  accel_be_ = make_cpu_backend();
+  if (!accel_be_) accel_be_ = make_cpu_backend();
   cpu_be_ = make_cpu_backend();
 }
 

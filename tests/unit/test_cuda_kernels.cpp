@@ -1,8 +1,13 @@
 // Every CUDA kernel against the CPU backend (or the ref oracle) on random inputs; tolerances from
 // the table below (BF16 GEMM as in test_cpu_kernels). Built whenever nvcc exists; each test skips
 // with a message when no CUDA device is visible.
+#include "baselines/full/full.h"
+#include "baselines/registry.h"
 #include "engine/backend/backend.h"
 #include "engine/backend/cuda/cuda_kernels.h"
+#include "engine/decoder/generate.h"
+#include "engine/formats/formats.h"
+#include "engine/runtime/runtime.h"
 #include "test_util.h"
 
 namespace hg {
@@ -172,6 +177,74 @@ TEST(CudaKernels, SplitAttentionEqualsCpuAttention) {
   cuda::weighted_v_sum(dp.p, dVg.p, n, n, H, H_kv, D, dout.p);
   const auto got = dout.host();
   EXPECT_TRUE(test::all_close(got.data(), ref.data(), ref.size(), {2e-5, 1e-4}));
+}
+
+// New K/V rows into a cache on the device equal the host implementation.
+TEST(CudaKernels, KvWriteMatchesHost) {
+  HG_REQUIRE_CUDA_DEVICE();
+  const int n = 5, Hkv = 3, D = 20;
+  const int64_t cap = 11, hs = cap * D;
+  const auto src = test::random_vec(size_t(n * Hkv * D), 201);
+  const std::vector<int32_t> pos = {0, 3, 4, 9, 10};
+  std::vector<float> want(size_t(Hkv * hs), -1.0f);
+  write_kv_host(src.data(), n, Hkv, D, pos.data(), want.data(), hs, DType::kF32);
+  Dev<float> s(src), dst(std::vector<float>(size_t(Hkv * hs), -1.0f));
+  Dev<int32_t> p(pos);
+  cuda::kv_write(s.p, n, Hkv, D, p.p, dst.p, hs);
+  const auto got = dst.host();
+  EXPECT_TRUE(test::all_close(got.data(), want.data(), want.size(), {0, 0}));
+}
+
+// The device-resident decoder: the cuda backend (weights uploaded, activations and the `full`
+// KV cache in device memory) gives the CPU backend's logits, prefill and decode.
+TEST(CudaBackend, DecoderLogitsMatchCpu) {
+  HG_REQUIRE_CUDA_DEVICE();
+  for (const char* preset : {"tiny-llama", "tiny-qwen2", "tiny-opt"}) {
+    Model m = load_model(std::string("synthetic:") + preset);
+    std::vector<float> logits[2];
+    int i = 0;
+    for (const char* name : {"cpu", "cuda"}) {
+      auto be = make_backend(name);
+      FullStrategy kv(*be);
+      Decoder dec(m, *be, kv);
+      const std::vector<int32_t> toks = {1, 20, 30, 40, 50, 60};
+      std::vector<TokenRow> rows;
+      for (int p = 0; p < 5; ++p) rows.push_back({0, p});
+      const int32_t cap = 8, pl = 5, last = 4, zero = 0;
+      kv.begin(dec.kv_shape(), std::span<const int32_t>(&cap, 1), std::span<const int32_t>(&pl, 1));
+      std::vector<float> lg(size_t(2 * m.hp.n_vocab));
+      dec.forward(std::span<const int32_t>(toks.data(), 5), rows, std::span<const int32_t>(&last, 1), lg.data());
+      const TokenRow r{0, 5};
+      dec.forward(std::span<const int32_t>(&toks[5], 1), std::span<const TokenRow>(&r, 1),
+                  std::span<const int32_t>(&zero, 1), lg.data() + m.hp.n_vocab);
+      logits[i++] = lg;
+    }
+    EXPECT_TRUE(test::all_close(logits[1].data(), logits[0].data(), logits[0].size(), kTolGemmF32)) << preset;
+  }
+}
+
+// `--device cuda`: the runtime drives the GPU from the accelerator queue, the KV cache is on the
+// gpu tier (cudaMalloc), and greedy tokens equal the cpu device's for a few steps.
+TEST(CudaBackend, RuntimeDeviceCudaGenerates) {
+  HG_REQUIRE_CUDA_DEVICE();
+  Model m = load_model("synthetic:tiny-llama");
+  GenerateOptions o;
+  o.n_new = 6;
+  o.stop_at_eos = false;
+  o.sampler.greedy = true;
+  auto cpu = make_cpu_backend();
+  FullStrategy kc(*cpu);
+  const auto want = generate(m, *cpu, kc, {{1, 20, 30, 40}}, o);
+  RuntimeConfig rc;
+  rc.device = "cuda";
+  Runtime rt(rc);
+  ASSERT_EQ(rt.device(), DeviceKind::kCuda);
+  auto kv = make_strategy("full", StrategyContext{rt.accel_backend(), &rt, &m}, {});
+  o.runtime = &rt;
+  const auto got = generate(m, rt.accel_backend(), *kv, {{1, 20, 30, 40}}, o);
+  EXPECT_EQ(got.tokens, want.tokens);
+  EXPECT_GT(rt.memory().ledger().usage(Tier::kGpu).peak, 0);
+  EXPECT_THROW(make_strategy("h2o", StrategyContext{rt.accel_backend(), &rt, &m}, {}), UnsupportedError);
 }
 
 }  // namespace

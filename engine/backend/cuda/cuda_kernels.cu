@@ -210,7 +210,36 @@ __global__ void gather_rows_k(char* dst, const char* src, int64_t row_bytes, int
   for (int64_t i = threadIdx.x; i < row_bytes; i += blockDim.x) d[i] = s[i];
 }
 
+// dst[g·head_stride + pos[i]·D + d] = src[(i·H_kv + g)·D + d]: new K or V rows into the cache.
+__global__ void kv_write_k(const float* src, int64_t n, int H_kv, int D, const int32_t* pos, float* dst,
+                           int64_t head_stride) {
+  const int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
+  if (i >= n * H_kv * D) return;
+  const int64_t d = i % D, g = (i / D) % H_kv, r = i / (int64_t(D) * H_kv);
+  dst[g * head_stride + int64_t(pos[r]) * D + d] = src[i];
+}
+
 }  // namespace
+
+void device_info(std::string* name, int64_t* memory_bytes) {
+  cudaDeviceProp p{};
+  HG_CUDA_CHECK(cudaGetDeviceProperties(&p, 0));
+  *name = p.name;
+  *memory_bytes = int64_t(p.totalGlobalMem);
+}
+void d2d(void* dst, const void* src, size_t bytes) {
+  HG_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, ctx().stream));
+}
+void softmax_rows(float* x, int64_t rows, int64_t n) {
+  if (rows == 0) return;
+  softmax_rows_k<<<unsigned(rows), 256, 0, ctx().stream>>>(x, n);
+  HG_CUDA_LAUNCHED();
+}
+void kv_write(const float* src, int64_t n, int H_kv, int D, const int32_t* pos, float* dst, int64_t head_stride) {
+  if (n == 0) return;
+  kv_write_k<<<blocks(n * H_kv * D, 256), 256, 0, ctx().stream>>>(src, n, H_kv, D, pos, dst, head_stride);
+  HG_CUDA_LAUNCHED();
+}
 
 int device_count() {
   int n = 0;

@@ -6,6 +6,7 @@
 #pragma once
 #include <cstddef>
 #include <cstdint>
+#include <string>
 
 #include "engine/core/dtype.h"
 
@@ -19,6 +20,15 @@ void host_free_pinned(void* p);
 void h2d(void* dst, const void* src, size_t bytes);
 void d2h(void* dst, const void* src, size_t bytes);
 void synchronize();
+// Device 0's name and memory.
+void device_info(std::string* name, int64_t* memory_bytes);
+// Device-to-device copy on the stream (asynchronous).
+void d2d(void* dst, const void* src, size_t bytes);
+// In place softmax over each of `rows` rows of length n.
+void softmax_rows(float* x, int64_t rows, int64_t n);
+// K or V rows of n new tokens into a cache: dst[g·head_stride + pos[i]·D + d] = src[(i·H_kv + g)·D + d]
+// (src [n, H_kv, D]; pos on the device).
+void kv_write(const float* src, int64_t n, int H_kv, int D, const int32_t* pos, float* dst, int64_t head_stride);
 
 // y[M, N] = x[M, K] · W[N, K]ᵀ (+ bias[N]); W F32, BF16 or F16 with F32 accumulation (cuBLAS).
 // For BF16/F16 weights x is converted on the device into `x_half` (M·K halves of scratch).

@@ -1,0 +1,152 @@
+// The `cuda` backend: the Backend interface on device 0 through the kernels of cuda_kernels.cu.
+// Buffers are device memory (see Backend's memory contract). Model-owned host arrays — Weight
+// objects, norm weights, biases, RoPE tables — are uploaded on first use and cached by their host
+// address for the backend's lifetime (the model outlives the run). Small host arguments (ids,
+// positions) go through a growing device scratch. All work is on the calling thread's stream;
+// download() waits for it. Compiled only when CUDA is (engine/CMakeLists.txt).
+//
+// Scope (issue 3): F32 KV caches; attention without taps; prefill attention one query row at a
+// time (three launches per row). Strategies other than `full` keep host pointers and are refused
+// on the cuda device by the runtime's callers.
+#include <unordered_map>
+#include <vector>
+
+#include "engine/backend/backend.h"
+#include "engine/backend/cuda/cuda_kernels.h"
+#include "engine/core/error.h"
+
+namespace hg {
+namespace {
+
+class CudaBackend final : public Backend {
+ public:
+  CudaBackend() { cuda::device_info(&name_, &memory_); }
+  ~CudaBackend() override {
+    for (auto& [host, dev] : cache_) cuda::dev_free(dev);
+    for (auto* s : {&ids_, &lg_, &xh_})
+      if (s->p) cuda::dev_free(s->p);
+  }
+  std::string_view name() const override { return "cuda"; }
+  bool host_memory() const override { return false; }
+  std::string device_name() const override { return name_; }
+  int64_t device_memory_bytes() const override { return memory_; }
+
+  void* alloc(size_t bytes) override { return cuda::dev_alloc(std::max<size_t>(bytes, 1)); }
+  void free(void* p) override { cuda::dev_free(p); }
+  void upload(void* dst, const void* src, size_t bytes) override { cuda::h2d(dst, src, bytes); }
+  void download(void* dst, const void* src, size_t bytes) override { cuda::d2h(dst, src, bytes); }
+  void copy(void* dst, const void* src, size_t bytes) override { cuda::d2d(dst, src, bytes); }
+  void* alloc_host(size_t bytes) override { return cuda::host_alloc_pinned(std::max<size_t>(bytes, 1)); }
+  void free_host(void* p) override { cuda::host_free_pinned(p); }
+
+  void matmul(const float* x, int64_t M, const Weight& w, const float* bias, float* y) override {
+    const int64_t N = w.rows(), K = w.cols();
+    void* xh = w.dtype == DType::kF32 ? nullptr : scratch(xh_, size_t(M * K) * 2);
+    cuda::gemm(x, M, cached(w), w.dtype, N, K, bias ? cached(bias, size_t(N) * 4) : nullptr, y, xh);
+  }
+  void rms_norm(const float* x, const float* w, int64_t M, int64_t n, float eps, float* y) override {
+    cuda::rms_norm(x, cached(w, size_t(n) * 4), M, n, eps, y);
+  }
+  void layer_norm(const float* x, const float* w, const float* b, int64_t M, int64_t n, float eps,
+                  float* y) override {
+    cuda::layer_norm(x, cached(w, size_t(n) * 4), b ? cached(b, size_t(n) * 4) : nullptr, M, n, eps, y);
+  }
+  void rope(float* x, int64_t M, int n_heads, int D, const int32_t* pos, const RopeTable& t) override {
+    auto it = cache_.find(&t);
+    if (it == cache_.end()) {
+      std::vector<float> f(t.inv_freq.begin(), t.inv_freq.end());
+      void* d = cuda::dev_alloc(f.size() * 4);
+      cuda::h2d(d, f.data(), f.size() * 4);
+      it = cache_.emplace(&t, d).first;
+    }
+    cuda::rope(x, M, n_heads, D, upload_ids(pos, M), static_cast<const float*>(it->second),
+               t.style == RopeStyle::kInterleaved);
+  }
+  void swiglu(const float* gate, const float* up, int64_t n, float* y) override { cuda::swiglu(gate, up, n, y); }
+  void relu(float* x, int64_t n) override { cuda::relu(x, n); }
+  void add(float* y, const float* x, int64_t n) override { cuda::add(y, x, n); }
+  void embed(const Weight& table, const int32_t* ids, int64_t M, float* y) override {
+    for (int64_t m = 0; m < M; ++m)
+      if (ids[m] < 0 || ids[m] >= table.rows())
+        throw InputError(fmt::format("token id {} out of range [0, {})", ids[m], table.rows()));
+    cuda::embed(cached(table), table.dtype, table.cols(), upload_ids(ids, M), M, y);
+  }
+
+  void attention(const AttentionArgs& a) override {
+    if (a.kv_dtype != DType::kF32)
+      throw UnsupportedError(fmt::format("cuda attention: KV cache type {} (the cuda backend reads F32 caches)",
+                                         dtype_name(a.kv_dtype)));
+    if (a.logits_out || a.probs_out)
+      throw UnsupportedError("cuda attention: logit/probability taps are not supported on the cuda backend yet");
+    for (int r = 0; r < a.n_rows; ++r) {
+      const AttnRow& row = a.rows[r];
+      const int64_t n = row.n_keys, ld = row.head_stride / a.D;
+      float* lg = static_cast<float*>(scratch(lg_, size_t(a.H) * size_t(std::max<int64_t>(n, 1)) * 4));
+      const float* q = a.q + int64_t(r) * a.H * a.D;
+      cuda::attention_logits(q, static_cast<const float*>(row.k), ld, n, a.H, a.H_kv, a.D, a.scale, lg);
+      cuda::softmax_rows(lg, a.H, n);
+      cuda::weighted_v_sum(lg, static_cast<const float*>(row.v), ld, n, a.H, a.H_kv, a.D,
+                           a.out + int64_t(r) * a.H * a.D);
+    }
+  }
+  void group_logits(const float* q, int G, const float* K, int64_t n, int D, float scale, float* logits) override {
+    cuda::attention_logits(q, K, n, n, G, 1, D, scale, logits);
+  }
+  void softmax_rows(float* x, int64_t rows, int64_t n) override { cuda::softmax_rows(x, rows, n); }
+  void group_weighted_v(const float* p, int G, const float* V, int64_t n, int D, float* out) override {
+    cuda::weighted_v_sum(p, V, n, n, G, 1, D, out);
+  }
+  void write_kv(const float* src, int64_t n, int H_kv, int D, const int32_t* pos, void* dst, int64_t head_stride,
+                DType dt) override {
+    if (dt != DType::kF32)
+      throw UnsupportedError(fmt::format("cuda: KV cache type {} (the cuda backend stores F32 caches)", dtype_name(dt)));
+    cuda::kv_write(src, n, H_kv, D, upload_ids(pos, n), static_cast<float*>(dst), head_stride);
+  }
+
+ private:
+  struct Scratch {
+    void* p = nullptr;
+    size_t bytes = 0;
+  };
+  // A device scratch of at least `bytes`, grown (never shrunk) as needed. Growing waits for the
+  // stream first: work queued earlier may still read the old buffer.
+  void* scratch(Scratch& s, size_t bytes) {
+    if (s.bytes < bytes) {
+      cuda::synchronize();
+      if (s.p) cuda::dev_free(s.p);
+      s.bytes = std::max(bytes, 2 * s.bytes);
+      s.p = cuda::dev_alloc(s.bytes);
+    }
+    return s.p;
+  }
+  // ids/positions to the device. h2d waits for the copy, so the host array may change afterwards;
+  // the scratch is reused by the next call, which the in-order stream makes safe.
+  const int32_t* upload_ids(const int32_t* host, int64_t n) {
+    void* d = scratch(ids_, size_t(std::max<int64_t>(n, 1)) * 4);
+    cuda::synchronize();  // earlier kernels may still read the previous ids
+    cuda::h2d(d, host, size_t(n) * 4);
+    return static_cast<const int32_t*>(d);
+  }
+  const void* cached(const Weight& w) { return cached(w.buf.data(), w.buf.bytes()); }
+  const float* cached(const float* host, size_t bytes) {
+    return static_cast<const float*>(cached(static_cast<const void*>(host), bytes));
+  }
+  const void* cached(const void* host, size_t bytes) {
+    auto it = cache_.find(host);
+    if (it != cache_.end()) return it->second;
+    void* d = cuda::dev_alloc(bytes);
+    cuda::h2d(d, host, bytes);
+    return cache_.emplace(host, d).first->second;
+  }
+
+  std::string name_;
+  int64_t memory_ = 0;
+  std::unordered_map<const void*, void*> cache_;  // host address → device copy
+  Scratch ids_, lg_, xh_;
+};
+
+}  // namespace
+
+std::unique_ptr<Backend> make_cuda_backend() { return std::make_unique<CudaBackend>(); }
+
+}  // namespace hg
