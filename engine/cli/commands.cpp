@@ -379,14 +379,15 @@ int cmd_info(const std::vector<std::string>& args) {
 }
 
 constexpr const char* kBenchHelp = R"(usage: hgbench bench --model M [--context 128,4096,16384] [--threads 1,2] [--steps N]
-                     [--kv f32|f16|bf16] [--prefill 512] [--weights f32|f16|bf16]
+                     [--kv f32|f16|bf16] [--prefill 512] [--weights f32|f16|bf16] [--backend cpu|cuda]
 
 Decode tokens/s at each context length (the KV cache, F16 by default, is filled with seeded random
 rows: its values do not change the cost), prefill tokens/s for one prompt, and the ratio to the
 bandwidth limit: read bandwidth (measured here with the same threads, right before and after each
 row's steps) / (weight bytes + KV bytes per token). Then the harness overhead: the same decode loop with the null backend and the null
-strategy, as a share of the first context's step. The `full` strategy on the cpu device.
-Measured, never modeled.
+strategy, as a share of the first context's step. The `full` strategy. With --backend cuda (F32
+KV) the weights, activations and KV are in GPU memory and the reference is the GPU memory's copy
+bandwidth (read + write bytes), so the limit is the HBM floor. Measured, never modeled.
 )";
 
 std::vector<int> int_list(const std::string& s, const std::string& what) {
@@ -403,6 +404,22 @@ std::vector<int> int_list(const std::string& s, const std::string& what) {
     pos = c + 1;
   }
   return v;
+}
+
+// Copy bandwidth of a device backend's memory, GB/s counting bytes read and written: best of 5
+// copies of `bytes` (after one warm-up), each timed to its completion (a 4-byte download waits).
+double measure_device_copy_gbs(Backend& be, int64_t bytes) {
+  BackendArray<char> a(be, size_t(bytes)), b(be, size_t(bytes));
+  float sink = 0;
+  double best = 0;
+  for (int rep = 0; rep < 6; ++rep) {
+    const auto t0 = std::chrono::steady_clock::now();
+    be.copy(b.data(), a.data(), size_t(bytes));
+    be.download(&sink, b.data(), 4);
+    const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    if (rep > 0) best = std::max(best, 2.0 * double(bytes) / dt / 1e9);
+  }
+  return best;
 }
 
 // Seconds per greedy decode step of batch 1 at positions pos0 + 1 … pos0 + steps, after one
@@ -431,7 +448,7 @@ int cmd_bench(const std::vector<std::string>& args) {
   }
   const Options o = parse(cmd, args,
                           {{{"--model", "-m"}, true}, {{"--context"}, true}, {{"--threads"}, true}, {{"--steps"}, true},
-                           {{"--kv"}, true}, {{"--prefill"}, true}, {{"--weights"}, true}});
+                           {{"--kv"}, true}, {{"--prefill"}, true}, {{"--weights"}, true}, {{"--backend"}, true}});
   if (!o.values.count("--model")) input_error("bench: --model is required (see hgbench bench --help)");
   const auto contexts = int_list(str(o, "--context", "128,4096,16384"), "--context");
   const auto threads = int_list(str(o, "--threads", "1,2"), "--threads");
@@ -442,7 +459,9 @@ int cmd_bench(const std::vector<std::string>& args) {
   if (!parse_dtype(str(o, "--kv", "f16"), &kv)) input_error("bench: --kv '{}' (expected f32, f16 or bf16)", str(o, "--kv", ""));
   Model model = load_model(str(o, "--model", ""), load_options(o, cmd));
   const HParams& hp = model.hp;
-  auto be = make_cpu_backend();
+  auto be = make_backend(str(o, "--backend", "cpu"));
+  const bool device = !be->host_memory();
+  if (device && kv != DType::kF32) input_error("bench: --backend {} reads F32 KV caches (give --kv f32)", be->name());
   MemorySystem mem(TierConfig{});
   // Weights read per decode token: every matrix once; an untied embedding only as one row.
   const int64_t embd = hp.tie_embeddings ? 0 : int64_t(model[GlobalSlot::kTokEmbd].bytes());
@@ -458,7 +477,10 @@ int cmd_bench(const std::vector<std::string>& args) {
     // The reference bandwidth brackets each row's decode steps: best of 3 quick passes over 512 MiB
     // right before and right after, averaged, so that decode and reference see the same moment
     // of a shared machine.
-    auto read_gbs = [&] { return measure_read_gbs(mem, Tier::kDram, int64_t(512) << 20, 0.0); };
+    // On a device backend: its memory's copy bandwidth (bytes read plus written), the HBM floor.
+    auto read_gbs = [&] {
+      return device ? measure_device_copy_gbs(*be, int64_t(1) << 30) : measure_read_gbs(mem, Tier::kDram, int64_t(512) << 20, 0.0);
+    };
     double first_step_s = 0;
     int first_context = 0;
     for (int n : contexts) {
@@ -472,11 +494,15 @@ int cmd_bench(const std::vector<std::string>& args) {
       std::uniform_real_distribution<float> u(-1, 1);
       for (auto& x : k) x = u(rng);
       for (auto& x : v) x = u(rng);
+      // append() takes rows in the backend's memory.
+      BackendArray<float> kb(*be, k.size()), vb(*be, v.size());
+      be->upload(kb.data(), k.data(), k.size() * 4);
+      be->upload(vb.data(), v.data(), v.size() * 4);
       for (int l = 0; l < hp.n_layers; ++l)
         for (int p0 = 0; p0 < n; p0 += 512) {
           std::vector<TokenRow> rows;
           for (int p = p0; p < std::min(n, p0 + 512); ++p) rows.push_back({0, p});
-          kvs.append(l, rows, k.data(), v.data());
+          kvs.append(l, rows, kb.data(), vb.data());
         }
       const double bw_before = read_gbs();
       const double tps = 1.0 / decode_step_seconds(dec, n, steps);
