@@ -106,7 +106,11 @@ double measure_read_gbs(MemorySystem& mem, Tier tier, int64_t bytes, double seco
       }
       total += _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(a0, a1), _mm512_add_ps(a2, a3)));
 #else
-      for (int64_t i = b; i < e; ++i) total += p[i];
+      // 16 independent sums (one chain would be bound by the add latency, not by memory).
+      float acc[16] = {};
+      for (int64_t i = b; i + 16 <= e; i += 16)
+        for (int j = 0; j < 16; ++j) acc[j] += p[i + j];
+      for (float v : acc) total += v;
 #endif
     }
     sink = sink + total;

@@ -393,6 +393,7 @@ void group_logits_fixed(const float* q, const float* K, int64_t n, int64_t t0, i
 // y[m, n] = x[m] · W[n] for n in [n0, n1), MR rows of x (decode batch), W rows of type T. Blocks
 // of 16 weight rows: 4 rows at a time share each x load (4·MR accumulators), and one hsum16 per
 // x row turns the 16 rows' partial vectors into 16 outputs. Weights are read once, streamed.
+#if HG_AVX512
 constexpr int64_t kGemvPrefetchRows = 16;
 
 template <int MR, typename T>
@@ -439,6 +440,7 @@ void gemv_t(const float* x, const T* W, int64_t K, int64_t n0, int64_t n1, float
     }
   }
 }
+#endif
 
 // Calls f(std::integral_constant<int, G>) for G in 1..8; false for other G.
 template <typename F>
