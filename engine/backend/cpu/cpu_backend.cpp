@@ -21,6 +21,7 @@ namespace {
 constexpr int64_t kGemvMaxRows = 4;
 constexpr int64_t kGemvRows = 64;     // weight rows per parallel task
 constexpr int64_t kF16Block = 1024;  // F16 weight rows converted per prefill block
+constexpr int kBatchHeads = 8;       // query heads per batched prefill group (compiled group sizes)
 
 class CpuBackend final : public Backend {
  public:
@@ -170,6 +171,7 @@ class CpuBackend final : public Backend {
       attention_split(a, G, splits, max_keys);
       return;
     }
+    if (attention_batched(a, G, max_keys)) return;
     parallel_for(n_tasks, [&](int64_t task) {
       const int r = int(task / a.H_kv), g = int(task % a.H_kv);
       const AttnRow& row = a.rows[r];
@@ -183,6 +185,53 @@ class CpuBackend final : public Backend {
                            a.probs_out ? a.probs_out + (int64_t(r) * a.H + int64_t(g) * G) * a.tap_ld : nullptr,
                            a.tap_ld);
     });
+  }
+
+  // Prefill: consecutive rows of one sequence (the same K and V) share every K/V read. Up to
+  // kBatchHeads / G rows run as one group of R·G query heads, each masked to its own causal key
+  // range. Not with taps, and not when no two neighbouring rows share a cache.
+  bool attention_batched(const AttentionArgs& a, int G, int64_t max_keys) {
+    if (a.logits_out || a.probs_out || a.n_rows < 2 || 2 * G > kBatchHeads) return false;
+    const int R = kBatchHeads / G;
+    auto same = [&](const AttnRow& x, const AttnRow& y) { return x.k == y.k && x.v == y.v && x.head_stride == y.head_stride; };
+    blocks_.clear();
+    for (int r = 0; r < a.n_rows;) {
+      int c = 1;
+      while (c < R && r + c < a.n_rows && same(a.rows[r + c], a.rows[r])) ++c;
+      blocks_.emplace_back(r, c);
+      r += c;
+    }
+    if (blocks_.size() == size_t(a.n_rows)) return false;
+    const int nt = num_threads();
+    if (batch_.size() < size_t(nt)) batch_.resize(size_t(nt));
+    const int64_t es = int64_t(dtype_size(a.kv_dtype)), D = a.D;
+    parallel_for(int64_t(blocks_.size()) * a.H_kv, [&](int64_t task) {
+      const auto [r0, c] = blocks_[size_t(task / a.H_kv)];
+      const int g = int(task % a.H_kv), GE = c * G;
+      auto& buf = batch_[size_t(omp_get_thread_num())];
+      buf.q.resize(size_t(GE * D));
+      buf.out.resize(size_t(GE * D));
+      buf.lim.resize(size_t(GE));
+      int64_t n = 0;
+      for (int j = 0; j < c; ++j)
+        for (int h = 0; h < G; ++h) {
+          const float* src = a.q + ((int64_t(r0) + j) * a.H + int64_t(g) * G + h) * D;
+          std::copy(src, src + D, buf.q.data() + (j * G + h) * D);
+          buf.lim[size_t(j * G + h)] = a.rows[r0 + j].n_keys;
+          n = std::max<int64_t>(n, a.rows[r0 + j].n_keys);
+        }
+      auto& s = scratch_[size_t(omp_get_thread_num())];
+      if (s.size() < size_t(GE * max_keys)) s.resize(size_t(GE * max_keys));
+      const AttnRow& row = a.rows[r0];
+      const int64_t off = int64_t(g) * row.head_stride * es;
+      cpu::attention_group(buf.q.data(), static_cast<const char*>(row.k) + off, static_cast<const char*>(row.v) + off,
+                           a.kv_dtype, n, GE, int(D), a.scale, buf.out.data(), s.data(), nullptr, nullptr, 0, nullptr,
+                           buf.lim.data());
+      for (int j = 0; j < c; ++j)
+        std::copy(buf.out.data() + j * G * D, buf.out.data() + (j + 1) * G * D,
+                  a.out + ((int64_t(r0) + j) * a.H + int64_t(g) * G) * D);
+    });
+    return true;
   }
 
   void attention_split(const AttentionArgs& a, int G, int64_t S, int64_t max_keys) {
@@ -259,6 +308,12 @@ class CpuBackend final : public Backend {
   std::vector<float> wf_;  // F16 weight block converted for prefill
   std::vector<std::vector<float>> scratch_;
   std::vector<float> part_out_, part_lse_;
+  struct BatchBuf {
+    std::vector<float> q, out;
+    std::vector<int32_t> lim;
+  };
+  std::vector<BatchBuf> batch_;                 // per thread
+  std::vector<std::pair<int, int>> blocks_;     // (first row, rows) sharing one K/V
 };
 
 }  // namespace

@@ -324,7 +324,8 @@ inline void weighted_v_blocks(const float* p, int64_t ld, const T* V, int cn, in
 // logits stay in L1.
 template <int G, int DT, typename T>
 void attention_group_fused(const float* q, const T* K, const T* V, int64_t n, int D_, float scale, float* out,
-                           float* logits_out, float* probs_out, int64_t tap_ld, float* lse_out) {
+                           float* logits_out, float* probs_out, int64_t tap_ld, float* lse_out,
+                           const int32_t* key_limits) {
   const int D = DT > 0 ? DT : D_;
   constexpr int kChunk = 64;
   constexpr int BB = G <= 2 ? 4 : G <= 4 ? 4 : 2;  // D-blocks per V pass: G·BB ≤ 16 accumulators
@@ -339,6 +340,9 @@ void attention_group_fused(const float* q, const T* K, const T* V, int64_t n, in
     if (cn < kChunk) std::fill(s, s + G * kChunk, -INFINITY);  // the last chunk's unused lanes
     for (int c0 = 0; c0 < cn; c0 += 16)
       logits16<G, DT>(q, K + (t0 + c0) * D, std::min(16, cn - c0), D, scale, s + c0, kChunk);
+    if (key_limits)  // head h sees keys [0, key_limits[h]) only
+      for (int h = 0; h < G; ++h)
+        for (int64_t c = std::max<int64_t>(0, key_limits[h] - t0); c < cn; ++c) s[h * kChunk + c] = -INFINITY;
     if (logits_out)
       for (int h = 0; h < G; ++h) std::copy(s + h * kChunk, s + h * kChunk + cn, logits_out + h * tap_ld + t0);
     else if (probs_out)  // logits parked in probs_out, normalised at the end
@@ -469,7 +473,8 @@ void with_head_dim(int D, F&& f) {
 
 template <typename T>
 void attention_group_t(const float* q, const T* K, const T* V, int64_t n_keys, int G, int D, float scale, float* out,
-                       float* scratch, float* logits_out, float* probs_out, int64_t tap_ld, float* lse_out) {
+                       float* scratch, float* logits_out, float* probs_out, int64_t tap_ld, float* lse_out,
+                       const int32_t* key_limits) {
   if (n_keys <= 0) {
     std::fill(out, out + int64_t(G) * D, 0.0f);
     if (lse_out) std::fill(lse_out, lse_out + G, -INFINITY);
@@ -479,7 +484,7 @@ void attention_group_t(const float* q, const T* K, const T* V, int64_t n_keys, i
   if (with_group_size(G, [&](auto g) {
         with_head_dim(D, [&](auto d) {
           attention_group_fused<decltype(g)::value, decltype(d)::value>(q, K, V, n_keys, D, scale, out, logits_out,
-                                                                         probs_out, tap_ld, lse_out);
+                                                                         probs_out, tap_ld, lse_out, key_limits);
         });
       }))
     return;
@@ -490,6 +495,9 @@ void attention_group_t(const float* q, const T* K, const T* V, int64_t n_keys, i
     const T* k = K + t * D;
     for (int h = 0; h < G; ++h) scratch[h * n_keys + t] = dot_kv(q + int64_t(h) * D, k, D) * scale;
   }
+  if (key_limits)
+    for (int h = 0; h < G; ++h)
+      for (int64_t t = key_limits[h]; t < n_keys; ++t) scratch[h * n_keys + t] = -INFINITY;
   if (logits_out)
     for (int h = 0; h < G; ++h) std::copy(scratch + h * n_keys, scratch + (h + 1) * n_keys, logits_out + h * tap_ld);
   std::vector<float> inv_sum(static_cast<size_t>(G), 0.0f);
@@ -531,17 +539,18 @@ void group_logits(const float* q, int G, const float* K, int64_t n, int64_t t0, 
 }
 
 void attention_group(const float* q, const void* K, const void* V, DType kv, int64_t n_keys, int G, int D, float scale,
-                     float* out, float* scratch, float* logits_out, float* probs_out, int64_t tap_ld, float* lse_out) {
+                     float* out, float* scratch, float* logits_out, float* probs_out, int64_t tap_ld, float* lse_out,
+                     const int32_t* key_limits) {
   switch (kv) {
     case DType::kF32:
       return attention_group_t(q, static_cast<const float*>(K), static_cast<const float*>(V), n_keys, G, D, scale, out,
-                               scratch, logits_out, probs_out, tap_ld, lse_out);
+                               scratch, logits_out, probs_out, tap_ld, lse_out, key_limits);
     case DType::kF16:
       return attention_group_t(q, static_cast<const F16Tag*>(K), static_cast<const F16Tag*>(V), n_keys, G, D, scale,
-                               out, scratch, logits_out, probs_out, tap_ld, lse_out);
+                               out, scratch, logits_out, probs_out, tap_ld, lse_out, key_limits);
     case DType::kBF16:
       return attention_group_t(q, static_cast<const BF16Tag*>(K), static_cast<const BF16Tag*>(V), n_keys, G, D, scale,
-                               out, scratch, logits_out, probs_out, tap_ld, lse_out);
+                               out, scratch, logits_out, probs_out, tap_ld, lse_out, key_limits);
   }
 }
 

@@ -30,7 +30,9 @@ void f16_to_f32_row(const uint16_t* x, float* y, int64_t n);
 // K and V rows are of type `kv` (F32, F16 or BF16; converted to F32 as they are read).
 void attention_group(const float* q, const void* K, const void* V, DType kv, int64_t n_keys, int G, int D, float scale,
                      float* out, float* scratch, float* logits_out = nullptr, float* probs_out = nullptr,
-                     int64_t tap_ld = 0, float* lse_out = nullptr);
+                     int64_t tap_ld = 0, float* lse_out = nullptr, const int32_t* key_limits = nullptr);
+// key_limits (optional, [G]): head h sees keys [0, key_limits[h]) only (≥ 1 each) — query rows of
+// one sequence batched as one group in prefill, each with its causal limit.
 // lse_out (optional, [G]): log Σ_t exp(logit) per head — what merging split-key partial results needs
 // (flash-decoding: out = Σ_c e^{lse_c − M} out_c / Σ_c e^{lse_c − M}).
 // logits[h, t] = scale · q[h] · K[t] for t in [t0, t1) (q [G, D], K [n, D], logits [G, n]).
