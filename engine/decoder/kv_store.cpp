@@ -1,12 +1,24 @@
 // Contiguous host KV storage.
 #include "engine/decoder/kv_store.h"
 
+#include <algorithm>
 #include <cstring>
 
 namespace hg {
 
 void KvStore::reset(const KvShape& shape, std::span<const int32_t> capacity, MemorySystem* mem, Tier tier,
                     DType dtype, Backend* device) {
+  // The same batch shape on the same memory again (a new request of the same size): keep the
+  // storage — no allocation and no first-touch page faults per request. Contents are stale but
+  // every position is written before it is read.
+  const bool same = !buf_.empty() && mem == mem_ && tier == tier_ && device == device_ && dtype == dtype_ &&
+                    shape.n_layers == shape_.n_layers && shape.H_kv == shape_.H_kv && shape.D == shape_.D &&
+                    std::equal(capacity.begin(), capacity.end(), capacity_.begin(), capacity_.end());
+  mem_ = mem, tier_ = tier, device_ = device;
+  if (same) {
+    shape_ = shape;
+    return;
+  }
   shape_ = shape;
   dtype_ = dtype;
   capacity_.assign(capacity.begin(), capacity.end());

@@ -58,6 +58,9 @@ class KvStore {
   std::vector<Slot> buf_;
   int64_t bytes_ = 0;
   std::vector<int32_t> pos_;  // write() scratch
+  MemorySystem* mem_ = nullptr;  // where the current storage came from (reset() reuses it)
+  Tier tier_ = Tier::kDram;
+  Backend* device_ = nullptr;
 };
 
 }  // namespace hg

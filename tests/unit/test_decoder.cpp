@@ -4,6 +4,7 @@
 #include "baselines/full/full.h"
 #include "engine/decoder/decoder.h"
 #include "engine/decoder/generate.h"
+#include "engine/decoder/kv_store.h"
 #include "engine/formats/formats.h"
 #include "engine/tokenizer/tokenizer.h"
 #include "test_util.h"
@@ -150,6 +151,27 @@ TEST(Synthetic, PresetsHaveThePapersShapes) {
   EXPECT_EQ(0, std::memcmp(a.layers[0][Slot::kWq].buf.data(), b.layers[0][Slot::kWq].buf.data(), a.layers[0][Slot::kWq].bytes()));
   EXPECT_THROW(load_model("synthetic:llama-3.2-1b?layer=2"), InputError);
   EXPECT_THROW(load_model("synthetic:nope"), InputError);
+}
+
+// A new request of the same batch shape keeps the KV storage (no allocation, no page faults);
+// any other shape gets storage of its own size.
+TEST(KvStoreReuse, SameShapeKeepsStorageOtherShapesReallocate) {
+  KvStore st;
+  const KvShape shape{2, 4, 2, 16, nullptr};
+  const std::vector<int32_t> cap = {10, 7};
+  st.reset(shape, cap);
+  void* k0 = st.k_raw(1, 1);
+  const int64_t bytes = st.bytes();
+  st.reset(shape, cap);
+  EXPECT_EQ(st.k_raw(1, 1), k0);
+  EXPECT_EQ(st.bytes(), bytes);
+  const std::vector<int32_t> bigger = {10, 9};
+  st.reset(shape, bigger);
+  EXPECT_EQ(st.capacity(1), 9);
+  EXPECT_GT(st.bytes(), bytes);
+  st.reset(shape, bigger, nullptr, Tier::kDram, DType::kF16);
+  EXPECT_EQ(st.dtype(), DType::kF16);
+  EXPECT_LT(st.bytes(), bytes);
 }
 
 }  // namespace
