@@ -58,8 +58,9 @@ INSTANTIATE_TEST_SUITE_P(Shapes, MatmulTest,
                                            MatmulCase{4, 128, 64, DType::kF32}, MatmulCase{1, 17, 97, DType::kF16},
                                            MatmulCase{2, 64, 300, DType::kF16}, MatmulCase{3, 1000, 33, DType::kF16},
                                            MatmulCase{4, 97, 1025, DType::kF16},
-                                           // F16 prefill: weight blocks converted to F32 (N > one block).
-                                           MatmulCase{5, 97, 33, DType::kF16}, MatmulCase{17, 64, 2100, DType::kF16}),
+                                           // F16 prefill: weight blocks (64 MiB of F32) converted for oneDNN;
+                                           // 4096 × 4200 is two blocks.
+                                           MatmulCase{5, 97, 33, DType::kF16}, MatmulCase{5, 4096, 4200, DType::kF16}),
                          [](const auto& i) {
                            return "M" + std::to_string(i.param.M) + "_K" + std::to_string(i.param.K) + "_N" +
                                   std::to_string(i.param.N) + "_" + std::string(dtype_name(i.param.t));
