@@ -146,6 +146,8 @@ void write_kv_host(const float* src, int64_t n, int H_kv, int D, const int32_t* 
 std::unique_ptr<Backend> make_backend(std::string_view name);
 std::vector<std::string> backend_names();
 bool cuda_compiled();
+// CUDA devices visible to this build (0 without CUDA support or without a device).
+int cuda_device_count_or_zero();
 
 std::unique_ptr<Backend> make_ref_backend();
 std::unique_ptr<Backend> make_cpu_backend();

@@ -12,7 +12,6 @@
 
 namespace hg {
 
-int cuda_device_count_or_zero();  // backend/backend.cpp
 
 std::string_view device_kind_name(DeviceKind k) {
   switch (k) {

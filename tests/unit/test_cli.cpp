@@ -5,6 +5,7 @@
 #include <array>
 #include <cstdio>
 
+#include "engine/backend/backend.h"
 #include "engine/runtime/memory.h"
 #include "test_util.h"
 
@@ -31,7 +32,7 @@ CmdResult run(const std::string& args) {
 
 TEST(Cli, HelpForEverySubcommand) {
   EXPECT_EQ(run("--help").status, 0);
-  for (const char* c : {"generate", "info", "models", "strategies", "calibrate", "bench"}) {
+  for (const char* c : {"generate", "info", "models", "strategies", "calibrate", "bench", "export"}) {
     const CmdResult r = run(std::string(c) + " --help");
     EXPECT_EQ(r.status, 0) << c;
     EXPECT_FALSE(r.out.empty()) << c;
@@ -39,10 +40,19 @@ TEST(Cli, HelpForEverySubcommand) {
 }
 
 TEST(Cli, BadInputExitsTwoWithOneLine) {
-  for (const char* args : {"generate", "generate --model /nonexistent.gguf", "info --model synthetic:nope",
-                           "generate --model synthetic:tiny-llama --bogus", "generate --model synthetic:tiny-llama -n x",
-                           "generate --model synthetic:tiny-llama --backend cuda", "frobnicate",
-                           "generate --model synthetic:tiny-llama --strategy nope"}) {
+  std::vector<std::string> cases = {"generate", "generate --model /nonexistent.gguf", "info --model synthetic:nope",
+                                    "generate --model synthetic:tiny-llama --bogus",
+                                    "generate --model synthetic:tiny-llama -n x", "frobnicate",
+                                    "generate --model synthetic:tiny-llama --strategy nope",
+                                    "export --model synthetic:tiny-llama",
+                                    "export --model synthetic:tiny-opt --out " + test::temp_path("cli_opt.gguf"),
+                                    "bench --model synthetic:tiny-llama --backend nope"};
+  if (cuda_device_count_or_zero() == 0) {  // with a device these run
+    cases.push_back("generate --model synthetic:tiny-llama --backend cuda");
+    cases.push_back("generate --model synthetic:tiny-llama --device cuda");
+    cases.push_back("bench --model synthetic:tiny-llama --backend cuda --kv f32");
+  }
+  for (const std::string& args : cases) {
     const CmdResult r = run(args);
     EXPECT_EQ(r.status, 2) << args << "\n" << r.out;
     EXPECT_EQ(std::count(r.out.begin(), r.out.end(), '\n'), 1) << args << "\n" << r.out;
@@ -74,6 +84,13 @@ TEST(Cli, BenchAndStrategyRunsOnSyntheticModel) {
   }
   EXPECT_EQ(run("generate --model synthetic:tiny-qwen2 --strategy h2o --set flexgen.overlap=false").status, 2);
   EXPECT_EQ(run("generate --model synthetic:tiny-qwen2 --device emulated --clock modeled:no-such-machine").status, 2);
+  // export → a GGUF that generate loads (llama.cpp's conventions are checked in test_formats).
+  const std::string gguf = test::temp_path("cli_export.gguf");
+  r = run("export --model \"synthetic:tiny-llama?dtype=f16\" --out " + gguf);
+  EXPECT_EQ(r.status, 0) << r.out;
+  r = run("generate --model " + gguf + " --prompt-tokens 8 -n 4 --quiet");
+  EXPECT_EQ(r.status, 0) << r.out;
+  EXPECT_NE(r.out.find("weights f16"), std::string::npos) << r.out;
 }
 
 TEST(Cli, GenerateAndInfoOnRealModel) {
