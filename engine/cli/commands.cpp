@@ -152,6 +152,13 @@ Prints architecture, shapes, weight type, parameter count and tokenizer of a mod
 
 }  // namespace
 
+// `CMD --help` / `CMD -h`: prints the command's help text.
+bool asked_for_help(const std::vector<std::string>& args, const char* help) {
+  if (args.empty() || (args[0] != "--help" && args[0] != "-h")) return false;
+  fmt::print("{}", help);
+  return true;
+}
+
 void print_usage() {
   fmt::print(R"(hgbench — long-context LLM decoding under KV-cache pressure
 
@@ -170,10 +177,7 @@ commands:
 
 int cmd_generate(const std::vector<std::string>& args) {
   const std::string cmd = "generate";
-  if (!args.empty() && (args[0] == "--help" || args[0] == "-h")) {
-    fmt::print("{}", kGenerateHelp);
-    return 0;
-  }
+  if (asked_for_help(args, kGenerateHelp)) return 0;
   const Options o = parse(cmd, args,
                           {{{"--model", "-m"}, true}, {{"--prompt", "-p"}, true, true}, {{"-n", "--n-predict"}, true},
                            {{"--batch", "-b"}, true}, {{"--greedy"}, false}, {{"--temp"}, true}, {{"--top-k"}, true},
@@ -337,10 +341,7 @@ int cmd_generate(const std::vector<std::string>& args) {
 
 int cmd_info(const std::vector<std::string>& args) {
   const std::string cmd = "info";
-  if (!args.empty() && (args[0] == "--help" || args[0] == "-h")) {
-    fmt::print("{}", kInfoHelp);
-    return 0;
-  }
+  if (asked_for_help(args, kInfoHelp)) return 0;
   const Options o = parse(cmd, args, {{{"--model", "-m"}, true}, {{"--weights"}, true}});
   if (!o.values.count("--model")) input_error("info: --model is required (see hgbench info --help)");
   Model m = load_model(str(o, "--model", ""), load_options(o, cmd));
@@ -442,10 +443,7 @@ double decode_step_seconds(Decoder& dec, int pos0, int steps) {
 
 int cmd_bench(const std::vector<std::string>& args) {
   const std::string cmd = "bench";
-  if (!args.empty() && (args[0] == "--help" || args[0] == "-h")) {
-    fmt::print("{}", kBenchHelp);
-    return 0;
-  }
+  if (asked_for_help(args, kBenchHelp)) return 0;
   const Options o = parse(cmd, args,
                           {{{"--model", "-m"}, true}, {{"--context"}, true}, {{"--threads"}, true}, {{"--steps"}, true},
                            {{"--kv"}, true}, {{"--prefill"}, true}, {{"--weights"}, true}, {{"--backend"}, true}});
@@ -560,10 +558,7 @@ meaningless: this is for speed comparisons with random (`synthetic:`) weights.
 
 int cmd_export(const std::vector<std::string>& args) {
   const std::string cmd = "export";
-  if (!args.empty() && (args[0] == "--help" || args[0] == "-h")) {
-    fmt::print("{}", kExportHelp);
-    return 0;
-  }
+  if (asked_for_help(args, kExportHelp)) return 0;
   const Options o = parse(cmd, args, {{{"--model", "-m"}, true}, {{"--out", "-o"}, true}, {{"--weights"}, true}});
   if (!o.values.count("--model") || !o.values.count("--out"))
     input_error("export: --model and --out are required (see hgbench export --help)");
@@ -584,10 +579,7 @@ rates when a device exists) and writes the platform profile `this-machine` used 
 
 int cmd_calibrate(const std::vector<std::string>& args) {
   const std::string cmd = "calibrate";
-  if (!args.empty() && (args[0] == "--help" || args[0] == "-h")) {
-    fmt::print("{}", kCalibrateHelp);
-    return 0;
-  }
+  if (asked_for_help(args, kCalibrateHelp)) return 0;
   const Options o = parse(cmd, args, {{{"--out"}, true}, {{"--seconds"}, true}});
   CalibrateOptions co;
   co.seconds_per_measure = number<double>(o, cmd, "--seconds", 0.5);

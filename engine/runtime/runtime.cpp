@@ -1,12 +1,12 @@
 // Runtime construction and calibration.
 #include "engine/runtime/runtime.h"
 
-#include <immintrin.h>
 #include <omp.h>
 
 #include <chrono>
 #include <cstring>
 
+#include "engine/backend/cpu/kernels.h"
 #include "engine/core/error.h"
 #include "engine/core/thread_pool.h"
 
@@ -95,22 +95,7 @@ double measure_read_gbs(MemorySystem& mem, Tier tier, int64_t bytes, double seco
     {
       const int t = omp_get_thread_num(), nt = omp_get_num_threads();
       const int64_t b = n * t / nt / 64 * 64, e = t == nt - 1 ? n : n * (t + 1) / nt / 64 * 64;
-#if defined(__AVX512F__)
-      __m512 a0 = _mm512_setzero_ps(), a1 = _mm512_setzero_ps(), a2 = _mm512_setzero_ps(), a3 = _mm512_setzero_ps();
-      for (int64_t i = b; i < e; i += 64) {
-        a0 = _mm512_add_ps(a0, _mm512_loadu_ps(p + i));
-        a1 = _mm512_add_ps(a1, _mm512_loadu_ps(p + i + 16));
-        a2 = _mm512_add_ps(a2, _mm512_loadu_ps(p + i + 32));
-        a3 = _mm512_add_ps(a3, _mm512_loadu_ps(p + i + 48));
-      }
-      total += _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(a0, a1), _mm512_add_ps(a2, a3)));
-#else
-      // 16 independent sums (one chain would be bound by the add latency, not by memory).
-      float acc[16] = {};
-      for (int64_t i = b; i + 16 <= e; i += 16)
-        for (int j = 0; j < 16; ++j) acc[j] += p[i + j];
-      for (float v : acc) total += v;
-#endif
+      total += cpu::sum(p + b, e - b);
     }
     sink = sink + total;
     const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();

@@ -3,7 +3,6 @@
 // a read-only AVX-512 reduction over 1 GiB). Run: build/tests/hg_bench [--benchmark_filter=…]
 #include <benchmark/benchmark.h>
 
-#include <immintrin.h>
 
 #include <algorithm>
 #include <chrono>
@@ -27,61 +26,40 @@ namespace {
 // x_bw is against the bandwidth of the same number of threads.
 double g_read_gbs[65] = {};
 
-// Σ p[b, e): a read-only stream (AVX-512 where compiled for it; else a loop the compiler vectorises).
-float read_sum(const float* p, int64_t b, int64_t e) {
-#if defined(__AVX512F__)
-  __m512 a0 = _mm512_setzero_ps(), a1 = _mm512_setzero_ps(), a2 = _mm512_setzero_ps(), a3 = _mm512_setzero_ps();
-  int64_t i = b;
-  for (; i + 64 <= e; i += 64) {
-    a0 = _mm512_add_ps(a0, _mm512_loadu_ps(p + i));
-    a1 = _mm512_add_ps(a1, _mm512_loadu_ps(p + i + 16));
-    a2 = _mm512_add_ps(a2, _mm512_loadu_ps(p + i + 32));
-    a3 = _mm512_add_ps(a3, _mm512_loadu_ps(p + i + 48));
-  }
-  float s = _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(a0, a1), _mm512_add_ps(a2, a3)));
-#else
-  float acc[16] = {};
-  int64_t i = b;
-  for (; i + 16 <= e; i += 16)
-    for (int j = 0; j < 16; ++j) acc[j] += p[i + j];
-  float s = 0;
-  for (float v : acc) s += v;
-#endif
-  for (; i < e; ++i) s += p[i];
-  return s;
-}
-
 void fill(float* p, size_t n, uint64_t seed) {
   std::mt19937_64 g(seed);
   std::uniform_real_distribution<float> u(-1, 1);
   for (size_t i = 0; i < n; ++i) p[i] = u(g);
 }
 
-// One read-only pass over 256 MiB with the current thread count, in GB/s. The benchmarks run one
-// before and one after their timed loop: x_bw is against the mean of the two, so the kernel and its
-// reference see the same moment of this shared machine. x_bw_peak is against BM_SetReference's
-// best-of-5 (a conservative ratio: the best moment of the run).
-double read_pass_gbs() {
-  static const size_t n = (size_t(256) << 20) / 4;
-  static AlignedBuffer buf = [] {
-    AlignedBuffer b(n * 4);
-    float* p = static_cast<float*>(b.data());
-    parallel_chunks(int64_t(n), [&](int64_t lo, int64_t hi) {
-      for (int64_t i = lo; i < hi; ++i) p[i] = 1.0f;
-    });
-    return b;
-  }();
-  const float* p = static_cast<const float*>(buf.data());
+// One read-only pass over p[0, n) with the current thread count (cpu::sum per chunk), in GB/s.
+double timed_read_gbs(const float* p, size_t n) {
   std::vector<float> part(64, 0.0f);
   const auto t0 = std::chrono::steady_clock::now();
-  parallel_chunks(int64_t(n), [&](int64_t b, int64_t e) {
-    part[size_t(b * 64 / int64_t(n))] = read_sum(p, b, e);
-  });
+  parallel_chunks(int64_t(n), [&](int64_t b, int64_t e) { part[size_t(b * 64 / int64_t(n))] = cpu::sum(p + b, e - b); });
   const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   float sum = 0;
   for (float v : part) sum += v;
   benchmark::DoNotOptimize(sum);
   return double(n) * 4 / dt / 1e9;
+}
+
+// A host buffer of n ones, first-touched by the pool.
+AlignedBuffer ones(size_t n) {
+  AlignedBuffer b(n * 4);
+  float* p = static_cast<float*>(b.data());
+  parallel_chunks(int64_t(n), [&](int64_t lo, int64_t hi) { std::fill(p + lo, p + hi, 1.0f); });
+  return b;
+}
+
+// One pass over 256 MiB. The benchmarks run one before and one after their timed loop: x_bw is
+// against the mean of the two, so the kernel and its reference see the same moment of this shared
+// machine. x_bw_peak is against BM_SetReference's best-of-5 (a conservative ratio: the best moment
+// of the run).
+double read_pass_gbs() {
+  static const size_t n = (size_t(256) << 20) / 4;
+  static const AlignedBuffer buf = ones(n);
+  return timed_read_gbs(static_cast<const float*>(buf.data()), n);
 }
 
 // Construct right before the timed loop (after set_num_threads); report() takes the second pass.
@@ -106,25 +84,13 @@ int cold_copies(double bytes) { return std::max(1, int(std::ceil(96.0 * (1 << 20
 
 // Read-only reduction over 1 GiB with `threads` threads: the machine's read bandwidth.
 void BM_ReadBandwidth(benchmark::State& st) {
-  const int threads = int(st.range(0));
-  set_num_threads(threads);
+  set_num_threads(int(st.range(0)));
   const size_t n = (size_t(1) << 30) / 4;
-  AlignedBuffer buf(n * 4);
-  float* p = static_cast<float*>(buf.data());
-  parallel_chunks(int64_t(n), [&](int64_t b, int64_t e) {
-    for (int64_t i = b; i < e; ++i) p[i] = float(i & 1023);
-  });
-  double sink = 0;
-  for (auto _ : st) {
-    std::vector<double> part(size_t(threads), 0.0);
-    parallel_chunks(int64_t(n), [&](int64_t b, int64_t e) {
-      part[size_t(b * threads / int64_t(n))] = read_sum(p, b, e);
-    });
-    for (double v : part) sink += v;
-  }
-  benchmark::DoNotOptimize(sink);
+  const AlignedBuffer buf = ones(n);
+  double secs = 0;
+  for (auto _ : st) secs += double(n) * 4 / 1e9 / timed_read_gbs(static_cast<const float*>(buf.data()), n);
   const double gbs = double(n) * 4 * double(st.iterations()) / 1e9;
-  st.counters["GB/s"] = benchmark::Counter(gbs, benchmark::Counter::kIsRate);
+  st.counters["GB/s"] = gbs / secs;
   st.SetBytesProcessed(int64_t(n) * 4 * int64_t(st.iterations()));
 }
 BENCHMARK(BM_ReadBandwidth)->Arg(1)->Arg(2)->UseRealTime()->MinTime(1.0);
@@ -133,28 +99,13 @@ BENCHMARK(BM_ReadBandwidth)->Arg(1)->Arg(2)->UseRealTime()->MinTime(1.0);
 // references): best of 5 passes over 1 GiB each.
 void BM_SetReference(benchmark::State& st) {
   const size_t n = (size_t(1) << 30) / 4;
-  AlignedBuffer buf(n * 4);
-  float* p = static_cast<float*>(buf.data());
   set_num_threads(hardware_threads());
-  parallel_chunks(int64_t(n), [&](int64_t b, int64_t e) {
-    for (int64_t i = b; i < e; ++i) p[i] = 1.0f;
-  });
+  const AlignedBuffer buf = ones(n);
   for (auto _ : st) {
     for (int threads = 1; threads <= std::min(64, hardware_threads()); ++threads) {
       set_num_threads(threads);
       double best = 0;
-      for (int rep = 0; rep < 5; ++rep) {
-        auto t0 = std::chrono::steady_clock::now();
-        float s = 0;
-        std::vector<float> part(64, 0.0f);
-        parallel_chunks(int64_t(n), [&](int64_t b, int64_t e) {
-          part[size_t(b * 64 / int64_t(n))] = read_sum(p, b, e);
-        });
-        for (float v : part) s += v;
-        benchmark::DoNotOptimize(s);
-        const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-        best = std::max(best, double(n) * 4 / dt / 1e9);
-      }
+      for (int rep = 0; rep < 5; ++rep) best = std::max(best, timed_read_gbs(static_cast<const float*>(buf.data()), n));
       g_read_gbs[threads] = best;
       st.counters["ref_read_GB/s_" + std::to_string(threads) + "t"] = best;
     }

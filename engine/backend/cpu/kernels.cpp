@@ -68,6 +68,28 @@ float dot(const float* a, const float* b, int64_t n) {
 #endif
 }
 
+float sum(const float* p, int64_t n) {
+  int64_t i = 0;
+  float s = 0;
+#if HG_AVX512
+  __m512 a0 = _mm512_setzero_ps(), a1 = _mm512_setzero_ps(), a2 = _mm512_setzero_ps(), a3 = _mm512_setzero_ps();
+  for (; i + 64 <= n; i += 64) {
+    a0 = _mm512_add_ps(a0, _mm512_loadu_ps(p + i));
+    a1 = _mm512_add_ps(a1, _mm512_loadu_ps(p + i + 16));
+    a2 = _mm512_add_ps(a2, _mm512_loadu_ps(p + i + 32));
+    a3 = _mm512_add_ps(a3, _mm512_loadu_ps(p + i + 48));
+  }
+  s = _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(a0, a1), _mm512_add_ps(a2, a3)));
+#else
+  float acc[16] = {};
+  for (; i + 16 <= n; i += 16)
+    for (int j = 0; j < 16; ++j) acc[j] += p[i + j];
+  for (float v : acc) s += v;
+#endif
+  for (; i < n; ++i) s += p[i];
+  return s;
+}
+
 void rms_norm_row(const float* x, const float* w, int64_t n, float eps, float* y) {
   const float ss = dot(x, x, n);
   const float r = 1.0f / std::sqrt(ss / float(n) + eps);
@@ -555,41 +577,33 @@ void attention_group(const float* q, const void* K, const void* V, DType kv, int
 }
 
 void gemv(const float* x, int M, const void* W, DType wt, int64_t K, int64_t n0, int64_t n1, float* y, int64_t ldy) {
-#if HG_AVX512
   auto run = [&](auto tag) {
     using T = decltype(tag);
     const T* w = static_cast<const T*>(W);
+#if HG_AVX512
     switch (M) {
       case 1: return gemv_t<1>(x, w, K, n0, n1, y, ldy);
       case 2: return gemv_t<2>(x, w, K, n0, n1, y, ldy);
       case 3: return gemv_t<3>(x, w, K, n0, n1, y, ldy);
       case 4: return gemv_t<4>(x, w, K, n0, n1, y, ldy);
       default:
-        for (int m = 0; m < M; m += 4) {
-          const int mr = std::min(4, M - m);
-          gemv(x + int64_t(m) * K, mr, W, wt, K, n0, n1, y + int64_t(m) * ldy, ldy);
-        }
+        for (int m = 0; m < M; m += 4)
+          gemv(x + int64_t(m) * K, std::min(4, M - m), W, wt, K, n0, n1, y + int64_t(m) * ldy, ldy);
     }
+#else
+    for (int m = 0; m < M; ++m)
+      for (int64_t n = n0; n < n1; ++n) {
+        float s = 0;
+        for (int64_t k = 0; k < K; ++k) s += x[int64_t(m) * K + k] * elem(w, n * K + k);
+        y[int64_t(m) * ldy + n] = s;
+      }
+#endif
   };
   switch (wt) {
     case DType::kF32: return run(float{});
     case DType::kF16: return run(F16Tag{});
     case DType::kBF16: return run(BF16Tag{});
   }
-#else
-  for (int m = 0; m < M; ++m)
-    for (int64_t n = n0; n < n1; ++n) {
-      float s = 0;
-      for (int64_t k = 0; k < K; ++k) {
-        const int64_t i = n * K + k;
-        const float w = wt == DType::kF32   ? static_cast<const float*>(W)[i]
-                        : wt == DType::kF16 ? f16_to_f32(static_cast<const uint16_t*>(W)[i])
-                                            : bf16_to_f32(static_cast<const uint16_t*>(W)[i]);
-        s += x[int64_t(m) * K + k] * w;
-      }
-      y[int64_t(m) * ldy + n] = s;
-    }
-#endif
 }
 
 }  // namespace hg::cpu

@@ -9,6 +9,9 @@
 namespace hg::cpu {
 
 float dot(const float* a, const float* b, int64_t n);
+// Σ p[0, n): a read-only stream with independent partial sums (memory-bound, not add-latency-bound);
+// what the bandwidth measurements (calibrate, bench, hg_bench) read.
+float sum(const float* p, int64_t n);
 // y = x * rsqrt(mean(x²) + eps) * w.
 void rms_norm_row(const float* x, const float* w, int64_t n, float eps, float* y);
 void layer_norm_row(const float* x, const float* w, const float* b, int64_t n, float eps, float* y);

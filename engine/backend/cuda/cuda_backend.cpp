@@ -119,11 +119,10 @@ class CudaBackend final : public Backend {
     }
     return s.p;
   }
-  // ids/positions to the device. h2d waits for the copy, so the host array may change afterwards;
-  // the scratch is reused by the next call, which the in-order stream makes safe.
+  // ids/positions to the device. The copy is on the same stream, so it runs after the kernels that
+  // read the previous contents; h2d waits for it, so the host array may change afterwards.
   const int32_t* upload_ids(const int32_t* host, int64_t n) {
     void* d = scratch(ids_, size_t(std::max<int64_t>(n, 1)) * 4);
-    cuda::synchronize();  // earlier kernels may still read the previous ids
     cuda::h2d(d, host, size_t(n) * 4);
     return static_cast<const int32_t*>(d);
   }
