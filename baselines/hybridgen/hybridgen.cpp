@@ -26,6 +26,7 @@
 
 #include "baselines/common.h"
 #include "baselines/hybridgen/scheduler.h"
+#include "engine/backend/cpu/kernels.h"
 #include "engine/decoder/kv_store.h"
 #include "engine/runtime/placement.h"
 
@@ -357,7 +358,7 @@ class HybridGen final : public KvStrategy {
         for (int32_t t = 0; t < s; ++t) sel.push_back(t);
         for (int32_t t = std::max(s, n_off - (K - s)); t < n_off; ++t) sel.push_back(t);
         std::vector<float> kg(size_t(K) * size_t(D)), lg(size_t(G) * size_t(K));
-        for (int32_t i = 0; i < K; ++i) std::memcpy(&kg[size_t(i) * size_t(D)], Kg + int64_t(sel[size_t(i)]) * D, size_t(D) * 4);
+        cpu::gather_rows(kg.data(), Kg, int64_t(D) * 4, int64_t(D) * 4, sel.data(), K);
         cb.group_logits(qg, G, kg.data(), K, D, scale, lg.data());
         std::copy(lg.begin(), lg.end(), lg_sel.begin() + int64_t(g) * G * K);
       }
@@ -381,12 +382,22 @@ class HybridGen final : public KvStrategy {
       if (bytes == 0) continue;
       ev.push_back(rt_.transfers().run(tier, Tier::kGpu, bytes, [this, &res, layer, r, tier, K, D, Hkv] {
         const auto t = Clock::now();
-        for (int g = 0; g < Hkv; ++g)
-          for (int32_t i = 0; i < K; ++i) {
-            const int32_t p = res.sel[size_t(g)][size_t(i)];
-            if (vtier(layer, r.seq, p) == tier)
-              std::memcpy(res.v.as<float>() + (int64_t(g) * K + i) * D, vrow(layer, r.seq, g, p), size_t(D) * 4);
+        // Selected positions are sorted: each run of them within one page (one tier) is one gather
+        // from that page's rows of head g.
+        std::vector<int32_t> in_page;
+        for (int g = 0; g < Hkv; ++g) {
+          const auto& sel = res.sel[size_t(g)];
+          for (int32_t i = 0; i < K;) {
+            const int32_t page = sel[size_t(i)] / page_;
+            int32_t j = i;
+            in_page.clear();
+            for (; j < K && sel[size_t(j)] / page_ == page; ++j) in_page.push_back(sel[size_t(j)] % page_);
+            if (vtier(layer, r.seq, sel[size_t(i)]) == tier)
+              cpu::gather_rows(res.v.as<float>() + (int64_t(g) * K + i) * D, vrow(layer, r.seq, g, page * page_),
+                               int64_t(D) * 4, int64_t(D) * 4, in_page.data(), j - i);
+            i = j;
           }
+        }
         add_tx(since(t));
       }, {}, "selected V to gpu"));
     }

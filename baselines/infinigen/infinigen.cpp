@@ -19,6 +19,7 @@
 #include <cmath>
 
 #include "baselines/common.h"
+#include "engine/backend/cpu/kernels.h"
 #include "engine/decoder/kv_store.h"
 
 namespace hg {
@@ -269,14 +270,13 @@ class InfiniGen final : public KvStrategy {
     const int seq = r.seq;
     f->done = rt_.transfers().run(Tier::kDram, Tier::kGpu, int64_t(2) * Hkv * count * D * 4,
                                   [this, f, sel = std::move(sel), layer, seq, Hkv, D] {
-                                    for (int g = 0; g < Hkv; ++g)
-                                      for (size_t i = 0; i < sel[size_t(g)].size(); ++i) {
-                                        const int64_t src = g * store_.head_stride(seq) + int64_t(sel[size_t(g)][i]) * D;
-                                        std::copy(store_.k(layer, seq) + src, store_.k(layer, seq) + src + D,
-                                                  f->k.as<float>() + (int64_t(g) * f->n + int64_t(i)) * D);
-                                        std::copy(store_.v(layer, seq) + src, store_.v(layer, seq) + src + D,
-                                                  f->v.as<float>() + (int64_t(g) * f->n + int64_t(i)) * D);
-                                      }
+                                    for (int g = 0; g < Hkv; ++g) {
+                                      const int64_t head = g * store_.head_stride(seq), n = int64_t(sel[size_t(g)].size());
+                                      cpu::gather_rows(f->k.as<float>() + int64_t(g) * f->n * D, store_.k(layer, seq) + head,
+                                                       int64_t(D) * 4, int64_t(D) * 4, sel[size_t(g)].data(), n);
+                                      cpu::gather_rows(f->v.as<float>() + int64_t(g) * f->n * D, store_.v(layer, seq) + head,
+                                                       int64_t(D) * 4, int64_t(D) * 4, sel[size_t(g)].data(), n);
+                                    }
                                   },
                                   {}, "speculative kv fetch");
     fetch_[size_t(layer) * size_t(B_) + size_t(r.seq)] = f;

@@ -1,7 +1,9 @@
 // hgbench generate / info / strategies / models.
 #include "engine/cli/commands.h"
 
+#include <algorithm>
 #include <charconv>
+#include <functional>
 #include <filesystem>
 #include <chrono>
 #include <cstdio>
@@ -20,6 +22,7 @@
 #include "engine/decoder/generate.h"
 #include "engine/formats/formats.h"
 #include "engine/formats/gguf_writer.h"
+#include "engine/runtime/bandwidth.h"
 #include "engine/runtime/runtime.h"
 #include "engine/tokenizer/tokenizer.h"
 
@@ -384,11 +387,13 @@ constexpr const char* kBenchHelp = R"(usage: hgbench bench --model M [--context 
 
 Decode tokens/s at each context length (the KV cache, F16 by default, is filled with seeded random
 rows: its values do not change the cost), prefill tokens/s for one prompt, and the ratio to the
-bandwidth limit: read bandwidth (measured here with the same threads, right before and after each
-row's steps) / (weight bytes + KV bytes per token). Then the harness overhead: the same decode loop with the null backend and the null
-strategy, as a share of the first context's step. The `full` strategy. With --backend cuda (F32
-KV) the weights, activations and KV are in GPU memory and the reference is the GPU memory's copy
-bandwidth (read + write bytes), so the limit is the HBM floor. Measured, never modeled.
+bandwidth limit (weight bytes + KV bytes per token). Each decode step is paired with a read pass
+right after it (same threads, a 512 MiB buffer read in turn); the ratio is the median over steps
+of the step's bytes/s over its pass's GB/s, with the range beside it. Then the harness overhead:
+the same decode loop with the null backend and the null strategy, as a share of the first
+context's step. The `full` strategy. With --backend cuda (F32 KV) the weights, activations and KV
+are in GPU memory and the paired pass is a copy within GPU memory (read + write bytes), so the
+limit is the HBM floor. Measured, never modeled.
 )";
 
 std::vector<int> int_list(const std::string& s, const std::string& what) {
@@ -407,25 +412,39 @@ std::vector<int> int_list(const std::string& s, const std::string& what) {
   return v;
 }
 
-// Copy bandwidth of a device backend's memory, GB/s counting bytes read and written: best of 5
-// copies of `bytes` (after one warm-up), each timed to its completion (a 4-byte download waits).
-double measure_device_copy_gbs(Backend& be, int64_t bytes) {
-  BackendArray<char> a(be, size_t(bytes)), b(be, size_t(bytes));
-  float sink = 0;
-  double best = 0;
-  for (int rep = 0; rep < 6; ++rep) {
-    const auto t0 = std::chrono::steady_clock::now();
-    be.copy(b.data(), a.data(), size_t(bytes));
-    be.download(&sink, b.data(), 4);
-    const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    if (rep > 0) best = std::max(best, 2.0 * double(bytes) / dt / 1e9);
+// The reference pass paired with each decode step: on the host, one read pass of a 512 MiB
+// buffer read in turn (ReadProbe); on a device backend, one copy within its memory timed to its
+// completion (a 4-byte download waits), counting bytes read and written: the HBM floor.
+class StepReference {
+ public:
+  explicit StepReference(Backend& be) : be_(be), device_(!be.host_memory()) {
+    if (device_) a_ = BackendArray<char>(be, kDeviceBytes), b_ = BackendArray<char>(be, kDeviceBytes);
+    else probe_.emplace(int64_t(512) << 20);
+    pass_gbs(int64_t(256) << 20);  // warm-up (first touch, first copy)
   }
-  return best;
-}
+  // GB/s of one pass over min(bytes, the buffer).
+  double pass_gbs(int64_t bytes) {
+    if (!device_) return probe_->pass_gbs(bytes);
+    const size_t n = size_t(std::clamp<int64_t>(bytes, 1 << 20, int64_t(kDeviceBytes)));
+    float sink = 0;
+    const auto t0 = std::chrono::steady_clock::now();
+    be_.copy(b_.data(), a_.data(), n);
+    be_.download(&sink, b_.data(), 4);
+    return 2.0 * double(n) / std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() / 1e9;
+  }
 
-// Seconds per greedy decode step of batch 1 at positions pos0 + 1 … pos0 + steps, after one
-// warm-up step at pos0 (primitive creation, first touch).
-double decode_step_seconds(Decoder& dec, int pos0, int steps) {
+ private:
+  static constexpr size_t kDeviceBytes = size_t(1) << 30;
+  Backend& be_;
+  bool device_;
+  BackendArray<char> a_, b_;
+  std::optional<ReadProbe> probe_;
+};
+
+// Seconds of each of `steps` greedy decode steps of batch 1 at positions pos0 + 1 … pos0 + steps,
+// after one warm-up step at pos0 (primitive creation, first touch). after_step (untimed) runs
+// after each timed step: the paired reference pass.
+std::vector<double> decode_step_seconds(Decoder& dec, int pos0, int steps, const std::function<void()>& after_step = {}) {
   std::vector<float> logits(size_t(dec.model().hp.n_vocab));
   int32_t tok = 5;
   const int32_t zero = 0;
@@ -436,9 +455,14 @@ double decode_step_seconds(Decoder& dec, int pos0, int steps) {
     tok = argmax(logits);
   };
   step(pos0);
-  const auto t0 = std::chrono::steady_clock::now();
-  for (int i = 1; i <= steps; ++i) step(pos0 + i);
-  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() / steps;
+  std::vector<double> secs;
+  for (int i = 1; i <= steps; ++i) {
+    const auto t0 = std::chrono::steady_clock::now();
+    step(pos0 + i);
+    secs.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+    if (after_step) after_step();
+  }
+  return secs;
 }
 
 int cmd_bench(const std::vector<std::string>& args) {
@@ -460,25 +484,18 @@ int cmd_bench(const std::vector<std::string>& args) {
   auto be = make_backend(str(o, "--backend", "cpu"));
   const bool device = !be->host_memory();
   if (device && kv != DType::kF32) input_error("bench: --backend {} reads F32 KV caches (give --kv f32)", be->name());
-  MemorySystem mem(TierConfig{});
   // Weights read per decode token: every matrix once; an untied embedding only as one row.
   const int64_t embd = hp.tie_embeddings ? 0 : int64_t(model[GlobalSlot::kTokEmbd].bytes());
   const double weight_bytes = double(model.weight_bytes() - embd);
   const double kv_per_token = 2.0 * hp.n_layers * hp.n_kv_heads * hp.head_dim * double(dtype_size(kv));
   fmt::print("model {} | weights {} ({:.1f} MB read per token) | KV cache {} ({:.0f} B per cached token) | measured\n",
              model.source, dtype_name(model.weight_dtype), weight_bytes / 1e6, dtype_name(kv), kv_per_token);
-  fmt::print("{:>8} {:>7} {:>12} {:>10} {:>14} {:>12} {:>7}\n", "context", "threads", "decode tok/s", "read GB/s",
-             "MB per token", "limit tok/s", "ratio");
+  fmt::print("{:>8} {:>7} {:>12} {:>10} {:>14} {:>12} {:>7} {:>11}\n", "context", "threads", "decode tok/s", "read GB/s",
+             "MB per token", "limit tok/s", "ratio", "ratio range");
   std::mt19937_64 rng(1);
+  StepReference reference(*be);
   for (int t : threads) {
     set_num_threads(t);
-    // The reference bandwidth brackets each row's decode steps: best of 3 quick passes over 512 MiB
-    // right before and right after, averaged, so that decode and reference see the same moment
-    // of a shared machine.
-    // On a device backend: its memory's copy bandwidth (bytes read plus written), the HBM floor.
-    auto read_gbs = [&] {
-      return device ? measure_device_copy_gbs(*be, int64_t(1) << 30) : measure_read_gbs(mem, Tier::kDram, int64_t(512) << 20, 0.0);
-    };
     double first_step_s = 0;
     int first_context = 0;
     for (int n : contexts) {
@@ -502,14 +519,21 @@ int cmd_bench(const std::vector<std::string>& args) {
           for (int p = p0; p < std::min(n, p0 + 512); ++p) rows.push_back({0, p});
           kvs.append(l, rows, kb.data(), vb.data());
         }
-      const double bw_before = read_gbs();
-      const double tps = 1.0 / decode_step_seconds(dec, n, steps);
-      const double bw = (bw_before + read_gbs()) / 2;
-      if (first_step_s == 0) first_step_s = 1.0 / tps, first_context = n;
+      // Each step is paired with a reference pass right after it: the ratio is the median over
+      // steps of (bytes / step time) / that pass's bandwidth, so the step and its reference see
+      // the same moment of a shared machine. Bytes grow by one KV row per step.
       const double bytes = weight_bytes + kv_per_token * (n + steps / 2.0);
+      std::vector<double> ref;
+      const auto secs = decode_step_seconds(dec, n, steps, [&] { ref.push_back(reference.pass_gbs(int64_t(bytes))); });
+      PairedRatio pr;
+      for (size_t i = 0; i < secs.size(); ++i) pr.add(bytes / secs[i] / 1e9, ref[i]);
+      const auto ratios = pr.ratios();
+      const double tps = 1.0 / median(secs), bw = pr.ref_gbs();
+      if (first_step_s == 0) first_step_s = 1.0 / tps, first_context = n;
       const double limit = bw * 1e9 / bytes;
-      fmt::print("{:>8} {:>7} {:>12.2f} {:>10.1f} {:>14.1f} {:>12.2f} {:>7.2f}\n", n, t, tps, bw, bytes / 1e6, limit,
-                 tps / limit);
+      fmt::print("{:>8} {:>7} {:>12.2f} {:>10.1f} {:>14.1f} {:>12.2f} {:>7.2f} {:>5.2f}-{:<5.2f}\n", n, t, tps, bw,
+                 bytes / 1e6, limit, pr.ratio(), *std::min_element(ratios.begin(), ratios.end()),
+                 *std::max_element(ratios.begin(), ratios.end()));
     }
     {
       // Harness overhead: the same decode loop with every kernel a no-op (null backend) and no KV
@@ -519,7 +543,7 @@ int cmd_bench(const std::vector<std::string>& args) {
       Decoder dec(model, *nb, ns, 512);
       const int32_t cap = 1 << 20, pl = 0;
       ns.begin(dec.kv_shape(), std::span<const int32_t>(&cap, 1), std::span<const int32_t>(&pl, 1));
-      const double s = decode_step_seconds(dec, 0, std::max(64, steps * 8));
+      const double s = median(decode_step_seconds(dec, 0, std::max(64, steps * 8)));
       fmt::print("harness overhead: {:.1f} us per decode step (null backend, null strategy) = {:.2f}% of the measured "
                  "step at context {}\n",
                  s * 1e6, 100.0 * s / first_step_s, first_context);

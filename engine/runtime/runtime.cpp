@@ -1,14 +1,12 @@
 // Runtime construction and calibration.
 #include "engine/runtime/runtime.h"
 
-#include <omp.h>
-
 #include <chrono>
 #include <cstring>
 
-#include "engine/backend/cpu/kernels.h"
 #include "engine/core/error.h"
 #include "engine/core/thread_pool.h"
+#include "engine/runtime/bandwidth.h"
 
 namespace hg {
 
@@ -87,20 +85,10 @@ double measure_read_gbs(MemorySystem& mem, Tier tier, int64_t bytes, double seco
     for (int64_t i = b; i < e; ++i) p[i] = float(i & 255);
   });
   double best = 0, spent = 0;
-  volatile float sink = 0;
   for (int rep = 0; rep < 3 || spent < seconds; ++rep) {
-    const auto t0 = std::chrono::steady_clock::now();
-    float total = 0;
-#pragma omp parallel reduction(+ : total)
-    {
-      const int t = omp_get_thread_num(), nt = omp_get_num_threads();
-      const int64_t b = n * t / nt / 64 * 64, e = t == nt - 1 ? n : n * (t + 1) / nt / 64 * 64;
-      total += cpu::sum(p + b, e - b);
-    }
-    sink = sink + total;
-    const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    spent += dt;
-    best = std::max(best, double(n) * 4 / dt / 1e9);
+    const double g = read_pass_gbs(p, n);
+    spent += double(n) * 4 / g / 1e9;
+    best = std::max(best, g);
     if (rep > 50) break;
   }
   return best;

@@ -3,6 +3,8 @@
 
 #include <cstring>
 
+#include "engine/backend/cpu/kernels.h"
+
 namespace hg {
 
 int64_t TransferTotals::total_bytes() const {
@@ -13,6 +15,7 @@ int64_t TransferTotals::total_bytes() const {
 }
 
 TransferEngine::TransferEngine(Queue& copy_queue, CopyFn copy_fn) : q_(copy_queue), copy_(std::move(copy_fn)) {
+  host_copy_ = !copy_;
   if (!copy_) copy_ = [](void* d, const void* s, size_t n, Tier, Tier) { std::memcpy(d, s, n); };
 }
 
@@ -43,6 +46,7 @@ Event TransferEngine::gather_rows(void* dst, Tier dst_tier, const void* src, Tie
   count(src_tier, dst_tier, w.transfer_bytes);
   std::vector<int32_t> idx(rows.begin(), rows.end());
   return q_.submit(std::move(name), w, std::move(deps), [=, this, idx = std::move(idx)] {
+    if (host_copy_) return cpu::gather_rows(dst, src, row_bytes, src_stride, idx.data(), int64_t(idx.size()));
     auto* d = static_cast<char*>(dst);
     auto* s = static_cast<const char*>(src);
     for (size_t i = 0; i < idx.size(); ++i)

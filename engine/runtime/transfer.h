@@ -41,6 +41,7 @@ class TransferEngine {
   void count(Tier src, Tier dst, int64_t bytes);
   Queue& q_;
   CopyFn copy_;
+  bool host_copy_ = false;  // the default memcpy: gathers use cpu::gather_rows (rows prefetched)
   mutable std::mutex mu_;
   TransferTotals totals_;
 };

@@ -18,6 +18,7 @@
 #include "engine/backend/cpu/kernels.h"
 #include "engine/core/tensor.h"
 #include "engine/core/thread_pool.h"
+#include "engine/runtime/bandwidth.h"
 
 namespace hg {
 namespace {
@@ -32,19 +33,7 @@ void fill(float* p, size_t n, uint64_t seed) {
   for (size_t i = 0; i < n; ++i) p[i] = u(g);
 }
 
-// One read-only pass over p[0, n) with the current thread count (cpu::sum per chunk), in GB/s.
-double timed_read_gbs(const float* p, size_t n) {
-  std::vector<float> part(64, 0.0f);
-  const auto t0 = std::chrono::steady_clock::now();
-  parallel_chunks(int64_t(n), [&](int64_t b, int64_t e) { part[size_t(b * 64 / int64_t(n))] = cpu::sum(p + b, e - b); });
-  const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  float sum = 0;
-  for (float v : part) sum += v;
-  benchmark::DoNotOptimize(sum);
-  return double(n) * 4 / dt / 1e9;
-}
-
-// A host buffer of n ones, first-touched by the pool.
+// A buffer of n ones, first-touched by the pool.
 AlignedBuffer ones(size_t n) {
   AlignedBuffer b(n * 4);
   float* p = static_cast<float*>(b.data());
@@ -52,30 +41,38 @@ AlignedBuffer ones(size_t n) {
   return b;
 }
 
-// One pass over 256 MiB. The benchmarks run one before and one after their timed loop: x_bw is
-// against the mean of the two, so the kernel and its reference see the same moment of this shared
-// machine. x_bw_peak is against BM_SetReference's best-of-5 (a conservative ratio: the best moment
-// of the run).
-double read_pass_gbs() {
-  static const size_t n = (size_t(256) << 20) / 4;
-  static const AlignedBuffer buf = ones(n);
-  return timed_read_gbs(static_cast<const float*>(buf.data()), n);
+// The paired reference: 512 MiB read in turn, so each pass streams from memory.
+ReadProbe& probe() {
+  static ReadProbe p(int64_t(512) << 20);
+  return p;
 }
 
-// Construct right before the timed loop (after set_num_threads); report() takes the second pass.
-struct Bracket {
-  double before = read_pass_gbs();
-};
+// The reference pass reads at least this much, so that it measures the memory, not the start and
+// end of a short parallel region (a small kernel's per-call costs are the kernel's, not the memory's).
+constexpr int64_t kMinPassBytes = int64_t(64) << 20;
 
-void report(benchmark::State& st, double bytes_per_iter, int threads, const Bracket& br) {
-  const double after = read_pass_gbs(), ref = (br.before + after) / 2;
-  const double gb = bytes_per_iter * double(st.iterations()) / 1e9;
+// Runs the timed loop: each iteration times one call of `kernel` (the benchmark's manual time),
+// then one read pass of the same bytes (untimed). x_bw is the median over iterations of
+// kernel GB/s / that pass's GB/s: the kernel and its reference see the same moment of this
+// shared machine. x_bw_peak is against BM_SetReference's best-of-5 at the start of the run
+// (the best moment of the run: the conservative ratio).
+template <class F>
+void run_paired(benchmark::State& st, double bytes_per_iter, int threads, F&& kernel) {
+  PairedRatio pr;
+  for (auto _ : st) {
+    const auto t0 = std::chrono::steady_clock::now();
+    kernel();
+    benchmark::ClobberMemory();
+    const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    st.SetIterationTime(dt);
+    pr.add(bytes_per_iter / dt / 1e9, probe().pass_gbs(std::max(int64_t(bytes_per_iter), kMinPassBytes)));
+  }
   st.SetBytesProcessed(int64_t(bytes_per_iter) * int64_t(st.iterations()));
-  st.counters["GB/s"] = benchmark::Counter(gb, benchmark::Counter::kIsRate);
-  st.counters["ref_GB/s"] = ref;
-  st.counters["x_bw"] = benchmark::Counter(gb / ref, benchmark::Counter::kIsRate);
+  st.counters["GB/s"] = pr.gbs();
+  st.counters["ref_GB/s"] = pr.ref_gbs();
+  st.counters["x_bw"] = pr.ratio();
   const double peak = g_read_gbs[std::clamp(threads, 0, 64)];
-  if (peak > 0) st.counters["x_bw_peak"] = benchmark::Counter(gb / peak, benchmark::Counter::kIsRate);
+  if (peak > 0) st.counters["x_bw_peak"] = pr.gbs() / peak;
 }
 
 // Enough copies of a working set of `bytes` that cycling through them streams from memory
@@ -88,7 +85,7 @@ void BM_ReadBandwidth(benchmark::State& st) {
   const size_t n = (size_t(1) << 30) / 4;
   const AlignedBuffer buf = ones(n);
   double secs = 0;
-  for (auto _ : st) secs += double(n) * 4 / 1e9 / timed_read_gbs(static_cast<const float*>(buf.data()), n);
+  for (auto _ : st) secs += double(n) * 4 / 1e9 / read_pass_gbs(static_cast<const float*>(buf.data()), int64_t(n));
   const double gbs = double(n) * 4 * double(st.iterations()) / 1e9;
   st.counters["GB/s"] = gbs / secs;
   st.SetBytesProcessed(int64_t(n) * 4 * int64_t(st.iterations()));
@@ -105,7 +102,7 @@ void BM_SetReference(benchmark::State& st) {
     for (int threads = 1; threads <= std::min(64, hardware_threads()); ++threads) {
       set_num_threads(threads);
       double best = 0;
-      for (int rep = 0; rep < 5; ++rep) best = std::max(best, timed_read_gbs(static_cast<const float*>(buf.data()), n));
+      for (int rep = 0; rep < 5; ++rep) best = std::max(best, read_pass_gbs(static_cast<const float*>(buf.data()), int64_t(n)));
       g_read_gbs[threads] = best;
       st.counters["ref_read_GB/s_" + std::to_string(threads) + "t"] = best;
     }
@@ -136,15 +133,11 @@ void BM_DecodeAttention(benchmark::State& st) {
   for (int c = 0; c < copies; ++c) rows.push_back(AttnRow{Ks[size_t(c)].data(), Vs[size_t(c)].data(), int64_t(N) * D, N});
   auto be = make_cpu_backend();
   size_t it = 0;
-  const Bracket br;
-  for (auto _ : st) {
-    const AttentionArgs a = attention_args(H, Hkv, D, 1.0f / std::sqrt(float(D)), q.data(),
-                                           {&rows[it++ % rows.size()], 1}, out.data(), t);
-    be->attention(a);
-    benchmark::ClobberMemory();
-  }
   st.SetLabel(std::string(dtype_name(t)));
-  report(st, bytes, int(st.range(3)), br);
+  run_paired(st, bytes, int(st.range(3)), [&] {
+    be->attention(attention_args(H, Hkv, D, 1.0f / std::sqrt(float(D)), q.data(), {&rows[it++ % rows.size()], 1},
+                                 out.data(), t));
+  });
 }
 BENCHMARK(BM_DecodeAttention)
     ->ArgNames({"N", "H", "H_kv", "threads", "kv"})  // kv: 0 f32, 1 f16, 2 bf16
@@ -152,7 +145,7 @@ BENCHMARK(BM_DecodeAttention)
     ->Args({16384, 32, 8, 1, 1})->Args({16384, 32, 8, 2, 1})->Args({16384, 32, 8, 1, 2})->Args({16384, 32, 8, 2, 2})
     // One KV head (a single (row, head) task): 2 threads only help through the split over keys.
     ->Args({65536, 4, 1, 1, 0})->Args({65536, 4, 1, 2, 0})
-    ->UseRealTime();
+    ->UseManualTime();
 
 // HybridGen's CPU stage: logits of G query heads over N offloaded keys of one KV head (F32).
 // Bytes read: the keys, N · D · 4.
@@ -164,74 +157,54 @@ void BM_GroupLogits(benchmark::State& st) {
   fill(K.data(), K.size(), 7);
   fill(q.data(), q.size(), 8);
   auto be = make_cpu_backend();
-  const Bracket br;
-  for (auto _ : st) {
-    be->group_logits(q.data(), G, K.data(), N, D, 0.088f, lg.data());
-    benchmark::ClobberMemory();
-  }
-  report(st, double(N * D * 4), int(st.range(1)), br);
+  run_paired(st, double(N * D * 4), int(st.range(1)),
+             [&] { be->group_logits(q.data(), G, K.data(), N, D, 0.088f, lg.data()); });
 }
 // 256K keys = 128 MiB: larger than the last-level cache, so every pass streams from memory.
-BENCHMARK(BM_GroupLogits)->ArgNames({"N", "threads"})->Args({262144, 1})->Args({262144, 2})->UseRealTime();
+BENCHMARK(BM_GroupLogits)->ArgNames({"N", "threads"})->Args({262144, 1})->Args({262144, 2})->UseManualTime();
 
-// dst row i ← src row idx[i], with the next 16 rows prefetched (several misses in flight).
-void gather_rows_prefetched(void* dst, const void* src, int64_t row_bytes, int64_t src_stride, const int32_t* idx,
-                            int64_t n) {
-  constexpr int64_t kAhead = 16;
-  auto* d = static_cast<char*>(dst);
-  auto* s = static_cast<const char*>(src);
-  auto touch = [&](int64_t i) {
-    const char* row = s + int64_t(idx[i]) * src_stride;
-    for (int64_t off = 0; off < row_bytes; off += 64) __builtin_prefetch(row + off, 0, 0);
-  };
-  for (int64_t i = 0; i < std::min(n, kAhead); ++i) touch(i);
-  for (int64_t i = 0; i < n; ++i) {
-    if (i + kAhead < n) touch(i + kAhead);
-    std::memcpy(d + i * row_bytes, s + int64_t(idx[i]) * src_stride, size_t(row_bytes));
-  }
-}
-
-// Gather of selected V rows (random positions, D = 128 F32) as the copy worker does it.
-// Bytes read: K · D · 4.
+// Gather of selected V rows (D = 128 F32, 512 B rows) out of 1M rows (512 MiB) with
+// cpu::gather_rows, as InfiniGen's fetch and HybridGen's CPU stage run it on one worker. The
+// strategies select positions in token order (sorted); `sorted: 0` is a random order. Bytes read:
+// K · D · 4. The baseline (`prefetch: 0`) is a plain memcpy per row.
 void BM_GatherRows(benchmark::State& st) {
   set_num_threads(1);  // one copy worker
   const int64_t N = 1 << 20, K = st.range(0), D = 128;
   AlignedBuffer vbuf(size_t(N * D) * 4);
-  if (st.range(2)) madvise(vbuf.data(), vbuf.bytes(), MADV_HUGEPAGE);
-  std::span<float> V(static_cast<float*>(vbuf.data()), size_t(N * D));
+  if (st.range(3)) madvise(vbuf.data(), vbuf.bytes(), MADV_HUGEPAGE);
+  float* V = static_cast<float*>(vbuf.data());
   std::vector<float> out(size_t(K * D));
-  fill(V.data(), V.size(), 9);
+  fill(V, size_t(N * D), 9);
   // 16 index sets used in turn, so that the rows are not cache-resident from the last pass.
   std::mt19937_64 g(1);
   std::vector<std::vector<int32_t>> sets(16, std::vector<int32_t>(static_cast<size_t>(K)));
-  for (auto& set : sets)
+  for (auto& set : sets) {
     for (auto& i : set) i = int32_t(g() % uint64_t(N));
+    if (st.range(2)) std::sort(set.begin(), set.end());
+  }
   size_t it = 0;
   const bool prefetch = st.range(1) != 0;
-  const Bracket br;
-  for (auto _ : st) {
+  run_paired(st, double(K * D * 4), 1, [&] {
     const auto& idx = sets[it++ % sets.size()];
     if (prefetch) {
-      gather_rows_prefetched(out.data(), V.data(), D * 4, D * 4, idx.data(), K);
+      cpu::gather_rows(out.data(), V, D * 4, D * 4, idx.data(), K);
     } else {
       for (int64_t i = 0; i < K; ++i) std::memcpy(&out[size_t(i * D)], &V[size_t(idx[size_t(i)]) * D], D * 4);
     }
-    benchmark::ClobberMemory();
-  }
-  report(st, double(K * D * 4), 1, br);
+  });
 }
 BENCHMARK(BM_GatherRows)
-    ->ArgNames({"K", "prefetch", "hugepages"})
-    ->Args({16384, 0, 0})->Args({16384, 1, 0})->Args({16384, 0, 1})->Args({16384, 1, 1})
-    ->UseRealTime();
+    ->ArgNames({"K", "prefetch", "sorted", "hugepages"})
+    ->Args({16384, 0, 1, 0})->Args({16384, 1, 1, 0})->Args({16384, 1, 0, 0})->Args({16384, 1, 1, 1})
+    ->UseManualTime();
 
 // Decode GEMV (M = 1; cpu::gemv, the CPU backend's path for up to 4 rows): y = x · Wᵀ, W [N, K]. Bytes read: the weights. Cold: cycles
 // through enough matrices to exceed the last-level cache.
 void BM_Gemv(benchmark::State& st) {
-  set_num_threads(int(st.range(2)));
-  const int64_t K = st.range(0), N = st.range(0);
-  const DType t = st.range(1) == 0 ? DType::kF32 : st.range(1) == 1 ? DType::kBF16 : DType::kF16;
-  const int n_mats = 8;  // 8 × 64 MiB (F32 4096²) ≫ LLC
+  set_num_threads(int(st.range(3)));
+  const int64_t N = st.range(0), K = st.range(1);
+  const DType t = st.range(2) == 0 ? DType::kF32 : st.range(2) == 1 ? DType::kBF16 : DType::kF16;
+  const int n_mats = cold_copies(double(N * K) * double(dtype_size(t)));
   std::vector<Weight> ws;
   std::vector<float> tmp(size_t(N * K));
   fill(tmp.data(), tmp.size(), 5);
@@ -240,19 +213,17 @@ void BM_Gemv(benchmark::State& st) {
   fill(x.data(), x.size(), 6);
   auto be = make_cpu_backend();
   int i = 0;
-  const Bracket br;
-  for (auto _ : st) {
-    be->matmul(x.data(), 1, ws[size_t(i++ % n_mats)], nullptr, y.data());
-    benchmark::ClobberMemory();
-  }
   st.SetLabel(std::string(dtype_name(t)));
-  report(st, double(N * K) * double(dtype_size(t)), int(st.range(2)), br);
+  run_paired(st, double(N * K) * double(dtype_size(t)), int(st.range(3)),
+             [&] { be->matmul(x.data(), 1, ws[size_t(i++ % n_mats)], nullptr, y.data()); });
 }
 BENCHMARK(BM_Gemv)
-    ->ArgNames({"K=N", "type", "threads"})  // type: 0 f32, 1 bf16, 2 f16
-    ->Args({4096, 0, 1})->Args({4096, 0, 2})->Args({4096, 1, 1})->Args({4096, 1, 2})->Args({4096, 2, 1})
-    ->Args({4096, 2, 2})
-    ->UseRealTime();
+    ->ArgNames({"N", "K", "type", "threads"})  // type: 0 f32, 1 bf16, 2 f16
+    ->Args({4096, 4096, 0, 1})->Args({4096, 4096, 0, 2})->Args({4096, 4096, 1, 1})->Args({4096, 4096, 1, 2})
+    ->Args({4096, 4096, 2, 1})->Args({4096, 4096, 2, 2})
+    // The 110M shape's projections (dim 768, FFN 2048): small matrices, where per-call costs show.
+    ->Args({768, 768, 0, 2})->Args({2048, 768, 0, 2})->Args({768, 2048, 0, 2})
+    ->UseManualTime();
 
 }  // namespace
 }  // namespace hg

@@ -1,5 +1,7 @@
 // Every CPU backend op against the `ref` oracle: odd sizes, seeded inputs in [-1, 1], tolerance
 // table below. Case names carry their parameters.
+#include <random>
+
 #include "engine/backend/backend.h"
 #include "engine/backend/cpu/kernels.h"
 #include "engine/core/error.h"
@@ -271,6 +273,38 @@ TEST_F(Backends, GroupLogitsAndWeightedVMatchRef) {
         ref->group_weighted_v(lg.data(), G, K.data(), n, D, orf.data());
         EXPECT_TRUE(test::all_close(o.data(), orf.data(), o.size(), kTolAttention)) << G << " " << D << " " << n;
       }
+}
+
+// cpu::sum (the bandwidth reference's read) against a double-precision sum: lengths below, at and
+// around the eight-stream path's threshold and with tails of every size.
+TEST(Sum, MatchesDoubleSum) {
+  for (int64_t n : {0, 1, 15, 16, 17, 1000, 8191, 8192, 8193, 8192 + 15, 100003}) {
+    const auto x = test::random_vec(size_t(n), 77);
+    double want = 0;
+    for (float v : x) want += v;
+    EXPECT_NEAR(cpu::sum(x.data(), n), want, 1e-4 * std::max(1.0, std::sqrt(double(n)))) << n;
+  }
+}
+
+// cpu::gather_rows against a row-by-row copy: row sizes that are and are not whole cache lines,
+// fewer rows than the prefetch distance, repeated and unsorted indices, a source stride wider than
+// the row, and n = 0 (nothing written).
+TEST(GatherRows, MatchesRowByRowCopy) {
+  std::mt19937 g(5);
+  for (int64_t row_bytes : {4, 60, 512, 4096})
+    for (int64_t n : {0, 1, 3, 100, 1000}) {
+      const int64_t stride = row_bytes + 12, rows = 2000;
+      std::vector<char> src(size_t(rows * stride));
+      for (auto& c : src) c = char(g());
+      std::vector<int32_t> idx(static_cast<size_t>(n));
+      for (auto& i : idx) i = int32_t(g() % uint32_t(rows));
+      if (n > 2) idx[1] = idx[0];
+      std::vector<char> got(size_t(n * row_bytes + 8), 'z'), want(got.size(), 'z');
+      cpu::gather_rows(got.data(), src.data(), row_bytes, stride, idx.data(), n);
+      for (int64_t i = 0; i < n; ++i)
+        std::copy_n(src.begin() + idx[size_t(i)] * stride, row_bytes, want.begin() + i * row_bytes);
+      EXPECT_EQ(got, want) << "row_bytes " << row_bytes << " n " << n;
+    }
 }
 
 }  // namespace

@@ -12,6 +12,7 @@
 #include "engine/decoder/generate.h"
 #include "engine/formats/formats.h"
 #include "engine/runtime/placement.h"
+#include "engine/runtime/bandwidth.h"
 #include "engine/runtime/runtime.h"
 #include "test_util.h"
 
@@ -309,6 +310,25 @@ TEST(EventLogSummary, PipelineEfficiencyByHand) {
   EXPECT_DOUBLE_EQ(p.hidden_frac, (2 + 1) / 5.0);
   EXPECT_DOUBLE_EQ(p.critical_s, (5 + 4) / 2.0);
   EXPECT_DOUBLE_EQ(p.serial_s, (7 + 5) / 2.0);
+}
+
+// The paired-ratio helpers the benchmarks report: medians by hand (odd, even, empty), the per-pair
+// ratio's median (not the ratio of medians), and a probe that reads, wraps and reports a rate.
+TEST(Bandwidth, MediansPairedRatioAndProbe) {
+  EXPECT_EQ(median({}), 0.0);
+  EXPECT_EQ(median({3, 1, 2}), 2.0);
+  EXPECT_EQ(median({4, 1, 3, 2}), 2.5);
+  PairedRatio pr;
+  pr.add(10, 20);  // 0.5
+  pr.add(30, 20);  // 1.5
+  pr.add(9, 10);   // 0.9
+  EXPECT_DOUBLE_EQ(pr.ratio(), 0.9);
+  EXPECT_DOUBLE_EQ(pr.gbs(), 10.0);
+  EXPECT_DOUBLE_EQ(pr.ref_gbs(), 20.0);
+  ReadProbe probe(int64_t(4) << 20);
+  for (int i = 0; i < 5; ++i) EXPECT_GT(probe.pass_gbs(int64_t(3) << 20), 0.0);  // wraps after the first
+  std::vector<float> ones(4096, 1.0f);
+  EXPECT_GT(read_pass_gbs(ones.data(), int64_t(ones.size())), 0.0);
 }
 
 }  // namespace

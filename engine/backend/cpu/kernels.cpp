@@ -72,14 +72,27 @@ float sum(const float* p, int64_t n) {
   int64_t i = 0;
   float s = 0;
 #if HG_AVX512
-  __m512 a0 = _mm512_setzero_ps(), a1 = _mm512_setzero_ps(), a2 = _mm512_setzero_ps(), a3 = _mm512_setzero_ps();
-  for (; i + 64 <= n; i += 64) {
-    a0 = _mm512_add_ps(a0, _mm512_loadu_ps(p + i));
-    a1 = _mm512_add_ps(a1, _mm512_loadu_ps(p + i + 16));
-    a2 = _mm512_add_ps(a2, _mm512_loadu_ps(p + i + 32));
-    a3 = _mm512_add_ps(a3, _mm512_loadu_ps(p + i + 48));
+  // Eight streams (eighths of the range) read side by side, each prefetched 4 KiB ahead: on this
+  // Zen 4, 2 threads read 33 GB/s this way against 28 GB/s for one sequential stream, and one thread
+  // 25 against 19 (/tmp microbenchmark, medians of 9 passes over 512 MiB). The GEMV, which reads 4
+  // weight rows at once with prefetch, beat the one-stream reference by 15%; the reference must be
+  // the best read the machine does.
+  constexpr int S = 8;
+  constexpr int64_t kAhead = 1024;  // floats
+  const int64_t q = n / S / 16 * 16;
+  __m512 a[S];
+  for (auto& v : a) v = _mm512_setzero_ps();
+  if (q >= kAhead) {
+    for (; i < q; i += 16)
+      for (int j = 0; j < S; ++j) {
+        if (i + kAhead < q) _mm_prefetch(reinterpret_cast<const char*>(p + j * q + i + kAhead), _MM_HINT_T2);
+        a[j] = _mm512_add_ps(a[j], _mm512_loadu_ps(p + j * q + i));
+      }
+    i = S * q;
   }
-  s = _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(a0, a1), _mm512_add_ps(a2, a3)));
+  for (; i + 16 <= n; i += 16) a[0] = _mm512_add_ps(a[0], _mm512_loadu_ps(p + i));
+  for (int j = 1; j < S; ++j) a[0] = _mm512_add_ps(a[0], a[j]);
+  s = _mm512_reduce_add_ps(a[0]);
 #else
   float acc[16] = {};
   for (; i + 16 <= n; i += 16)
@@ -603,6 +616,26 @@ void gemv(const float* x, int M, const void* W, DType wt, int64_t K, int64_t n0,
     case DType::kF32: return run(float{});
     case DType::kF16: return run(F16Tag{});
     case DType::kBF16: return run(BF16Tag{});
+  }
+}
+
+// Bytes of rows requested ahead of the copy (16 rows of 512 B). On this Zen 4 the distance made
+// no measurable difference between 4 and 32 KiB; random rows are bound by DRAM page and TLB misses,
+// not by the number of requests in flight (docs/performance.md, "Gathers").
+constexpr int64_t kGatherAheadBytes = 8192;
+
+void gather_rows(void* dst, const void* src, int64_t row_bytes, int64_t src_stride, const int32_t* idx, int64_t n) {
+  auto* d = static_cast<char*>(dst);
+  const auto* s = static_cast<const char*>(src);
+  const int64_t ahead = std::max<int64_t>(1, kGatherAheadBytes / std::max<int64_t>(row_bytes, 1));
+  auto request = [&](int64_t i) {
+    const char* row = s + int64_t(idx[i]) * src_stride;
+    for (int64_t off = 0; off < row_bytes; off += 64) __builtin_prefetch(row + off, 0, 0);
+  };
+  for (int64_t i = 0; i < std::min(n, ahead); ++i) request(i);
+  for (int64_t i = 0; i < n; ++i) {
+    if (i + ahead < n) request(i + ahead);
+    std::memcpy(d + i * row_bytes, s + int64_t(idx[i]) * src_stride, size_t(row_bytes));
   }
 }
 

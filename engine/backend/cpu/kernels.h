@@ -9,8 +9,9 @@
 namespace hg::cpu {
 
 float dot(const float* a, const float* b, int64_t n);
-// Σ p[0, n): a read-only stream with independent partial sums (memory-bound, not add-latency-bound);
-// what the bandwidth measurements (calibrate, bench, hg_bench) read.
+// Σ p[0, n): a read-only pass with independent partial sums, eight streams side by side with
+// prefetch (the best read this machine does): what the bandwidth measurements (calibrate, bench,
+// hg_bench) read.
 float sum(const float* p, int64_t n);
 // y = x * rsqrt(mean(x²) + eps) * w.
 void rms_norm_row(const float* x, const float* w, int64_t n, float eps, float* y);
@@ -44,6 +45,10 @@ void group_logits(const float* q, int G, const float* K, int64_t n, int64_t t0, 
 // y[m, n] = x[m, :] · W[n, :] for m < M, n in [n0, n1): the decode GEMV (W [N, K] row-major of
 // type wt, converted to F32 as it streams; F32 accumulation). y has row stride ldy.
 void gemv(const float* x, int M, const void* W, DType wt, int64_t K, int64_t n0, int64_t n1, float* y, int64_t ldy);
+// dst row i ← the row at src + idx[i] · src_stride, row_bytes each, for i < n: the gather of selected
+// K/V rows (InfiniGen's fetch, HybridGen's selected V). Rows are prefetched a fixed number of bytes
+// ahead so that several misses are in flight (random rows defeat the hardware prefetcher).
+void gather_rows(void* dst, const void* src, int64_t row_bytes, int64_t src_stride, const int32_t* idx, int64_t n);
 // out[h] = Σ_t p[h, t] · V[t] over all n rows.
 void group_weighted_v(const float* p, int G, const float* V, int64_t n, int D, float* out);
 
