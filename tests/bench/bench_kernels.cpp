@@ -147,6 +147,33 @@ BENCHMARK(BM_DecodeAttention)
     ->Args({65536, 4, 1, 1, 0})->Args({65536, 4, 1, 2, 0})
     ->UseManualTime();
 
+// The attention kernel's compute ceiling: one KV head (G = 4, D = 128) over 256 keys that stay in
+// L2, one thread, no reference pass. ns_per_key against the cold benchmarks' time per key says how
+// much of a cold run is arithmetic.
+void BM_DecodeAttentionWarm(benchmark::State& st) {
+  set_num_threads(1);
+  const int N = int(st.range(0)), H = 4, Hkv = 1, D = 128;
+  const DType t = st.range(1) == 0 ? DType::kF32 : st.range(1) == 1 ? DType::kF16 : DType::kBF16;
+  std::vector<float> Kf(size_t(N) * D), Vf(Kf.size()), q(size_t(H) * D), out(q.size());
+  fill(Kf.data(), Kf.size(), 1);
+  fill(Vf.data(), Vf.size(), 2);
+  fill(q.data(), q.size(), 3);
+  AlignedBuffer Kb(Kf.size() * dtype_size(t)), Vb(Vf.size() * dtype_size(t));
+  from_f32(t, Kf.data(), Kb.data(), Kf.size());
+  from_f32(t, Vf.data(), Vb.data(), Vf.size());
+  const AttnRow row{Kb.data(), Vb.data(), int64_t(N) * D, N};
+  auto be = make_cpu_backend();
+  for (auto _ : st) {
+    be->attention(attention_args(H, Hkv, D, 1.0f / std::sqrt(float(D)), q.data(), {&row, 1}, out.data(), t));
+    benchmark::ClobberMemory();
+  }
+  st.SetLabel(std::string(dtype_name(t)));
+  st.counters["ns_per_key"] = benchmark::Counter(double(N) * double(st.iterations()) * 1e-9,
+                                                 benchmark::Counter::kIsRate | benchmark::Counter::kInvert);
+  st.SetBytesProcessed(int64_t(2) * N * D * int64_t(dtype_size(t)) * int64_t(st.iterations()));
+}
+BENCHMARK(BM_DecodeAttentionWarm)->ArgNames({"N", "kv"})->Args({256, 0})->Args({256, 1})->Args({256, 2})->UseRealTime();
+
 // HybridGen's CPU stage: logits of G query heads over N offloaded keys of one KV head (F32).
 // Bytes read: the keys, N · D · 4.
 void BM_GroupLogits(benchmark::State& st) {

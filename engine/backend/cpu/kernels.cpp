@@ -270,6 +270,14 @@ void weighted_v_kv(const float* p, int G, const T* V, int64_t n, int D, float* o
 }
 
 #if HG_AVX512
+// A loaded value kept in a register: without it GCC folds the load into every FMA that uses the
+// value (one 512-bit load per FMA), and this core issues one 512-bit load per cycle, so a block
+// shared by G heads was loaded G times and the loads, not the FMAs, set the pace.
+inline __m512 in_register(__m512 x) {
+  asm("" : "+v"(x));
+  return x;
+}
+
 // Rows ahead that the attention kernels prefetch (reading past the end of K or V is harmless:
 // prefetches do not fault).
 constexpr int kPrefetchRows = 256;
@@ -303,23 +311,38 @@ inline void logits16(const float* q, const T* K, int kk, int D_, float scale, fl
   const int nb = (D + 15) / 16;
   const __mmask16 last = (D % 16) ? tail_mask(D % 16) : __mmask16(0xffff);
   const int row_bytes = D * int(sizeof(T));
-  for (int c = 0; c < kk; ++c) {
-    const T* k = K + int64_t(c) * D;
-    // Software prefetch kPrefetchRows rows ahead: the hardware prefetcher alone leaves the
-    // single-thread stream well under the read bandwidth.
-    for (int off = 0; off < row_bytes; off += 64)
-      _mm_prefetch(reinterpret_cast<const char*>(k + kPrefetchRows * D) + off, _MM_HINT_T2);
-    __m512 a[G];
-    for (int h = 0; h < G; ++h) a[h] = _mm512_setzero_ps();
+  // KB keys per step share each q load: with one key per step the q loads (G per 16 elements)
+  // outnumbered the FMAs' other operand and bound the kernel on this core's one 512-bit load per
+  // cycle. G·KB accumulators + KB keys + 1 q stay within the 32 registers.
+  constexpr int KB = G <= 4 ? 4 : 2;
+  auto step = [&](auto kb_const, int c) {
+    constexpr int NK = decltype(kb_const)::value;
+    // Software prefetch kPrefetchRows rows ahead (the hardware prefetcher alone leaves the
+    // single-thread stream well under the read bandwidth), one line per row per 64 bytes read,
+    // spread over the loop: bursts of requests get dropped.
+    const char* ahead = reinterpret_cast<const char*>(K + int64_t(c + kPrefetchRows) * D);
+    __m512 a[NK][G];
+    for (int i = 0; i < NK; ++i)
+      for (int h = 0; h < G; ++h) a[i][h] = _mm512_setzero_ps();
     for (int b = 0; b < nb; ++b) {
+      if ((b * 16 * int(sizeof(T))) % 64 == 0)
+        for (int i = 0; i < NK; ++i) _mm_prefetch(ahead + i * row_bytes + b * 16 * int(sizeof(T)), _MM_HINT_T2);
       const __mmask16 m = b == nb - 1 ? last : __mmask16(0xffff);
-      const __m512 kv = load16(k + b * 16, m);
-      for (int h = 0; h < G; ++h) a[h] = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m, q + h * D + b * 16), kv, a[h]);
+      __m512 kv[NK];
+      for (int i = 0; i < NK; ++i) kv[i] = in_register(load16(K + int64_t(c + i) * D + b * 16, m));
+      for (int h = 0; h < G; ++h) {
+        const __m512 qv = in_register(_mm512_maskz_loadu_ps(m, q + h * D + b * 16));
+        for (int i = 0; i < NK; ++i) a[i][h] = _mm512_fmadd_ps(qv, kv[i], a[i][h]);
+      }
     }
-    for (int h = 0; h < G; ++h) part[h][c] = a[h];
-  }
-  for (int c = kk; c < 16; ++c)
-    for (int h = 0; h < G; ++h) part[h][c] = _mm512_setzero_ps();
+    for (int i = 0; i < NK; ++i)
+      for (int h = 0; h < G; ++h) part[h][c + i] = a[i][h];
+  };
+  int c = 0;
+  for (; c + KB <= kk; c += KB) step(std::integral_constant<int, KB>{}, c);
+  for (; c < kk; ++c) step(std::integral_constant<int, 1>{}, c);
+  for (int r = kk; r < 16; ++r)
+    for (int h = 0; h < G; ++h) part[h][r] = _mm512_setzero_ps();
   const __mmask16 valid = kk >= 16 ? __mmask16(0xffff) : tail_mask(kk);
   for (int h = 0; h < G; ++h)
     _mm512_storeu_ps(s + h * ld, _mm512_mask_mul_ps(_mm512_set1_ps(-INFINITY), valid, hsum16(part[h]),
@@ -344,7 +367,7 @@ inline void weighted_v_blocks(const float* p, int64_t ld, const T* V, int cn, in
       for (int off = 0; off < D * int(sizeof(T)); off += 64)
         _mm_prefetch(reinterpret_cast<const char*>(v + kPrefetchRows * D) + off, _MM_HINT_T2);
     __m512 vv[BB];
-    for (int j = 0; j < BB; ++j) vv[j] = load16(v + j * 16, mk[j]);
+    for (int j = 0; j < BB; ++j) vv[j] = in_register(load16(v + j * 16, mk[j]));
     for (int h = 0; h < G; ++h) {
       const __m512 ph = _mm512_set1_ps(p[h * ld + c]);
       for (int j = 0; j < BB; ++j) a[h][j] = _mm512_fmadd_ps(ph, vv[j], a[h][j]);
