@@ -559,14 +559,16 @@ int cmd_bench(const std::vector<std::string>& args) {
     for (int p = 0; p < prefill; ++p) prow.push_back({0, p});
     const int32_t pcap = prefill + 1, plen = prefill, last = prefill - 1;
     std::vector<float> plogits(size_t(hp.n_vocab));
-    double pf_s = 0;
-    for (int rep = 0; rep < 2; ++rep) {  // warm-up, then measured
+    std::vector<double> pf_s;
+    for (int rep = 0; rep < 4; ++rep) {  // a warm-up, then the median of three
       kvs.begin(dec.kv_shape(), std::span<const int32_t>(&pcap, 1), std::span<const int32_t>(&plen, 1));
       const auto t0 = std::chrono::steady_clock::now();
       dec.forward(prompt, prow, std::span<const int32_t>(&last, 1), plogits.data());
-      pf_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      if (rep > 0) pf_s.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
     }
-    fmt::print("prefill {} tokens, {} thread{}: {:.1f} tok/s\n", prefill, t, t == 1 ? "" : "s", prefill / pf_s);
+    std::sort(pf_s.begin(), pf_s.end());
+    fmt::print("prefill {} tokens, {} thread{}: {:.1f} tok/s (median of 3; {:.1f}-{:.1f})\n", prefill, t, t == 1 ? "" : "s",
+               prefill / pf_s[1], prefill / pf_s[2], prefill / pf_s[0]);
   }
   return 0;
 }
