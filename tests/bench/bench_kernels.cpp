@@ -33,14 +33,6 @@ void fill(float* p, size_t n, uint64_t seed) {
   for (size_t i = 0; i < n; ++i) p[i] = u(g);
 }
 
-// A buffer of n ones, first-touched by the pool.
-AlignedBuffer ones(size_t n) {
-  AlignedBuffer b(n * 4);
-  float* p = static_cast<float*>(b.data());
-  parallel_chunks(int64_t(n), [&](int64_t lo, int64_t hi) { std::fill(p + lo, p + hi, 1.0f); });
-  return b;
-}
-
 // The paired reference: 512 MiB read in turn, so each pass streams from memory.
 ReadProbe& probe() {
   static ReadProbe p(int64_t(512) << 20);
@@ -82,27 +74,26 @@ int cold_copies(double bytes) { return std::max(1, int(std::ceil(96.0 * (1 << 20
 // Read-only reduction over 1 GiB with `threads` threads: the machine's read bandwidth.
 void BM_ReadBandwidth(benchmark::State& st) {
   set_num_threads(int(st.range(0)));
-  const size_t n = (size_t(1) << 30) / 4;
-  const AlignedBuffer buf = ones(n);
+  const int64_t bytes = int64_t(1) << 30;
+  ReadProbe buf(bytes);
   double secs = 0;
-  for (auto _ : st) secs += double(n) * 4 / 1e9 / read_pass_gbs(static_cast<const float*>(buf.data()), int64_t(n));
-  const double gbs = double(n) * 4 * double(st.iterations()) / 1e9;
-  st.counters["GB/s"] = gbs / secs;
-  st.SetBytesProcessed(int64_t(n) * 4 * int64_t(st.iterations()));
+  for (auto _ : st) secs += double(bytes) / 1e9 / buf.pass_gbs(bytes);
+  st.counters["GB/s"] = double(bytes) * double(st.iterations()) / 1e9 / secs;
+  st.SetBytesProcessed(bytes * int64_t(st.iterations()));
 }
 BENCHMARK(BM_ReadBandwidth)->Arg(1)->Arg(2)->UseRealTime()->MinTime(1.0);
 
 // Measures read bandwidth with 1 … hardware threads before the kernel benchmarks (their x_bw
 // references): best of 5 passes over 1 GiB each.
 void BM_SetReference(benchmark::State& st) {
-  const size_t n = (size_t(1) << 30) / 4;
+  const int64_t bytes = int64_t(1) << 30;
   set_num_threads(hardware_threads());
-  const AlignedBuffer buf = ones(n);
+  ReadProbe buf(bytes);
   for (auto _ : st) {
     for (int threads = 1; threads <= std::min(64, hardware_threads()); ++threads) {
       set_num_threads(threads);
       double best = 0;
-      for (int rep = 0; rep < 5; ++rep) best = std::max(best, read_pass_gbs(static_cast<const float*>(buf.data()), int64_t(n)));
+      for (int rep = 0; rep < 5; ++rep) best = std::max(best, buf.pass_gbs(bytes));
       g_read_gbs[threads] = best;
       st.counters["ref_read_GB/s_" + std::to_string(threads) + "t"] = best;
     }
