@@ -351,6 +351,9 @@ inline void logits16(const float* q, const T* K, int kk, int D_, float scale, fl
 
 // acc[h] += Σ_{c < cn} p[h * ld + c] · V[c] for D-blocks [b0, b0 + BB): G·BB accumulators stay in
 // registers across the chunk's rows.
+// D-blocks per V pass: G·BB ≤ 16 accumulators.
+constexpr int v_blocks_per_pass(int G) { return G <= 4 ? 4 : 2; }
+
 template <int G, int BB, int DT, typename T>
 inline void weighted_v_blocks(const float* p, int64_t ld, const T* V, int cn, int D_, int b0, int nb, __mmask16 last,
                               float* acc) {
@@ -386,7 +389,7 @@ void attention_group_fused(const float* q, const T* K, const T* V, int64_t n, in
                            const int32_t* key_limits) {
   const int D = DT > 0 ? DT : D_;
   constexpr int kChunk = 64;
-  constexpr int BB = G <= 2 ? 4 : G <= 4 ? 4 : 2;  // D-blocks per V pass: G·BB ≤ 16 accumulators
+  constexpr int BB = v_blocks_per_pass(G);
   alignas(64) float s[G * kChunk];
   float mx[G], sum[G];
   for (int h = 0; h < G; ++h) mx[h] = -INFINITY, sum[h] = 0.0f;
@@ -448,6 +451,21 @@ void group_logits_fixed(const float* q, const float* K, int64_t n, int64_t t0, i
       logits16<G, DT>(q, K + t * D, kk, D, scale, tmp, 16);
       for (int h = 0; h < G; ++h) std::copy(tmp + h * 16, tmp + h * 16 + kk, logits + h * n + t);
     }
+  }
+}
+
+// out[h] = Σ_t p[h, t] · V[t]: the attention's V pass (accumulators in registers) over chunks of
+// 64 rows, so that each chunk's rows stay in L1 across the D-block passes.
+template <int G, int DT>
+void group_weighted_v_fixed(const float* p, const float* V, int64_t n, int D_, float* out) {
+  const int D = DT > 0 ? DT : D_;
+  constexpr int BB = v_blocks_per_pass(G);
+  const int nb = (D + 15) / 16;
+  const __mmask16 last = (D % 16) ? tail_mask(D % 16) : __mmask16(0xffff);
+  std::fill(out, out + int64_t(G) * D, 0.0f);
+  for (int64_t t0 = 0; t0 < n; t0 += 64) {
+    const int cn = int(std::min<int64_t>(64, n - t0));
+    for (int b0 = 0; b0 < nb; b0 += BB) weighted_v_blocks<G, BB, DT>(p + t0, n, V + t0 * D, cn, D, b0, nb, last, out);
   }
 }
 #endif
@@ -577,6 +595,12 @@ void attention_group_t(const float* q, const T* K, const T* V, int64_t n_keys, i
 }  // namespace
 
 void group_weighted_v(const float* p, int G, const float* V, int64_t n, int D, float* out) {
+#if HG_AVX512
+  if (with_group_size(G, [&](auto g) {
+        with_head_dim(D, [&](auto d) { group_weighted_v_fixed<decltype(g)::value, decltype(d)::value>(p, V, n, D, out); });
+      }))
+    return;
+#endif
   weighted_v_kv(p, G, V, n, D, out);
 }
 
