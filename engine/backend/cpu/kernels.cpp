@@ -475,44 +475,52 @@ void group_weighted_v_fixed(const float* p, const float* V, int64_t n, int D_, f
 // x row turns the 16 rows' partial vectors into 16 outputs. Weights are read once, streamed.
 #if HG_AVX512
 constexpr int64_t kGemvPrefetchRows = 16;
+// Weight rows read side by side per pass. More concurrent streams read faster (cpu::sum's note):
+// for F32 weights 8 rows instead of 4 took the 4096² GEMV from 0.77 to 0.92 of the read bandwidth
+// with 1 thread, 0.77-0.90 to 0.97 with 2 (hg_bench, three interleaved A/B pairs). F16/BF16 rows
+// lost 5% with 8 (their conversions), so they keep 4. MR·RB accumulators + RB weight vectors + x
+// stay within the 32 registers.
+template <int MR, typename T>
+constexpr int gemv_rows_per_pass() { return std::is_same_v<T, float> && MR <= 2 ? 8 : 4; }
 
 template <int MR, typename T>
 void gemv_t(const float* x, const T* W, int64_t K, int64_t n0, int64_t n1, float* y, int64_t ldy) {
   const int64_t kb_full = K / 16;
   const __mmask16 tail = (K % 16) ? tail_mask(K % 16) : __mmask16(0);
+  constexpr int RB = gemv_rows_per_pass<MR, T>();
   for (int64_t nb = n0; nb < n1; nb += 16) {
     const int rows = int(std::min<int64_t>(16, n1 - nb));
     alignas(64) __m512 part[MR][16];
-    for (int r0 = 0; r0 < rows; r0 += 4) {
-      const int rr = std::min(4, rows - r0);
-      const T* w[4];
-      for (int j = 0; j < 4; ++j) w[j] = W + (nb + r0 + std::min(j, rr - 1)) * K;  // rows past the end repeat
-      __m512 a[MR][4];
+    for (int r0 = 0; r0 < rows; r0 += RB) {
+      const int rr = std::min(RB, rows - r0);
+      const T* w[RB];
+      for (int j = 0; j < RB; ++j) w[j] = W + (nb + r0 + std::min(j, rr - 1)) * K;  // rows past the end repeat
+      __m512 a[MR][RB];
       for (int m = 0; m < MR; ++m)
-        for (int j = 0; j < 4; ++j) a[m][j] = _mm512_setzero_ps();
+        for (int j = 0; j < RB; ++j) a[m][j] = _mm512_setzero_ps();
       for (int64_t kb = 0; kb < kb_full; ++kb) {
         // Prefetch the rows 16 ahead, spread over the loop (one line per row per 64 bytes read),
         // so that the requests do not arrive in one burst.
         if ((kb * 16 * int64_t(sizeof(T))) % 64 == 0)
-          for (int j = 0; j < 4; ++j)
+          for (int j = 0; j < RB; ++j)
             _mm_prefetch(reinterpret_cast<const char*>(w[j] + kGemvPrefetchRows * K + kb * 16), _MM_HINT_T2);
-        __m512 wv[4];
-        for (int j = 0; j < 4; ++j) wv[j] = load16(w[j] + kb * 16, __mmask16(0xffff));
+        __m512 wv[RB];
+        for (int j = 0; j < RB; ++j) wv[j] = load16(w[j] + kb * 16, __mmask16(0xffff));
         for (int m = 0; m < MR; ++m) {
           const __m512 xv = _mm512_loadu_ps(x + m * K + kb * 16);
-          for (int j = 0; j < 4; ++j) a[m][j] = _mm512_fmadd_ps(xv, wv[j], a[m][j]);
+          for (int j = 0; j < RB; ++j) a[m][j] = _mm512_fmadd_ps(xv, wv[j], a[m][j]);
         }
       }
       if (tail) {
-        __m512 wv[4];
-        for (int j = 0; j < 4; ++j) wv[j] = load16(w[j] + kb_full * 16, tail);
+        __m512 wv[RB];
+        for (int j = 0; j < RB; ++j) wv[j] = load16(w[j] + kb_full * 16, tail);
         for (int m = 0; m < MR; ++m) {
           const __m512 xv = _mm512_maskz_loadu_ps(tail, x + m * K + kb_full * 16);
-          for (int j = 0; j < 4; ++j) a[m][j] = _mm512_fmadd_ps(xv, wv[j], a[m][j]);
+          for (int j = 0; j < RB; ++j) a[m][j] = _mm512_fmadd_ps(xv, wv[j], a[m][j]);
         }
       }
       for (int m = 0; m < MR; ++m)
-        for (int j = 0; j < 4; ++j) part[m][r0 + j] = a[m][j];
+        for (int j = 0; j < RB; ++j) part[m][r0 + j] = a[m][j];
     }
     for (int m = 0; m < MR; ++m) {
       for (int r = rows; r < 16; ++r) part[m][r] = _mm512_setzero_ps();
