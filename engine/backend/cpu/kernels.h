@@ -45,6 +45,9 @@ void group_logits(const float* q, int G, const float* K, int64_t n, int64_t t0, 
 // y[m, n] = x[m, :] · W[n, :] for m < M, n in [n0, n1): the decode GEMV (W [N, K] row-major of
 // type wt, converted to F32 as it streams; F32 accumulation). y has row stride ldy.
 void gemv(const float* x, int M, const void* W, DType wt, int64_t K, int64_t n0, int64_t n1, float* y, int64_t ldy);
+// True when this build's GEMV multiplies BF16 weights with `vdpbf16ps` (AVX512_BF16): x is then
+// rounded to BF16 first, as oneDNN's BF16 prefill does; otherwise x stays F32.
+bool gemv_rounds_bf16_activations();
 // dst row i ← the row at src + idx[i] · src_stride, row_bytes each, for i < n: the gather of selected
 // K/V rows (InfiniGen's fetch, HybridGen's selected V). Rows are prefetched a fixed number of bytes
 // ahead so that several misses are in flight (random rows defeat the hardware prefetcher).
