@@ -475,101 +475,80 @@ void group_weighted_v_fixed(const float* p, const float* V, int64_t n, int D_, f
 // x row turns the 16 rows' partial vectors into 16 outputs. Weights are read once, streamed.
 #if HG_AVX512
 constexpr int64_t kGemvPrefetchRows = 16;
-// Weight rows read side by side per pass. More concurrent streams read faster (cpu::sum's note):
-// for F32 weights 8 rows instead of 4 took the 4096² GEMV from 0.77 to 0.92 of the read bandwidth
-// with 1 thread, 0.77-0.90 to 0.97 with 2 (hg_bench, three interleaved A/B pairs). F16/BF16 rows
-// lost 5% with 8 (their conversions), so they keep 4. MR·RB accumulators + RB weight vectors + x
-// stay within the 32 registers.
-template <int MR, typename T>
-constexpr int gemv_rows_per_pass() { return std::is_same_v<T, float> && MR <= 2 ? 8 : 4; }
-
-template <int MR, typename T>
-void gemv_t(const float* x, const T* W, int64_t K, int64_t n0, int64_t n1, float* y, int64_t ldy) {
-  const int64_t kb_full = K / 16;
-  const __mmask16 tail = (K % 16) ? tail_mask(K % 16) : __mmask16(0);
-  constexpr int RB = gemv_rows_per_pass<MR, T>();
-  for (int64_t nb = n0; nb < n1; nb += 16) {
-    const int rows = int(std::min<int64_t>(16, n1 - nb));
-    alignas(64) __m512 part[MR][16];
-    for (int r0 = 0; r0 < rows; r0 += RB) {
-      const int rr = std::min(RB, rows - r0);
-      const T* w[RB];
-      for (int j = 0; j < RB; ++j) w[j] = W + (nb + r0 + std::min(j, rr - 1)) * K;  // rows past the end repeat
-      __m512 a[MR][RB];
-      for (int m = 0; m < MR; ++m)
-        for (int j = 0; j < RB; ++j) a[m][j] = _mm512_setzero_ps();
-      for (int64_t kb = 0; kb < kb_full; ++kb) {
-        // Prefetch the rows 16 ahead, spread over the loop (one line per row per 64 bytes read),
-        // so that the requests do not arrive in one burst.
-        if ((kb * 16 * int64_t(sizeof(T))) % 64 == 0)
-          for (int j = 0; j < RB; ++j)
-            _mm_prefetch(reinterpret_cast<const char*>(w[j] + kGemvPrefetchRows * K + kb * 16), _MM_HINT_T2);
-        __m512 wv[RB];
-        for (int j = 0; j < RB; ++j) wv[j] = load16(w[j] + kb * 16, __mmask16(0xffff));
-        for (int m = 0; m < MR; ++m) {
-          const __m512 xv = _mm512_loadu_ps(x + m * K + kb * 16);
-          for (int j = 0; j < RB; ++j) a[m][j] = _mm512_fmadd_ps(xv, wv[j], a[m][j]);
-        }
-      }
-      if (tail) {
-        __m512 wv[RB];
-        for (int j = 0; j < RB; ++j) wv[j] = load16(w[j] + kb_full * 16, tail);
-        for (int m = 0; m < MR; ++m) {
-          const __m512 xv = _mm512_maskz_loadu_ps(tail, x + m * K + kb_full * 16);
-          for (int j = 0; j < RB; ++j) a[m][j] = _mm512_fmadd_ps(xv, wv[j], a[m][j]);
-        }
-      }
-      for (int m = 0; m < MR; ++m)
-        for (int j = 0; j < RB; ++j) part[m][r0 + j] = a[m][j];
-    }
-    for (int m = 0; m < MR; ++m) {
-      for (int r = rows; r < 16; ++r) part[m][r] = _mm512_setzero_ps();
-      _mm512_mask_storeu_ps(y + m * ldy + nb, rows >= 16 ? __mmask16(0xffff) : tail_mask(rows), hsum16(part[m]));
-    }
-  }
-}
+// One step of the GEMV's inner loop, per weight type: kStep weights per row, loaded and multiplied
+// into F32 accumulators.
+// - GemvConvert<T>: F32/F16/BF16 weights converted to F32 as they stream, F32 x, FMA.
+// - GemvBf16Dot: BF16 weights with `vdpbf16ps` (32 weights per instruction, no conversion, two
+//   products per F32 lane) against x rounded to BF16.
+template <typename T>
+struct GemvConvert {
+  using W = T;
+  using X = float;
+  using XV = __m512;
+  using WV = __m512;
+  using Mask = __mmask16;
+  static constexpr int kStep = 16;
+  static Mask tail(int64_t r) { return tail_mask(int(r)); }
+  static WV load_w(const T* p, Mask m) { return load16(p, m); }
+  static XV load_x(const float* p, Mask m) { return _mm512_maskz_loadu_ps(m, p); }
+  static __m512 mac(__m512 a, XV x, WV w) { return _mm512_fmadd_ps(x, w, a); }
+};
+#if defined(__AVX512BF16__)
+struct GemvBf16Dot {
+  using W = uint16_t;
+  using X = uint16_t;
+  using XV = __m512bh;
+  using WV = __m512bh;
+  using Mask = __mmask32;
+  static constexpr int kStep = 32;
+  static Mask tail(int64_t r) { return Mask((uint64_t(1) << r) - 1); }
+  static WV load_w(const uint16_t* p, Mask m) { return (__m512bh)_mm512_maskz_loadu_epi16(m, p); }
+  static XV load_x(const uint16_t* p, Mask m) { return (__m512bh)_mm512_maskz_loadu_epi16(m, p); }
+  static __m512 mac(__m512 a, XV x, WV w) { return _mm512_dpbf16_ps(a, x, w); }
+};
 #endif
 
-#if HG_AVX512 && defined(__AVX512BF16__)
-// The BF16-weight GEMV with `vdpbf16ps`: x is rounded to BF16 once (as oneDNN's BF16 prefill
-// rounds it), and each instruction takes 32 weights with no conversion, two products per F32
-// lane, accumulated in F32. The F32-conversion path spent more instructions per weight byte than
-// one core can hide under its memory stream.
-template <int MR>
-void gemv_bf16_dp(const float* x, const uint16_t* W, int64_t K, int64_t n0, int64_t n1, float* y, int64_t ldy) {
-  // 8 rows side by side for up to 2 x rows (0.86-0.88 of the read bandwidth with 1 thread against
-  // 0.73-0.74 for the conversion path, 0.97-0.98 against 0.89-0.92 with 2; hg_bench, 3 interleaved
-  // A/B runs); 4 for 3-4 x rows, for the registers.
-  constexpr int RB = MR <= 2 ? 8 : 4;
-  thread_local std::vector<uint16_t> xb;
-  xb.resize(size_t(MR * K));
-  for (int m = 0; m < MR; ++m) f32_to_bf16_row(x + m * K, xb.data() + m * K, K);
-  const int64_t kb_full = K / 32;
-  const __mmask32 tail = (K % 32) ? __mmask32((uint64_t(1) << (K % 32)) - 1) : __mmask32(0);
+// Weight rows read side by side per pass (RB). More concurrent streams read faster (cpu::sum's
+// note): 8 rows instead of 4 took the 4096² GEMV from 0.77 to 0.92 of the read bandwidth with 1
+// thread for F32 weights, and BF16 with vdpbf16ps from 0.73 (conversion, 4 rows) to 0.87
+// (hg_bench, three interleaved A/B pairs each). F16 rows lost 5-10% with 8 (their conversions),
+// so F16 keeps 4. MR·RB accumulators + RB weight vectors + x stay within the 32 registers.
+template <int MR, typename P>
+constexpr int gemv_rows_per_pass() { return !std::is_same_v<typename P::W, F16Tag> && MR <= 2 ? 8 : 4; }
+
+// y[m, n] for MR x rows and weight rows [n0, n1) (the layout of cpu::gemv), with step policy P.
+template <int MR, typename P>
+void gemv_t(const typename P::X* x, const typename P::W* W, int64_t K, int64_t n0, int64_t n1, float* y, int64_t ldy) {
+  constexpr int S = P::kStep, RB = gemv_rows_per_pass<MR, P>();
+  const int64_t kb_full = K / S;
+  const typename P::Mask all = typename P::Mask(~uint64_t(0)), tail = P::tail(K % S);
   for (int64_t nb = n0; nb < n1; nb += 16) {
     const int rows = int(std::min<int64_t>(16, n1 - nb));
     alignas(64) __m512 part[MR][16];
     for (int r0 = 0; r0 < rows; r0 += RB) {
       const int rr = std::min(RB, rows - r0);
-      const uint16_t* w[RB];
+      const typename P::W* w[RB];
       for (int j = 0; j < RB; ++j) w[j] = W + (nb + r0 + std::min(j, rr - 1)) * K;  // rows past the end repeat
       __m512 a[MR][RB];
       for (int m = 0; m < MR; ++m)
         for (int j = 0; j < RB; ++j) a[m][j] = _mm512_setzero_ps();
-      auto step = [&](int64_t k0, __mmask32 msk) {
-        __m512bh wv[RB];
-        for (int j = 0; j < RB; ++j) wv[j] = (__m512bh)_mm512_maskz_loadu_epi16(msk, w[j] + k0);
+      auto step = [&](int64_t k0, typename P::Mask msk) {
+        typename P::WV wv[RB];
+        for (int j = 0; j < RB; ++j) wv[j] = P::load_w(w[j] + k0, msk);
         for (int m = 0; m < MR; ++m) {
-          const __m512bh xv = (__m512bh)_mm512_maskz_loadu_epi16(msk, xb.data() + m * K + k0);
-          for (int j = 0; j < RB; ++j) a[m][j] = _mm512_dpbf16_ps(a[m][j], xv, wv[j]);
+          const typename P::XV xv = P::load_x(x + m * K + k0, msk);
+          for (int j = 0; j < RB; ++j) a[m][j] = P::mac(a[m][j], xv, wv[j]);
         }
       };
       for (int64_t kb = 0; kb < kb_full; ++kb) {
-        for (int j = 0; j < RB; ++j)  // one line per row per 64 bytes read, kGemvPrefetchRows ahead
-          _mm_prefetch(reinterpret_cast<const char*>(w[j] + kGemvPrefetchRows * K + kb * 32), _MM_HINT_T2);
-        step(kb * 32, __mmask32(0xffffffff));
+        // Prefetch the rows kGemvPrefetchRows ahead, spread over the loop (one line per row per
+        // 64 bytes read), so that the requests do not arrive in one burst.
+        if ((kb * S * int64_t(sizeof(typename P::W))) % 64 == 0)
+          for (int j = 0; j < RB; ++j)
+            _mm_prefetch(reinterpret_cast<const char*>(w[j] + kGemvPrefetchRows * K + kb * S), _MM_HINT_T2);
+        step(kb * S, all);
       }
-      if (tail) step(kb_full * 32, tail);
+      if (K % S) step(kb_full * S, tail);
       for (int m = 0; m < MR; ++m)
         for (int j = 0; j < RB; ++j) part[m][r0 + j] = a[m][j];
     }
@@ -580,6 +559,7 @@ void gemv_bf16_dp(const float* x, const uint16_t* W, int64_t K, int64_t n0, int6
   }
 }
 #endif
+
 
 // Calls f(std::integral_constant<int, G>) for G in 1..8; false for other G.
 template <typename F>
@@ -706,30 +686,34 @@ bool gemv_rounds_bf16_activations() {
 void gemv(const float* x, int M, const void* W, DType wt, int64_t K, int64_t n0, int64_t n1, float* y, int64_t ldy) {
   auto run = [&](auto tag) {
     using T = decltype(tag);
-    const T* w = static_cast<const T*>(W);
-#if HG_AVX512 && defined(__AVX512BF16__)
-    if constexpr (std::is_same_v<T, BF16Tag>) {
-      const auto* wb = static_cast<const uint16_t*>(W);
+#if HG_AVX512
+    auto dispatch = [&](auto policy, const auto* xs) {
+      using P = decltype(policy);
+      const auto* wp = static_cast<const typename P::W*>(W);
       switch (M) {
-        case 1: return gemv_bf16_dp<1>(x, wb, K, n0, n1, y, ldy);
-        case 2: return gemv_bf16_dp<2>(x, wb, K, n0, n1, y, ldy);
-        case 3: return gemv_bf16_dp<3>(x, wb, K, n0, n1, y, ldy);
-        case 4: return gemv_bf16_dp<4>(x, wb, K, n0, n1, y, ldy);
-        default: break;  // more rows: the blocks of 4 below
+        case 1: return gemv_t<1, P>(xs, wp, K, n0, n1, y, ldy);
+        case 2: return gemv_t<2, P>(xs, wp, K, n0, n1, y, ldy);
+        case 3: return gemv_t<3, P>(xs, wp, K, n0, n1, y, ldy);
+        default: return gemv_t<4, P>(xs, wp, K, n0, n1, y, ldy);
       }
+    };
+    if (M > 4) {
+      for (int m = 0; m < M; m += 4)
+        gemv(x + int64_t(m) * K, std::min(4, M - m), W, wt, K, n0, n1, y + int64_t(m) * ldy, ldy);
+      return;
+    }
+#if defined(__AVX512BF16__)
+    if constexpr (std::is_same_v<T, BF16Tag>) {
+      // x rounded to BF16 once per call (as oneDNN's BF16 prefill rounds it).
+      thread_local std::vector<uint16_t> xb;
+      xb.resize(size_t(M * K));
+      f32_to_bf16_row(x, xb.data(), int64_t(M) * K);
+      return dispatch(GemvBf16Dot{}, xb.data());
     }
 #endif
-#if HG_AVX512
-    switch (M) {
-      case 1: return gemv_t<1>(x, w, K, n0, n1, y, ldy);
-      case 2: return gemv_t<2>(x, w, K, n0, n1, y, ldy);
-      case 3: return gemv_t<3>(x, w, K, n0, n1, y, ldy);
-      case 4: return gemv_t<4>(x, w, K, n0, n1, y, ldy);
-      default:
-        for (int m = 0; m < M; m += 4)
-          gemv(x + int64_t(m) * K, std::min(4, M - m), W, wt, K, n0, n1, y + int64_t(m) * ldy, ldy);
-    }
+    dispatch(GemvConvert<T>{}, x);
 #else
+    const T* w = static_cast<const T*>(W);
     for (int m = 0; m < M; ++m)
       for (int64_t n = n0; n < n1; ++n) {
         float s = 0;
