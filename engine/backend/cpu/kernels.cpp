@@ -309,7 +309,6 @@ inline __m512 hsum16(const __m512* v) {
 template <int G, int DT, typename T>
 inline void logits16(const float* q, const T* K, int kk, int D_, float scale, float* s, int64_t ld) {
   const int D = DT > 0 ? DT : D_;
-  alignas(64) __m512 part[G][16];
   const int nb = (D + 15) / 16;
   const __mmask16 last = (D % 16) ? tail_mask(D % 16) : __mmask16(0xffff);
   const int row_bytes = D * int(sizeof(T));
@@ -317,15 +316,15 @@ inline void logits16(const float* q, const T* K, int kk, int D_, float scale, fl
   // outnumbered the FMAs' other operand and bound the kernel on this core's one 512-bit load per
   // cycle. G·KB accumulators + KB keys + 1 q stay within the 32 registers.
   constexpr int KB = G <= 4 ? 4 : 2;
-  auto step = [&](auto kb_const, int c) {
+  // a[h][i] = the partial vector of q[h] · K[c + i].
+  auto step = [&](auto kb_const, int c, __m512 (&a)[G][decltype(kb_const)::value]) {
     constexpr int NK = decltype(kb_const)::value;
     // Software prefetch kPrefetchRows rows ahead (the hardware prefetcher alone leaves the
     // single-thread stream well under the read bandwidth), one line per row per 64 bytes read,
     // spread over the loop: bursts of requests get dropped.
     const char* ahead = reinterpret_cast<const char*>(K + int64_t(c + kPrefetchRows) * D);
-    __m512 a[NK][G];
-    for (int i = 0; i < NK; ++i)
-      for (int h = 0; h < G; ++h) a[i][h] = _mm512_setzero_ps();
+    for (int h = 0; h < G; ++h)
+      for (int i = 0; i < NK; ++i) a[h][i] = _mm512_setzero_ps();
     for (int b = 0; b < nb; ++b) {
       if ((b * 16 * int(sizeof(T))) % 64 == 0)
         for (int i = 0; i < NK; ++i) _mm_prefetch(ahead + i * row_bytes + b * 16 * int(sizeof(T)), _MM_HINT_T2);
@@ -334,21 +333,49 @@ inline void logits16(const float* q, const T* K, int kk, int D_, float scale, fl
       for (int i = 0; i < NK; ++i) kv[i] = in_register(load16(K + int64_t(c + i) * D + b * 16, m));
       for (int h = 0; h < G; ++h) {
         const __m512 qv = in_register(_mm512_maskz_loadu_ps(m, q + h * D + b * 16));
-        for (int i = 0; i < NK; ++i) a[i][h] = _mm512_fmadd_ps(qv, kv[i], a[i][h]);
+        for (int i = 0; i < NK; ++i) a[h][i] = _mm512_fmadd_ps(qv, kv[i], a[h][i]);
       }
     }
-    for (int i = 0; i < NK; ++i)
-      for (int h = 0; h < G; ++h) part[h][c + i] = a[i][h];
   };
   int c = 0;
-  for (; c + KB <= kk; c += KB) step(std::integral_constant<int, KB>{}, c);
-  for (; c < kk; ++c) step(std::integral_constant<int, 1>{}, c);
-  for (int r = kk; r < 16; ++r)
-    for (int h = 0; h < G; ++h) part[h][r] = _mm512_setzero_ps();
-  const __mmask16 valid = kk >= 16 ? __mmask16(0xffff) : tail_mask(kk);
-  for (int h = 0; h < G; ++h)
-    _mm512_storeu_ps(s + h * ld, _mm512_mask_mul_ps(_mm512_set1_ps(-INFINITY), valid, hsum16(part[h]),
-                                                    _mm512_set1_ps(scale)));
+  if constexpr (G * KB == 16) {
+    // A step's 16 accumulators reduce in registers, one hsum16 per step (lane h·KB + i), instead
+    // of being stored as partial vectors and reduced per head: L2-resident G = 4 logits went from
+    // 12.4 to 10.1 ns per key (F32) and 12.2 to 11.5 (F16).
+    for (; c + KB <= kk; c += KB) {
+      __m512 a[G][KB];
+      step(std::integral_constant<int, KB>{}, c, a);
+      alignas(64) float r[16];
+      _mm512_store_ps(r, _mm512_mul_ps(hsum16(&a[0][0]), _mm512_set1_ps(scale)));
+      for (int h = 0; h < G; ++h) std::memcpy(s + h * ld + c, r + h * KB, KB * sizeof(float));
+    }
+    for (; c < kk; ++c) {  // at most KB - 1 keys
+      __m512 a[G][1];
+      step(std::integral_constant<int, 1>{}, c, a);
+      for (int h = 0; h < G; ++h) s[h * ld + c] = scale * _mm512_reduce_add_ps(a[h][0]);
+    }
+    for (; c < 16; ++c)
+      for (int h = 0; h < G; ++h) s[h * ld + c] = -INFINITY;
+  } else {
+    alignas(64) __m512 part[G][16];
+    for (; c + KB <= kk; c += KB) {
+      __m512 a[G][KB];
+      step(std::integral_constant<int, KB>{}, c, a);
+      for (int h = 0; h < G; ++h)
+        for (int i = 0; i < KB; ++i) part[h][c + i] = a[h][i];
+    }
+    for (; c < kk; ++c) {
+      __m512 a[G][1];
+      step(std::integral_constant<int, 1>{}, c, a);
+      for (int h = 0; h < G; ++h) part[h][c] = a[h][0];
+    }
+    for (int r = kk; r < 16; ++r)
+      for (int h = 0; h < G; ++h) part[h][r] = _mm512_setzero_ps();
+    const __mmask16 valid = kk >= 16 ? __mmask16(0xffff) : tail_mask(kk);
+    for (int h = 0; h < G; ++h)
+      _mm512_storeu_ps(s + h * ld, _mm512_mask_mul_ps(_mm512_set1_ps(-INFINITY), valid, hsum16(part[h]),
+                                                      _mm512_set1_ps(scale)));
+  }
 }
 
 // acc[h] += Σ_{c < cn} p[h * ld + c] · V[c] for D-blocks [b0, b0 + BB): G·BB accumulators stay in
