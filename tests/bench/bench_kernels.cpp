@@ -101,8 +101,10 @@ void BM_SetReference(benchmark::State& st) {
 }
 BENCHMARK(BM_SetReference)->Iterations(1)->UseRealTime();
 
-// Decode attention for one query row: H query heads over N cached keys in H_kv groups, F32 K/V.
-// Bytes read: K and V, 2 · H_kv · N · D · 4.
+// Decode attention for one query row: H query heads over N cached keys in H_kv groups, F32/F16/BF16
+// K/V. This is the CPU backend's `attention`, the kernel behind the `full` strategy on the CPU
+// and MoE-Lightning's attention on the CPU (`rt_.cpu_backend().attention`). Bytes read: K and V,
+// 2 · H_kv · N · D · sizeof(kv).
 void BM_DecodeAttention(benchmark::State& st) {
   set_num_threads(int(st.range(3)));
   const int N = int(st.range(0)), H = int(st.range(1)), Hkv = int(st.range(2)), D = 128;
