@@ -10,7 +10,9 @@
 #include <cstring>
 #include <span>
 
+#include <immintrin.h>
 #include <sys/mman.h>
+#include <type_traits>
 #include <random>
 #include <vector>
 
@@ -139,6 +141,86 @@ BENCHMARK(BM_DecodeAttention)
     // One KV head (a single (row, head) task): 2 threads only help through the split over keys.
     ->Args({65536, 4, 1, 1, 0})->Args({65536, 4, 1, 2, 0})
     ->UseManualTime();
+
+#if defined(__AVX512F__)
+// A peer for BM_DecodeAttention: per KV head, the same bytes in the same order (64-row chunks: K
+// four rows side by side, then V row by row), prefetched the same way (64 rows ahead, T2, one line
+// per 64 bytes) and the same FMA count for G = 4 (4 per 16 values), but no softmax, no q or p
+// loads and no reductions. The attention's GB/s over this one's is what the kernel's own work
+// costs on top of streaming with that arithmetic.
+template <typename T>
+float attention_stream_peer(const T* K, const T* V, int64_t n) {
+  constexpr int D = 128, kAhead = 64;
+  auto load = [](const T* p) {
+    if constexpr (std::is_same_v<T, float>) return _mm512_loadu_ps(p);
+    else return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+  };
+  constexpr int kLine = 64 / int(sizeof(T));  // values per 64-byte line
+  __m512 acc[16];
+  for (auto& a : acc) a = _mm512_setzero_ps();
+  const __m512 c = _mm512_set1_ps(1.0001f);
+  for (int64_t t0 = 0; t0 + 64 <= n; t0 += 64) {
+    // Fully unrolled, so that the 16 accumulators stay in registers.
+    for (int64_t r = t0; r < t0 + 64; r += 4)
+#pragma GCC unroll 8
+      for (int b = 0; b < D; b += 16) {
+        if (b % kLine == 0)
+#pragma GCC unroll 4
+          for (int i = 0; i < 4; ++i) _mm_prefetch(reinterpret_cast<const char*>(K + (r + kAhead + i) * D + b), _MM_HINT_T2);
+#pragma GCC unroll 4
+        for (int i = 0; i < 4; ++i) {
+          const __m512 x = load(K + (r + i) * D + b);
+#pragma GCC unroll 4
+          for (int k = 0; k < 4; ++k) acc[i * 4 + k] = _mm512_fmadd_ps(x, c, acc[i * 4 + k]);
+        }
+      }
+    for (int64_t r = t0; r < t0 + 64; ++r)
+#pragma GCC unroll 8
+      for (int b = 0; b < D; b += 16) {
+        if (b % kLine == 0) _mm_prefetch(reinterpret_cast<const char*>(V + (r + kAhead) * D + b), _MM_HINT_T2);
+        const __m512 x = load(V + r * D + b);
+#pragma GCC unroll 4
+        for (int k = 0; k < 4; ++k) acc[(b / 16 % 4) * 4 + k] = _mm512_fmadd_ps(x, c, acc[(b / 16 % 4) * 4 + k]);
+      }
+  }
+  float sum = 0;
+  for (auto& a : acc) sum += _mm512_reduce_add_ps(a);
+  return sum;
+}
+
+void BM_AttentionStreamPeer(benchmark::State& st) {
+  set_num_threads(2);
+  const int N = int(st.range(0)), Hkv = 8, D = 128;
+  const DType t = st.range(1) == 0 ? DType::kF32 : DType::kF16;
+  std::vector<float> Kf(size_t(Hkv) * N * D);
+  fill(Kf.data(), Kf.size(), 1);
+  const double bytes = 2.0 * Hkv * N * D * double(dtype_size(t));
+  const int copies = cold_copies(bytes);
+  std::vector<AlignedBuffer> Ks, Vs;
+  for (int c = 0; c < copies; ++c) {
+    Ks.emplace_back(Kf.size() * dtype_size(t));
+    Vs.emplace_back(Kf.size() * dtype_size(t));
+    from_f32(t, Kf.data(), Ks.back().data(), Kf.size());
+    from_f32(t, Kf.data(), Vs.back().data(), Kf.size());
+  }
+  std::vector<float> sink(static_cast<size_t>(Hkv));
+  size_t it = 0;
+  st.SetLabel(std::string(dtype_name(t)) + " peer");
+  run_paired(st, bytes, 2, [&] {
+    const size_t c = it++ % size_t(copies);
+    parallel_for(Hkv, [&](int64_t g) {  // KV heads across the pool, as the backend's attention
+      const int64_t off = g * int64_t(N) * D;
+      sink[size_t(g)] += t == DType::kF32
+                             ? attention_stream_peer(static_cast<const float*>(Ks[c].data()) + off,
+                                                     static_cast<const float*>(Vs[c].data()) + off, N)
+                             : attention_stream_peer(static_cast<const uint16_t*>(Ks[c].data()) + off,
+                                                     static_cast<const uint16_t*>(Vs[c].data()) + off, N);
+    });
+  });
+  benchmark::DoNotOptimize(sink.data());
+}
+BENCHMARK(BM_AttentionStreamPeer)->ArgNames({"N", "kv"})->Args({16384, 0})->Args({16384, 1})->UseManualTime();
+#endif
 
 // The attention kernel's compute ceiling: one KV head (G = 4, D = 128) over 256 keys that stay in
 // L2, one thread, no reference pass. ns_per_key against the cold benchmarks' time per key says how
