@@ -349,13 +349,6 @@ inline void logits16(const float* q, const T* K, int kk, int D_, float scale, fl
       _mm512_store_ps(r, _mm512_mul_ps(hsum16(&a[0][0]), _mm512_set1_ps(scale)));
       for (int h = 0; h < G; ++h) std::memcpy(s + h * ld + c, r + h * KB, KB * sizeof(float));
     }
-    for (; c < kk; ++c) {  // at most KB - 1 keys
-      __m512 a[G][1];
-      step(std::integral_constant<int, 1>{}, c, a);
-      for (int h = 0; h < G; ++h) s[h * ld + c] = scale * _mm512_reduce_add_ps(a[h][0]);
-    }
-    for (; c < 16; ++c)
-      for (int h = 0; h < G; ++h) s[h * ld + c] = -INFINITY;
   } else {
     alignas(64) __m512 part[G][16];
     for (; c + KB <= kk; c += KB) {
@@ -364,18 +357,20 @@ inline void logits16(const float* q, const T* K, int kk, int D_, float scale, fl
       for (int h = 0; h < G; ++h)
         for (int i = 0; i < KB; ++i) part[h][c + i] = a[h][i];
     }
-    for (; c < kk; ++c) {
-      __m512 a[G][1];
-      step(std::integral_constant<int, 1>{}, c, a);
-      for (int h = 0; h < G; ++h) part[h][c] = a[h][0];
-    }
-    for (int r = kk; r < 16; ++r)
+    for (int r = c; r < 16; ++r)
       for (int h = 0; h < G; ++h) part[h][r] = _mm512_setzero_ps();
-    const __mmask16 valid = kk >= 16 ? __mmask16(0xffff) : tail_mask(kk);
+    const __mmask16 valid = tail_mask(c);  // lanes ≥ c: written below
     for (int h = 0; h < G; ++h)
       _mm512_storeu_ps(s + h * ld, _mm512_mask_mul_ps(_mm512_set1_ps(-INFINITY), valid, hsum16(part[h]),
                                                       _mm512_set1_ps(scale)));
   }
+  for (; c < kk; ++c) {  // fewer than KB keys left: one at a time
+    __m512 a[G][1];
+    step(std::integral_constant<int, 1>{}, c, a);
+    for (int h = 0; h < G; ++h) s[h * ld + c] = scale * _mm512_reduce_add_ps(a[h][0]);
+  }
+  for (; c < 16; ++c)
+    for (int h = 0; h < G; ++h) s[h * ld + c] = -INFINITY;
 }
 
 // acc[h] += Σ_{c < cn} p[h * ld + c] · V[c] for D-blocks [b0, b0 + BB): G·BB accumulators stay in
@@ -397,11 +392,11 @@ inline void weighted_v_blocks(const float* p, int64_t ld, const T* V, int cn, in
     mk[j] = b0 + j < nb ? (b0 + j == nb - 1 ? last : __mmask16(0xffff)) : __mmask16(0);
     for (int h = 0; h < G; ++h) a[h][j] = _mm512_maskz_loadu_ps(mk[j], acc + h * D + (b0 + j) * 16);
   }
+  const int pf_begin = b0 * 16 * int(sizeof(T)), pf_end = std::min(D, (b0 + BB) * 16) * int(sizeof(T));
   for (int c = 0; c < cn; ++c) {
     const T* v = V + int64_t(c) * D + b0 * 16;
     const char* ahead = reinterpret_cast<const char*>(V + int64_t(c + kPrefetchRows) * D);
-    for (int off = b0 * 16 * int(sizeof(T)); off < std::min(D, (b0 + BB) * 16) * int(sizeof(T)); off += 64)
-      _mm_prefetch(ahead + off, _MM_HINT_T2);
+    for (int off = pf_begin; off < pf_end; off += 64) _mm_prefetch(ahead + off, _MM_HINT_T2);
     __m512 vv[BB];
     for (int j = 0; j < BB; ++j) vv[j] = in_register(load16(v + j * 16, mk[j]));
     for (int h = 0; h < G; ++h) {
