@@ -9,6 +9,7 @@
 #include <numbers>
 
 #include "engine/core/error.h"
+#include "engine/core/tensor.h"
 
 namespace hg {
 
@@ -33,7 +34,7 @@ int cuda_device_count_or_zero() {
 }
 
 void* Backend::alloc(size_t bytes) {
-  void* p = std::aligned_alloc(64, (std::max<size_t>(bytes, 1) + 63) / 64 * 64);
+  void* p = host_alloc(bytes);
   if (!p) throw OutOfMemoryError(fmt::format("{} backend: cannot allocate {} bytes", name(), bytes));
   return p;
 }

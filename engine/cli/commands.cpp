@@ -7,6 +7,7 @@
 #include <filesystem>
 #include <chrono>
 #include <cstdio>
+#include <fstream>
 #include <map>
 #include <optional>
 #include <random>
@@ -465,6 +466,15 @@ std::vector<double> decode_step_seconds(Decoder& dec, int pos0, int steps, const
   return secs;
 }
 
+// The kernel's transparent-huge-page mode (the bracketed word of
+// /sys/kernel/mm/transparent_hugepage/enabled), or "unknown".
+std::string thp_mode() {
+  std::string line;
+  std::getline(std::ifstream("/sys/kernel/mm/transparent_hugepage/enabled"), line);
+  const auto a = line.find('['), b = line.find(']');
+  return a != std::string::npos && b > a ? line.substr(a + 1, b - a - 1) : "unknown";
+}
+
 int cmd_bench(const std::vector<std::string>& args) {
   const std::string cmd = "bench";
   if (asked_for_help(args, kBenchHelp)) return 0;
@@ -490,6 +500,8 @@ int cmd_bench(const std::vector<std::string>& args) {
   const double kv_per_token = 2.0 * hp.n_layers * hp.n_kv_heads * hp.head_dim * double(dtype_size(kv));
   fmt::print("model {} | weights {} ({:.1f} MB read per token) | KV cache {} ({:.0f} B per cached token) | measured\n",
              model.source, dtype_name(model.weight_dtype), weight_bytes / 1e6, dtype_name(kv), kv_per_token);
+  fmt::print("host memory: 2 MiB pages {} (transparent huge pages: {})\n",
+             huge_pages_advised() ? "advised" : "not advised (HG_NO_HUGE_PAGES)", thp_mode());
   fmt::print("{:>8} {:>7} {:>12} {:>10} {:>14} {:>12} {:>7} {:>11}\n", "context", "threads", "decode tok/s", "read GB/s",
              "MB per token", "limit tok/s", "ratio", "ratio range");
   std::mt19937_64 rng(1);

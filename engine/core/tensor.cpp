@@ -1,18 +1,45 @@
 // Aligned buffers and weight helpers.
 #include "engine/core/tensor.h"
 
+#include <sys/mman.h>
+
+#include <algorithm>
+#include <cstring>
 #include <new>
+#include <string_view>
 
 #include "engine/core/error.h"
 
 namespace hg {
 
+bool huge_pages_advised() {
+  static const bool on = [] {
+    const char* v = std::getenv("HG_NO_HUGE_PAGES");
+    return !(v && *v && std::string_view(v) != "0");
+  }();
+  return on;
+}
+
+void advise_huge_pages(void* p, size_t bytes) {
+  if (!huge_pages_advised()) return;
+  const auto b = reinterpret_cast<uintptr_t>(p);
+  const uintptr_t first = (b + kHugePageBytes - 1) / kHugePageBytes * kHugePageBytes;
+  const uintptr_t last = (b + bytes) / kHugePageBytes * kHugePageBytes;
+  if (last > first) ::madvise(reinterpret_cast<void*>(first), last - first, MADV_HUGEPAGE);
+}
+
+void* host_alloc(size_t bytes) {
+  const size_t align = bytes >= kHugePageBytes ? kHugePageBytes : 64;
+  const size_t rounded = (std::max<size_t>(bytes, 1) + align - 1) / align * align;
+  void* p = std::aligned_alloc(align, rounded);
+  if (p && align == kHugePageBytes) advise_huge_pages(p, rounded);  // before the first touch
+  return p;
+}
+
 AlignedBuffer::AlignedBuffer(size_t bytes) : bytes_(bytes) {
   if (bytes == 0) return;
-  const size_t rounded = (bytes + 63) / 64 * 64;
-  void* p = std::aligned_alloc(64, rounded);
-  if (!p) throw OutOfMemoryError(fmt::format("host allocation of {} bytes failed", bytes));
-  ptr_.reset(p);
+  ptr_.reset(host_alloc(bytes));
+  if (!ptr_) throw OutOfMemoryError(fmt::format("host allocation of {} bytes failed", bytes));
 }
 
 int64_t Weight::numel() const {

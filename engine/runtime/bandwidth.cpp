@@ -9,14 +9,29 @@
 
 namespace hg {
 
-double read_pass_gbs(const float* p, int64_t n) {
+namespace {
+// GB/s of `bytes` read by partial(b, e) over the chunks [b, e) of [0, n) (the current thread
+// count); the partial sums are kept so that the reads are not optimised away.
+template <class F>
+double timed_chunks_gbs(int64_t n, double bytes, F&& partial) {
   float part[64] = {};
   const auto t0 = std::chrono::steady_clock::now();
-  parallel_chunks(n, [&](int64_t b, int64_t e) { part[b * 64 / n] = cpu::sum(p + b, e - b); });
+  parallel_chunks(n, [&](int64_t b, int64_t e) { part[b * 64 / n] = partial(b, e); });
   const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   volatile float sink = 0;
   for (float v : part) sink = sink + v;
-  return double(n) * 4 / dt / 1e9;
+  return bytes / dt / 1e9;
+}
+}  // namespace
+
+double read_pass_gbs(const float* p, int64_t n) {
+  return timed_chunks_gbs(n, double(n) * 4, [&](int64_t b, int64_t e) { return cpu::sum(p + b, e - b); });
+}
+
+double rows_read_pass_gbs(const float* src, int64_t row_floats, const int32_t* idx, int64_t n) {
+  return timed_chunks_gbs(n, double(n) * double(row_floats) * 4, [&](int64_t b, int64_t e) {
+    return cpu::sum_rows(src, row_floats, row_floats, idx + b, e - b);
+  });
 }
 
 ReadProbe::ReadProbe(int64_t buffer_bytes) : buf_(size_t(std::max<int64_t>(buffer_bytes, 1 << 20) / 64 * 64)) {

@@ -15,6 +15,11 @@ namespace hg {
 // One read-only pass (cpu::sum per chunk, the current thread count) over p[0, n): GB/s.
 double read_pass_gbs(const float* p, int64_t n);
 
+// One read-only pass over the rows src + idx[i] · row_floats, i < n (cpu::sum_rows per chunk of the
+// index list, the current thread count): GB/s of the rows' bytes. The random-access reference
+// for gathers, whose rows defeat the streaming that read_pass_gbs measures.
+double rows_read_pass_gbs(const float* src, int64_t row_floats, const int32_t* idx, int64_t n);
+
 // A buffer read in turn: each pass reads the next `bytes` (wrapping), so the region a pass reads
 // was last touched a whole buffer ago: from memory when the buffer is well over the LLC.
 class ReadProbe {

@@ -10,6 +10,7 @@
 #include <cstdlib>
 
 #include "engine/core/error.h"
+#include "engine/core/tensor.h"
 
 namespace hg {
 
@@ -135,10 +136,12 @@ std::variant<Allocation, OutOfMemory> MemorySystem::try_allocate(Tier t, int64_t
     p = device_->host_alloc(n);
   } else if (t == Tier::kFar && numa_) {
     p = numa_alloc_onnode(n, far_node_);
+    if (p) advise_huge_pages(p, n);
   } else if (t == Tier::kDram && numa_ && !cfg_.pinned_dram) {
     p = numa_alloc_local(n);
+    if (p) advise_huge_pages(p, n);
   } else {
-    p = std::aligned_alloc(64, (n + 63) / 64 * 64);
+    p = host_alloc(n);
   }
   if (!p) {
     ledger_.release(t, bytes);

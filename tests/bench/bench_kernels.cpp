@@ -268,12 +268,16 @@ BENCHMARK(BM_GroupLogits)->ArgNames({"N", "threads"})->Args({262144, 1})->Args({
 // Gather of selected V rows (D = 128 F32, 512 B rows) out of 1M rows (512 MiB) with
 // cpu::gather_rows, as InfiniGen's fetch and HybridGen's CPU stage run it on one worker. The
 // strategies select positions in token order (sorted); `sorted: 0` is a random order. Bytes read:
-// K · D · 4. The baseline (`prefetch: 0`) is a plain memcpy per row.
+// K · D · 4. The baseline (`prefetch: 0`) is a plain memcpy per row. `hugepages: 0` opts the
+// buffer out of the 2 MiB pages that host_alloc advises.
+// Two ratios: x_bw against the sequential read pass (run_paired's), and x_rows against a
+// read-only pass over another set of random rows of the same buffer (rows_read_pass_gbs, one
+// thread like the gather) right after each gather: the random-row read rate, which is what bounds
+// a gather.
 void BM_GatherRows(benchmark::State& st) {
-  set_num_threads(1);  // one copy worker
   const int64_t N = 1 << 20, K = st.range(0), D = 128;
   AlignedBuffer vbuf(size_t(N * D) * 4);
-  if (st.range(3)) madvise(vbuf.data(), vbuf.bytes(), MADV_HUGEPAGE);
+  if (!st.range(3)) madvise(vbuf.data(), vbuf.bytes(), MADV_NOHUGEPAGE);  // before the first touch
   float* V = static_cast<float*>(vbuf.data());
   std::vector<float> out(size_t(K * D));
   fill(V, size_t(N * D), 9);
@@ -286,18 +290,26 @@ void BM_GatherRows(benchmark::State& st) {
   }
   size_t it = 0;
   const bool prefetch = st.range(1) != 0;
+  PairedRatio rows;
+  set_num_threads(1);  // one copy worker
   run_paired(st, double(K * D * 4), 1, [&] {
     const auto& idx = sets[it++ % sets.size()];
+    const auto t0 = std::chrono::steady_clock::now();
     if (prefetch) {
       cpu::gather_rows(out.data(), V, D * 4, D * 4, idx.data(), K);
     } else {
       for (int64_t i = 0; i < K; ++i) std::memcpy(&out[size_t(i * D)], &V[size_t(idx[size_t(i)]) * D], D * 4);
     }
+    const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    const auto& other = sets[it % sets.size()];
+    rows.add(double(K * D * 4) / dt / 1e9, rows_read_pass_gbs(V, D, other.data(), K));
   });
+  st.counters["rows_ref_GB/s"] = rows.ref_gbs();
+  st.counters["x_rows"] = rows.ratio();
 }
 BENCHMARK(BM_GatherRows)
     ->ArgNames({"K", "prefetch", "sorted", "hugepages"})
-    ->Args({16384, 0, 1, 0})->Args({16384, 1, 1, 0})->Args({16384, 1, 0, 0})->Args({16384, 1, 1, 1})
+    ->Args({16384, 0, 1, 1})->Args({16384, 1, 1, 1})->Args({16384, 1, 0, 1})->Args({16384, 1, 1, 0})
     ->UseManualTime();
 
 // Decode GEMV (M = 1; cpu::gemv, the CPU backend's path for up to 4 rows): y = x · Wᵀ, W [N, K]. Bytes read: the weights. Cold: cycles

@@ -310,5 +310,26 @@ TEST(GatherRows, MatchesRowByRowCopy) {
     }
 }
 
+// cpu::sum_rows (the gathers' random-row reference pass) against a double-precision sum of the same
+// rows: row lengths below, at and above one 16-float vector, a stride wider than the row (floats
+// between rows must not be counted), repeated indices and n = 0.
+TEST(SumRows, MatchesScalarSum) {
+  std::mt19937 g(6);
+  for (int64_t row : {1, 15, 16, 33, 128})
+    for (int64_t n : {0, 1, 7, 500}) {
+      const int64_t stride = row + 5, rows = 900;
+      const auto src = test::random_vec(size_t(rows * stride), 78);
+      std::vector<int32_t> idx(static_cast<size_t>(n));
+      for (auto& i : idx) i = int32_t(g() % uint32_t(rows));
+      if (n > 2) idx[2] = idx[0];
+      double want = 0;
+      for (int32_t i : idx)
+        for (int64_t j = 0; j < row; ++j) want += src[size_t(i * stride + j)];
+      EXPECT_NEAR(cpu::sum_rows(src.data(), row, stride, idx.data(), n), want,
+                  1e-4 * std::max(1.0, std::sqrt(double(n * row))))
+          << "row " << row << " n " << n;
+    }
+}
+
 }  // namespace
 }  // namespace hg

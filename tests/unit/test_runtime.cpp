@@ -6,6 +6,8 @@
 
 #include <chrono>
 #include <filesystem>
+#include <fstream>
+#include <sstream>
 
 #include "baselines/full/full.h"
 #include "engine/core/error.h"
@@ -329,6 +331,51 @@ TEST(Bandwidth, MediansPairedRatioAndProbe) {
   for (int i = 0; i < 5; ++i) EXPECT_GT(probe.pass_gbs(int64_t(3) << 20), 0.0);  // wraps after the first
   std::vector<float> ones(4096, 1.0f);
   EXPECT_GT(read_pass_gbs(ones.data(), int64_t(ones.size())), 0.0);
+}
+
+// host_alloc: small blocks 64-byte aligned; blocks of 2 MiB or more 2 MiB aligned and advised as
+// huge pages before the first touch, which /proc/self/smaps shows as the mapping's THPeligible
+// flag (skipped where THP is off or the kernel does not report the flag).
+TEST(HostAlloc, LargeBlocksAreHugePageAlignedAndAdvised) {
+  void* small = host_alloc(1000);
+  ASSERT_NE(small, nullptr);
+  EXPECT_EQ(reinterpret_cast<uintptr_t>(small) % 64, 0u);
+  std::free(small);
+  const size_t bytes = 3 * kHugePageBytes + 100;
+  void* big = host_alloc(bytes);
+  ASSERT_NE(big, nullptr);
+  EXPECT_EQ(reinterpret_cast<uintptr_t>(big) % kHugePageBytes, 0u);
+  std::memset(big, 1, bytes);
+  std::string mode;
+  std::getline(std::ifstream("/sys/kernel/mm/transparent_hugepage/enabled"), mode);
+  // The smaps entry of the mapping that holds `big`: its THPeligible line.
+  const auto a = reinterpret_cast<uintptr_t>(big);
+  std::ifstream smaps("/proc/self/smaps");
+  std::string line;
+  bool inside = false;
+  int eligible = -1;
+  while (std::getline(smaps, line)) {
+    uintptr_t lo = 0, hi = 0;
+    char dash = 0;
+    std::istringstream head(line);
+    if (head >> std::hex >> lo >> dash >> hi && dash == '-') {
+      inside = lo <= a && a < hi;
+    } else if (inside && line.rfind("THPeligible:", 0) == 0) {
+      eligible = std::stoi(line.substr(12));
+    }
+  }
+  std::free(big);
+  if (mode.empty() || mode.find("[never]") != std::string::npos || eligible < 0)
+    GTEST_SKIP() << "transparent huge pages are off or not reported here (enabled: '" << mode << "')";
+  EXPECT_EQ(eligible, 1) << "THP mode '" << mode << "'";
+}
+
+// rows_read_pass_gbs reads the selected rows (a positive rate; cpu::sum_rows' values are tested in
+// test_cpu_kernels.cpp).
+TEST(Bandwidth, RowsReadPass) {
+  std::vector<float> rows(128 * 64, 1.0f);
+  std::vector<int32_t> idx = {5, 1, 63, 5, 0};
+  EXPECT_GT(rows_read_pass_gbs(rows.data(), 128, idx.data(), int64_t(idx.size())), 0.0);
 }
 
 }  // namespace

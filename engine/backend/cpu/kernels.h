@@ -52,6 +52,10 @@ bool gemv_rounds_bf16_activations();
 // K/V rows (InfiniGen's fetch, HybridGen's selected V). Rows are prefetched a fixed number of bytes
 // ahead so that several misses are in flight (random rows defeat the hardware prefetcher).
 void gather_rows(void* dst, const void* src, int64_t row_bytes, int64_t src_stride, const int32_t* idx, int64_t n);
+
+// Σ of the selected rows (row_floats floats at src + idx[i] · src_stride floats, i < n), read with
+// gather_rows' prefetch: the read-only random-row pass that gathers are compared against.
+float sum_rows(const float* src, int64_t row_floats, int64_t src_stride, const int32_t* idx, int64_t n);
 // out[h] = Σ_t p[h, t] · V[t] over all n rows.
 void group_weighted_v(const float* p, int G, const float* V, int64_t n, int D, float* out);
 
