@@ -8,6 +8,7 @@
 #include <fstream>
 #include <random>
 #include <string>
+#include <unistd.h>
 #include <vector>
 
 namespace hg::test {
@@ -47,10 +48,20 @@ inline ::testing::AssertionResult all_close(const float* got, const float* ref, 
   return ::testing::AssertionSuccess();
 }
 
+// A path in this test process's own temporary directory, which is removed when the process exits
+// (ctest runs each test in a process of its own: without the removal every run left one behind).
 inline std::string temp_path(const std::string& name) {
-  auto dir = std::filesystem::temp_directory_path() / ("hg_test_" + std::to_string(::getpid()));
-  std::filesystem::create_directories(dir);
-  return (dir / name).string();
+  struct Dir {
+    pid_t owner = ::getpid();
+    std::filesystem::path path = std::filesystem::temp_directory_path() / ("hg_test_" + std::to_string(owner));
+    ~Dir() {
+      std::error_code ec;
+      if (::getpid() == owner) std::filesystem::remove_all(path, ec);  // not from a forked child
+    }
+  };
+  static const Dir dir;
+  std::filesystem::create_directories(dir.path);
+  return (dir.path / name).string();
 }
 
 inline std::string read_file(const std::string& path) {
