@@ -109,7 +109,7 @@ BENCHMARK(BM_SetReference)->Iterations(1)->UseRealTime();
 // 2 · H_kv · N · D · sizeof(kv).
 void BM_DecodeAttention(benchmark::State& st) {
   set_num_threads(int(st.range(3)));
-  const int N = int(st.range(0)), H = int(st.range(1)), Hkv = int(st.range(2)), D = 128;
+  const int N = int(st.range(0)), H = int(st.range(1)), Hkv = int(st.range(2)), D = int(st.range(5));
   const DType t = st.range(4) == 0 ? DType::kF32 : st.range(4) == 1 ? DType::kF16 : DType::kBF16;
   std::vector<float> Kf(size_t(Hkv) * N * D), Vf(Kf.size()), q(size_t(H) * D), out(q.size());
   fill(Kf.data(), Kf.size(), 1);
@@ -135,11 +135,14 @@ void BM_DecodeAttention(benchmark::State& st) {
   });
 }
 BENCHMARK(BM_DecodeAttention)
-    ->ArgNames({"N", "H", "H_kv", "threads", "kv"})  // kv: 0 f32, 1 f16, 2 bf16
-    ->Args({4096, 32, 8, 1, 0})->Args({4096, 32, 8, 2, 0})->Args({16384, 32, 8, 1, 0})->Args({16384, 32, 8, 2, 0})
-    ->Args({16384, 32, 8, 1, 1})->Args({16384, 32, 8, 2, 1})->Args({16384, 32, 8, 1, 2})->Args({16384, 32, 8, 2, 2})
+    ->ArgNames({"N", "H", "H_kv", "threads", "kv", "D"})  // kv: 0 f32, 1 f16, 2 bf16
+    ->Args({4096, 32, 8, 1, 0, 128})->Args({4096, 32, 8, 2, 0, 128})->Args({16384, 32, 8, 1, 0, 128})
+    ->Args({16384, 32, 8, 2, 0, 128})->Args({16384, 32, 8, 1, 1, 128})->Args({16384, 32, 8, 2, 1, 128})
+    ->Args({16384, 32, 8, 1, 2, 128})->Args({16384, 32, 8, 2, 2, 128})
     // One KV head (a single (row, head) task): 2 threads only help through the split over keys.
-    ->Args({65536, 4, 1, 1, 0})->Args({65536, 4, 1, 2, 0})
+    ->Args({65536, 4, 1, 1, 0, 128})->Args({65536, 4, 1, 2, 0, 128})
+    // Multi-head attention (G = 1) with D = 64, the stories110m shape, F16 K/V.
+    ->Args({16384, 12, 12, 1, 1, 64})->Args({16384, 12, 12, 2, 1, 64})
     ->UseManualTime();
 
 #if defined(__AVX512F__)
