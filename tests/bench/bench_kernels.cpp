@@ -340,6 +340,8 @@ BENCHMARK(BM_Gemv)
     ->Args({4096, 4096, 2, 1})->Args({4096, 4096, 2, 2})
     // The 110M shape's projections (dim 768, FFN 2048): small matrices, where per-call costs show.
     ->Args({768, 768, 0, 2})->Args({2048, 768, 0, 2})->Args({768, 2048, 0, 2})
+    // The same in F16 on one thread: stories110m F16 at one thread is the weakest whole-model row.
+    ->Args({768, 768, 2, 1})->Args({2048, 768, 2, 1})->Args({768, 2048, 2, 1})
     ->UseManualTime();
 
 }  // namespace
