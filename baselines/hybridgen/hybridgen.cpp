@@ -142,7 +142,8 @@ class HybridGen final : public KvStrategy {
       auto res = std::make_shared<CpuResult>();
       pending_[pidx(layer, r.seq)] = res;
       const int32_t K = current_k(r), pre = sched_.pre();
-      res->done = rt_.cpu().submit("hybridgen speculative q + logits, layer " + std::to_string(layer), {}, {},
+      res->done = rt_.cpu().submit("hybridgen speculative q + logits, layer " + std::to_string(layer),
+                                   cpu_stage_work(layer, r, K, pre), {},
                                    [this, layer, r, xr = std::move(xr), res, K, pre] {
                                      const auto t0 = Clock::now();
                                      const std::vector<float> q = speculative_query(layer, r, xr.data());
@@ -323,6 +324,19 @@ class HybridGen final : public KvStrategy {
   }
 
   // Logits of offloaded keys, selection, and the transfers of logits and V rows to the accelerator.
+  // The CPU stage's work for the modeled clock: logits of all H query heads over the keys it reads
+  // from DRAM. Post: every offloaded key, streamed. Pre: the K keys of the position heuristic, two
+  // runs (sinks, most recent) per KV head. (The speculative query's projection is not counted.)
+  StageWork cpu_stage_work(int layer, const TokenRow& r, int32_t K, bool pre) const {
+    const int Hkv = shape_.H_kv, D = shape_.D;
+    const int64_t n_off = offloaded_[pidx(layer, r.seq)], keys = pre ? std::min<int64_t>(K, n_off) : n_off;
+    StageWork w;
+    w.flops = 2.0 * double(shape_.H) * D * double(keys);
+    w.bytes[size_t(Tier::kDram)] = int64_t(Hkv) * keys * D * 4;
+    if (pre) w.rows[size_t(Tier::kDram)] = int64_t(2) * Hkv;
+    return w;
+  }
+
   void cpu_stage(int layer, const TokenRow& r, const float* q, int32_t K, bool pre, CpuResult& res, Clock::time_point t0) {
     const int Hkv = shape_.H_kv, D = shape_.D, G = shape_.H / Hkv;
     const int32_t n_off = offloaded_[pidx(layer, r.seq)];
@@ -376,11 +390,18 @@ class HybridGen final : public KvStrategy {
       add_tx(since(t));
     }, {}, "cpu logits to gpu"));
     for (Tier tier : {Tier::kDram, Tier::kFar}) {
-      int64_t bytes = 0;
-      for (int g = 0; g < Hkv; ++g)
-        for (int32_t p : res.sel[size_t(g)]) bytes += vtier(layer, r.seq, p) == tier ? int64_t(D) * 4 : 0;
+      int64_t bytes = 0, runs = 0;  // runs of consecutive selected positions within one page
+      for (int g = 0; g < Hkv; ++g) {
+        const auto& sel = res.sel[size_t(g)];
+        for (size_t i = 0; i < sel.size(); ++i) {
+          if (vtier(layer, r.seq, sel[i]) != tier) continue;
+          bytes += int64_t(D) * 4;
+          runs += i == 0 || sel[i] != sel[i - 1] + 1 || sel[i] / page_ != sel[i - 1] / page_ ||
+                  vtier(layer, r.seq, sel[i - 1]) != tier;
+        }
+      }
       if (bytes == 0) continue;
-      ev.push_back(rt_.transfers().run(tier, Tier::kGpu, bytes, [this, &res, layer, r, tier, K, D, Hkv] {
+      ev.push_back(rt_.transfers().run_gather(tier, Tier::kGpu, bytes, runs, [this, &res, layer, r, tier, K, D, Hkv] {
         const auto t = Clock::now();
         // Selected positions are sorted: each run of them within one page (one tier) is one gather
         // from that page's rows of head g.
@@ -423,7 +444,7 @@ class HybridGen final : public KvStrategy {
         std::vector<float> qt(q, q + int64_t(shape_.H) * D);
         const int32_t K = current_k(r);
         const bool pre = sched_.pre();
-        res->done = rt_.cpu().submit("hybridgen logits, layer " + std::to_string(layer), {}, {},
+        res->done = rt_.cpu().submit("hybridgen logits, layer " + std::to_string(layer), cpu_stage_work(layer, r, K, pre), {},
                                      [this, layer, r, qt = std::move(qt), res, K, pre] {
                                        cpu_stage(layer, r, qt.data(), K, pre, *res, Clock::now());
                                      });

@@ -268,17 +268,19 @@ class InfiniGen final : public KvStrategy {
       std::sort(sel[size_t(g)].begin(), sel[size_t(g)].end());
     }
     const int seq = r.seq;
-    f->done = rt_.transfers().run(Tier::kDram, Tier::kGpu, int64_t(2) * Hkv * count * D * 4,
-                                  [this, f, sel = std::move(sel), layer, seq, Hkv, D] {
-                                    for (int g = 0; g < Hkv; ++g) {
-                                      const int64_t head = g * store_.head_stride(seq), n = int64_t(sel[size_t(g)].size());
-                                      cpu::gather_rows(f->k.as<float>() + int64_t(g) * f->n * D, store_.k(layer, seq) + head,
-                                                       int64_t(D) * 4, int64_t(D) * 4, sel[size_t(g)].data(), n);
-                                      cpu::gather_rows(f->v.as<float>() + int64_t(g) * f->n * D, store_.v(layer, seq) + head,
-                                                       int64_t(D) * 4, int64_t(D) * 4, sel[size_t(g)].data(), n);
-                                    }
-                                  },
-                                  {}, "speculative kv fetch");
+    int64_t n_rows = 0;  // runs of K and V rows gathered (the modeled clock's row cost)
+    for (const auto& s : sel) n_rows += 2 * gathered_runs(s);
+    auto fetch = [this, f, sel = std::move(sel), layer, seq, Hkv, D] {
+      for (int g = 0; g < Hkv; ++g) {
+        const int64_t head = g * store_.head_stride(seq), n = int64_t(sel[size_t(g)].size());
+        cpu::gather_rows(f->k.as<float>() + int64_t(g) * f->n * D, store_.k(layer, seq) + head, int64_t(D) * 4,
+                         int64_t(D) * 4, sel[size_t(g)].data(), n);
+        cpu::gather_rows(f->v.as<float>() + int64_t(g) * f->n * D, store_.v(layer, seq) + head, int64_t(D) * 4,
+                         int64_t(D) * 4, sel[size_t(g)].data(), n);
+      }
+    };
+    f->done = rt_.transfers().run_gather(Tier::kDram, Tier::kGpu, int64_t(2) * Hkv * count * D * 4, n_rows,
+                                         std::move(fetch), {}, "speculative kv fetch");
     fetch_[size_t(layer) * size_t(B_) + size_t(r.seq)] = f;
   }
 

@@ -610,8 +610,9 @@ int cmd_export(const std::vector<std::string>& args) {
 
 constexpr const char* kCalibrateHelp = R"(usage: hgbench calibrate [--out PATH] [--seconds S]
 
-Measures this machine (dram and far read bandwidth, dram→far copy bandwidth, SGEMM FLOP/s; GPU
-rates when a device exists) and writes the platform profile `this-machine` used by
+Measures this machine (dram and far read bandwidth, the extra cost of a random 512 B row over a
+stream on each, dram→far copy bandwidth, SGEMM FLOP/s; GPU rates when a device exists) and
+writes the platform profile `this-machine` used by
 `clock: modeled:this-machine` (default PATH: experiments/platforms/this-machine.yaml).
 )";
 

@@ -28,16 +28,19 @@ PlatformProfile load_platform(const std::string& name_or_path, const std::string
     p.gpu_mem_gib = yaml_number(y["gpu"], "mem_gib", 0, false, file, "gpu");
   }
   if (!y["cpu"]) input_error("{}: missing key 'cpu'", file);
-  check_keys(y["cpu"], {"flops_gflops", "dram_gbs", "dram_gib"}, file, "cpu");
+  check_keys(y["cpu"], {"flops_gflops", "dram_gbs", "dram_gib", "dram_row_ns"}, file, "cpu");
   p.cpu_flops = yaml_number(y["cpu"], "flops_gflops", 0, true, file, "cpu") * 1e9;
   p.dram_gbs = yaml_number(y["cpu"], "dram_gbs", 0, true, file, "cpu");
   p.dram_gib = yaml_number(y["cpu"], "dram_gib", 0, false, file, "cpu");
+  p.dram_row_ns = yaml_number(y["cpu"], "dram_row_ns", 0, false, file, "cpu");
   p.far_gbs = p.dram_gbs;
+  p.far_row_ns = p.dram_row_ns;
   if (y["far"]) {
-    check_keys(y["far"], {"gbs", "latency_ns", "gib"}, file, "far");
+    check_keys(y["far"], {"gbs", "latency_ns", "gib", "row_ns"}, file, "far");
     p.far_gbs = yaml_number(y["far"], "gbs", 0, true, file, "far");
     p.far_latency_ns = yaml_number(y["far"], "latency_ns", 0, false, file, "far");
     p.far_gib = yaml_number(y["far"], "gib", 0, false, file, "far");
+    p.far_row_ns = yaml_number(y["far"], "row_ns", 0, false, file, "far");
   }
   if (y["link"]) {
     check_keys(y["link"], {"h2d_gbs", "d2h_gbs"}, file, "link");
@@ -46,6 +49,8 @@ PlatformProfile load_platform(const std::string& name_or_path, const std::string
   }
   for (auto [v, what] : {std::pair{p.cpu_flops, "cpu.flops_gflops"}, {p.dram_gbs, "cpu.dram_gbs"}, {p.far_gbs, "far.gbs"}})
     if (!(v > 0)) input_error("{}: {} must be positive", file, what);
+  for (auto [v, what] : {std::pair{p.dram_row_ns, "cpu.dram_row_ns"}, {p.far_row_ns, "far.row_ns"}})
+    if (!(v >= 0)) input_error("{}: {} must be zero or positive", file, what);
   return p;
 }
 
@@ -58,8 +63,9 @@ void save_platform(const PlatformProfile& p, const std::string& path, const std:
     out << "gpu:\n  flops_tflops: " << p.gpu_flops / 1e12 << "\n  mem_gbs: " << p.gpu_mem_gbs
         << "\n  mem_gib: " << p.gpu_mem_gib << "\n";
   out << "cpu:\n  flops_gflops: " << p.cpu_flops / 1e9 << "\n  dram_gbs: " << p.dram_gbs << "\n  dram_gib: " << p.dram_gib
-      << "\n";
-  out << "far:\n  gbs: " << p.far_gbs << "\n  latency_ns: " << p.far_latency_ns << "\n  gib: " << p.far_gib << "\n";
+      << "\n  dram_row_ns: " << p.dram_row_ns << "\n";
+  out << "far:\n  gbs: " << p.far_gbs << "\n  latency_ns: " << p.far_latency_ns << "\n  gib: " << p.far_gib
+      << "\n  row_ns: " << p.far_row_ns << "\n";
   if (p.h2d_gbs > 0) out << "link:\n  h2d_gbs: " << p.h2d_gbs << "\n  d2h_gbs: " << p.d2h_gbs << "\n";
 }
 
@@ -73,6 +79,10 @@ double tier_gbs(Tier t, const PlatformProfile& p) {
   return 0;
 }
 double secs(double bytes, double gbs) { return bytes <= 0 ? 0.0 : (gbs > 0 ? bytes / (gbs * 1e9) : INFINITY); }
+// Seconds of the row costs of the gathered rows in w (host tiers; GPU rows are not charged).
+double row_secs(const StageWork& w, const PlatformProfile& p) {
+  return 1e-9 * (double(w.rows[size_t(Tier::kDram)]) * p.dram_row_ns + double(w.rows[size_t(Tier::kFar)]) * p.far_row_ns);
+}
 }  // namespace
 
 double modeled_stage_seconds(const StageRecord& r, const PlatformProfile& p) {
@@ -86,7 +96,7 @@ double modeled_stage_seconds(const StageRecord& r, const PlatformProfile& p) {
     case StageKind::kCpuCompute: {
       const double c = w.flops / p.cpu_flops;
       const double m = secs(double(w.bytes[size_t(Tier::kDram)]), p.dram_gbs) +
-                       secs(double(w.bytes[size_t(Tier::kFar)]), p.far_gbs);
+                       secs(double(w.bytes[size_t(Tier::kFar)]), p.far_gbs) + row_secs(w, p);
       return std::max(c, m) + (w.bytes[size_t(Tier::kFar)] > 0 ? lat : 0.0);
     }
     case StageKind::kTransfer: {
@@ -96,7 +106,7 @@ double modeled_stage_seconds(const StageRecord& r, const PlatformProfile& p) {
       else if (w.src == Tier::kGpu) bw = std::min(p.d2h_gbs, tier_gbs(w.dst, p));
       else bw = std::min(tier_gbs(w.src, p), tier_gbs(w.dst, p));
       const bool far = w.src == Tier::kFar || w.dst == Tier::kFar;
-      return secs(double(w.transfer_bytes), bw) + (far && w.transfer_bytes > 0 ? lat : 0.0);
+      return secs(double(w.transfer_bytes), bw) + row_secs(w, p) + (far && w.transfer_bytes > 0 ? lat : 0.0);
     }
   }
   return 0;

@@ -25,6 +25,12 @@ struct PlatformProfile {
   double far_gbs = 0;      // read GB/s of the far tier (CXL / remote node)
   double far_latency_ns = 0;
   double far_gib = 0;
+  // Extra time per separately addressed row a gather reads, beyond its bytes at the tier's GB/s
+  // (random rows cost more than a stream: DRAM row activations, page walks). Calibrated profiles
+  // measure it (`hgbench calibrate`: random 512 B rows against a stream); datasheet profiles leave
+  // it 0, and then gathers are charged their bytes only.
+  double dram_row_ns = 0;
+  double far_row_ns = 0;
   double h2d_gbs = 0;      // host → device link GB/s
   double d2h_gbs = 0;      // device → host link GB/s
 };

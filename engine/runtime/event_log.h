@@ -24,6 +24,9 @@ struct StageWork {
   Tier src = Tier::kDram;
   Tier dst = Tier::kDram;
   int64_t transfer_bytes = 0;
+  // Separately addressed rows read per tier (gathers of selected K/V rows), counted on top of their
+  // bytes: the modeled clock charges each one the profile's row cost for that tier. 0 for streams.
+  std::array<int64_t, kNumTiers> rows{};
 };
 
 struct StageRecord {

@@ -14,6 +14,12 @@ int64_t TransferTotals::total_bytes() const {
   return t;
 }
 
+int64_t gathered_runs(std::span<const int32_t> idx) {
+  int64_t n = 0;
+  for (size_t i = 0; i < idx.size(); ++i) n += i == 0 || idx[i] != idx[i - 1] + 1;
+  return n;
+}
+
 TransferEngine::TransferEngine(Queue& copy_queue, CopyFn copy_fn) : q_(copy_queue), copy_(std::move(copy_fn)) {
   host_copy_ = !copy_;
   if (!copy_) copy_ = [](void* d, const void* s, size_t n, Tier, Tier) { std::memcpy(d, s, n); };
@@ -27,39 +33,41 @@ void TransferEngine::count(Tier src, Tier dst, int64_t bytes) {
 
 Event TransferEngine::copy(void* dst, Tier dst_tier, const void* src, Tier src_tier, int64_t bytes,
                            std::vector<Event> deps, std::string name) {
-  StageWork w;
-  w.src = src_tier;
-  w.dst = dst_tier;
-  w.transfer_bytes = bytes;
-  count(src_tier, dst_tier, bytes);
-  return q_.submit(std::move(name), w, std::move(deps),
-                   [=, this] { copy_(dst, src, size_t(bytes), dst_tier, src_tier); });
+  return run(src_tier, dst_tier, bytes, [=, this] { copy_(dst, src, size_t(bytes), dst_tier, src_tier); },
+             std::move(deps), std::move(name));
 }
 
 Event TransferEngine::gather_rows(void* dst, Tier dst_tier, const void* src, Tier src_tier, int64_t row_bytes,
                                   int64_t src_stride, std::span<const int32_t> rows, std::vector<Event> deps,
                                   std::string name) {
-  StageWork w;
-  w.src = src_tier;
-  w.dst = dst_tier;
-  w.transfer_bytes = row_bytes * int64_t(rows.size());
-  count(src_tier, dst_tier, w.transfer_bytes);
+  const auto n = int64_t(rows.size());  // before idx moves into the task
+  const int64_t runs = src_stride == row_bytes ? gathered_runs(rows) : n;
   std::vector<int32_t> idx(rows.begin(), rows.end());
-  return q_.submit(std::move(name), w, std::move(deps), [=, this, idx = std::move(idx)] {
-    if (host_copy_) return cpu::gather_rows(dst, src, row_bytes, src_stride, idx.data(), int64_t(idx.size()));
-    auto* d = static_cast<char*>(dst);
-    auto* s = static_cast<const char*>(src);
-    for (size_t i = 0; i < idx.size(); ++i)
-      copy_(d + int64_t(i) * row_bytes, s + int64_t(idx[i]) * src_stride, size_t(row_bytes), dst_tier, src_tier);
-  });
+  return run_gather(src_tier, dst_tier, row_bytes * n, runs,
+                    [=, this, idx = std::move(idx)] {
+                      if (host_copy_)
+                        return cpu::gather_rows(dst, src, row_bytes, src_stride, idx.data(), int64_t(idx.size()));
+                      auto* d = static_cast<char*>(dst);
+                      auto* s = static_cast<const char*>(src);
+                      for (size_t i = 0; i < idx.size(); ++i)
+                        copy_(d + int64_t(i) * row_bytes, s + int64_t(idx[i]) * src_stride, size_t(row_bytes), dst_tier,
+                              src_tier);
+                    },
+                    std::move(deps), std::move(name));
 }
 
 Event TransferEngine::run(Tier src_tier, Tier dst_tier, int64_t bytes, std::function<void()> fn, std::vector<Event> deps,
                           std::string name) {
+  return run_gather(src_tier, dst_tier, bytes, 0, std::move(fn), std::move(deps), std::move(name));
+}
+
+Event TransferEngine::run_gather(Tier src_tier, Tier dst_tier, int64_t bytes, int64_t rows, std::function<void()> fn,
+                                 std::vector<Event> deps, std::string name) {
   StageWork w;
   w.src = src_tier;
   w.dst = dst_tier;
   w.transfer_bytes = bytes;
+  w.rows[size_t(src_tier)] = rows;
   count(src_tier, dst_tier, bytes);
   return q_.submit(std::move(name), w, std::move(deps), std::move(fn));
 }

@@ -18,6 +18,11 @@ struct TransferTotals {
   int64_t total_bytes() const;
 };
 
+// Separately addressed rows of a gather: the runs of consecutive indices in idx (a row that follows
+// its predecessor in the source continues the same read). What the modeled clock charges the
+// profile's row cost for.
+int64_t gathered_runs(std::span<const int32_t> idx);
+
 class TransferEngine {
  public:
   // copy_fn(dst, src, n, dst_tier, src_tier): the device's copy (default: memcpy).
@@ -27,13 +32,18 @@ class TransferEngine {
   Event copy(void* dst, Tier dst_tier, const void* src, Tier src_tier, int64_t bytes, std::vector<Event> deps = {},
              std::string name = "copy");
   // Gathers rows: dst row i ← src row rows[i] (row_bytes each, src rows src_stride bytes apart).
-  // One transfer stage of rows.size() · row_bytes bytes. `rows` is copied.
+  // One transfer stage of rows.size() · row_bytes bytes; its gathered rows (the modeled clock's
+  // row cost) are the runs of consecutive source rows. `rows` is copied.
   Event gather_rows(void* dst, Tier dst_tier, const void* src, Tier src_tier, int64_t row_bytes, int64_t src_stride,
                     std::span<const int32_t> rows, std::vector<Event> deps = {}, std::string name = "gather");
   // A custom copy (e.g. scattering rows into a per-head layout) of `bytes` from src to dst tier:
   // `fn` does the copying on the copy queue; it is logged and counted like any transfer.
   Event run(Tier src_tier, Tier dst_tier, int64_t bytes, std::function<void()> fn, std::vector<Event> deps = {},
             std::string name = "copy");
+  // The same for a custom gather: `fn` reads `rows` separately addressed rows or runs of rows
+  // (`bytes` in all) from src_tier, which the stage records for the modeled clock's row cost.
+  Event run_gather(Tier src_tier, Tier dst_tier, int64_t bytes, int64_t rows, std::function<void()> fn,
+                   std::vector<Event> deps = {}, std::string name = "gather");
   TransferTotals totals() const;
   void reset_totals();
 

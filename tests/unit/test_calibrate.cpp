@@ -61,6 +61,11 @@ TEST(Calibrate, ProfileBandwidthWithinTwentyPercentOfStream) {
   const PlatformProfile back = load_platform(out, "");
   EXPECT_NEAR(back.dram_gbs, p.dram_gbs, 1e-3 * p.dram_gbs);
   EXPECT_NEAR(back.cpu_flops, p.cpu_flops, 1e-3 * p.cpu_flops);
+  // Random rows cost more than a stream on any DRAM; a cost of a microsecond per 512 B row would
+  // mean a broken measurement.
+  EXPECT_GT(p.dram_row_ns, 0.0);
+  EXPECT_LT(p.dram_row_ns, 1000.0);
+  EXPECT_NEAR(back.dram_row_ns, p.dram_row_ns, 1e-3 * p.dram_row_ns + 1e-6);
 }
 
 }  // namespace

@@ -100,14 +100,33 @@ TEST(Transfers, MoveBytesAndAccountForThem) {
   EXPECT_EQ(t.bytes_between(Tier::kDram, Tier::kGpu), 640);
   EXPECT_EQ(t.bytes_between(Tier::kDram, Tier::kFar), 192);
   EXPECT_EQ(t.total_bytes(), 832);
+  // Rows 8, 9, 10 follow each other in the source: one run, so three gathered runs in all.
+  const std::vector<int32_t> rows2 = {8, 9, 10, 2, 5};
+  rt.transfers().gather_rows(dst.data(), Tier::kGpu, src.data(), Tier::kDram, 64, 64, rows2).wait();
   int n_transfer = 0;
   for (auto& r : rt.log().snapshot())
     if (r.kind == StageKind::kTransfer) {
       ++n_transfer;
       EXPECT_GE(r.end_s, r.start_s);
-      EXPECT_TRUE(r.work.transfer_bytes == 640 || r.work.transfer_bytes == 192);
+      // The copy is one stream (no gathered rows); the gathers count their runs on the source tier.
+      const int64_t want_rows = r.work.transfer_bytes == 640 ? 0 : 3;
+      EXPECT_TRUE(r.work.transfer_bytes == 640 || r.work.transfer_bytes == 192 || r.work.transfer_bytes == 320);
+      EXPECT_EQ(r.work.rows[size_t(Tier::kDram)], want_rows) << r.name;
+      EXPECT_EQ(r.work.rows[size_t(Tier::kGpu)] + r.work.rows[size_t(Tier::kFar)], 0) << r.name;
     }
-  EXPECT_EQ(n_transfer, 2);
+  EXPECT_EQ(n_transfer, 3);
+}
+
+TEST(Transfers, GatheredRunsCountConsecutiveRowsOnce) {
+  EXPECT_EQ(gathered_runs({}), 0);
+  const std::vector<int32_t> a = {4};
+  EXPECT_EQ(gathered_runs(a), 1);
+  const std::vector<int32_t> b = {0, 1, 2, 3};  // one run
+  EXPECT_EQ(gathered_runs(b), 1);
+  const std::vector<int32_t> c = {0, 2, 3, 9, 10, 11, 4};  // {0} {2,3} {9,10,11} {4}
+  EXPECT_EQ(gathered_runs(c), 4);
+  const std::vector<int32_t> d = {5, 5, 4};  // repeats and descending rows are separate reads
+  EXPECT_EQ(gathered_runs(d), 3);
 }
 
 TEST(Queues, FailedTaskFailsItsEventAndDependents) {
@@ -222,6 +241,22 @@ TEST(ModeledClock, ToyPipelineByHand) {
   StageRecord f = rec(4, StageKind::kCpuCompute, 2, {});
   f.work.bytes[size_t(Tier::kFar)] = 500'000'000;
   EXPECT_DOUBLE_EQ(modeled_stage_seconds(f, p), 1.001);
+  // Gathered rows cost nothing extra on a profile without row costs (the datasheet profiles) …
+  StageRecord g = c;
+  g.work.rows[size_t(Tier::kDram)] = 1'000'000;
+  EXPECT_DOUBLE_EQ(modeled_stage_seconds(g, p), 4.0);
+  // … and the profile's row cost per row on one with: 1e6 rows × 500 ns = 0.5 s on the 4 s copy.
+  p.dram_row_ns = 500;
+  p.far_row_ns = 2000;
+  EXPECT_DOUBLE_EQ(modeled_stage_seconds(g, p), 4.5);
+  // A CPU stage's rows add to its memory time: 1 GB of dram (1 s) + 1e6 far rows × 2 µs = 3 s
+  // against 2 s of FLOPs, plus the far latency of 1 ms (its bytes include far ones).
+  StageRecord h = a;
+  h.work.rows[size_t(Tier::kFar)] = 1'000'000;
+  h.work.bytes[size_t(Tier::kFar)] = 0;
+  EXPECT_DOUBLE_EQ(modeled_stage_seconds(h, p), 3.0);
+  h.work.bytes[size_t(Tier::kFar)] = 500'000'000;  // + 1 s of far bytes, + 1 ms latency
+  EXPECT_DOUBLE_EQ(modeled_stage_seconds(h, p), 4.001);
 }
 
 TEST(Platforms, CommittedProfilesLoadAndBadKeysAreNamed) {
@@ -246,6 +281,21 @@ TEST(Platforms, CommittedProfilesLoadAndBadKeysAreNamed) {
   }
   test::write_file(bad, "name: x\ncpu:\n  flops_gflops: 10\n");
   EXPECT_THROW(load_platform(bad, dir), InputError);
+  test::write_file(bad, "name: x\ncpu:\n  flops_gflops: 10\n  dram_gbs: 5\n  dram_row_ns: -3\n");
+  EXPECT_THROW(load_platform(bad, dir), InputError);
+  // Row costs: saved and loaded back; `far` takes the dram cost when it gives none.
+  test::write_file(bad, "name: x\ncpu:\n  flops_gflops: 10\n  dram_gbs: 5\n  dram_row_ns: 40\n");
+  const PlatformProfile r = load_platform(bad, dir);
+  EXPECT_DOUBLE_EQ(r.dram_row_ns, 40);
+  EXPECT_DOUBLE_EQ(r.far_row_ns, 40);
+  PlatformProfile w = r;
+  w.far_row_ns = 75.5;
+  save_platform(w, bad, "round trip");
+  const PlatformProfile back = load_platform(bad, dir);
+  EXPECT_DOUBLE_EQ(back.dram_row_ns, 40);
+  EXPECT_DOUBLE_EQ(back.far_row_ns, 75.5);
+  for (const char* n : {"machine-a", "machine-b", "machine-c", "gh200"})  // datasheets: no row costs
+    EXPECT_EQ(load_platform(n, dir).dram_row_ns, 0.0) << n;
   EXPECT_THROW(load_platform("no-such-machine", dir), InputError);
 }
 

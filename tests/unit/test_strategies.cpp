@@ -382,6 +382,26 @@ TEST(HybridGen, TransfersAreLogitsPlusSelectedValueRows) {
       before = now;
     });
   }).wait();
+  // What the modeled clock charges. The CPU stage (post mode) streams every offloaded key of each
+  // KV head from DRAM and does 2·D FLOPs per key and query head; the selected V rows are gathered
+  // as runs of consecutive positions, at least one and at most K per KV head.
+  int n_cpu = 0, n_v = 0;
+  for (auto& r : rt.log().snapshot()) {
+    if (r.name.rfind("hybridgen logits", 0) == 0) {
+      ++n_cpu;
+      const int64_t keys = r.work.bytes[size_t(Tier::kDram)] / (int64_t(hp.n_kv_heads) * hp.head_dim * 4);
+      EXPECT_GT(keys, 0) << r.name;
+      EXPECT_EQ(r.work.bytes[size_t(Tier::kDram)], keys * hp.n_kv_heads * hp.head_dim * 4) << r.name;
+      EXPECT_DOUBLE_EQ(r.work.flops, 2.0 * hp.n_heads * hp.head_dim * double(keys)) << r.name;
+      EXPECT_EQ(r.work.rows[size_t(Tier::kDram)], 0) << "post mode streams its keys";
+    } else if (r.name == "selected V to gpu") {
+      ++n_v;
+      EXPECT_GE(r.work.rows[size_t(Tier::kDram)], hp.n_kv_heads);
+      EXPECT_LE(r.work.rows[size_t(Tier::kDram)], int64_t(hp.n_kv_heads) * K);
+    }
+  }
+  EXPECT_GT(n_cpu, 0);
+  EXPECT_EQ(n_v, n_cpu);
 }
 
 TEST(HybridGen, SpeculativeQueryRunsOnTheCpuQueue) {
