@@ -24,8 +24,10 @@ double timed_chunks_gbs(int64_t n, double bytes, F&& partial) {
 }
 }  // namespace
 
-double read_pass_gbs(const float* p, int64_t n) {
-  return timed_chunks_gbs(n, double(n) * 4, [&](int64_t b, int64_t e) { return cpu::sum(p + b, e - b); });
+double read_pass_gbs(const float* p, int64_t n, ReadPass how) {
+  return timed_chunks_gbs(n, double(n) * 4, [&](int64_t b, int64_t e) {
+    return how == ReadPass::kOneStream ? cpu::sum_one_stream(p + b, e - b) : cpu::sum(p + b, e - b);
+  });
 }
 
 double rows_read_pass_gbs(const float* src, int64_t row_floats, const int32_t* idx, int64_t n) {
@@ -40,10 +42,10 @@ ReadProbe::ReadProbe(int64_t buffer_bytes) : buf_(size_t(std::max<int64_t>(buffe
   parallel_chunks(n_, [&](int64_t b, int64_t e) { std::fill(p + b, p + e, 1.0f); });  // first touch by the pool
 }
 
-double ReadProbe::pass_gbs(int64_t bytes) {
+double ReadProbe::pass_gbs(int64_t bytes, ReadPass how) {
   const int64_t n = std::clamp<int64_t>(bytes / 4, 16384, n_) / 16 * 16;
   if (pos_ + n > n_) pos_ = 0;
-  const double g = read_pass_gbs(static_cast<const float*>(buf_.data()) + pos_, n);
+  const double g = read_pass_gbs(static_cast<const float*>(buf_.data()) + pos_, n, how);
   pos_ += n;
   return g;
 }

@@ -12,8 +12,13 @@
 
 namespace hg {
 
-// One read-only pass (cpu::sum per chunk, the current thread count) over p[0, n): GB/s.
-double read_pass_gbs(const float* p, int64_t n);
+// How a reference pass reads: cpu::sum's eight prefetched streams per thread (the best read this
+// machine does: the references' default), or cpu::sum_one_stream's plain reduction (issue 5's
+// reference figures; reported beside the default as a weaker yardstick).
+enum class ReadPass { kEightStreams, kOneStream };
+
+// One read-only pass (per chunk of p, the current thread count) over p[0, n): GB/s.
+double read_pass_gbs(const float* p, int64_t n, ReadPass how = ReadPass::kEightStreams);
 
 // One read-only pass over the rows src + idx[i] · row_floats, i < n (cpu::sum_rows per chunk of the
 // index list, the current thread count): GB/s of the rows' bytes. The random-access reference
@@ -26,7 +31,7 @@ class ReadProbe {
  public:
   explicit ReadProbe(int64_t buffer_bytes = int64_t(512) << 20);
   // GB/s of one pass over `bytes` (clamped to [64 KiB, buffer]).
-  double pass_gbs(int64_t bytes);
+  double pass_gbs(int64_t bytes, ReadPass how = ReadPass::kEightStreams);
 
  private:
   AlignedBuffer buf_;

@@ -49,22 +49,27 @@ constexpr int64_t kMinPassBytes = int64_t(64) << 20;
 // then one read pass of the same bytes (untimed). x_bw is the median over iterations of
 // kernel GB/s / that pass's GB/s: the kernel and its reference see the same moment of this
 // shared machine. x_bw_peak is against BM_SetReference's best-of-5 at the start of the run
-// (the best moment of the run: the conservative ratio).
+// (the best moment of the run: the conservative ratio). x_bw_1s pairs each call with a second,
+// weaker pass as well: one plain stream per thread (cpu::sum_one_stream), the kind of reduction
+// issue 5's reference figures came from.
 template <class F>
 void run_paired(benchmark::State& st, double bytes_per_iter, int threads, F&& kernel) {
-  PairedRatio pr;
+  PairedRatio pr, pr1;
   for (auto _ : st) {
     const auto t0 = std::chrono::steady_clock::now();
     kernel();
     benchmark::ClobberMemory();
     const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     st.SetIterationTime(dt);
-    pr.add(bytes_per_iter / dt / 1e9, probe().pass_gbs(std::max(int64_t(bytes_per_iter), kMinPassBytes)));
+    const int64_t pass = std::max(int64_t(bytes_per_iter), kMinPassBytes);
+    pr.add(bytes_per_iter / dt / 1e9, probe().pass_gbs(pass));
+    pr1.add(bytes_per_iter / dt / 1e9, probe().pass_gbs(pass, ReadPass::kOneStream));
   }
   st.SetBytesProcessed(int64_t(bytes_per_iter) * int64_t(st.iterations()));
   st.counters["GB/s"] = pr.gbs();
   st.counters["ref_GB/s"] = pr.ref_gbs();
   st.counters["x_bw"] = pr.ratio();
+  st.counters["x_bw_1s"] = pr1.ratio();
   const double peak = g_read_gbs[std::clamp(threads, 0, 64)];
   if (peak > 0) st.counters["x_bw_peak"] = pr.gbs() / peak;
 }

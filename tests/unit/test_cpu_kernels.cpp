@@ -278,14 +278,15 @@ TEST_F(Backends, GroupLogitsAndWeightedVMatchRef) {
       }
 }
 
-// cpu::sum (the bandwidth reference's read) against a double-precision sum: lengths below, at and
-// around the eight-stream path's threshold and with tails of every size.
+// cpu::sum and cpu::sum_one_stream (the bandwidth references' reads) against a double-precision
+// sum: lengths below, at and around the eight-stream path's threshold and with tails of every size.
 TEST(Sum, MatchesDoubleSum) {
-  for (int64_t n : {0, 1, 15, 16, 17, 1000, 8191, 8192, 8193, 8192 + 15, 100003}) {
+  for (int64_t n : {0, 1, 15, 16, 17, 63, 64, 65, 1000, 8191, 8192, 8193, 8192 + 15, 100003}) {
     const auto x = test::random_vec(size_t(n), 77);
     double want = 0;
     for (float v : x) want += v;
     EXPECT_NEAR(cpu::sum(x.data(), n), want, 1e-4 * std::max(1.0, std::sqrt(double(n)))) << n;
+    EXPECT_NEAR(cpu::sum_one_stream(x.data(), n), want, 1e-4 * std::max(1.0, std::sqrt(double(n)))) << n;
   }
 }
 

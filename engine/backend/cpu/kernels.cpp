@@ -103,6 +103,19 @@ float sum(const float* p, int64_t n) {
   return s;
 }
 
+float sum_one_stream(const float* p, int64_t n) {
+  int64_t i = 0;
+  float s = 0;
+#if HG_AVX512
+  __m512 a[4] = {_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps()};
+  for (; i + 64 <= n; i += 64)
+    for (int j = 0; j < 4; ++j) a[j] = _mm512_add_ps(a[j], _mm512_loadu_ps(p + i + 16 * j));
+  s = _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(a[0], a[1]), _mm512_add_ps(a[2], a[3])));
+#endif
+  for (; i < n; ++i) s += p[i];
+  return s;
+}
+
 void rms_norm_row(const float* x, const float* w, int64_t n, float eps, float* y) {
   const float ss = dot(x, x, n);
   const float r = 1.0f / std::sqrt(ss / float(n) + eps);
