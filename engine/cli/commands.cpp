@@ -390,7 +390,10 @@ Decode tokens/s at each context length (the KV cache, F16 by default, is filled 
 rows: its values do not change the cost), prefill tokens/s for one prompt, and the ratio to the
 bandwidth limit (weight bytes + KV bytes per token). Each decode step is paired with a read pass
 right after it (same threads, a 512 MiB buffer read in turn); the ratio is the median over steps
-of the step's bytes/s over its pass's GB/s, with the range beside it. Then the harness overhead:
+of the step's bytes/s over its pass's GB/s, with the range beside it. The pass reads eight
+prefetched streams per thread, the best read of the machine; `1-stream` is the same ratio against
+a second pass of one plain stream per thread (a weaker reference, the kind issue 5's figures used;
+host only). Then the harness overhead:
 the same decode loop with the null backend and the null strategy, as a share of the first
 context's step. The `full` strategy. With --backend cuda (F32 KV) the weights, activations and KV
 are in GPU memory and the paired pass is a copy within GPU memory (read + write bytes), so the
@@ -423,9 +426,10 @@ class StepReference {
     else probe_.emplace(int64_t(512) << 20);
     pass_gbs(int64_t(256) << 20);  // warm-up (first touch, first copy)
   }
-  // GB/s of one pass over min(bytes, the buffer).
-  double pass_gbs(int64_t bytes) {
-    if (!device_) return probe_->pass_gbs(bytes);
+  // GB/s of one pass over min(bytes, the buffer); 0 for a one-stream pass on a device (none).
+  double pass_gbs(int64_t bytes, ReadPass how = ReadPass::kEightStreams) {
+    if (!device_) return probe_->pass_gbs(bytes, how);
+    if (how == ReadPass::kOneStream) return 0;
     const size_t n = size_t(std::clamp<int64_t>(bytes, 1 << 20, int64_t(kDeviceBytes)));
     float sink = 0;
     const auto t0 = std::chrono::steady_clock::now();
@@ -502,8 +506,8 @@ int cmd_bench(const std::vector<std::string>& args) {
              model.source, dtype_name(model.weight_dtype), weight_bytes / 1e6, dtype_name(kv), kv_per_token);
   fmt::print("host memory: 2 MiB pages {} (transparent huge pages: {})\n",
              huge_pages_advised() ? "advised" : "not advised (HG_NO_HUGE_PAGES)", thp_mode());
-  fmt::print("{:>8} {:>7} {:>12} {:>10} {:>14} {:>12} {:>7} {:>11}\n", "context", "threads", "decode tok/s", "read GB/s",
-             "MB per token", "limit tok/s", "ratio", "ratio range");
+  fmt::print("{:>8} {:>7} {:>12} {:>10} {:>14} {:>12} {:>7} {:>11} {:>9}\n", "context", "threads", "decode tok/s",
+             "read GB/s", "MB per token", "limit tok/s", "ratio", "ratio range", "1-stream");
   std::mt19937_64 rng(1);
   StepReference reference(*be);
   for (int t : threads) {
@@ -535,17 +539,24 @@ int cmd_bench(const std::vector<std::string>& args) {
       // steps of (bytes / step time) / that pass's bandwidth, so the step and its reference see
       // the same moment of a shared machine. Bytes grow by one KV row per step.
       const double bytes = weight_bytes + kv_per_token * (n + steps / 2.0);
-      std::vector<double> ref;
-      const auto secs = decode_step_seconds(dec, n, steps, [&] { ref.push_back(reference.pass_gbs(int64_t(bytes))); });
-      PairedRatio pr;
-      for (size_t i = 0; i < secs.size(); ++i) pr.add(bytes / secs[i] / 1e9, ref[i]);
+      std::vector<double> ref, ref1;
+      const auto secs = decode_step_seconds(dec, n, steps, [&] {
+        ref.push_back(reference.pass_gbs(int64_t(bytes)));
+        ref1.push_back(reference.pass_gbs(int64_t(bytes), ReadPass::kOneStream));
+      });
+      PairedRatio pr, pr1;
+      for (size_t i = 0; i < secs.size(); ++i) {
+        pr.add(bytes / secs[i] / 1e9, ref[i]);
+        if (ref1[i] > 0) pr1.add(bytes / secs[i] / 1e9, ref1[i]);
+      }
       const auto ratios = pr.ratios();
       const double tps = 1.0 / median(secs), bw = pr.ref_gbs();
       if (first_step_s == 0) first_step_s = 1.0 / tps, first_context = n;
       const double limit = bw * 1e9 / bytes;
-      fmt::print("{:>8} {:>7} {:>12.2f} {:>10.1f} {:>14.1f} {:>12.2f} {:>7.2f} {:>5.2f}-{:<5.2f}\n", n, t, tps, bw,
+      fmt::print("{:>8} {:>7} {:>12.2f} {:>10.1f} {:>14.1f} {:>12.2f} {:>7.2f} {:>5.2f}-{:<5.2f} {:>9}\n", n, t, tps, bw,
                  bytes / 1e6, limit, pr.ratio(), *std::min_element(ratios.begin(), ratios.end()),
-                 *std::max_element(ratios.begin(), ratios.end()));
+                 *std::max_element(ratios.begin(), ratios.end()),
+                 pr1.size() ? fmt::format("{:.2f}", pr1.ratio()) : std::string("-"));
     }
     {
       // Harness overhead: the same decode loop with every kernel a no-op (null backend) and no KV

@@ -70,6 +70,7 @@ TEST(Cli, BenchAndStrategyRunsOnSyntheticModel) {
   EXPECT_NE(r.out.find("ratio"), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("prefill 8 tokens"), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("ratio range"), std::string::npos) << r.out;  // paired per-step references
+  EXPECT_NE(r.out.find("1-stream"), std::string::npos) << r.out;     // and the one-stream reference
   EXPECT_NE(r.out.find("median of 3"), std::string::npos) << r.out;
   EXPECT_EQ(run("bench --model synthetic:tiny-llama --context 0").status, 2);
   r = run("generate --model synthetic:tiny-qwen2 --prompt-tokens 40 -n 4 --device emulated --strategy hybridgen "
