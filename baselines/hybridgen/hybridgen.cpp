@@ -444,7 +444,8 @@ class HybridGen final : public KvStrategy {
         std::vector<float> qt(q, q + int64_t(shape_.H) * D);
         const int32_t K = current_k(r);
         const bool pre = sched_.pre();
-        res->done = rt_.cpu().submit("hybridgen logits, layer " + std::to_string(layer), cpu_stage_work(layer, r, K, pre), {},
+        res->done = rt_.cpu().submit("hybridgen logits, layer " + std::to_string(layer),
+                                     cpu_stage_work(layer, r, K, pre), {},
                                      [this, layer, r, qt = std::move(qt), res, K, pre] {
                                        cpu_stage(layer, r, qt.data(), K, pre, *res, Clock::now());
                                      });

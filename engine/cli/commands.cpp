@@ -553,8 +553,8 @@ int cmd_bench(const std::vector<std::string>& args) {
       const double tps = 1.0 / median(secs), bw = pr.ref_gbs();
       if (first_step_s == 0) first_step_s = 1.0 / tps, first_context = n;
       const double limit = bw * 1e9 / bytes;
-      fmt::print("{:>8} {:>7} {:>12.2f} {:>10.1f} {:>14.1f} {:>12.2f} {:>7.2f} {:>5.2f}-{:<5.2f} {:>9}\n", n, t, tps, bw,
-                 bytes / 1e6, limit, pr.ratio(), *std::min_element(ratios.begin(), ratios.end()),
+      fmt::print("{:>8} {:>7} {:>12.2f} {:>10.1f} {:>14.1f} {:>12.2f} {:>7.2f} {:>5.2f}-{:<5.2f} {:>9}\n", n, t, tps,
+                 bw, bytes / 1e6, limit, pr.ratio(), *std::min_element(ratios.begin(), ratios.end()),
                  *std::max_element(ratios.begin(), ratios.end()),
                  pr1.size() ? fmt::format("{:.2f}", pr1.ratio()) : std::string("-"));
     }

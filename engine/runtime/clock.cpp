@@ -81,7 +81,8 @@ double tier_gbs(Tier t, const PlatformProfile& p) {
 double secs(double bytes, double gbs) { return bytes <= 0 ? 0.0 : (gbs > 0 ? bytes / (gbs * 1e9) : INFINITY); }
 // Seconds of the row costs of the gathered rows in w (host tiers; GPU rows are not charged).
 double row_secs(const StageWork& w, const PlatformProfile& p) {
-  return 1e-9 * (double(w.rows[size_t(Tier::kDram)]) * p.dram_row_ns + double(w.rows[size_t(Tier::kFar)]) * p.far_row_ns);
+  return 1e-9 * (double(w.rows[size_t(Tier::kDram)]) * p.dram_row_ns +
+                 double(w.rows[size_t(Tier::kFar)]) * p.far_row_ns);
 }
 }  // namespace
 
