@@ -80,31 +80,44 @@ Runtime::~Runtime() {
   cpu_->synchronize();
 }
 
-double measure_read_gbs(MemorySystem& mem, Tier tier, int64_t bytes, double seconds) {
-  Allocation a = mem.allocate(tier, bytes);
-  const int64_t n = bytes / 4 / 64 * 64;
+namespace {
+// n floats on `tier`, written once by the pool (the first touch places the pages).
+Allocation filled_floats(MemorySystem& mem, Tier tier, int64_t n) {
+  Allocation a = mem.allocate(tier, n * 4);
   float* p = a.as<float>();
   parallel_chunks(n, [&](int64_t b, int64_t e) {
     for (int64_t i = b; i < e; ++i) p[i] = float(i & 255);
   });
+  return a;
+}
+
+// The best GB/s of pass(rep) over at least min_reps passes and `seconds` of reading (at most
+// max_reps + 2 passes); each pass reads `bytes`.
+template <class F>
+double best_pass_gbs(int min_reps, int max_reps, double seconds, double bytes, F&& pass) {
   double best = 0, spent = 0;
-  for (int rep = 0; rep < 3 || spent < seconds; ++rep) {
-    const double g = read_pass_gbs(p, n);
-    spent += double(n) * 4 / g / 1e9;
+  for (int rep = 0; rep < min_reps || spent < seconds; ++rep) {
+    const double g = pass(rep);
+    spent += bytes / g / 1e9;
     best = std::max(best, g);
-    if (rep > 50) break;
+    if (rep > max_reps) break;
   }
   return best;
+}
+}  // namespace
+
+double measure_read_gbs(MemorySystem& mem, Tier tier, int64_t bytes, double seconds) {
+  const int64_t n = bytes / 4 / 64 * 64;
+  Allocation a = filled_floats(mem, tier, n);
+  const float* p = a.as<float>();
+  return best_pass_gbs(3, 50, seconds, double(n) * 4, [&](int) { return read_pass_gbs(p, n); });
 }
 
 double measure_row_ns(MemorySystem& mem, Tier tier, int64_t bytes, double stream_gbs, double seconds) {
   constexpr int64_t kRowFloats = 128;  // 512 B: one F32 K/V row of head dim 128
-  Allocation a = mem.allocate(tier, bytes);
   const int64_t rows = bytes / (kRowFloats * 4), n = std::min<int64_t>(16384, rows / 8);
-  float* p = a.as<float>();
-  parallel_chunks(rows * kRowFloats, [&](int64_t b, int64_t e) {
-    for (int64_t i = b; i < e; ++i) p[i] = float(i & 255);
-  });
+  Allocation a = filled_floats(mem, tier, rows * kRowFloats);
+  const float* p = a.as<float>();
   // Index sets in turn (so that a set's rows are not still cached from its last pass), each
   // sorted: the strategies select positions in token order.
   std::mt19937_64 g(7);
@@ -113,13 +126,9 @@ double measure_row_ns(MemorySystem& mem, Tier tier, int64_t bytes, double stream
     for (auto& i : s) i = int32_t(g() % uint64_t(rows));
     std::sort(s.begin(), s.end());
   }
-  double best = 0, spent = 0;
-  for (int rep = 0; rep < 8 || spent < seconds; ++rep) {
-    const double gbs = rows_read_pass_gbs(p, kRowFloats, sets[size_t(rep) % sets.size()].data(), n);
-    spent += double(n * kRowFloats * 4) / gbs / 1e9;
-    best = std::max(best, gbs);
-    if (rep > 200) break;
-  }
+  const double best = best_pass_gbs(8, 200, seconds, double(n * kRowFloats * 4), [&](int rep) {
+    return rows_read_pass_gbs(p, kRowFloats, sets[size_t(rep) % sets.size()].data(), n);
+  });
   // GB/s is bytes per ns: the row's time at the random-row rate minus its time in a stream.
   return std::max(0.0, double(kRowFloats * 4) / best - double(kRowFloats * 4) / stream_gbs);
 }
