@@ -146,8 +146,13 @@ BENCHMARK(BM_DecodeAttention)
     ->Args({16384, 32, 8, 1, 2, 128})->Args({16384, 32, 8, 2, 2, 128})
     // One KV head (a single (row, head) task): 2 threads only help through the split over keys.
     ->Args({65536, 4, 1, 1, 0, 128})->Args({65536, 4, 1, 2, 0, 128})
-    // Multi-head attention (G = 1) with D = 64, the stories110m shape, F16 K/V.
+    // Multi-head attention (G = 1) with D = 64, the stories110m shape, F16 and BF16 K/V.
     ->Args({16384, 12, 12, 1, 1, 64})->Args({16384, 12, 12, 2, 1, 64})
+    ->Args({16384, 12, 12, 1, 2, 64})->Args({16384, 12, 12, 2, 2, 64})
+    // G = 2 and G = 4 at D = 64 (F16): the edge of attention_prefetches()' rule, and the
+    // Llama-3.2-1B shape.
+    ->Args({16384, 24, 12, 1, 1, 64})->Args({16384, 24, 12, 2, 1, 64})
+    ->Args({16384, 32, 8, 1, 1, 64})->Args({16384, 32, 8, 2, 1, 64})
     ->UseManualTime();
 
 #if defined(__AVX512F__)
@@ -197,7 +202,8 @@ float attention_stream_peer(const T* K, const T* V, int64_t n) {
 }
 
 void BM_AttentionStreamPeer(benchmark::State& st) {
-  set_num_threads(2);
+  const int threads = int(st.range(2));
+  set_num_threads(threads);
   const int N = int(st.range(0)), Hkv = 8, D = 128;
   const DType t = st.range(1) == 0 ? DType::kF32 : DType::kF16;
   std::vector<float> Kf(size_t(Hkv) * N * D);
@@ -214,7 +220,7 @@ void BM_AttentionStreamPeer(benchmark::State& st) {
   std::vector<float> sink(static_cast<size_t>(Hkv));
   size_t it = 0;
   st.SetLabel(std::string(dtype_name(t)) + " peer");
-  run_paired(st, bytes, 2, [&] {
+  run_paired(st, bytes, threads, [&] {
     const size_t c = it++ % size_t(copies);
     parallel_for(Hkv, [&](int64_t g) {  // KV heads across the pool, as the backend's attention
       const int64_t off = g * int64_t(N) * D;
@@ -227,15 +233,18 @@ void BM_AttentionStreamPeer(benchmark::State& st) {
   });
   benchmark::DoNotOptimize(sink.data());
 }
-BENCHMARK(BM_AttentionStreamPeer)->ArgNames({"N", "kv"})->Args({16384, 0})->Args({16384, 1})->UseManualTime();
+BENCHMARK(BM_AttentionStreamPeer)
+    ->ArgNames({"N", "kv", "threads"})
+    ->Args({16384, 0, 1})->Args({16384, 0, 2})->Args({16384, 1, 1})->Args({16384, 1, 2})
+    ->UseManualTime();
 #endif
 
-// The attention kernel's compute ceiling: one KV head (G = 4, D = 128) over 256 keys that stay in
-// L2, one thread, no reference pass. ns_per_key against the cold benchmarks' time per key says how
+// The attention kernel's compute ceiling: one KV head (G query heads, head dim D) over keys that
+// stay in L2, one thread, no reference pass. ns_per_key against the cold benchmarks' time per key says how
 // much of a cold run is arithmetic.
 void BM_DecodeAttentionWarm(benchmark::State& st) {
   set_num_threads(1);
-  const int N = int(st.range(0)), H = 4, Hkv = 1, D = 128;
+  const int N = int(st.range(0)), H = int(st.range(2)), Hkv = 1, D = int(st.range(3));
   const DType t = st.range(1) == 0 ? DType::kF32 : st.range(1) == 1 ? DType::kF16 : DType::kBF16;
   std::vector<float> Kf(size_t(N) * D), Vf(Kf.size()), q(size_t(H) * D), out(q.size());
   fill(Kf.data(), Kf.size(), 1);
@@ -255,7 +264,11 @@ void BM_DecodeAttentionWarm(benchmark::State& st) {
                                                  benchmark::Counter::kIsRate | benchmark::Counter::kInvert);
   st.SetBytesProcessed(int64_t(2) * N * D * int64_t(dtype_size(t)) * int64_t(st.iterations()));
 }
-BENCHMARK(BM_DecodeAttentionWarm)->ArgNames({"N", "kv"})->Args({256, 0})->Args({256, 1})->Args({256, 2})->UseRealTime();
+BENCHMARK(BM_DecodeAttentionWarm)
+    ->ArgNames({"N", "kv", "G", "D"})
+    ->Args({256, 0, 4, 128})->Args({256, 1, 4, 128})->Args({256, 2, 4, 128})
+    ->Args({1024, 1, 1, 64})  // the stories110m shape (MHA, D = 64, F16)
+    ->UseRealTime();
 
 // HybridGen's CPU stage: logits of G query heads over N offloaded keys of one KV head (F32).
 // Bytes read: the keys, N · D · 4.
@@ -263,12 +276,18 @@ void BM_GroupLogits(benchmark::State& st) {
   set_num_threads(int(st.range(1)));
   const int64_t N = st.range(0);
   const int G = 4, D = 128;
-  std::vector<float> K(size_t(N * D)), q(size_t(G * D)), lg(size_t(G * N));
-  fill(K.data(), K.size(), 7);
+  // Keys and logits in host_alloc memory (2 MiB pages), as HybridGen's offloaded keys and logits
+  // buffers are; a std::vector sits on 4 KiB pages here.
+  AlignedBuffer kbuf(size_t(N * D) * 4), lbuf(size_t(G * N) * 4);
+  float* K = static_cast<float*>(kbuf.data());
+  float* lg = static_cast<float*>(lbuf.data());
+  std::vector<float> q(size_t(G * D));
+  fill(K, size_t(N * D), 7);
+  fill(lg, size_t(G * N), 0);
   fill(q.data(), q.size(), 8);
   auto be = make_cpu_backend();
   run_paired(st, double(N * D * 4), int(st.range(1)),
-             [&] { be->group_logits(q.data(), G, K.data(), N, D, 0.088f, lg.data()); });
+             [&] { be->group_logits(q.data(), G, K, N, D, 0.088f, lg); });
 }
 // 256K keys = 128 MiB: larger than the last-level cache, so every pass streams from memory.
 BENCHMARK(BM_GroupLogits)->ArgNames({"N", "threads"})->Args({262144, 1})->Args({262144, 2})->UseManualTime();

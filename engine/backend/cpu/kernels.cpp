@@ -297,6 +297,21 @@ inline __m512 in_register(__m512 x) {
 // a quarter.
 constexpr int kPrefetchRows = 64;
 
+// Whether the attention kernels prefetch at all. Rows of at most 128 bytes (D = 64 in F16/BF16)
+// read by one or two query heads per KV head are left to the hardware prefetcher: with software
+// prefetches those cases read 0.71-0.93 of the read pass, without them mostly 0.87-0.99, 1 and 2
+// threads (stories110m's MHA shape, G = 1, and G = 2; interleaved in-process A/B runs, N = 4K and
+// 16K; a few runs without fell to 0.4-0.8, the machine's noise as far as we can tell). The
+// keys of 4 rows side by side then span 512 contiguous bytes, a pattern the hardware streams, and
+// the light arithmetic of G ≤ 2 lets demand misses run ahead; a demand stream that hits lines
+// already prefetched in software keeps the hardware from running ahead (our reading; this VM has
+// no counters to confirm it). Every other shape measured read less without them, down to half
+// (G = 4 at D = 64 or 128; G = 1 with rows of 256 or 512 B).
+template <int G, int DT, typename T>
+constexpr bool attention_prefetches() {
+  return !(G <= 2 && DT > 0 && DT * int(sizeof(T)) <= 128);
+}
+
 // Lane i of the result is the sum of the 16 lanes of v[i] (a transposing tree: 15 shuffle pairs
 // for 16 sums instead of 16 separate horizontal reductions).
 inline __m512 hsum16(const __m512* v) {
@@ -339,7 +354,7 @@ inline void logits16(const float* q, const T* K, int kk, int D_, float scale, fl
     for (int h = 0; h < G; ++h)
       for (int i = 0; i < NK; ++i) a[h][i] = _mm512_setzero_ps();
     for (int b = 0; b < nb; ++b) {
-      if ((b * 16 * int(sizeof(T))) % 64 == 0)
+      if (attention_prefetches<G, DT, T>() && (b * 16 * int(sizeof(T))) % 64 == 0)
         for (int i = 0; i < NK; ++i) _mm_prefetch(ahead + i * row_bytes + b * 16 * int(sizeof(T)), _MM_HINT_T2);
       const __mmask16 m = b == nb - 1 ? last : __mmask16(0xffff);
       __m512 kv[NK];
@@ -409,7 +424,8 @@ inline void weighted_v_blocks(const float* p, int64_t ld, const T* V, int cn, in
   for (int c = 0; c < cn; ++c) {
     const T* v = V + int64_t(c) * D + b0 * 16;
     const char* ahead = reinterpret_cast<const char*>(V + int64_t(c + kPrefetchRows) * D);
-    for (int off = pf_begin; off < pf_end; off += 64) _mm_prefetch(ahead + off, _MM_HINT_T2);
+    if constexpr (attention_prefetches<G, DT, T>())
+      for (int off = pf_begin; off < pf_end; off += 64) _mm_prefetch(ahead + off, _MM_HINT_T2);
     __m512 vv[BB];
     for (int j = 0; j < BB; ++j) vv[j] = in_register(load16(v + j * 16, mk[j]));
     for (int h = 0; h < G; ++h) {
