@@ -268,6 +268,7 @@ BENCHMARK(BM_DecodeAttentionWarm)
     ->ArgNames({"N", "kv", "G", "D"})
     ->Args({256, 0, 4, 128})->Args({256, 1, 4, 128})->Args({256, 2, 4, 128})
     ->Args({1024, 1, 1, 64})  // the stories110m shape (MHA, D = 64, F16)
+    ->Args({1024, 1, 4, 64})  // the Llama-3.2-1B shape (G = 4, D = 64, F16)
     ->UseRealTime();
 
 // HybridGen's CPU stage: logits of G query heads over N offloaded keys of one KV head (F32).
