@@ -36,7 +36,9 @@ struct StageRecord {
   int queue = 0;             // queue index (stages on one queue run in order)
   int64_t step = 0;          // decode step (or -1 outside steps)
   StageWork work;
-  std::vector<int64_t> deps;  // stage ids this one waited for
+  // Stage ids this one waited for, and the CPU stage whose body submitted it (not waited for; the
+  // modeled replay starts this one after it).
+  std::vector<int64_t> deps;
   double start_s = 0, end_s = 0;  // measured, seconds since the log's origin
 };
 

@@ -32,13 +32,21 @@ Queue::~Queue() {
   worker_.join();
 }
 
+namespace {
+// The id of the CPU-compute stage whose body this thread is running (-1 elsewhere). A CPU stage
+// that submits stages from its body hands them its results (HybridGen sends its logits and selected
+// V rows once they are computed), so they follow it. The accelerator's decode stage stands for the
+// whole forward pass: the stages its strategies submit overlap it, so its body sets no parent.
+thread_local int64_t tl_running_stage = -1;
+}  // namespace
+
 Event Queue::submit(std::string name, StageWork work, std::vector<Event> deps, std::function<void()> fn) {
   Event ev;
   ev.st_ = std::make_shared<Event::State>();
   ev.st_->id = log_->reserve_id();
   {
     std::lock_guard<std::mutex> l(mu_);
-    tasks_.push_back(Task{std::move(name), work, std::move(deps), std::move(fn), ev});
+    tasks_.push_back(Task{std::move(name), work, std::move(deps), std::move(fn), ev, tl_running_stage});
     last_ = ev;
   }
   cv_.notify_one();
@@ -79,13 +87,16 @@ void Queue::run() {
         err = std::current_exception();  // a failed dependency fails this task too
       }
     }
+    if (t.parent >= 0) rec.deps.push_back(t.parent);  // logged for the modeled replay, not waited for
     rec.start_s = log_->now();
     if (!err) {
+      tl_running_stage = kind_ == StageKind::kCpuCompute ? t.ev.stage_id() : -1;
       try {
         t.fn();
       } catch (...) {
         err = std::current_exception();
       }
+      tl_running_stage = -1;
     }
     rec.end_s = log_->now();
     rec.id = t.ev.stage_id();

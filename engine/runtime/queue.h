@@ -58,6 +58,9 @@ class Queue {
     std::vector<Event> deps;
     std::function<void()> fn;
     Event ev;
+    // The CPU stage whose body submitted this one (-1: none). Logged as a dependency but not
+    // waited for: that body is still running and may itself wait for this stage.
+    int64_t parent = -1;
   };
   void run();
   std::string name_;

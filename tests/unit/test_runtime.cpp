@@ -143,6 +143,45 @@ TEST(Queues, FailedTaskFailsItsEventAndDependents) {
   EXPECT_EQ(recs[1].deps, std::vector<int64_t>{recs[0].id});
 }
 
+// A stage submitted from a CPU stage's body lists that stage among its deps (logged, not waited
+// for: the body waits for it), so the modeled replay starts it after the CPU stage; one submitted
+// from an accelerator stage's body (the decode step, which stands for the whole forward pass) does
+// not. HybridGen's logits and V transfers are submitted that way.
+TEST(Queues, StagesSubmittedFromACpuStageFollowItInTheReplay) {
+  EventLog log;
+  Queue cpu("cpu", StageKind::kCpuCompute, 0, &log, 1), copy("copy", StageKind::kTransfer, 1, &log, 1),
+      accel("accel", StageKind::kAccelCompute, 2, &log, 1);
+  StageWork logits;
+  logits.flops = 2e9;  // 2 s at 1 GFLOP/s
+  StageWork send;
+  send.src = Tier::kDram;
+  send.dst = Tier::kGpu;
+  send.transfer_bytes = 1'000'000'000;  // 1 s at 1 GB/s
+  cpu.submit("logits", logits, {}, [&] { copy.submit("send", send, {}, [] {}).wait(); }).wait();
+  accel.submit("step", {}, {}, [&] { cpu.submit("cpu work", logits, {}, [] {}).wait(); }).wait();
+  std::vector<StageRecord> recs = log.snapshot();
+  ASSERT_EQ(recs.size(), 4u);
+  const auto by_name = [&](const std::string& n) {
+    for (auto& r : recs)
+      if (r.name == n) return r;
+    ADD_FAILURE() << "no stage " << n;
+    return StageRecord{};
+  };
+  EXPECT_EQ(by_name("send").deps, std::vector<int64_t>{by_name("logits").id});
+  EXPECT_TRUE(by_name("cpu work").deps.empty());
+  EXPECT_TRUE(by_name("logits").deps.empty());
+  PlatformProfile p;
+  p.cpu_flops = 1e9;
+  p.dram_gbs = 1;
+  p.h2d_gbs = 1;
+  p.d2h_gbs = 1;
+  p.gpu_flops = 1e9;
+  p.gpu_mem_gbs = 1;
+  // logits [0, 2], send [2, 3]: the send follows its CPU stage instead of overlapping it.
+  const StepTiming t = modeled_timing({by_name("logits"), by_name("send")}, p);
+  EXPECT_DOUBLE_EQ(t.critical_path_s, 3.0);
+}
+
 // Real work for the overlap test: repeated matmuls on a backend.
 void busy_matmul(Backend& be, int reps) {
   const int64_t K = 512, N = 512, M = 64;
