@@ -91,14 +91,14 @@ Allocation filled_floats(MemorySystem& mem, Tier tier, int64_t n) {
   return a;
 }
 
-// The best GB/s of pass(rep) over at least min_reps passes and `seconds` of reading (at most
-// max_reps + 2 passes); each pass reads `bytes`.
+// The best rate of pass(rep), in billions of units per second, over at least min_reps passes and
+// `seconds` of passes (at most max_reps + 2); each pass does `units` (bytes read or copied, FLOPs).
 template <class F>
-double best_pass_gbs(int min_reps, int max_reps, double seconds, double bytes, F&& pass) {
+double best_rate_g(int min_reps, int max_reps, double seconds, double units, F&& pass) {
   double best = 0, spent = 0;
   for (int rep = 0; rep < min_reps || spent < seconds; ++rep) {
     const double g = pass(rep);
-    spent += bytes / g / 1e9;
+    spent += units / g / 1e9;
     best = std::max(best, g);
     if (rep > max_reps) break;
   }
@@ -110,7 +110,7 @@ double measure_read_gbs(MemorySystem& mem, Tier tier, int64_t bytes, double seco
   const int64_t n = bytes / 4 / 64 * 64;
   Allocation a = filled_floats(mem, tier, n);
   const float* p = a.as<float>();
-  return best_pass_gbs(3, 50, seconds, double(n) * 4, [&](int) { return read_pass_gbs(p, n); });
+  return best_rate_g(3, 50, seconds, double(n) * 4, [&](int) { return read_pass_gbs(p, n); });
 }
 
 double measure_row_ns(MemorySystem& mem, Tier tier, int64_t bytes, double stream_gbs, double seconds) {
@@ -126,7 +126,7 @@ double measure_row_ns(MemorySystem& mem, Tier tier, int64_t bytes, double stream
     for (auto& i : s) i = int32_t(g() % uint64_t(rows));
     std::sort(s.begin(), s.end());
   }
-  const double best = best_pass_gbs(8, 200, seconds, double(n * kRowFloats * 4), [&](int rep) {
+  const double best = best_rate_g(8, 200, seconds, double(n * kRowFloats * 4), [&](int rep) {
     return rows_read_pass_gbs(p, kRowFloats, sets[size_t(rep) % sets.size()].data(), n);
   });
   // GB/s is bytes per ns: the row's time at the random-row rate minus its time in a stream.
@@ -138,16 +138,11 @@ double measure_copy_gbs(MemorySystem& mem, Tier src, Tier dst, int64_t bytes, do
   Allocation a = mem.allocate(src, bytes), b = mem.allocate(dst, bytes);
   std::memset(a.data(), 1, size_t(bytes));
   std::memset(b.data(), 0, size_t(bytes));
-  double best = 0, spent = 0;
-  for (int rep = 0; rep < 3 || spent < seconds; ++rep) {
+  return best_rate_g(3, 50, seconds, double(bytes), [&](int) {
     const auto t0 = std::chrono::steady_clock::now();
     std::memcpy(b.data(), a.data(), size_t(bytes));  // one copy worker, as the runtime's copy queue
-    const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    spent += dt;
-    best = std::max(best, double(bytes) / dt / 1e9);
-    if (rep > 50) break;
-  }
-  return best;
+    return double(bytes) / std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() / 1e9;
+  });
 }
 
 double measure_cpu_flops(double seconds) {
@@ -158,16 +153,12 @@ double measure_cpu_flops(double seconds) {
   Weight w = make_weight(DType::kF32, {N, K});
   std::fill(static_cast<float*>(w.buf.data()), static_cast<float*>(w.buf.data()) + N * K, 0.25f);
   be->matmul(x.data(), M, w, nullptr, y.data());  // warm-up, primitive creation
-  double best = 0, spent = 0;
-  for (int rep = 0; rep < 2 || spent < seconds; ++rep) {
+  const double flops = 2.0 * double(M * K * N);
+  return 1e9 * best_rate_g(2, 20, seconds, flops, [&](int) {
     const auto t0 = std::chrono::steady_clock::now();
     be->matmul(x.data(), M, w, nullptr, y.data());
-    const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    spent += dt;
-    best = std::max(best, 2.0 * double(M * K * N) / dt);
-    if (rep > 20) break;
-  }
-  return best;
+    return flops / std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() / 1e9;
+  });
 }
 }  // namespace
 

@@ -103,14 +103,30 @@ float sum(const float* p, int64_t n) {
   return s;
 }
 
+#if HG_AVX512
+// Four independent partial sums of a read-only stream (sum_one_stream, sum_rows): `add` reads the
+// whole 16-float vectors of p[0, n) front to back, vector k into part k % 4, and returns how many
+// floats it read; `total` is the sum of the parts.
+struct FourSums {
+  __m512 a[4] = {_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps()};
+  int64_t add(const float* p, int64_t n) {
+    int64_t i = 0;
+    for (; i + 64 <= n; i += 64)
+      for (int j = 0; j < 4; ++j) a[j] = _mm512_add_ps(a[j], _mm512_loadu_ps(p + i + 16 * j));
+    for (; i + 16 <= n; i += 16) a[(i / 16) % 4] = _mm512_add_ps(a[(i / 16) % 4], _mm512_loadu_ps(p + i));
+    return i;
+  }
+  float total() const { return _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(a[0], a[1]), _mm512_add_ps(a[2], a[3]))); }
+};
+#endif
+
 float sum_one_stream(const float* p, int64_t n) {
   int64_t i = 0;
   float s = 0;
 #if HG_AVX512
-  __m512 a[4] = {_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps()};
-  for (; i + 64 <= n; i += 64)
-    for (int j = 0; j < 4; ++j) a[j] = _mm512_add_ps(a[j], _mm512_loadu_ps(p + i + 16 * j));
-  s = _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(a[0], a[1]), _mm512_add_ps(a[2], a[3])));
+  FourSums f;
+  i = f.add(p, n);
+  s = f.total();
 #endif
   for (; i < n; ++i) s += p[i];
   return s;
@@ -823,14 +839,12 @@ void gather_rows(void* dst, const void* src, int64_t row_bytes, int64_t src_stri
 float sum_rows(const float* src, int64_t row_floats, int64_t src_stride, const int32_t* idx, int64_t n) {
   float s = 0;
 #if HG_AVX512
-  __m512 a[4] = {_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps()};
+  FourSums sums;
   for_each_row_prefetched(src, row_floats * 4, src_stride * 4, idx, n, [&](int64_t, const char* r) {
     const auto* f = reinterpret_cast<const float*>(r);
-    int64_t j = 0;
-    for (; j + 16 <= row_floats; j += 16) a[(j / 16) % 4] = _mm512_add_ps(a[(j / 16) % 4], _mm512_loadu_ps(f + j));
-    for (; j < row_floats; ++j) s += f[j];
+    for (int64_t j = sums.add(f, row_floats); j < row_floats; ++j) s += f[j];
   });
-  s += _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(a[0], a[1]), _mm512_add_ps(a[2], a[3])));
+  s += sums.total();
 #else
   for_each_row_prefetched(src, row_floats * 4, src_stride * 4, idx, n, [&](int64_t, const char* r) {
     s += sum(reinterpret_cast<const float*>(r), row_floats);
