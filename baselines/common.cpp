@@ -20,6 +20,13 @@ std::map<int32_t, int32_t> first_new_position(std::span<const TokenRow> rows) {
   return m;
 }
 
+const float* host_view(Backend& be, const float* p, size_t n, std::vector<float>& staging) {
+  if (be.host_memory()) return p;
+  staging.resize(n);
+  be.download(staging.data(), p, n * 4);
+  return staging.data();
+}
+
 AttentionArgs attention_args(const KvShape& s, std::span<const AttnRow> rows, const float* q, float scale, float* out) {
   return attention_args(s.H, s.H_kv, s.D, scale, q, rows, out);
 }

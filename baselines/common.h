@@ -18,6 +18,11 @@ Runtime& require_runtime(const StrategyContext& ctx, const char* strategy);
 // Lowest position among `rows` per sequence: the tokens [0, first) were stored by earlier calls.
 std::map<int32_t, int32_t> first_new_position(std::span<const TokenRow> rows);
 
+// Host view of n floats that may live in the accelerator's memory: p itself on a host backend,
+// else a copy downloaded into `staging` (on the calling thread: inside a transfer's body, the copy
+// queue's). The array must be complete: a transfer waits for the submitting thread's device work.
+const float* host_view(Backend& be, const float* p, size_t n, std::vector<float>& staging);
+
 AttentionArgs attention_args(const KvShape& s, std::span<const AttnRow> rows, const float* q, float scale, float* out);
 
 }  // namespace hg

@@ -1,6 +1,8 @@
 // The one place strategies are registered.
 #include "baselines/registry.h"
 
+#include <set>
+
 #include "baselines/full/full.h"
 #include "baselines/null/null.h"
 #include "engine/core/error.h"
@@ -56,13 +58,16 @@ std::unique_ptr<KvStrategy> make_strategy(const std::string& name, const Strateg
                                           const std::map<std::string, std::string>& values) {
   const StrategyInfo& info = strategy_info(name);
   StrategyParams params(name, info.params, values);
-  // On a CUDA device the accelerator's memory is device memory. Only `full` (F32 KV) keeps its
-  // cache behind the backend's interface; the others read and write host pointers.
+  // On a CUDA device the accelerator's memory is device memory. `full` (F32 KV) and the strategies
+  // that offload KV (flexgen, moe_lightning, hybridgen) keep their accelerator-side buffers behind
+  // the backend's interface (tests/unit/test_device_contract.cpp); the others read and write host
+  // pointers.
   if (ctx.runtime && ctx.runtime->device() == DeviceKind::kCuda) {
-    if (name != "full")
-      throw UnsupportedError(fmt::format("strategy {} does not run on the cuda device yet (only full does); use "
-                                         "--device emulated", name));
-    if (params.get("kv_dtype") != "f32")
+    static const std::set<std::string> on_device = {"full", "flexgen", "moe_lightning", "hybridgen"};
+    if (!on_device.count(name))
+      throw UnsupportedError(fmt::format("strategy {} does not run on the cuda device yet (full, flexgen, "
+                                         "moe_lightning and hybridgen do); use --device emulated", name));
+    if (name == "full" && params.get("kv_dtype") != "f32")
       throw UnsupportedError("strategy full on the cuda device: kv_dtype must be f32");
   }
   return info.make(ctx, std::move(params));

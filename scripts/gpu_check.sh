@@ -2,24 +2,44 @@
 # Runs on the GPU machine (device tool), from the repository root, with .device/bundle.tar.zst
 # carried (scripts/gpu_bundle.sh makes it). One prepared pass, everything logged to $OUT:
 #   1. the CUDA test suite (every kernel against the CPU backend, the device-resident decoder,
-#      --device cuda end to end);
-#   2. decode of synthetic:llama-3.1-8b (BF16) on --device cuda at a short and a long prompt,
-#      tokens/s next to the HBM floor (weights + KV bytes per token over the copy bandwidth).
+#      the strategies on --device cuda);
+#   2. `hgbench calibrate`: the machine's host rates and the GPU's (device copy, pinned link,
+#      BF16 GEMM), written as a platform profile;
+#   3. decode of synthetic:llama-3.1-8b (BF16 weights, F32 KV in GPU memory) at 128, 8K and 32K
+#      tokens of context against the HBM floor (weights + KV bytes per token over the copy rate);
+#   4. (HG_GPU_STRATEGIES=1) FlexGen, MoE-Lightning and HybridGen with the KV cache off the GPU.
+# Each part has its own time limit so that one hang does not cost the others.
 set -uo pipefail
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT" /tmp/hgb
-zstd -dc .device/bundle.tar.zst | tar -C /tmp/hgb -xf -
-cublas=$(dirname "$(find / -name 'libcublas.so.1[0-9]*' -not -path '*/proc/*' 2>/dev/null | head -1)")
-export LD_LIBRARY_PATH=/tmp/hgb/lib:${cublas}:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}
+tar -C /tmp/hgb -xzf .device/bundle.tar.gz
+# cuBLAS is the machine's own: the linker cache, a CUDA toolkit, or the Python wheels' copy.
+cublas=$(ldconfig -p | awk '/libcublas\.so\.13 /{print $NF; exit}')
+[ -n "$cublas" ] || cublas=$(ls /usr/local/cuda*/lib64/libcublas.so.13 /usr/local/cuda*/targets/*/lib/libcublas.so.13 \
+  2>/dev/null | head -1)
+[ -n "$cublas" ] || cublas=$(find / -xdev -name 'libcublas.so.13' 2>/dev/null | head -1)
+export LD_LIBRARY_PATH=/tmp/hgb/lib:${cublas:+$(dirname "$cublas"):}/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}
+bin=/tmp/hgb/bin
 log=$OUT/gpu_check.log
+model="synthetic:llama-3.1-8b?dtype=bf16"
 {
-  date -u; nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm --format=csv
+  date -u
+  nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm,pcie.link.gen.current,pcie.link.width.current \
+    --format=csv
+  echo "cublas: ${cublas:-not found}; nproc $(nproc)"
+  ldd $bin/hgbench | grep -E 'not found|cublas|cudart'
   echo "== CUDA tests"
-  /tmp/hgb/bin/hg_tests --gtest_filter='Cuda*:DeviceContract*' 2>&1
-  echo "== generate, synthetic:llama-3.1-8b bf16, --device cuda"
-  /tmp/hgb/bin/hgbench generate --model "synthetic:llama-3.1-8b?dtype=bf16" --device cuda \
-    --prompt-tokens 1024 -n 32 --ignore-eos --quiet 2>&1
+  timeout 150 $bin/hg_tests --gtest_filter='Cuda*:DeviceContract*:GpuStrategies*' 2>&1
+  echo "== calibrate"
+  timeout 90 $bin/hgbench calibrate --out "$OUT/h200.yaml" --seconds 0.3 2>&1
   echo "== decode against the HBM floor (F32 KV in GPU memory)"
-  /tmp/hgb/bin/hgbench bench --model "synthetic:llama-3.1-8b?dtype=bf16" --backend cuda --kv f32 \
-    --context 128,8192,32768 --threads 1 --steps 8 --prefill 512 2>&1
+  timeout 200 $bin/hgbench bench --model "$model" --backend cuda --kv f32 --context 128,8192,32768 --threads 1 \
+    --steps 8 --prefill 512 2>&1
+  if [ "${HG_GPU_STRATEGIES:-0}" = 1 ]; then
+    echo "== strategies with the KV cache off the GPU"
+    timeout 300 $bin/hgbench bench --model "$model" --device cuda --kv f32 --context 8192,32768 --steps 4 \
+      --strategy flexgen,moe_lightning,hybridgen 2>&1
+  fi
+  echo "== generate, --device cuda"
+  timeout 60 $bin/hgbench generate --model "$model" --device cuda --prompt-tokens 512 -n 16 --ignore-eos 2>&1
 } 2>&1 | tee "$log"

@@ -4,7 +4,8 @@
 // dram. `overlap: true` prefetches layer i+1's KV on the copy queue while layer i computes
 // (FlexGen's overlap path); `overlap: false` is the serial path InfiniGen's scripts used.
 // Exact attention. Generalised beyond the authors' OPT-only code: GQA (K/V per KV head), batches
-// of sequences with different lengths (ragged rows).
+// of sequences with different lengths (ragged rows). On a GPU the staging layers are device memory
+// and the copies cudaMemcpy2D from pinned dram (Backend::upload_2d on the copy queue's stream).
 #include "baselines/common.h"
 #include "engine/decoder/kv_store.h"
 
@@ -26,12 +27,15 @@ class FlexGen final : public KvStrategy {
   }
 
   void append(int layer, std::span<const TokenRow> rows, const float* k, const float* v) override {
-    stage_.write(layer % 2, rows, k, v);  // the accelerator's own copy of the new tokens
-    const int64_t bytes = int64_t(rows.size()) * shape_.H_kv * shape_.D * 4 * 2;
+    stage_.write(layer % 2, rows, k, v, &be_);  // the accelerator's own copy of the new tokens
+    const size_t n = rows.size() * size_t(shape_.H_kv) * size_t(shape_.D);
     std::vector<TokenRow> r(rows.begin(), rows.end());
-    writeback_ = rt_.transfers().run(Tier::kGpu, Tier::kDram, bytes,
-                                     [this, layer, r = std::move(r), k, v] { store_.write(layer, r, k, v); }, {},
-                                     "kv writeback");
+    writeback_ = rt_.transfers().run(Tier::kGpu, Tier::kDram, int64_t(n) * 4 * 2,
+                                     [this, layer, r = std::move(r), k, v, n] {
+                                       std::vector<float> hk, hv;
+                                       store_.write(layer, r, host_view(be_, k, n, hk), host_view(be_, v, n, hv));
+                                     },
+                                     {}, "kv writeback");
   }
 
   void attend(int layer, std::span<const TokenRow> rows, const float* q, float scale, float* out) override {
@@ -57,12 +61,13 @@ class FlexGen final : public KvStrategy {
     return rt_.transfers().run(
         Tier::kDram, Tier::kGpu, bytes,
         [this, layer, slot, first] {
-          for (auto& [seq, n] : first)
-            for (int g = 0; g < shape_.H_kv; ++g) {
-              const int64_t off = g * store_.head_stride(seq), len = int64_t(n) * shape_.D * 4;
-              std::memcpy(stage_.k(slot, seq) + off, store_.k(layer, seq) + off, size_t(len));
-              std::memcpy(stage_.v(slot, seq) + off, store_.v(layer, seq) + off, size_t(len));
-            }
+          // Per sequence, tokens [0, n) of every KV head: one strided copy each for K and V (the
+          // staging store has the dram store's head stride).
+          for (auto& [seq, n] : first) {
+            const size_t pitch = size_t(store_.head_stride(seq)) * 4, len = size_t(n) * size_t(shape_.D) * 4;
+            be_.upload_2d(stage_.k(slot, seq), pitch, store_.k(layer, seq), pitch, len, size_t(shape_.H_kv));
+            be_.upload_2d(stage_.v(slot, seq), pitch, store_.v(layer, seq), pitch, len, size_t(shape_.H_kv));
+          }
         },
         {writeback_}, "kv load layer " + std::to_string(layer));
   }

@@ -37,11 +37,15 @@ using Clock = std::chrono::steady_clock;
 double since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
 
 // What the CPU stage hands the accelerator for one (layer, sequence).
+// Per head, the selected positions are in tier order (the dram tier's, then the far tier's, each
+// sorted), so that each tier's V rows form one block per head; logits follow the same order. The
+// merged softmax and the value sum do not depend on the order.
 struct CpuResult {
   int32_t k = 0;                      // tokens selected per KV head
-  std::vector<std::vector<int32_t>> sel;  // [H_kv] sorted positions
-  Allocation logits;                  // gpu tier: [H_kv][G][k]
-  Allocation v;                       // gpu tier: [H_kv][k][D]
+  std::vector<std::vector<int32_t>> sel;  // [H_kv] positions in tier order
+  std::vector<std::array<int32_t, 2>> n_tier;  // [H_kv] selected positions on dram, on far
+  float* logits = nullptr;            // gpu tier: [H_kv][G][k] (the layer parity's buffer)
+  float* v = nullptr;                 // gpu tier: [H_kv][k][D]
   Event done;                         // CPU compute and both transfers finished
 };
 
@@ -99,6 +103,8 @@ class HybridGen final : public KvStrategy {
     vpages_.resize(size_t(shape.n_layers) * size_t(B_) * size_t(max_pages_));
     far_pages_ = 0;
     pending_.assign(size_t(shape.n_layers) * size_t(B_), nullptr);
+    pool_.clear();
+    pool_.resize(2 * size_t(B_));
     offloaded_.assign(pending_.size(), 0);
     last_pos_.assign(pending_.size(), -1);
     sched_ = FeedbackScheduler(sched_cfg_);
@@ -120,15 +126,29 @@ class HybridGen final : public KvStrategy {
       last_pos_[pidx(layer, r.seq)] = std::max(last_pos_[pidx(layer, r.seq)], r.pos);
     }
     if (!leaving.empty()) offload(layer, leaving, rows, k, v);
-    for (size_t i = 0; i < rows.size(); ++i) {
-      const TokenRow r = rows[i];
-      const int32_t slot = r.pos % (R_ + 1);
-      for (int g = 0; g < Hkv; ++g) {
-        std::memcpy(ring_.k(layer, r.seq) + g * ring_.head_stride(r.seq) + int64_t(slot) * D,
-                    k + (int64_t(i) * Hkv + g) * D, size_t(D) * 4);
-        std::memcpy(ring_.v(layer, r.seq) + g * ring_.head_stride(r.seq) + int64_t(slot) * D,
-                    v + (int64_t(i) * Hkv + g) * D, size_t(D) * 4);
+    // New rows into their ring slots (position mod R+1), through the accelerator's write_kv: one
+    // call per run of rows of one sequence. Of a run longer than the ring only the last R+1 rows
+    // stay (the earlier ones were offloaded above), so no two rows of a call share a slot.
+    const int64_t row = int64_t(Hkv) * D;
+    for (size_t i0 = 0; i0 < rows.size();) {
+      size_t i1 = i0;
+      int32_t last = rows[i0].pos;
+      while (i1 < rows.size() && rows[i1].seq == rows[i0].seq) last = std::max(last, rows[i1++].pos);
+      for (size_t i = i0; i < i1;) {  // sub-runs of rows that stay
+        while (i < i1 && rows[i].pos <= last - (R_ + 1)) ++i;
+        size_t j = i;
+        slots_.clear();
+        while (j < i1 && rows[j].pos > last - (R_ + 1)) slots_.push_back(rows[j++].pos % (R_ + 1));
+        if (j > i) {
+          const int seq = rows[i].seq;
+          be_.write_kv(k + int64_t(i) * row, int64_t(j - i), Hkv, D, slots_.data(), ring_.k(layer, seq),
+                       ring_.head_stride(seq), DType::kF32);
+          be_.write_kv(v + int64_t(i) * row, int64_t(j - i), Hkv, D, slots_.data(), ring_.v(layer, seq),
+                       ring_.head_stride(seq), DType::kF32);
+        }
+        i = j;
       }
+      i0 = i1;
     }
   }
 
@@ -138,7 +158,10 @@ class HybridGen final : public KvStrategy {
     for (size_t i = 0; i < rows.size(); ++i) {
       const TokenRow r = rows[i];
       if (r.pos < prompt_[size_t(r.seq)] || offloaded_[pidx(layer, r.seq)] == 0) continue;  // decode rows with offloaded tokens only
-      std::vector<float> xr(x + int64_t(i) * d, x + int64_t(i + 1) * d);
+      // The row to the host (on a GPU this waits for the work queued so far, which also frees
+      // this layer parity's result buffers: the last reader was layer next_layer − 2).
+      std::vector<float> xr(static_cast<size_t>(d));
+      be_.download(xr.data(), x + int64_t(i) * d, size_t(d) * 4);
       auto res = std::make_shared<CpuResult>();
       pending_[pidx(layer, r.seq)] = res;
       const int32_t K = current_k(r), pre = sched_.pre();
@@ -236,25 +259,86 @@ class HybridGen final : public KvStrategy {
       vbytes[size_t(t)] += row;
     }
     // The token leaving may be one of this call's own rows (prefill chunks longer than the ring):
-    // read it from the ring, where earlier rows of this call were written... or from k/v.
-    auto src_row = [&](int seq, int32_t pos, int g, bool key) -> const float* {
-      for (size_t i = 0; i < rows.size(); ++i)
-        if (rows[i].seq == seq && rows[i].pos == pos) return (key ? k : v) + (int64_t(i) * Hkv + g) * D;
-      return (key ? ring_.k(layer, seq) : ring_.v(layer, seq)) + g * ring_.head_stride(seq) + int64_t(pos % (R_ + 1)) * D;
+    // it is then read from k/v, else from its ring slot. On a device both are device memory: the
+    // transfer's body downloads what it needs (the call's rows once; a ring slot per token, or the
+    // whole ring when many tokens leave it at once).
+    struct Source {
+      const float* base;
+      int64_t head_stride;  // floats between the token's KV heads
+    };
+    struct Staging {  // host copies the sources point into
+      std::vector<float> rows, slots;
+      std::map<int, std::vector<float>> ring;  // per sequence
+    };
+    auto sources = [this, layer, &leaving, rows, Hkv, D](bool key, const float* kv, Staging& st) {
+      std::map<std::pair<int, int32_t>, size_t> in_call;
+      for (size_t i = 0; i < rows.size(); ++i) in_call[{rows[i].seq, rows[i].pos}] = i;
+      const bool host = be_.host_memory();
+      const float* call = nullptr;
+      int64_t from_ring = 0;
+      for (auto& [seq, pos] : leaving) from_ring += !in_call.count({seq, pos});
+      std::vector<Source> out;
+      out.reserve(leaving.size());
+      for (auto& [seq, pos] : leaving) {
+        const float* ring_dev = key ? ring_.k(layer, seq) : ring_.v(layer, seq);
+        const int64_t hs = ring_.head_stride(seq), slot = pos % (R_ + 1);
+        if (auto it = in_call.find({seq, pos}); it != in_call.end()) {
+          if (!call) call = host_view(be_, kv, rows.size() * size_t(Hkv) * size_t(D), st.rows);
+          out.push_back({call + int64_t(it->second) * Hkv * D, D});
+        } else if (host) {
+          out.push_back({ring_dev + slot * D, hs});
+        } else if (from_ring > 32) {
+          auto& r = st.ring[seq];
+          if (r.empty()) {
+            r.resize(size_t(Hkv) * size_t(hs));
+            be_.download(r.data(), ring_dev, r.size() * 4);
+          }
+          out.push_back({r.data() + slot * D, hs});
+        } else {
+          out.push_back({nullptr, D});  // downloaded below, one strided copy per token
+        }
+      }
+      if (!host && from_ring <= 32) {
+        size_t m = 0;
+        for (auto& o : out) m += o.base == nullptr;
+        st.slots.resize(m * size_t(Hkv) * size_t(D));
+        size_t j = 0;
+        for (size_t t = 0; t < leaving.size(); ++t) {
+          if (out[t].base) continue;
+          auto [seq, pos] = leaving[t];
+          const float* ring_dev = key ? ring_.k(layer, seq) : ring_.v(layer, seq);
+          float* dst = st.slots.data() + j++ * size_t(Hkv) * size_t(D);
+          be_.download_2d(dst, size_t(D) * 4, ring_dev + int64_t(pos % (R_ + 1)) * D,
+                          size_t(ring_.head_stride(seq)) * 4, size_t(D) * 4, size_t(Hkv));
+          out[t].base = dst;
+        }
+      }
+      return out;
     };
     std::vector<Event> ev;
     ev.push_back(rt_.transfers().run(Tier::kGpu, Tier::kDram, int64_t(leaving.size()) * row, [&] {
-      for (auto& [seq, pos] : leaving)
+      Staging st;
+      const auto src = sources(true, k, st);
+      for (size_t t = 0; t < leaving.size(); ++t) {
+        auto [seq, pos] = leaving[t];
         for (int g = 0; g < Hkv; ++g)
-          std::memcpy(kcpu_.k(layer, seq) + g * kcpu_.head_stride(seq) + int64_t(pos) * D, src_row(seq, pos, g, true),
-                      size_t(D) * 4);
+          std::memcpy(kcpu_.k(layer, seq) + g * kcpu_.head_stride(seq) + int64_t(pos) * D,
+                      src[t].base + g * src[t].head_stride, size_t(D) * 4);
+      }
     }, {}, "offload K"));
+    // V: one body per destination tier; the second reuses the first's downloads.
+    Staging vst;
+    std::vector<Source> vsrc;
     for (Tier t : {Tier::kDram, Tier::kFar})
       if (vbytes[size_t(t)] > 0)
         ev.push_back(rt_.transfers().run(Tier::kGpu, t, vbytes[size_t(t)], [&, t] {
-          for (auto& [seq, pos] : leaving)
+          if (vsrc.empty()) vsrc = sources(false, v, vst);
+          for (size_t i = 0; i < leaving.size(); ++i) {
+            auto [seq, pos] = leaving[i];
             if (vtier(layer, seq, pos) == t)
-              for (int g = 0; g < Hkv; ++g) std::memcpy(vrow(layer, seq, g, pos), src_row(seq, pos, g, false), size_t(D) * 4);
+              for (int g = 0; g < Hkv; ++g)
+                std::memcpy(vrow(layer, seq, g, pos), vsrc[i].base + g * vsrc[i].head_stride, size_t(D) * 4);
+          }
         }, {}, "offload V"));
     for (auto& e : ev) e.wait();  // the ring slots are reused right after
   }
@@ -265,47 +349,65 @@ class HybridGen final : public KvStrategy {
                     float scale, float* out) {
     const int Hkv = shape_.H_kv, D = shape_.D;
     const int64_t hd = int64_t(shape_.H) * D;
+    const int32_t R1 = R_ + 1;
     std::map<int32_t, int32_t> last;
     for (auto& r : rows) last[r.seq] = std::max(last[r.seq], r.pos);
     for (auto& [seq, maxpos] : last) {
       const int32_t n = maxpos + 1, n_off = offloaded_[pidx(layer, seq)];
       Allocation kb = rt_.memory().allocate(Tier::kGpu, int64_t(Hkv) * n * D * 4);
       Allocation vb = rt_.memory().allocate(Tier::kGpu, int64_t(Hkv) * n * D * 4);
+      const size_t pitch = size_t(n) * size_t(D) * 4;
       if (n_off > 0) {
         rt_.transfers().run(Tier::kDram, Tier::kGpu, int64_t(n_off) * Hkv * D * 4, [&] {
-          for (int g = 0; g < Hkv; ++g)
-            std::memcpy(kb.as<float>() + int64_t(g) * n * D, kcpu_.k(layer, seq) + g * kcpu_.head_stride(seq),
-                        size_t(n_off) * D * 4);
+          be_.upload_2d(kb.data(), pitch, kcpu_.k(layer, seq), size_t(kcpu_.head_stride(seq)) * 4,
+                        size_t(n_off) * size_t(D) * 4, size_t(Hkv));
         }, {}, "prefill K back").wait();
         for (Tier t : {Tier::kDram, Tier::kFar}) {
           int64_t bytes = 0;
           for (int32_t p = 0; p < n_off; ++p) bytes += vtier(layer, seq, p) == t ? int64_t(Hkv) * D * 4 : 0;
           if (bytes == 0) continue;
           rt_.transfers().run(t, Tier::kGpu, bytes, [&, t] {
-            for (int32_t p = 0; p < n_off; ++p)
-              if (vtier(layer, seq, p) == t)
-                for (int g = 0; g < Hkv; ++g)
-                  std::memcpy(vb.as<float>() + (int64_t(g) * n + p) * D, vrow(layer, seq, g, p), size_t(D) * 4);
+            // The tier's runs of consecutive positions, each one strided copy (a page's rows of
+            // one head are contiguous; runs stop at page ends).
+            for (int32_t p0 = 0; p0 < n_off;) {
+              if (vtier(layer, seq, p0) != t) {
+                ++p0;
+                continue;
+              }
+              const int32_t p1 = std::min(n_off, (p0 / page_ + 1) * page_);
+              for (int g = 0; g < Hkv; ++g)
+                be_.upload(vb.as<float>() + (int64_t(g) * n + p0) * D, vrow(layer, seq, g, p0),
+                           size_t(p1 - p0) * size_t(D) * 4);
+              p0 = p1;
+            }
           }, {}, "prefill V back").wait();
         }
       }
-      for (int32_t p = n_off; p < n; ++p)
+      // Resident positions [n_off, n) sit in ring slots p mod (R+1): at most two runs of slots.
+      for (int32_t p0 = n_off; p0 < n;) {
+        const int32_t s0 = p0 % R1, len = std::min(n - p0, R1 - s0);
         for (int g = 0; g < Hkv; ++g) {
-          std::memcpy(kb.as<float>() + (int64_t(g) * n + p) * D, ring_.k(layer, seq) + g * ring_.head_stride(seq) + int64_t(p % (R_ + 1)) * D, size_t(D) * 4);
-          std::memcpy(vb.as<float>() + (int64_t(g) * n + p) * D, ring_.v(layer, seq) + g * ring_.head_stride(seq) + int64_t(p % (R_ + 1)) * D, size_t(D) * 4);
+          const int64_t src = g * ring_.head_stride(seq) + int64_t(s0) * D, dst = (int64_t(g) * n + p0) * D;
+          be_.copy(kb.as<float>() + dst, ring_.k(layer, seq) + src, size_t(len) * size_t(D) * 4);
+          be_.copy(vb.as<float>() + dst, ring_.v(layer, seq) + src, size_t(len) * size_t(D) * 4);
         }
+        p0 += len;
+      }
       std::vector<AttnRow> ar;
-      std::vector<float> qs, os;
       std::vector<size_t> where;
       for (size_t i = 0; i < rows.size(); ++i)
         if (rows[i].seq == seq) {
           ar.push_back(AttnRow{kb.as<float>(), vb.as<float>(), int64_t(n) * D, rows[i].pos + 1});
-          qs.insert(qs.end(), q + int64_t(idx[i]) * hd, q + int64_t(idx[i] + 1) * hd);
           where.push_back(idx[i]);
         }
-      os.resize(qs.size());
+      // This sequence's query rows gathered, attended, and scattered back (accelerator memory).
+      BackendArray<float> qs(be_, where.size() * size_t(hd)), os(be_, where.size() * size_t(hd));
+      for (size_t j = 0; j < where.size(); ++j)
+        be_.copy(qs.data() + int64_t(j) * hd, q + int64_t(where[j]) * hd, size_t(hd) * 4);
       be_.attention(attention_args(shape_, ar, qs.data(), scale, os.data()));
-      for (size_t j = 0; j < where.size(); ++j) std::copy(os.begin() + int64_t(j) * hd, os.begin() + int64_t(j + 1) * hd, out + int64_t(where[j]) * hd);
+      for (size_t j = 0; j < where.size(); ++j)
+        be_.copy(out + int64_t(where[j]) * hd, os.data() + int64_t(j) * hd, size_t(hd) * 4);
+      be_.synchronize();  // kb, vb, qs and os are freed at the end of this scope
     }
     seen_pos_max_ = std::max(seen_pos_max_, last.rbegin()->second);
   }
@@ -344,16 +446,19 @@ class HybridGen final : public KvStrategy {
     K = std::min(K, n_off);
     res.k = K;
     res.sel.assign(size_t(Hkv), {});
-    res.logits = rt_.memory().allocate(Tier::kGpu, std::max<int64_t>(1, int64_t(Hkv) * G * K * 4));
-    res.v = rt_.memory().allocate(Tier::kGpu, std::max<int64_t>(1, int64_t(Hkv) * K * D * 4));
+    res.n_tier.assign(size_t(Hkv), {0, 0});
+    result_buffers(layer, r.seq, K, res);
     std::vector<float> lg_sel(size_t(Hkv) * size_t(G) * size_t(K));
     Backend& cb = rt_.cpu_backend();
     for (int g = 0; g < Hkv; ++g) {
       const float* qg = q + int64_t(g) * G * D;
       const float* Kg = kcpu_.k(layer, r.seq) + g * kcpu_.head_stride(r.seq);
       auto& sel = res.sel[size_t(g)];
+      std::vector<float> lg;  // [G, m] logits of the m scored positions
+      int32_t m = 0;
       if (!pre) {  // post: all offloaded logits, top-K by the group's max logit
-        std::vector<float> lg(size_t(G) * size_t(n_off));
+        m = n_off;
+        lg.resize(size_t(G) * size_t(n_off));
         cb.group_logits(qg, G, Kg, n_off, D, scale, lg.data());
         std::vector<std::pair<float, int32_t>> sc(static_cast<size_t>(n_off));
         for (int32_t t = 0; t < n_off; ++t) {
@@ -364,18 +469,31 @@ class HybridGen final : public KvStrategy {
         std::nth_element(sc.begin(), sc.begin() + K, sc.end());
         for (int32_t i = 0; i < K; ++i) sel.push_back(sc[size_t(i)].second);
         std::sort(sel.begin(), sel.end());
-        for (int h = 0; h < G; ++h)
-          for (int32_t i = 0; i < K; ++i)
-            lg_sel[(size_t(g) * G + size_t(h)) * size_t(K) + size_t(i)] = lg[size_t(h) * size_t(n_off) + size_t(sel[size_t(i)])];
       } else {  // pre: position heuristic first (sinks + most recent offloaded), logits only for those
+        m = K;
         const int32_t s = std::min(sinks_, K);
         for (int32_t t = 0; t < s; ++t) sel.push_back(t);
         for (int32_t t = std::max(s, n_off - (K - s)); t < n_off; ++t) sel.push_back(t);
-        std::vector<float> kg(size_t(K) * size_t(D)), lg(size_t(G) * size_t(K));
+        std::vector<float> kg(size_t(K) * size_t(D));
+        lg.resize(size_t(G) * size_t(K));
         cpu::gather_rows(kg.data(), Kg, int64_t(D) * 4, int64_t(D) * 4, sel.data(), K);
         cb.group_logits(qg, G, kg.data(), K, D, scale, lg.data());
-        std::copy(lg.begin(), lg.end(), lg_sel.begin() + int64_t(g) * G * K);
       }
+      // Tier order (dram, then far), each part still sorted; column of each position in lg.
+      std::vector<int32_t> col(sel.size());
+      for (size_t i = 0; i < sel.size(); ++i) col[i] = pre ? int32_t(i) : sel[i];
+      std::vector<size_t> order(sel.size());
+      for (size_t i = 0; i < order.size(); ++i) order[i] = i;
+      std::stable_partition(order.begin(), order.end(),
+                            [&](size_t i) { return vtier(layer, r.seq, sel[i]) == Tier::kDram; });
+      std::vector<int32_t> sorted(sel.size());
+      for (size_t i = 0; i < order.size(); ++i) {
+        sorted[i] = sel[order[i]];
+        res.n_tier[size_t(g)][vtier(layer, r.seq, sorted[i]) == Tier::kDram ? 0 : 1]++;
+        for (int h = 0; h < G; ++h)
+          lg_sel[(size_t(g) * G + size_t(h)) * size_t(K) + i] = lg[size_t(h) * size_t(m) + size_t(col[order[i]])];
+      }
+      sel = std::move(sorted);
     }
     {
       std::lock_guard<std::mutex> l(mu_);
@@ -386,43 +504,67 @@ class HybridGen final : public KvStrategy {
     const int64_t lbytes = int64_t(lg_sel.size()) * 4;
     ev.push_back(rt_.transfers().run(Tier::kDram, Tier::kGpu, lbytes, [this, &res, lg = std::move(lg_sel)] {
       const auto t = Clock::now();
-      std::copy(lg.begin(), lg.end(), res.logits.as<float>());
+      be_.upload(res.logits, lg.data(), lg.size() * 4);
       add_tx(since(t));
     }, {}, "cpu logits to gpu"));
-    for (Tier tier : {Tier::kDram, Tier::kFar}) {
+    for (int ti = 0; ti < 2; ++ti) {
+      const Tier tier = ti == 0 ? Tier::kDram : Tier::kFar;
       int64_t bytes = 0, runs = 0;  // runs of consecutive selected positions within one page
       for (int g = 0; g < Hkv; ++g) {
         const auto& sel = res.sel[size_t(g)];
-        for (size_t i = 0; i < sel.size(); ++i) {
-          if (vtier(layer, r.seq, sel[i]) != tier) continue;
-          bytes += int64_t(D) * 4;
-          runs += i == 0 || sel[i] != sel[i - 1] + 1 || sel[i] / page_ != sel[i - 1] / page_ ||
-                  vtier(layer, r.seq, sel[i - 1]) != tier;
-        }
+        const int32_t b = ti == 0 ? 0 : res.n_tier[size_t(g)][0], e = b + res.n_tier[size_t(g)][size_t(ti)];
+        bytes += int64_t(e - b) * D * 4;
+        for (int32_t i = b; i < e; ++i)
+          runs += i == b || sel[size_t(i)] != sel[size_t(i) - 1] + 1 || sel[size_t(i)] / page_ != sel[size_t(i) - 1] / page_;
       }
       if (bytes == 0) continue;
-      ev.push_back(rt_.transfers().run_gather(tier, Tier::kGpu, bytes, runs, [this, &res, layer, r, tier, K, D, Hkv] {
+      ev.push_back(rt_.transfers().run_gather(tier, Tier::kGpu, bytes, runs, [this, &res, layer, r, ti, K, D, Hkv] {
         const auto t = Clock::now();
-        // Selected positions are sorted: each run of them within one page (one tier) is one gather
-        // from that page's rows of head g.
+        // Each head's rows of this tier are one block of res.v; its positions are sorted, and each
+        // run of them within one page is one gather from that page's rows of head g. On a device
+        // the block is gathered on the host and copied over in one piece.
         std::vector<int32_t> in_page;
+        std::vector<float> staging;
         for (int g = 0; g < Hkv; ++g) {
           const auto& sel = res.sel[size_t(g)];
-          for (int32_t i = 0; i < K;) {
+          const int32_t b = ti == 0 ? 0 : res.n_tier[size_t(g)][0], e = b + res.n_tier[size_t(g)][size_t(ti)];
+          if (e == b) continue;
+          float* block = res.v + (int64_t(g) * K + b) * D;
+          float* dst = block;
+          if (!be_.host_memory()) {
+            staging.resize(size_t(e - b) * size_t(D));
+            dst = staging.data();
+          }
+          for (int32_t i = b; i < e;) {
             const int32_t page = sel[size_t(i)] / page_;
             int32_t j = i;
             in_page.clear();
-            for (; j < K && sel[size_t(j)] / page_ == page; ++j) in_page.push_back(sel[size_t(j)] % page_);
-            if (vtier(layer, r.seq, sel[size_t(i)]) == tier)
-              cpu::gather_rows(res.v.as<float>() + (int64_t(g) * K + i) * D, vrow(layer, r.seq, g, page * page_),
-                               int64_t(D) * 4, int64_t(D) * 4, in_page.data(), j - i);
+            for (; j < e && sel[size_t(j)] / page_ == page; ++j) in_page.push_back(sel[size_t(j)] % page_);
+            cpu::gather_rows(dst + int64_t(i - b) * D, vrow(layer, r.seq, g, page * page_), int64_t(D) * 4,
+                             int64_t(D) * 4, in_page.data(), j - i);
             i = j;
           }
+          if (dst != block) be_.upload(block, dst, size_t(e - b) * size_t(D) * 4);
         }
         add_tx(since(t));
       }, {}, "selected V to gpu"));
     }
     for (auto& e : ev) e.wait();
+  }
+
+  // The result buffers of `layer`'s CPU stage: one pair per layer parity and sequence on the gpu tier (the stage
+  // for layer l+1 fills its pair while the accelerator reads layer l's), grown to K tokens as
+  // needed. Safe to overwrite: the pair's last reader, layer l−1's merged attention, finished
+  // before this stage was submitted (see prepare() and attend_hybrid()).
+  void result_buffers(int layer, int seq, int32_t K, CpuResult& res) {
+    const int Hkv = shape_.H_kv, D = shape_.D, G = shape_.H / Hkv;
+    const int64_t lbytes = std::max<int64_t>(4, int64_t(Hkv) * G * K * 4), vbytes = std::max<int64_t>(4, int64_t(Hkv) * K * D * 4);
+    std::lock_guard<std::mutex> l(pool_mu_);
+    ResultPool& p = pool_[size_t(layer % 2) * size_t(B_) + size_t(seq)];
+    if (p.logits.bytes() < lbytes) p.logits = {}, p.logits = rt_.memory().allocate(Tier::kGpu, lbytes);
+    if (p.v.bytes() < vbytes) p.v = {}, p.v = rt_.memory().allocate(Tier::kGpu, vbytes);
+    res.logits = p.logits.as<float>();
+    res.v = p.v.as<float>();
   }
 
   void add_tx(double s) {
@@ -431,9 +573,12 @@ class HybridGen final : public KvStrategy {
   }
 
   void attend_hybrid(int layer, const TokenRow& r, const float* q, float scale, float* out) {
-    const int Hkv = shape_.H_kv, D = shape_.D, G = shape_.H / Hkv;
+    const int Hkv = shape_.H_kv, D = shape_.D;
     const int32_t R1 = R_ + 1, n = r.pos + 1, n_off = offloaded_[pidx(layer, r.seq)], n_res = n - n_off,
                   used = std::min(n, R1);
+    // The ring holds exactly the resident tokens: all of them before any offload, afterwards the
+    // R trimmed by the last end_step plus this step's token.
+    HG_CHECK(n_res == used);
     seen_pos_max_ = std::max(seen_pos_max_, r.pos);
     std::shared_ptr<CpuResult> res;
     if (n_off > 0) {
@@ -441,7 +586,8 @@ class HybridGen final : public KvStrategy {
       pending_[pidx(layer, r.seq)] = nullptr;
       if (!res) {  // no speculation for this layer: the CPU stage runs now with the true query
         res = std::make_shared<CpuResult>();
-        std::vector<float> qt(q, q + int64_t(shape_.H) * D);
+        std::vector<float> qt(size_t(shape_.H) * size_t(D));
+        be_.download(qt.data(), q, qt.size() * 4);  // on a GPU, also waits for the work queued so far
         const int32_t K = current_k(r);
         const bool pre = sched_.pre();
         res->done = rt_.cpu().submit("hybridgen logits, layer " + std::to_string(layer),
@@ -450,46 +596,18 @@ class HybridGen final : public KvStrategy {
                                        cpu_stage(layer, r, qt.data(), K, pre, *res, Clock::now());
                                      });
       }
-    }
-    // Accelerator: resident logits (slot order) with the true query, meanwhile the CPU works.
-    std::vector<float> lres(size_t(G) * size_t(used)), u, pslot(size_t(G) * size_t(used)), o1(size_t(G) * size_t(D)),
-        o2(size_t(G) * size_t(D));
-    std::vector<std::vector<float>> lres_all(static_cast<size_t>(Hkv));
-    for (int g = 0; g < Hkv; ++g) {
-      lres_all[size_t(g)].resize(size_t(G) * size_t(used));
-      be_.group_logits(q + int64_t(g) * G * D, G, ring_.k(layer, r.seq) + g * ring_.head_stride(r.seq), used, D, scale,
-                       lres_all[size_t(g)].data());
-    }
-    if (res) {
       const auto t0 = Clock::now();
       res->done.wait();
       waited_ += since(t0);
     }
-    const int32_t K = res ? res->k : 0;
-    for (int g = 0; g < Hkv; ++g) {
-      // Token order: selected offloaded positions (sorted, all < n_off), then n_off .. n-1.
-      u.assign(size_t(G) * size_t(K + n_res), 0.0f);
-      for (int h = 0; h < G; ++h) {
-        float* uh = u.data() + size_t(h) * size_t(K + n_res);
-        for (int32_t i = 0; i < K; ++i) uh[i] = res->logits.as<float>()[(size_t(g) * G + size_t(h)) * size_t(K) + size_t(i)];
-        for (int32_t j = 0; j < n_res; ++j) uh[K + j] = lres_all[size_t(g)][size_t(h) * size_t(used) + size_t((n_off + j) % R1)];
-      }
-      be_.softmax_rows(u.data(), G, K + n_res);
-      // Value aggregation: selected V rows (gathered) + resident V (ring, slot order).
-      std::fill(pslot.begin(), pslot.end(), 0.0f);
-      std::vector<float> psel(size_t(G) * size_t(std::max(K, 1)));
-      for (int h = 0; h < G; ++h) {
-        const float* uh = u.data() + size_t(h) * size_t(K + n_res);
-        for (int32_t i = 0; i < K; ++i) psel[size_t(h) * size_t(K) + size_t(i)] = uh[i];
-        for (int32_t j = 0; j < n_res; ++j) pslot[size_t(h) * size_t(used) + size_t((n_off + j) % R1)] = uh[K + j];
-      }
-      be_.group_weighted_v(pslot.data(), G, ring_.v(layer, r.seq) + g * ring_.head_stride(r.seq), used, D, o1.data());
-      if (K > 0) {
-        be_.group_weighted_v(psel.data(), G, res->v.as<float>() + int64_t(g) * K * D, K, D, o2.data());
-        for (size_t i = 0; i < o1.size(); ++i) o1[i] += o2[i];
-      }
-      std::copy(o1.begin(), o1.end(), out + int64_t(g) * G * D);
-    }
+    // One softmax over the CPU's logits of the selected offloaded tokens and the accelerator's
+    // logits of its resident ones (true query), then both value sums.
+    Backend::MergedAttention m;
+    m.H = shape_.H, m.H_kv = Hkv, m.D = D, m.scale = scale, m.q = q;
+    if (res) m.la = res->logits, m.Va = res->v, m.na = res->k;
+    m.Kb = ring_.k(layer, r.seq), m.Vb = ring_.v(layer, r.seq), m.ld_b = ring_.head_stride(r.seq) / D, m.nb = used;
+    m.out = out;
+    be_.merged_attention(m);
   }
 
   Backend& be_;
@@ -509,6 +627,12 @@ class HybridGen final : public KvStrategy {
   int64_t max_pages_ = 0, far_pages_ = 0;
   std::vector<Allocation> vpages_;
   std::vector<std::shared_ptr<CpuResult>> pending_;
+  struct ResultPool {
+    Allocation logits, v;
+  };
+  std::vector<ResultPool> pool_;  // per layer parity and sequence (result_buffers)
+  std::mutex pool_mu_;
+  std::vector<int32_t> slots_;  // append() scratch: ring slots of a run of rows
   std::vector<int32_t> offloaded_, last_pos_;  // per (layer, seq): tokens on the CPU side; newest position
   int32_t seen_pos_max_ = 0;
   bool in_step_ = false;

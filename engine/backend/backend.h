@@ -84,6 +84,26 @@ class Backend {
   // out[h] = Σ_t p[h, t] · V[t]   (p [G, n], V [n, D], out [G, D])
   virtual void group_weighted_v(const float* p, int G, const float* V, int64_t n, int D, float* out) = 0;
 
+  // Decode attention of one query row over two key sets that share one softmax (HybridGen's merge
+  // of CPU-computed and accelerator-computed logits). Set A arrives as scaled logits la [H, na]
+  // with its values Va [H_kv, na, D]; set B as keys and values Kb, Vb [H_kv, ld_b, D] of which the
+  // first nb rows count. q [H, D] → out [H, D]; query head h uses KV head h / (H / H_kv). The
+  // result does not depend on the order of either set. Default: the group ops above on a host
+  // scratch (host backends).
+  struct MergedAttention {
+    int H = 0, H_kv = 0, D = 0;
+    float scale = 1.0f;
+    const float* q = nullptr;
+    const float* la = nullptr;
+    const float* Va = nullptr;
+    int64_t na = 0;
+    const float* Kb = nullptr;
+    const float* Vb = nullptr;
+    int64_t ld_b = 0, nb = 0;
+    float* out = nullptr;
+  };
+  virtual void merged_attention(const MergedAttention& a);
+
   // K or V rows of n new tokens of one sequence into its cache: element (g, pos[i], d) at
   // g·head_stride + pos[i]·D + d of `dst` (type dt), from src [n, H_kv, D] F32. pos is a host array.
   virtual void write_kv(const float* src, int64_t n, int H_kv, int D, const int32_t* pos, void* dst,
@@ -100,6 +120,12 @@ class Backend {
   virtual void upload(void* dst, const void* src, size_t bytes);    // host → backend memory
   virtual void download(void* dst, const void* src, size_t bytes);  // backend memory → host; waits
   virtual void copy(void* dst, const void* src, size_t bytes);      // within backend memory
+  // Strided forms: `rows` rows of `width` bytes, dst_pitch / src_pitch bytes apart.
+  virtual void upload_2d(void* dst, size_t dst_pitch, const void* src, size_t src_pitch, size_t width, size_t rows);
+  virtual void download_2d(void* dst, size_t dst_pitch, const void* src, size_t src_pitch, size_t width, size_t rows);
+  // Waits until the work this thread queued on the backend has finished (a no-op on host backends,
+  // whose ops return when done). Another thread's copy may then read or overwrite its buffers.
+  virtual void synchronize() {}
   // Host memory this backend copies to and from fastest (pinned for cuda; plain for host backends).
   virtual void* alloc_host(size_t bytes) { return Backend::alloc(bytes); }
   virtual void free_host(void* p) { Backend::free(p); }

@@ -133,9 +133,9 @@ Loads a model and generates text; prints each sequence's text, then prefill and 
                    null (every kernel a no-op: harness overhead only)
   --device NAME    cpu (default: no accelerator role), emulated (host-emulated accelerator: the
                    CPU backend on its own worker thread with a capacity-limited gpu tier), cuda
-                   (weights, activations and the full strategy's F32 KV cache in GPU memory;
-                   other strategies are refused there for now), auto (cuda when a device
-                   exists, else emulated)
+                   (weights, activations and the accelerator's KV in GPU memory, F32 KV; the
+                   strategies full, flexgen, moe_lightning and hybridgen), auto (cuda when a
+                   device exists, else emulated)
   --gpu-memory B   capacity of the accelerator's gpu tier, e.g. 2GiB (default: all it has)
   --clock C        measured (default) or modeled:<platform> (experiments/platforms/<platform>.yaml
                    or a path): also prints modeled prefill/decode tokens/s from the event log

@@ -120,7 +120,7 @@ MemorySystem::MemorySystem(const TierConfig& cfg, std::optional<DeviceAllocator>
   const int64_t host = node_bytes(local_node_);
   ledger_.set_capacity(Tier::kDram, cfg.dram_bytes > 0 ? cfg.dram_bytes : host);
   ledger_.set_capacity(Tier::kFar, cfg.far_bytes > 0 ? cfg.far_bytes : (far_node_ == local_node_ ? host : node_bytes(far_node_)));
-  const int64_t dev = device_ ? device_->device_bytes : host;
+  const int64_t dev = device_ && device_->device_bytes > 0 ? device_->device_bytes : host;
   ledger_.set_capacity(Tier::kGpu, cfg.gpu_memory_bytes > 0 ? cfg.gpu_memory_bytes : dev);
 }
 

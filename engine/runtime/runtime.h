@@ -4,6 +4,7 @@
 // transfers and the event log. `device: auto` picks CUDA when a device exists, else the
 // emulator; `cuda` without one is an error; `cpu` runs without an accelerator role.
 #pragma once
+#include <functional>
 #include <memory>
 #include <string>
 
@@ -23,6 +24,10 @@ struct RuntimeConfig {
   TierConfig tiers;
   int accel_threads = 0;  // emulated accelerator's threads (0: half the machine, at least 1)
   int cpu_threads = 0;    // CPU worker queue's threads (0: the rest, at least 1)
+  // device "emulated" only: the accelerator's backend, in place of the CPU backend. One with
+  // memory of its own (host_memory() false) is set up as a GPU is: the gpu tier on its alloc and
+  // transfers through its upload/download (tests: a backend that checks the device-memory contract).
+  std::function<std::unique_ptr<Backend>()> device_backend;
 };
 
 class Runtime {

@@ -20,7 +20,8 @@ int64_t gathered_runs(std::span<const int32_t> idx) {
   return n;
 }
 
-TransferEngine::TransferEngine(Queue& copy_queue, CopyFn copy_fn) : q_(copy_queue), copy_(std::move(copy_fn)) {
+TransferEngine::TransferEngine(Queue& copy_queue, CopyFn copy_fn, std::function<void()> before_submit)
+    : q_(copy_queue), copy_(std::move(copy_fn)), before_submit_(std::move(before_submit)) {
   host_copy_ = !copy_;
   if (!copy_) copy_ = [](void* d, const void* s, size_t n, Tier, Tier) { std::memcpy(d, s, n); };
 }
@@ -69,6 +70,7 @@ Event TransferEngine::run_gather(Tier src_tier, Tier dst_tier, int64_t bytes, in
   w.transfer_bytes = bytes;
   w.rows[size_t(src_tier)] = rows;
   count(src_tier, dst_tier, bytes);
+  if (before_submit_) before_submit_();
   return q_.submit(std::move(name), w, std::move(deps), std::move(fn));
 }
 

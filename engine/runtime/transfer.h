@@ -27,7 +27,14 @@ class TransferEngine {
  public:
   // copy_fn(dst, src, n, dst_tier, src_tier): the device's copy (default: memcpy).
   using CopyFn = std::function<void(void*, const void*, size_t, Tier, Tier)>;
-  explicit TransferEngine(Queue& copy_queue, CopyFn copy_fn = {});
+  // before_submit runs on the submitting thread before each transfer is queued: with a device
+  // whose work is asynchronous it waits for the work that thread queued (the copy runs on another
+  // thread's stream and may read what that work writes, or overwrite what it reads).
+  explicit TransferEngine(Queue& copy_queue, CopyFn copy_fn = {}, std::function<void()> before_submit = {});
+  // The device's copy between tiers, run inline: for a run() body that copies piecewise.
+  void copy_now(void* dst, Tier dst_tier, const void* src, Tier src_tier, size_t bytes) const {
+    copy_(dst, src, bytes, dst_tier, src_tier);
+  }
 
   Event copy(void* dst, Tier dst_tier, const void* src, Tier src_tier, int64_t bytes, std::vector<Event> deps = {},
              std::string name = "copy");
@@ -51,6 +58,7 @@ class TransferEngine {
   void count(Tier src, Tier dst, int64_t bytes);
   Queue& q_;
   CopyFn copy_;
+  std::function<void()> before_submit_;
   bool host_copy_ = false;  // the default memcpy: gathers use cpu::gather_rows (rows prefetched)
   mutable std::mutex mu_;
   TransferTotals totals_;

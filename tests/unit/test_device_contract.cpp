@@ -1,126 +1,21 @@
 // The device-memory contract of Backend (engine/backend/backend.h) that the cuda backend relies
-// on, checked on any machine. ContractBackend says it has no host memory, hands out memory of its
-// own, and records every op argument that breaks the contract: a buffer that is not its memory,
-// or one of the documented host-side arguments (weights, norm weights, biases, ids, positions,
-// the attention rows array) that is. The decoder and the `full` strategy must run models through
-// it without a violation and to the same tokens and logits as the CPU backend.
+// on, checked on any machine through ContractBackend (contract_backend.h). The decoder and the
+// `full` strategy, and the offloading strategies on a runtime whose accelerator is that backend,
+// must run models without a violation and to the same tokens as on the CPU backend.
 #include <cstdlib>
 #include <cstring>
 #include <map>
 
 #include "baselines/full/full.h"
+#include "baselines/registry.h"
+#include "engine/runtime/runtime.h"
 #include "engine/decoder/generate.h"
 #include "engine/formats/formats.h"
+#include "contract_backend.h"
 #include "test_util.h"
 
 namespace hg {
 namespace {
-
-class ContractBackend final : public Backend {
- public:
-  ~ContractBackend() override {
-    for (auto& [p, n] : mem_) std::free(const_cast<char*>(p));
-  }
-  std::string_view name() const override { return "contract"; }
-  bool host_memory() const override { return false; }
-  void* alloc(size_t bytes) override {
-    char* p = static_cast<char*>(std::aligned_alloc(64, (std::max<size_t>(bytes, 1) + 63) / 64 * 64));
-    mem_[p] = std::max<size_t>(bytes, 1);
-    return p;
-  }
-  void free(void* p) override {
-    if (!mem_.erase(static_cast<const char*>(p))) violations.push_back("free of memory this backend did not allocate");
-    std::free(p);
-  }
-  void upload(void* dst, const void* src, size_t n) override {
-    dev(dst, n, "upload dst"), host(src, "upload src");
-    std::memcpy(dst, src, n);
-  }
-  void download(void* dst, const void* src, size_t n) override {
-    host(dst, "download dst"), dev(src, n, "download src");
-    std::memcpy(dst, src, n);
-  }
-  void copy(void* dst, const void* src, size_t n) override {
-    dev(dst, n, "copy dst"), dev(src, n, "copy src");
-    std::memmove(dst, src, n);
-  }
-  void matmul(const float* x, int64_t M, const Weight& w, const float* bias, float* y) override {
-    dev(x, M * w.cols() * 4, "matmul x"), host(w.buf.data(), "matmul weight"), host(bias, "matmul bias");
-    dev(y, M * w.rows() * 4, "matmul y");
-    cpu_->matmul(x, M, w, bias, y);
-  }
-  void rms_norm(const float* x, const float* w, int64_t M, int64_t n, float eps, float* y) override {
-    dev(x, M * n * 4, "rms_norm x"), host(w, "rms_norm w"), dev(y, M * n * 4, "rms_norm y");
-    cpu_->rms_norm(x, w, M, n, eps, y);
-  }
-  void layer_norm(const float* x, const float* w, const float* b, int64_t M, int64_t n, float eps, float* y) override {
-    dev(x, M * n * 4, "layer_norm x"), host(w, "layer_norm w"), host(b, "layer_norm b"), dev(y, M * n * 4, "layer_norm y");
-    cpu_->layer_norm(x, w, b, M, n, eps, y);
-  }
-  void rope(float* x, int64_t M, int n_heads, int D, const int32_t* pos, const RopeTable& t) override {
-    dev(x, M * n_heads * D * 4, "rope x"), host(pos, "rope pos");
-    cpu_->rope(x, M, n_heads, D, pos, t);
-  }
-  void swiglu(const float* gate, const float* up, int64_t n, float* y) override {
-    dev(gate, n * 4, "swiglu gate"), dev(up, n * 4, "swiglu up"), dev(y, n * 4, "swiglu y");
-    cpu_->swiglu(gate, up, n, y);
-  }
-  void relu(float* x, int64_t n) override {
-    dev(x, n * 4, "relu x");
-    cpu_->relu(x, n);
-  }
-  void add(float* y, const float* x, int64_t n) override {
-    dev(y, n * 4, "add y"), dev(x, n * 4, "add x");
-    cpu_->add(y, x, n);
-  }
-  void embed(const Weight& table, const int32_t* ids, int64_t M, float* y) override {
-    host(table.buf.data(), "embed table"), host(ids, "embed ids"), dev(y, M * table.cols() * 4, "embed y");
-    cpu_->embed(table, ids, M, y);
-  }
-  void attention(const AttentionArgs& a) override {
-    dev(a.q, int64_t(a.n_rows) * a.H * a.D * 4, "attention q"), dev(a.out, int64_t(a.n_rows) * a.H * a.D * 4, "attention out");
-    host(a.rows, "attention rows array");
-    for (int r = 0; r < a.n_rows; ++r) dev(a.rows[r].k, 1, "attention k"), dev(a.rows[r].v, 1, "attention v");
-    cpu_->attention(a);
-  }
-  void group_logits(const float* q, int G, const float* K, int64_t n, int D, float scale, float* logits) override {
-    dev(q, 4, "group_logits q"), dev(K, 4, "group_logits K"), dev(logits, 4, "group_logits out");
-    cpu_->group_logits(q, G, K, n, D, scale, logits);
-  }
-  void softmax_rows(float* x, int64_t rows, int64_t n) override {
-    dev(x, rows * n * 4, "softmax x");
-    cpu_->softmax_rows(x, rows, n);
-  }
-  void group_weighted_v(const float* p, int G, const float* V, int64_t n, int D, float* out) override {
-    dev(p, 4, "weighted_v p"), dev(V, 4, "weighted_v V"), dev(out, 4, "weighted_v out");
-    cpu_->group_weighted_v(p, G, V, n, D, out);
-  }
-  void write_kv(const float* src, int64_t n, int H_kv, int D, const int32_t* pos, void* dst, int64_t head_stride,
-                DType dt) override {
-    dev(src, n * H_kv * D * 4, "write_kv src"), host(pos, "write_kv pos"), dev(dst, 1, "write_kv dst");
-    write_kv_host(src, n, H_kv, D, pos, dst, head_stride, dt);
-  }
-
-  std::vector<std::string> violations;
-
- private:
-  // Inside one allocation of this backend (the whole [p, p + n)).
-  bool owned(const void* p, int64_t n) const {
-    const char* c = static_cast<const char*>(p);
-    auto it = mem_.upper_bound(c);
-    if (it == mem_.begin()) return false;
-    --it;
-    return c >= it->first && c + n <= it->first + it->second;
-  }
-  void dev(const void* p, int64_t n, const char* what) {
-    if (p && !owned(p, n)) violations.push_back(std::string(what) + " is not this backend's memory");
-  }
-  void host(const void* p, const char* what) {
-    if (p && owned(p, 1)) violations.push_back(std::string(what) + " is backend memory, expected a host array");
-  }
-  std::unique_ptr<Backend> cpu_ = make_cpu_backend();
-  std::map<const char*, size_t> mem_;
-};
 
 GenerateOptions greedy(int n) {
   GenerateOptions o;
@@ -139,13 +34,62 @@ TEST(DeviceContract, DecoderAndFullStrategyKeepToBackendMemory) {
     auto cpu = make_cpu_backend();
     FullStrategy kc(*cpu);
     const auto want = generate(m, *cpu, kc, prompts, greedy(8));
-    ContractBackend cb;
+    test::ContractBackend cb;
     {
       FullStrategy kd(cb);
       const auto got = generate(m, cb, kd, prompts, greedy(8));
       EXPECT_EQ(got.tokens, want.tokens) << preset;
     }
-    EXPECT_TRUE(cb.violations.empty()) << preset << ": " << (cb.violations.empty() ? "" : cb.violations.front());
+    const auto v = cb.violations();
+    EXPECT_TRUE(v.empty()) << preset << ": " << (v.empty() ? "" : v.front());
+  }
+}
+
+// The strategies that move KV between tiers, on a runtime whose accelerator is the contract
+// backend (gpu tier on its memory, transfers through its upload/download, as with a GPU): no
+// violation, and the same tokens as the same strategy on the plain emulated accelerator (CPU
+// backend, host memory). A ragged batch of two prompts; HybridGen's ring (6 tokens) is shorter
+// than the first prompt, so prefill and decode both offload; its configurations cover exact
+// attention, speculative post selection and pre selection with V pages on two tiers.
+TEST(DeviceContract, OffloadingStrategiesKeepToDeviceMemory) {
+  Model m = load_model("synthetic:tiny-llama");
+  const std::vector<std::vector<int32_t>> prompts = {{1, 20, 30, 40, 50, 60, 70, 11, 12}, {1, 90, 80}};
+  const std::map<std::string, std::string> hg_base = {
+      {"gpu_kv_tokens", "6"}, {"k", "fixed"}, {"placement", "interleave"}, {"page_tokens", "4"}};
+  auto with = [](std::map<std::string, std::string> a, const std::map<std::string, std::string>& b) {
+    for (auto& [k, v] : b) a[k] = v;
+    return a;
+  };
+  const std::vector<std::pair<std::string, std::map<std::string, std::string>>> cases = {
+      {"flexgen", {{"overlap", "true"}}},
+      {"flexgen", {{"overlap", "false"}}},
+      {"moe_lightning", {{"micro_batches", "1"}}},
+      {"moe_lightning", {{"micro_batches", "2"}}},
+      {"hybridgen", with(hg_base, {{"k_fixed", "1000"}, {"mode", "post"}, {"speculative_query", "false"}})},
+      {"hybridgen", with(hg_base, {{"k_fixed", "3"}, {"mode", "post"}, {"speculative_query", "true"}})},
+      {"hybridgen", with(hg_base, {{"k_fixed", "3"}, {"mode", "pre"}, {"speculative_query", "true"}})},
+  };
+  for (const auto& [name, params] : cases) {
+    std::string what = name;
+    for (auto& [k, v] : params) what += " " + k + "=" + v;
+    std::vector<std::vector<int32_t>> tokens[2];
+    for (int device = 0; device < 2; ++device) {
+      RuntimeConfig rc;
+      rc.device = "emulated";
+      if (device) rc.device_backend = [] { return std::make_unique<test::ContractBackend>(); };
+      Runtime rt(rc);
+      auto kv = make_strategy(name, StrategyContext{rt.accel_backend(), &rt, &m}, params);
+      GenerateOptions o = greedy(8);
+      o.runtime = &rt;
+      tokens[device] = generate(m, rt.accel_backend(), *kv, prompts, o).tokens;
+      if (device) {
+        const auto v = static_cast<test::ContractBackend&>(rt.accel_backend()).violations();
+        EXPECT_TRUE(v.empty()) << what << ": " << v.size() << " violations, first: " << (v.empty() ? "" : v.front());
+        if (name != "moe_lightning")  // MoE-Lightning keeps nothing on the gpu tier
+          EXPECT_GT(rt.memory().ledger().usage(Tier::kGpu).peak, 0) << what;
+      }
+    }
+    EXPECT_EQ(tokens[1], tokens[0]) << what;
   }
 }
 

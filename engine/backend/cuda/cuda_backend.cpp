@@ -8,6 +8,7 @@
 // Scope (issue 3): F32 KV caches; attention without taps; prefill attention one query row at a
 // time (three launches per row). Strategies other than `full` keep host pointers and are refused
 // on the cuda device by the runtime's callers.
+#include <algorithm>
 #include <unordered_map>
 #include <vector>
 
@@ -23,7 +24,7 @@ class CudaBackend final : public Backend {
   CudaBackend() { cuda::device_info(&name_, &memory_); }
   ~CudaBackend() override {
     for (auto& [host, dev] : cache_) cuda::dev_free(dev);
-    for (auto* s : {&ids_, &lg_, &xh_})
+    for (auto* s : {&ids_, &pos_, &lg_, &xh_})
       if (s->p) cuda::dev_free(s->p);
   }
   std::string_view name() const override { return "cuda"; }
@@ -36,6 +37,13 @@ class CudaBackend final : public Backend {
   void upload(void* dst, const void* src, size_t bytes) override { cuda::h2d(dst, src, bytes); }
   void download(void* dst, const void* src, size_t bytes) override { cuda::d2h(dst, src, bytes); }
   void copy(void* dst, const void* src, size_t bytes) override { cuda::d2d(dst, src, bytes); }
+  void upload_2d(void* dst, size_t dst_pitch, const void* src, size_t src_pitch, size_t width, size_t rows) override {
+    cuda::h2d_2d(dst, dst_pitch, src, src_pitch, width, rows);
+  }
+  void download_2d(void* dst, size_t dst_pitch, const void* src, size_t src_pitch, size_t width, size_t rows) override {
+    cuda::d2h_2d(dst, dst_pitch, src, src_pitch, width, rows);
+  }
+  void synchronize() override { cuda::synchronize(); }
   void* alloc_host(size_t bytes) override { return cuda::host_alloc_pinned(std::max<size_t>(bytes, 1)); }
   void free_host(void* p) override { cuda::host_free_pinned(p); }
 
@@ -59,7 +67,7 @@ class CudaBackend final : public Backend {
       cuda::h2d(d, f.data(), f.size() * 4);
       it = cache_.emplace(&t, d).first;
     }
-    cuda::rope(x, M, n_heads, D, upload_ids(pos, M), static_cast<const float*>(it->second),
+    cuda::rope(x, M, n_heads, D, upload_positions(pos, M), static_cast<const float*>(it->second),
                t.style == RopeStyle::kInterleaved);
   }
   void swiglu(const float* gate, const float* up, int64_t n, float* y) override { cuda::swiglu(gate, up, n, y); }
@@ -96,11 +104,14 @@ class CudaBackend final : public Backend {
   void group_weighted_v(const float* p, int G, const float* V, int64_t n, int D, float* out) override {
     cuda::weighted_v_sum(p, V, n, n, G, 1, D, out);
   }
+  void merged_attention(const MergedAttention& a) override {
+    cuda::merged_attention(a.q, a.H, a.H_kv, a.D, a.scale, a.la, a.Va, a.na, a.Kb, a.Vb, a.ld_b, a.nb, a.out);
+  }
   void write_kv(const float* src, int64_t n, int H_kv, int D, const int32_t* pos, void* dst, int64_t head_stride,
                 DType dt) override {
     if (dt != DType::kF32)
       throw UnsupportedError(fmt::format("cuda: KV cache type {} (the cuda backend stores F32 caches)", dtype_name(dt)));
-    cuda::kv_write(src, n, H_kv, D, upload_ids(pos, n), static_cast<float*>(dst), head_stride);
+    cuda::kv_write(src, n, H_kv, D, upload_positions(pos, n), static_cast<float*>(dst), head_stride);
   }
 
  private:
@@ -126,6 +137,17 @@ class CudaBackend final : public Backend {
     cuda::h2d(d, host, size_t(n) * 4);
     return static_cast<const int32_t*>(d);
   }
+  // Positions (RoPE, KV rows) to the device. A decode step passes the same positions to every
+  // layer's four calls, so the device copy is reused while the contents are unchanged: one
+  // waiting copy per step instead of four per layer.
+  const int32_t* upload_positions(const int32_t* host, int64_t n) {
+    if (pos_.p && pos_host_.size() == size_t(n) && std::equal(host, host + n, pos_host_.begin()))
+      return static_cast<const int32_t*>(pos_.p);
+    void* d = scratch(pos_, size_t(std::max<int64_t>(n, 1)) * 4);
+    cuda::h2d(d, host, size_t(n) * 4);
+    pos_host_.assign(host, host + n);
+    return static_cast<const int32_t*>(d);
+  }
   const void* cached(const Weight& w) { return cached(w.buf.data(), w.buf.bytes()); }
   const float* cached(const float* host, size_t bytes) {
     return static_cast<const float*>(cached(static_cast<const void*>(host), bytes));
@@ -141,7 +163,8 @@ class CudaBackend final : public Backend {
   std::string name_;
   int64_t memory_ = 0;
   std::unordered_map<const void*, void*> cache_;  // host address → device copy
-  Scratch ids_, lg_, xh_;
+  Scratch ids_, pos_, lg_, xh_;
+  std::vector<int32_t> pos_host_;  // what pos_ holds
 };
 
 }  // namespace

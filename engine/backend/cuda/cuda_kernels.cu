@@ -4,7 +4,9 @@
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cfloat>
+#include <cstdint>
 #include <stdexcept>
 #include <string>
 
@@ -34,14 +36,30 @@ namespace {
 struct Ctx {
   cudaStream_t stream = nullptr;
   cublasHandle_t blas = nullptr;
+  // Grow-only device scratch buffers of this thread's kernels: 0 weighted_v_sum's partial sums,
+  // 1 merged_attention's logits, 2 its second output.
+  float* buf[3] = {};
+  size_t buf_floats[3] = {};
   Ctx() {
     HG_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
     HG_CUBLAS_CHECK(cublasCreate(&blas));
     HG_CUBLAS_CHECK(cublasSetStream(blas, stream));
   }
   ~Ctx() {
+    for (float* b : buf)
+      if (b) cudaFree(b);
     if (blas) cublasDestroy(blas);
     if (stream) cudaStreamDestroy(stream);
+  }
+  float* scratch(int i, size_t floats) {
+    if (buf_floats[i] < floats) {
+      HG_CUDA_CHECK(cudaStreamSynchronize(stream));  // queued work may still read the old buffer
+      if (buf[i]) HG_CUDA_CHECK(cudaFree(buf[i]));
+      buf[i] = nullptr;
+      buf_floats[i] = std::max(floats, 2 * buf_floats[i]);
+      HG_CUDA_CHECK(cudaMalloc(&buf[i], buf_floats[i] * sizeof(float)));
+    }
+    return buf[i];
   }
 };
 Ctx& ctx() {
@@ -157,7 +175,7 @@ __global__ void embed_k(const void* table, int t, int64_t d, const int32_t* ids,
 
 // One warp per (h, t): lanes split D.
 __global__ void attention_logits_k(const float* q, const float* K, int64_t ld, int64_t n, int H, int group, int D,
-                                   float scale, float* logits) {
+                                   float scale, float* logits, int64_t lld) {
   const int64_t w = (blockIdx.x * int64_t(blockDim.x) + threadIdx.x) >> 5;
   const int lane = threadIdx.x & 31;
   if (w >= int64_t(H) * n) return;
@@ -168,7 +186,112 @@ __global__ void attention_logits_k(const float* q, const float* K, int64_t ld, i
   float s = 0;
   for (int d = lane; d < D; d += 32) s += qh[d] * k[d];
   for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
-  if (lane == 0) logits[int64_t(h) * n + t] = s * scale;
+  if (lane == 0) logits[int64_t(h) * lld + t] = s * scale;
+}
+
+// Decode attention for one query row, G query heads per KV head read each K/V row once for the
+// whole group (GQA), rows as float4 (D % 4 == 0, 16-byte aligned rows, G ≤ kMaxG; otherwise the
+// one-warp-per-(head, token) kernels above and below). Grid: (token blocks, H_kv).
+constexpr int kMaxG = 8;
+constexpr int kLogitWarps = 8, kLogitRowsPerWarp = 4, kLogitIters = 4;
+constexpr int kLogitTokens = kLogitWarps * kLogitRowsPerWarp * kLogitIters;  // tokens per block
+
+// logits[g·G + h, t] = scale · q[g·G + h] · K[g, t]. The group's queries sit in shared memory; each
+// warp loads kLogitRowsPerWarp key rows before it reduces, so several rows are in flight per warp.
+__global__ void group_logits4_k(const float* q, const float* K, int64_t ld, int64_t n, int G, int D, float scale,
+                                float* logits, int64_t lld) {
+  extern __shared__ float4 qs[];  // [G, D/4]
+  const int g = blockIdx.y, D4 = D / 4;
+  const float4* qg = reinterpret_cast<const float4*>(q + int64_t(g) * G * D);
+  for (int i = threadIdx.x; i < G * D4; i += blockDim.x) qs[i] = qg[i];
+  __syncthreads();
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int64_t t_end = min(n, int64_t(blockIdx.x + 1) * kLogitTokens);
+  const float4* Kg = reinterpret_cast<const float4*>(K + int64_t(g) * ld * D);
+  for (int64_t base = int64_t(blockIdx.x) * kLogitTokens + warp * kLogitRowsPerWarp; base < t_end;
+       base += kLogitWarps * kLogitRowsPerWarp) {
+    float s[kLogitRowsPerWarp][kMaxG];
+#pragma unroll
+    for (int j = 0; j < kLogitRowsPerWarp; ++j)
+#pragma unroll
+      for (int h = 0; h < kMaxG; ++h) s[j][h] = 0.0f;
+    for (int i = lane; i < D4; i += 32) {
+      float4 kv[kLogitRowsPerWarp];
+#pragma unroll
+      for (int j = 0; j < kLogitRowsPerWarp; ++j)
+        kv[j] = base + j < t_end ? Kg[(base + j) * D4 + i] : make_float4(0, 0, 0, 0);
+#pragma unroll
+      for (int h = 0; h < kMaxG; ++h) {
+        if (h >= G) break;
+        const float4 qv = qs[h * D4 + i];
+#pragma unroll
+        for (int j = 0; j < kLogitRowsPerWarp; ++j)
+          s[j][h] += qv.x * kv[j].x + qv.y * kv[j].y + qv.z * kv[j].z + qv.w * kv[j].w;
+      }
+    }
+#pragma unroll
+    for (int j = 0; j < kLogitRowsPerWarp; ++j)
+#pragma unroll
+      for (int h = 0; h < kMaxG; ++h) {
+        if (h >= G) break;
+        float v = s[j][h];
+        for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+        if (lane == 0 && base + j < t_end) logits[(int64_t(g) * G + h) * lld + base + j] = v * scale;
+      }
+  }
+}
+
+constexpr int kVThreads = 128, kVChunk = 256;  // threads per block; tokens per block (one partial sum)
+// part[c, g·G + h, :] = Σ_{t in chunk c} p[g·G + h, t] · V[g, t, :]. Threads: D/4 lanes along a row
+// (float4 each) × rows_per_pass rows; the rows' sums are added in shared memory at the end.
+__global__ void weighted_v_part_k(const float* p, int64_t pld, const float* V, int64_t ld, int64_t n, int G, int D,
+                                  int H, float* part) {
+  extern __shared__ float4 red[];  // [rows_per_pass, G, D/4]
+  const int g = blockIdx.y, D4 = D / 4, rpp = kVThreads / D4, r = threadIdx.x / D4, i = threadIdx.x % D4;
+  float4 acc[kMaxG];
+#pragma unroll
+  for (int h = 0; h < kMaxG; ++h) acc[h] = make_float4(0, 0, 0, 0);
+  const int64_t t0 = int64_t(blockIdx.x) * kVChunk, t_end = min(n, t0 + kVChunk);
+  const float4* Vg = reinterpret_cast<const float4*>(V + int64_t(g) * ld * D);
+  const float* pg = p + int64_t(g) * G * pld;
+  if (r < rpp) {
+#pragma unroll 4
+    for (int64_t t = t0 + r; t < t_end; t += rpp) {
+      const float4 v = Vg[t * D4 + i];
+#pragma unroll
+      for (int h = 0; h < kMaxG; ++h) {
+        if (h >= G) break;
+        const float w = pg[int64_t(h) * pld + t];
+        acc[h].x += w * v.x, acc[h].y += w * v.y, acc[h].z += w * v.z, acc[h].w += w * v.w;
+      }
+    }
+#pragma unroll
+    for (int h = 0; h < kMaxG; ++h)
+      if (h < G) red[(r * G + h) * D4 + i] = acc[h];
+  }
+  __syncthreads();
+  for (int x = threadIdx.x; x < G * D4; x += blockDim.x) {
+    float4 s = make_float4(0, 0, 0, 0);
+    for (int rr = 0; rr < rpp; ++rr) {
+      const float4 v = red[rr * G * D4 + x];
+      s.x += v.x, s.y += v.y, s.z += v.z, s.w += v.w;
+    }
+    const int h = x / D4, d4 = x % D4;
+    reinterpret_cast<float4*>(part + (int64_t(blockIdx.x) * H + int64_t(g) * G + h) * D)[d4] = s;
+  }
+}
+// out[j] = Σ_c part[c, j], j < HD.
+__global__ void sum_parts_k(const float* part, int64_t chunks, int64_t HD, float* out) {
+  const int64_t j = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
+  if (j >= HD) return;
+  float s = 0;
+  for (int64_t c = 0; c < chunks; ++c) s += part[c * HD + j];
+  out[j] = s;
+}
+// Whether the float4 group kernels take this shape: whole float4 rows, aligned, G ≤ kMaxG.
+bool vec4_shape(const void* a, const void* b, int G, int D) {
+  return D % 4 == 0 && D / 4 <= kVThreads && G <= kMaxG && reinterpret_cast<uintptr_t>(a) % 16 == 0 &&
+         reinterpret_cast<uintptr_t>(b) % 16 == 0;
 }
 
 __global__ void scatter_k(const float* a, int64_t na, const int32_t* pos, int64_t total, int H, float* out) {
@@ -190,9 +313,10 @@ __global__ void softmax_rows_k(float* x, int64_t n) {
 }
 
 // Block per head; threads over D; loop over tokens (V rows read coalesced along D).
-__global__ void weighted_v_k(const float* p, const float* V, int64_t ld, int64_t n, int group, int D, float* out) {
+__global__ void weighted_v_k(const float* p, int64_t pld, const float* V, int64_t ld, int64_t n, int group, int D,
+                             float* out) {
   const int h = blockIdx.x;
-  const float* ph = p + int64_t(h) * n;
+  const float* ph = p + int64_t(h) * pld;
   const float* v = V + int64_t(h / group) * ld * D;
   for (int d = threadIdx.x; d < D; d += blockDim.x) {
     float acc = 0;
@@ -322,9 +446,17 @@ void embed(const void* table, DType t, int64_t d, const int32_t* ids, int64_t M,
   HG_CUDA_LAUNCHED();
 }
 void attention_logits(const float* q, const float* K, int64_t ld, int64_t n, int H, int H_kv, int D, float scale,
-                      float* logits) {
-  const int64_t threads = int64_t(H) * n * 32;
-  attention_logits_k<<<blocks(threads, 256), 256, 0, ctx().stream>>>(q, K, ld, n, H, H / H_kv, D, scale, logits);
+                      float* logits, int64_t logits_ld) {
+  if (n == 0) return;
+  const int G = H / H_kv;
+  const int64_t lld = logits_ld < 0 ? n : logits_ld;
+  if (vec4_shape(q, K, G, D)) {
+    const dim3 grid(blocks(n, kLogitTokens), unsigned(H_kv));
+    group_logits4_k<<<grid, kLogitWarps * 32, size_t(G) * D * 4, ctx().stream>>>(q, K, ld, n, G, D, scale, logits, lld);
+  } else {
+    const int64_t threads = int64_t(H) * n * 32;
+    attention_logits_k<<<blocks(threads, 256), 256, 0, ctx().stream>>>(q, K, ld, n, H, G, D, scale, logits, lld);
+  }
   HG_CUDA_LAUNCHED();
 }
 void concat_softmax(const float* a, int64_t na, const int32_t* a_pos, const float* b, int64_t nb, const int32_t* b_pos,
@@ -337,9 +469,56 @@ void concat_softmax(const float* a, int64_t na, const int32_t* a_pos, const floa
   softmax_rows_k<<<unsigned(H), 256, 0, c.stream>>>(out, total);
   HG_CUDA_LAUNCHED();
 }
-void weighted_v_sum(const float* p, const float* V, int64_t ld, int64_t n, int H, int H_kv, int D, float* out) {
-  weighted_v_k<<<unsigned(H), 128, 0, ctx().stream>>>(p, V, ld, n, H / H_kv, D, out);
+void weighted_v_sum(const float* p, const float* V, int64_t ld, int64_t n, int H, int H_kv, int D, float* out,
+                    int64_t p_ld) {
+  const int G = H / H_kv;
+  const int64_t pld = p_ld < 0 ? n : p_ld;
+  auto& c = ctx();
+  if (n > 0 && vec4_shape(V, out, G, D)) {
+    const int64_t chunks = (n + kVChunk - 1) / kVChunk, HD = int64_t(H) * D;
+    float* part = c.scratch(0, size_t(chunks * HD));
+    const size_t shm = size_t(kVThreads / (D / 4)) * G * D * 4;
+    weighted_v_part_k<<<dim3(unsigned(chunks), unsigned(H_kv)), kVThreads, shm, c.stream>>>(p, pld, V, ld, n, G, D, H,
+                                                                                           part);
+    HG_CUDA_LAUNCHED();
+    sum_parts_k<<<blocks(HD, 256), 256, 0, c.stream>>>(part, chunks, HD, out);
+  } else {
+    weighted_v_k<<<unsigned(H), 128, 0, c.stream>>>(p, pld, V, ld, n, G, D, out);
+  }
   HG_CUDA_LAUNCHED();
+}
+
+void merged_attention(const float* q, int H, int H_kv, int D, float scale, const float* la, const float* Va, int64_t na,
+                      const float* Kb, const float* Vb, int64_t ld_b, int64_t nb, float* out) {
+  auto& c = ctx();
+  const int64_t n = na + nb;
+  if (n == 0) {
+    HG_CUDA_CHECK(cudaMemsetAsync(out, 0, size_t(H) * D * 4, c.stream));
+    return;
+  }
+  float* S = c.scratch(1, size_t(H) * size_t(n));
+  if (na > 0)
+    HG_CUDA_CHECK(cudaMemcpy2DAsync(S, size_t(n) * 4, la, size_t(na) * 4, size_t(na) * 4, size_t(H),
+                                    cudaMemcpyDeviceToDevice, c.stream));
+  attention_logits(q, Kb, ld_b, nb, H, H_kv, D, scale, S + na, n);
+  softmax_rows(S, H, n);
+  weighted_v_sum(S + na, Vb, ld_b, nb, H, H_kv, D, out, n);
+  if (na > 0) {
+    float* oa = c.scratch(2, size_t(H) * D);
+    weighted_v_sum(S, Va, na, na, H, H_kv, D, oa, n);
+    add(out, oa, int64_t(H) * D);
+  }
+}
+
+void h2d_2d(void* dst, size_t dpitch, const void* src, size_t spitch, size_t width, size_t rows) {
+  if (rows == 0 || width == 0) return;
+  HG_CUDA_CHECK(cudaMemcpy2DAsync(dst, dpitch, src, spitch, width, rows, cudaMemcpyHostToDevice, ctx().stream));
+  HG_CUDA_CHECK(cudaStreamSynchronize(ctx().stream));
+}
+void d2h_2d(void* dst, size_t dpitch, const void* src, size_t spitch, size_t width, size_t rows) {
+  if (rows == 0 || width == 0) return;
+  HG_CUDA_CHECK(cudaMemcpy2DAsync(dst, dpitch, src, spitch, width, rows, cudaMemcpyDeviceToHost, ctx().stream));
+  HG_CUDA_CHECK(cudaStreamSynchronize(ctx().stream));
 }
 void gather_rows(void* dst, const void* src, int64_t row_bytes, int64_t src_stride, const int32_t* idx, int64_t n) {
   if (n == 0) return;

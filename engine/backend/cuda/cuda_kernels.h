@@ -45,15 +45,24 @@ void add_bias(float* y, const float* b, int64_t M, int64_t N);  // y[m, :] += b
 // y[m, :] = table[ids[m], :] as F32.
 void embed(const void* table, DType t, int64_t d, const int32_t* ids, int64_t M, float* y);
 // logits[h, t] = scale · q[h] · K[h / (H / H_kv), t], t < n; K [H_kv, ld, D] (ld ≥ n rows per head).
+// logits_ld: distance between the rows of logits (default n).
 void attention_logits(const float* q, const float* K, int64_t ld, int64_t n, int H, int H_kv, int D, float scale,
-                      float* logits);
+                      float* logits, int64_t logits_ld = -1);
 // Token concatenation + softmax: out[h, a_pos[i]] = a[h, i], out[h, b_pos[j]] = b[h, j]
 // (a_pos/b_pos give each part's token-order slots, together a permutation of [0, na + nb)), then
 // softmax over each row of out [H, na + nb].
 void concat_softmax(const float* a, int64_t na, const int32_t* a_pos, const float* b, int64_t nb, const int32_t* b_pos,
                     int H, float* out);
 // out[h, :] = Σ_t p[h, t] · V[h / (H / H_kv), t, :]; V [H_kv, ld, D].
-void weighted_v_sum(const float* p, const float* V, int64_t ld, int64_t n, int H, int H_kv, int D, float* out);
+// p_ld: distance between the rows of p (default n).
+void weighted_v_sum(const float* p, const float* V, int64_t ld, int64_t n, int H, int H_kv, int D, float* out,
+                    int64_t p_ld = -1);
+// Backend::merged_attention: la [H, na] and Va [H_kv, na, D]; Kb, Vb [H_kv, ld_b, D] (nb rows); out [H, D].
+void merged_attention(const float* q, int H, int H_kv, int D, float scale, const float* la, const float* Va, int64_t na,
+                      const float* Kb, const float* Vb, int64_t ld_b, int64_t nb, float* out);
+// Strided copies (cudaMemcpy2D) that wait for completion.
+void h2d_2d(void* dst, size_t dpitch, const void* src, size_t spitch, size_t width, size_t rows);
+void d2h_2d(void* dst, size_t dpitch, const void* src, size_t spitch, size_t width, size_t rows);
 // dst row i = src row idx[i] (row_bytes each; src rows src_stride bytes apart).
 void gather_rows(void* dst, const void* src, int64_t row_bytes, int64_t src_stride, const int32_t* idx, int64_t n);
 

@@ -1,0 +1,154 @@
+// ContractBackend: a backend that keeps to the device-memory contract of Backend
+// (engine/backend/backend.h) on the host, for tests on machines without a GPU. It says it has no
+// host memory, hands out memory of its own, computes with the CPU backend, and records every op
+// argument that breaks the contract: a buffer that is not its memory, or one of the documented
+// host-side arguments (weights, norm weights, biases, ids, positions, the attention rows array) that
+// is. Thread-safe bookkeeping: a runtime's copy and CPU-worker threads call it too.
+#pragma once
+#include <cstdlib>
+#include <cstring>
+#include <map>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "engine/backend/backend.h"
+
+namespace hg::test {
+
+class ContractBackend final : public Backend {
+ public:
+  ~ContractBackend() override {
+    for (auto& [p, n] : mem_) std::free(const_cast<char*>(p));
+  }
+  std::string_view name() const override { return "contract"; }
+  bool host_memory() const override { return false; }
+  void* alloc(size_t bytes) override {
+    char* p = static_cast<char*>(std::aligned_alloc(64, (std::max<size_t>(bytes, 1) + 63) / 64 * 64));
+    std::lock_guard<std::mutex> l(mu_);
+    mem_[p] = std::max<size_t>(bytes, 1);
+    return p;
+  }
+  void free(void* p) override {
+    {
+      std::lock_guard<std::mutex> l(mu_);
+      if (!mem_.erase(static_cast<const char*>(p))) violations_.push_back("free of memory this backend did not allocate");
+    }
+    std::free(p);
+  }
+  void upload(void* dst, const void* src, size_t n) override {
+    dev(dst, n, "upload dst"), host(src, "upload src");
+    std::memcpy(dst, src, n);
+  }
+  void download(void* dst, const void* src, size_t n) override {
+    host(dst, "download dst"), dev(src, n, "download src");
+    std::memcpy(dst, src, n);
+  }
+  void copy(void* dst, const void* src, size_t n) override {
+    dev(dst, n, "copy dst"), dev(src, n, "copy src");
+    std::memmove(dst, src, n);
+  }
+  void matmul(const float* x, int64_t M, const Weight& w, const float* bias, float* y) override {
+    dev(x, M * w.cols() * 4, "matmul x"), host(w.buf.data(), "matmul weight"), host(bias, "matmul bias");
+    dev(y, M * w.rows() * 4, "matmul y");
+    cpu_->matmul(x, M, w, bias, y);
+  }
+  void rms_norm(const float* x, const float* w, int64_t M, int64_t n, float eps, float* y) override {
+    dev(x, M * n * 4, "rms_norm x"), host(w, "rms_norm w"), dev(y, M * n * 4, "rms_norm y");
+    cpu_->rms_norm(x, w, M, n, eps, y);
+  }
+  void layer_norm(const float* x, const float* w, const float* b, int64_t M, int64_t n, float eps, float* y) override {
+    dev(x, M * n * 4, "layer_norm x"), host(w, "layer_norm w"), host(b, "layer_norm b"), dev(y, M * n * 4, "layer_norm y");
+    cpu_->layer_norm(x, w, b, M, n, eps, y);
+  }
+  void rope(float* x, int64_t M, int n_heads, int D, const int32_t* pos, const RopeTable& t) override {
+    dev(x, M * n_heads * D * 4, "rope x"), host(pos, "rope pos");
+    cpu_->rope(x, M, n_heads, D, pos, t);
+  }
+  void swiglu(const float* gate, const float* up, int64_t n, float* y) override {
+    dev(gate, n * 4, "swiglu gate"), dev(up, n * 4, "swiglu up"), dev(y, n * 4, "swiglu y");
+    cpu_->swiglu(gate, up, n, y);
+  }
+  void relu(float* x, int64_t n) override {
+    dev(x, n * 4, "relu x");
+    cpu_->relu(x, n);
+  }
+  void add(float* y, const float* x, int64_t n) override {
+    dev(y, n * 4, "add y"), dev(x, n * 4, "add x");
+    cpu_->add(y, x, n);
+  }
+  void embed(const Weight& table, const int32_t* ids, int64_t M, float* y) override {
+    host(table.buf.data(), "embed table"), host(ids, "embed ids"), dev(y, M * table.cols() * 4, "embed y");
+    cpu_->embed(table, ids, M, y);
+  }
+  void attention(const AttentionArgs& a) override {
+    dev(a.q, int64_t(a.n_rows) * a.H * a.D * 4, "attention q"), dev(a.out, int64_t(a.n_rows) * a.H * a.D * 4, "attention out");
+    host(a.rows, "attention rows array");
+    for (int r = 0; r < a.n_rows; ++r) dev(a.rows[r].k, 1, "attention k"), dev(a.rows[r].v, 1, "attention v");
+    cpu_->attention(a);
+  }
+  void group_logits(const float* q, int G, const float* K, int64_t n, int D, float scale, float* logits) override {
+    dev(q, 4, "group_logits q"), dev(K, 4, "group_logits K"), dev(logits, 4, "group_logits out");
+    cpu_->group_logits(q, G, K, n, D, scale, logits);
+  }
+  void softmax_rows(float* x, int64_t rows, int64_t n) override {
+    dev(x, rows * n * 4, "softmax x");
+    cpu_->softmax_rows(x, rows, n);
+  }
+  void group_weighted_v(const float* p, int G, const float* V, int64_t n, int D, float* out) override {
+    dev(p, 4, "weighted_v p"), dev(V, 4, "weighted_v V"), dev(out, 4, "weighted_v out");
+    cpu_->group_weighted_v(p, G, V, n, D, out);
+  }
+  void write_kv(const float* src, int64_t n, int H_kv, int D, const int32_t* pos, void* dst, int64_t head_stride,
+                DType dt) override {
+    dev(src, n * H_kv * D * 4, "write_kv src"), host(pos, "write_kv pos"), dev(dst, 1, "write_kv dst");
+    write_kv_host(src, n, H_kv, D, pos, dst, head_stride, dt);
+  }
+
+  void upload_2d(void* dst, size_t dp, const void* src, size_t sp, size_t width, size_t rows) override {
+    if (rows) dev(dst, int64_t(dp * (rows - 1) + width), "upload_2d dst"), host(src, "upload_2d src");
+    for (size_t r = 0; r < rows; ++r) std::memcpy(static_cast<char*>(dst) + r * dp, static_cast<const char*>(src) + r * sp, width);
+  }
+  void download_2d(void* dst, size_t dp, const void* src, size_t sp, size_t width, size_t rows) override {
+    if (rows) host(dst, "download_2d dst"), dev(src, int64_t(sp * (rows - 1) + width), "download_2d src");
+    for (size_t r = 0; r < rows; ++r) std::memcpy(static_cast<char*>(dst) + r * dp, static_cast<const char*>(src) + r * sp, width);
+  }
+  void merged_attention(const MergedAttention& a) override {
+    dev(a.q, int64_t(a.H) * a.D * 4, "merged q"), dev(a.out, int64_t(a.H) * a.D * 4, "merged out");
+    if (a.na) dev(a.la, int64_t(a.H) * a.na * 4, "merged la"), dev(a.Va, int64_t(a.H_kv) * a.na * a.D * 4, "merged Va");
+    dev(a.Kb, int64_t(a.H_kv) * a.ld_b * a.D * 4, "merged Kb"), dev(a.Vb, int64_t(a.H_kv) * a.ld_b * a.D * 4, "merged Vb");
+    cpu_->merged_attention(a);
+  }
+
+  std::vector<std::string> violations() const {
+    std::lock_guard<std::mutex> l(mu_);
+    return violations_;
+  }
+
+ private:
+  // Inside one allocation of this backend (the whole [p, p + n)).
+  bool owned(const void* p, int64_t n) const {
+    std::lock_guard<std::mutex> l(mu_);
+    const char* c = static_cast<const char*>(p);
+    auto it = mem_.upper_bound(c);
+    if (it == mem_.begin()) return false;
+    --it;
+    return c >= it->first && c + n <= it->first + it->second;
+  }
+  void dev(const void* p, int64_t n, const char* what) {
+    if (p && !owned(p, n)) violate(std::string(what) + " is not this backend's memory");
+  }
+  void host(const void* p, const char* what) {
+    if (p && owned(p, 1)) violate(std::string(what) + " is backend memory, expected a host array");
+  }
+  void violate(std::string v) {
+    std::lock_guard<std::mutex> l(mu_);
+    violations_.push_back(std::move(v));
+  }
+  std::unique_ptr<Backend> cpu_ = make_cpu_backend();
+  std::map<const char*, size_t> mem_;
+  std::vector<std::string> violations_;
+  mutable std::mutex mu_;
+};
+
+}  // namespace hg::test
