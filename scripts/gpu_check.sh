@@ -1,13 +1,14 @@
 #!/usr/bin/env bash
 # Runs on the GPU machine (device tool), from the repository root, with .device/bundle.tar.zst
-# carried (scripts/gpu_bundle.sh makes it). One prepared pass, everything logged to $OUT:
+# carried (scripts/gpu_bundle.sh makes it): bash scripts/gpu_check.sh. One prepared pass, everything logged to $OUT:
 #   1. the CUDA test suite (every kernel against the CPU backend, the device-resident decoder,
 #      the strategies on --device cuda);
 #   2. `hgbench calibrate`: the machine's host rates and the GPU's (device copy, pinned link,
 #      BF16 GEMM), written as a platform profile;
 #   3. decode of synthetic:llama-3.1-8b (BF16 weights, F32 KV in GPU memory) at 128, 8K and 32K
 #      tokens of context against the HBM floor (weights + KV bytes per token over the copy rate);
-#   4. (HG_GPU_STRATEGIES=1) FlexGen, MoE-Lightning and HybridGen with the KV cache off the GPU.
+#   4. FlexGen, MoE-Lightning and HybridGen with the KV cache off the GPU (bench --strategy) at 8K
+#      and 32K, and HybridGen end to end (generate) with a prompt longer than its GPU ring.
 # Each part has its own time limit so that one hang does not cost the others.
 set -uo pipefail
 OUT=${OUT:-/tmp/out}
@@ -20,26 +21,36 @@ cublas=$(ldconfig -p | awk '/libcublas\.so\.13 /{print $NF; exit}')
 [ -n "$cublas" ] || cublas=$(find / -xdev -name 'libcublas.so.13' 2>/dev/null | head -1)
 export LD_LIBRARY_PATH=/tmp/hgb/lib:${cublas:+$(dirname "$cublas"):}/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}
 bin=/tmp/hgb/bin
+# The AVX-512 build where the host has what it was compiled for, else the AVX2 one.
+flags=$(grep -m1 '^flags' /proc/cpuinfo)
+hgbench=$bin/hgbench
+for f in avx512f avx512bw avx512vl avx512dq avx512cd avx512_bf16; do
+  [[ " $flags " == *" $f "* ]] || hgbench=$bin/hgbench-avx2
+done
 log=$OUT/gpu_check.log
 model="synthetic:llama-3.1-8b?dtype=bf16"
 {
   date -u
   nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm,pcie.link.gen.current,pcie.link.width.current \
     --format=csv
-  echo "cublas: ${cublas:-not found}; nproc $(nproc)"
-  ldd $bin/hgbench | grep -E 'not found|cublas|cudart'
+  echo "cublas: ${cublas:-not found}; nproc $(nproc); $(grep -m1 'model name' /proc/cpuinfo); running $hgbench"
+  ldd $hgbench | grep -E 'not found|cublas|cudart'
   echo "== CUDA tests"
   timeout 150 $bin/hg_tests --gtest_filter='Cuda*:DeviceContract*:GpuStrategies*' 2>&1
   echo "== calibrate"
-  timeout 90 $bin/hgbench calibrate --out "$OUT/h200.yaml" --seconds 0.3 2>&1
+  timeout 90 $hgbench calibrate --out "$OUT/h200.yaml" --seconds 0.3 2>&1
   echo "== decode against the HBM floor (F32 KV in GPU memory)"
-  timeout 200 $bin/hgbench bench --model "$model" --backend cuda --kv f32 --context 128,8192,32768 --threads 1 \
+  timeout 200 $hgbench bench --model "$model" --backend cuda --kv f32 --context 128,8192,32768 --threads 1 \
     --steps 8 --prefill 512 2>&1
-  if [ "${HG_GPU_STRATEGIES:-0}" = 1 ]; then
-    echo "== strategies with the KV cache off the GPU"
-    timeout 300 $bin/hgbench bench --model "$model" --device cuda --kv f32 --context 8192,32768 --steps 4 \
-      --strategy flexgen,moe_lightning,hybridgen 2>&1
-  fi
+  echo "== strategies with the KV cache off the GPU"
+  timeout 300 $hgbench bench --model "$model" --strategy flexgen,moe_lightning,hybridgen --device cuda \
+    --context 8192,32768 --steps 4 2>&1
+  echo "== hybridgen with the scheduler fixed: post selection, K = 1024"
+  timeout 120 $hgbench bench --model "$model" --strategy hybridgen --device cuda --context 32768 --steps 4 \
+    --set hybridgen.mode=post --set hybridgen.k=fixed --set hybridgen.k_fixed=1024 2>&1
+  echo "== generate, hybridgen on --device cuda, 3000-token prompt (ring of 1024)"
+  timeout 90 $hgbench generate --model "$model" --device cuda --strategy hybridgen --prompt-tokens 3000 -n 16 \
+    --ignore-eos --quiet 2>&1
   echo "== generate, --device cuda"
-  timeout 60 $bin/hgbench generate --model "$model" --device cuda --prompt-tokens 512 -n 16 --ignore-eos 2>&1
+  timeout 60 $hgbench generate --model "$model" --device cuda --prompt-tokens 512 -n 16 --ignore-eos 2>&1
 } 2>&1 | tee "$log"

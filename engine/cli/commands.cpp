@@ -385,6 +385,8 @@ int cmd_info(const std::vector<std::string>& args) {
 
 constexpr const char* kBenchHelp = R"(usage: hgbench bench --model M [--context 128,4096,16384] [--threads 1,2] [--steps N]
                      [--kv f32|f16|bf16] [--prefill 512] [--weights f32|f16|bf16] [--backend cpu|cuda]
+       hgbench bench --model M --strategy S1,S2,… [--device emulated|cuda|auto] [--set S.P=V]…
+                     [--context …] [--steps N]
 
 Decode tokens/s at each context length (the KV cache, F16 by default, is filled with seeded random
 rows: its values do not change the cost), prefill tokens/s for one prompt, and the ratio to the
@@ -398,6 +400,14 @@ the same decode loop with the null backend and the null strategy, as a share of 
 context's step. The `full` strategy. With --backend cuda (F32 KV) the weights, activations and KV
 are in GPU memory and the paired pass is a copy within GPU memory (read + write bytes), so the
 limit is the HBM floor. Measured, never modeled.
+
+With --strategy S1,S2,… (e.g. flexgen,moe_lightning,hybridgen) it measures those KV strategies
+instead, on the runtime's accelerator (--device emulated|cuda|auto, default auto; --set S.P=V as
+for generate; F32 KV): per strategy and context, decode tok/s after two warm-up steps, the bytes
+each step moved over the link (host→device and device→host) and their rate, and the pipeline
+from the event log (accelerator, CPU and transfer busy time per step, how much of the CPU stage
+ran while the accelerator was busy, the critical path against the serial sum). HybridGen's last
+step record (K, selection mode, tokens per side) follows its row.
 )";
 
 std::vector<int> int_list(const std::string& s, const std::string& what) {
@@ -479,12 +489,123 @@ std::string thp_mode() {
   return a != std::string::npos && b > a ? line.substr(a + 1, b - a - 1) : "unknown";
 }
 
+// `bench --strategy`: decode steps of each KV strategy on the runtime's accelerator after the
+// cache is filled with seeded rows through the strategy's own append() (so each keeps its tokens
+// where it keeps them: dram, far, the accelerator's ring), as a prompt of n tokens would.
+int bench_strategies(const Options& o, const Model& model, const std::vector<int>& contexts, int steps) {
+  const std::string cmd = "bench";
+  const HParams& hp = model.hp;
+  std::vector<std::string> names;
+  for (size_t pos = 0;;) {
+    const std::string list = str(o, "--strategy", "");
+    const size_t c = list.find(',', pos);
+    names.push_back(list.substr(pos, c == std::string::npos ? std::string::npos : c - pos));
+    if (c == std::string::npos) break;
+    pos = c + 1;
+  }
+  std::map<std::string, std::map<std::string, std::string>> sets;
+  if (o.values.count("--set"))
+    for (auto& kv : o.values.at("--set")) {
+      const size_t dot = kv.find('.'), eq = kv.find('=');
+      if (dot == std::string::npos || eq == std::string::npos || eq < dot)
+        input_error("bench: --set '{}' must be STRATEGY.PARAM=VALUE", kv);
+      const std::string sn = kv.substr(0, dot);
+      if (std::find(names.begin(), names.end(), sn) == names.end())
+        input_error("bench: --set '{}' names strategy '{}', which --strategy does not list", kv, sn);
+      sets[sn][kv.substr(dot + 1, eq - dot - 1)] = kv.substr(eq + 1);
+    }
+  for (auto& n : names) strategy_info(n);  // unknown names fail before any work
+  RuntimeConfig rc;
+  rc.device = str(o, "--device", "auto");
+  if (rc.device == "cpu") input_error("bench: --strategy needs an accelerator device (--device emulated, cuda or auto)");
+  Runtime rt(rc);
+  Backend& be = rt.accel_backend();
+  fmt::print("model {} | weights {} | KV cache f32 ({:.0f} B per cached token) | device {} | measured\n", model.source,
+             dtype_name(model.weight_dtype), 2.0 * hp.n_layers * hp.n_kv_heads * hp.head_dim * 4, rt.device_description());
+  fmt::print("{:<14} {:>8} {:>9} {:>9} {:>11} {:>10} {:>10} {:>9} {:>8} {:>8} {:>8} {:>7} {:>9}\n", "strategy", "context",
+             "tok/s", "step ms", "range ms", "h2d MB", "d2h MB", "link GB/s", "accel ms", "cpu ms", "xfer ms",
+             "hidden", "crit/sum");
+  std::mt19937_64 rng(1);
+  const int64_t row = int64_t(hp.n_kv_heads) * hp.head_dim;
+  std::vector<float> k(size_t(512 * row)), v(k.size());
+  std::uniform_real_distribution<float> u(-1, 1);
+  for (auto& x : k) x = u(rng);
+  for (auto& x : v) x = u(rng);
+  BackendArray<float> kb(be, k.size()), vb(be, v.size());
+  be.upload(kb.data(), k.data(), k.size() * 4);
+  be.upload(vb.data(), v.data(), v.size() * 4);
+  std::vector<float> logits(size_t(hp.n_vocab));
+  for (const auto& name : names) {
+    for (int n : contexts) {
+      auto kv = make_strategy(name, StrategyContext{be, &rt, &model}, sets[name]);
+      Decoder dec(model, be, *kv, 512);
+      const int32_t cap = n + steps + 3, pl = n;
+      int32_t tok = 5;
+      const int32_t zero = 0;
+      rt.log().set_step(-1);
+      rt.accel().submit("fill", {}, {}, [&] {
+        kv->begin(dec.kv_shape(), std::span<const int32_t>(&cap, 1), std::span<const int32_t>(&pl, 1));
+        for (int p0 = 0; p0 < n; p0 += 512) {  // position-major, as prefill chunks arrive
+          std::vector<TokenRow> rows;
+          for (int p = p0; p < std::min(n, p0 + 512); ++p) rows.push_back({0, p});
+          for (int l = 0; l < hp.n_layers; ++l) kv->append(l, rows, kb.data(), vb.data());
+        }
+        kv->end_step();
+        be.synchronize();
+      }).wait();
+      auto step = [&](int pos) {
+        const TokenRow r{0, pos};
+        rt.accel().submit("decode", {}, {}, [&] {
+          dec.forward(std::span<const int32_t>(&tok, 1), std::span<const TokenRow>(&r, 1),
+                      std::span<const int32_t>(&zero, 1), logits.data());
+        }).wait();
+        tok = argmax(logits);
+      };
+      step(n), step(n + 1);  // warm-up: first touch, kernel choice, the scheduler's first moves
+      rt.log().clear();
+      const TransferTotals before = rt.transfers().totals();
+      std::vector<double> secs;
+      for (int i = 0; i < steps; ++i) {
+        rt.log().set_step(i + 1);
+        const auto t0 = std::chrono::steady_clock::now();
+        step(n + 2 + i);
+        secs.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+      }
+      const TransferTotals after = rt.transfers().totals();
+      auto moved = [&](bool to_gpu) {
+        int64_t b = 0;
+        for (Tier t : {Tier::kDram, Tier::kFar})
+          b += to_gpu ? after.bytes_between(t, Tier::kGpu) - before.bytes_between(t, Tier::kGpu)
+                      : after.bytes_between(Tier::kGpu, t) - before.bytes_between(Tier::kGpu, t);
+        return double(b) / steps;
+      };
+      const double med = median(secs), h2d = moved(true), d2h = moved(false);
+      const PipelineSummary ps = pipeline_summary(rt.log().snapshot());
+      fmt::print("{:<14} {:>8} {:>9.2f} {:>9.2f} {:>5.1f}-{:<5.1f} {:>10.2f} {:>10.2f} {:>9.1f} {:>8.2f} {:>8.2f} {:>8.2f} "
+                 "{:>6.0f}% {:>9.2f}\n",
+                 name, n, 1.0 / med, med * 1e3, *std::min_element(secs.begin(), secs.end()) * 1e3,
+                 *std::max_element(secs.begin(), secs.end()) * 1e3, h2d / 1e6, d2h / 1e6, (h2d + d2h) / med / 1e9,
+                 ps.accel_s * 1e3, ps.cpu_s * 1e3, ps.transfer_s * 1e3, ps.hidden_frac * 100,
+                 ps.serial_s > 0 ? ps.critical_s / ps.serial_s : 0.0);
+      const auto st = kv->step_stats();
+      if (!st.empty()) {
+        std::string line = "    last step:";
+        for (auto& [key, val] : st) line += fmt::format(" {}={:g}", key, val);
+        fmt::print("{}\n", line);
+      }
+      std::fflush(stdout);
+    }
+  }
+  return 0;
+}
+
 int cmd_bench(const std::vector<std::string>& args) {
   const std::string cmd = "bench";
   if (asked_for_help(args, kBenchHelp)) return 0;
   const Options o = parse(cmd, args,
                           {{{"--model", "-m"}, true}, {{"--context"}, true}, {{"--threads"}, true}, {{"--steps"}, true},
-                           {{"--kv"}, true}, {{"--prefill"}, true}, {{"--weights"}, true}, {{"--backend"}, true}});
+                           {{"--kv"}, true}, {{"--prefill"}, true}, {{"--weights"}, true}, {{"--backend"}, true},
+                           {{"--strategy"}, true}, {{"--device"}, true}, {{"--set"}, true, true}});
   if (!o.values.count("--model")) input_error("bench: --model is required (see hgbench bench --help)");
   const auto contexts = int_list(str(o, "--context", "128,4096,16384"), "--context");
   const auto threads = int_list(str(o, "--threads", "1,2"), "--threads");
@@ -493,6 +614,15 @@ int cmd_bench(const std::vector<std::string>& args) {
   if (steps < 1 || prefill < 1) input_error("bench: --steps and --prefill must be positive");
   DType kv = DType::kF32;
   if (!parse_dtype(str(o, "--kv", "f16"), &kv)) input_error("bench: --kv '{}' (expected f32, f16 or bf16)", str(o, "--kv", ""));
+  if (o.values.count("--strategy")) {
+    for (const char* opt : {"--backend", "--threads", "--prefill"})
+      if (o.values.count(opt)) input_error("bench: {} is not used with --strategy (the runtime's accelerator runs)", opt);
+    if (str(o, "--kv", "f32") != "f32") input_error("bench: --strategy runs F32 KV caches (give --kv f32 or leave it out)");
+    Model model = load_model(str(o, "--model", ""), load_options(o, cmd));
+    return bench_strategies(o, model, contexts, steps);
+  }
+  if (o.values.count("--device") || o.values.count("--set"))
+    input_error("bench: --device and --set go with --strategy (without it: --backend)");
   Model model = load_model(str(o, "--model", ""), load_options(o, cmd));
   const HParams& hp = model.hp;
   auto be = make_backend(str(o, "--backend", "cpu"));

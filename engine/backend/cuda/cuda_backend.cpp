@@ -5,10 +5,12 @@
 // positions) go through a growing device scratch. All work is on the calling thread's stream;
 // download() waits for it. Compiled only when CUDA is (engine/CMakeLists.txt).
 //
-// Scope (issue 3): F32 KV caches; attention without taps; prefill attention one query row at a
-// time (three launches per row). Strategies other than `full` keep host pointers and are refused
-// on the cuda device by the runtime's callers.
+// Scope: F32 KV caches; attention without taps; prefill attention one query row at a time (four
+// launches per row). The strategies that run on it (full, flexgen, moe_lightning, hybridgen) keep
+// to the memory contract above; the others keep host pointers and are refused on the cuda device
+// (baselines/registry.cpp).
 #include <algorithm>
+#include <array>
 #include <unordered_map>
 #include <vector>
 
@@ -24,7 +26,7 @@ class CudaBackend final : public Backend {
   CudaBackend() { cuda::device_info(&name_, &memory_); }
   ~CudaBackend() override {
     for (auto& [host, dev] : cache_) cuda::dev_free(dev);
-    for (auto* s : {&ids_, &pos_, &lg_, &xh_})
+    for (auto* s : {&ids_, &pos_[0].buf, &pos_[1].buf, &lg_, &xh_})
       if (s->p) cuda::dev_free(s->p);
   }
   std::string_view name() const override { return "cuda"; }
@@ -137,15 +139,21 @@ class CudaBackend final : public Backend {
     cuda::h2d(d, host, size_t(n) * 4);
     return static_cast<const int32_t*>(d);
   }
-  // Positions (RoPE, KV rows) to the device. A decode step passes the same positions to every
-  // layer's four calls, so the device copy is reused while the contents are unchanged: one
-  // waiting copy per step instead of four per layer.
+  // Positions (RoPE, KV rows, ring slots) to the device. A decode step passes the same positions
+  // to every layer's RoPE and KV writes, so the last two position arrays are kept on the device
+  // and reused while their contents match: one waiting copy per step instead of four per layer
+  // (two arrays: HybridGen writes ring slots between the RoPE calls).
   const int32_t* upload_positions(const int32_t* host, int64_t n) {
-    if (pos_.p && pos_host_.size() == size_t(n) && std::equal(host, host + n, pos_host_.begin()))
-      return static_cast<const int32_t*>(pos_.p);
-    void* d = scratch(pos_, size_t(std::max<int64_t>(n, 1)) * 4);
+    for (auto& e : pos_)
+      if (e.buf.p && e.host.size() == size_t(n) && std::equal(host, host + n, e.host.begin())) {
+        e.used = ++pos_clock_;
+        return static_cast<const int32_t*>(e.buf.p);
+      }
+    PosEntry& e = pos_[0].used <= pos_[1].used ? pos_[0] : pos_[1];  // the least recently used
+    void* d = scratch(e.buf, size_t(std::max<int64_t>(n, 1)) * 4);
     cuda::h2d(d, host, size_t(n) * 4);
-    pos_host_.assign(host, host + n);
+    e.host.assign(host, host + n);
+    e.used = ++pos_clock_;
     return static_cast<const int32_t*>(d);
   }
   const void* cached(const Weight& w) { return cached(w.buf.data(), w.buf.bytes()); }
@@ -163,8 +171,14 @@ class CudaBackend final : public Backend {
   std::string name_;
   int64_t memory_ = 0;
   std::unordered_map<const void*, void*> cache_;  // host address → device copy
-  Scratch ids_, pos_, lg_, xh_;
-  std::vector<int32_t> pos_host_;  // what pos_ holds
+  Scratch ids_, lg_, xh_;
+  struct PosEntry {
+    Scratch buf;
+    std::vector<int32_t> host;  // what buf holds
+    uint64_t used = 0;
+  };
+  std::array<PosEntry, 2> pos_;
+  uint64_t pos_clock_ = 0;
 };
 
 }  // namespace

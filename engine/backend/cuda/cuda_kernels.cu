@@ -77,6 +77,68 @@ __global__ void f32_to_f16_k(const float* x, __half* y, int64_t n) {
   if (i < n) y[i] = __float2half_rn(x[i]);
 }
 
+// Decode GEMV for half-precision weights: y[n] = W[n, :] · x (+ bias[n]), W BF16 or F16 [N, K], x
+// F32 read as it is (no conversion pass, no rounding of x). One warp per kGemvRows rows; each lane
+// reads 8 weights (16 bytes) per row and step, the rows side by side and kGemvUnroll steps
+// unrolled, so that several 16-byte loads per lane are in flight. K % 8 == 0 (16-byte rows).
+constexpr int kGemvWarps = 8, kGemvRows = 2, kGemvUnroll = 4;
+__device__ inline void widen8(const uint4 u, const __nv_bfloat16*, float* f) {
+  const __nv_bfloat162* h = reinterpret_cast<const __nv_bfloat162*>(&u);
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const float2 v = __bfloat1622float2(h[i]);
+    f[2 * i] = v.x, f[2 * i + 1] = v.y;
+  }
+}
+__device__ inline void widen8(const uint4 u, const __half*, float* f) {
+  const __half2* h = reinterpret_cast<const __half2*>(&u);
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const float2 v = __half22float2(h[i]);
+    f[2 * i] = v.x, f[2 * i + 1] = v.y;
+  }
+}
+template <typename T>
+__global__ void gemv_half_k(const T* W, const float* x, int64_t N, int64_t K, const float* bias, float* y) {
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int64_t n0 = (int64_t(blockIdx.x) * kGemvWarps + warp) * kGemvRows;
+  if (n0 >= N) return;
+  const int64_t K8 = K / 8;
+  const uint4* rows[kGemvRows];
+#pragma unroll
+  for (int r = 0; r < kGemvRows; ++r) rows[r] = reinterpret_cast<const uint4*>(W + min(n0 + r, N - 1) * K);
+  const float4* x4 = reinterpret_cast<const float4*>(x);
+  float acc[kGemvRows] = {};
+  for (int64_t k0 = lane; k0 < K8; k0 += 32 * kGemvUnroll) {
+    uint4 w[kGemvUnroll][kGemvRows];
+#pragma unroll
+    for (int u = 0; u < kGemvUnroll; ++u)
+#pragma unroll
+      for (int r = 0; r < kGemvRows; ++r)
+        w[u][r] = k0 + u * 32 < K8 ? __ldg(rows[r] + k0 + u * 32) : make_uint4(0, 0, 0, 0);
+#pragma unroll
+    for (int u = 0; u < kGemvUnroll; ++u) {
+      const int64_t k = k0 + u * 32;
+      if (k >= K8) break;
+      const float4 xa = __ldg(x4 + 2 * k), xb = __ldg(x4 + 2 * k + 1);
+      const float xv[8] = {xa.x, xa.y, xa.z, xa.w, xb.x, xb.y, xb.z, xb.w};
+#pragma unroll
+      for (int r = 0; r < kGemvRows; ++r) {
+        float f[8];
+        widen8(w[u][r], static_cast<const T*>(nullptr), f);
+#pragma unroll
+        for (int i = 0; i < 8; ++i) acc[r] += f[i] * xv[i];
+      }
+    }
+  }
+#pragma unroll
+  for (int r = 0; r < kGemvRows; ++r) {
+    float v = acc[r];
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    if (lane == 0 && n0 + r < N) y[n0 + r] = v + (bias ? bias[n0 + r] : 0.0f);
+  }
+}
+
 // Block-wide sum (blockDim.x a multiple of 32, ≤ 1024).
 __device__ float block_sum(float v) {
   __shared__ float sh[32];
@@ -396,6 +458,17 @@ void gemm(const float* x, int64_t M, const void* w, DType wt, int64_t N, int64_t
   // Row-major y[M,N] = x[M,K]·W[N,K]ᵀ is column-major yᵀ[N,M] = W(K×N col-major)ᵀ · xᵀ(K×M).
   const float alpha = 1.0f, beta = 0.0f;
   auto& c = ctx();
+  if (M == 1 && wt != DType::kF32 && K % 8 == 0 && reinterpret_cast<uintptr_t>(w) % 16 == 0 &&
+      reinterpret_cast<uintptr_t>(x) % 16 == 0) {
+    // Decode: our GEMV reads the weights once at close to the copy rate and needs no x conversion.
+    const unsigned grid = unsigned((N + kGemvWarps * kGemvRows - 1) / (kGemvWarps * kGemvRows));
+    if (wt == DType::kBF16)
+      gemv_half_k<<<grid, kGemvWarps * 32, 0, c.stream>>>(static_cast<const __nv_bfloat16*>(w), x, N, K, bias, y);
+    else
+      gemv_half_k<<<grid, kGemvWarps * 32, 0, c.stream>>>(static_cast<const __half*>(w), x, N, K, bias, y);
+    HG_CUDA_LAUNCHED();
+    return;
+  }
   if (wt == DType::kF32) {
     HG_CUBLAS_CHECK(cublasSgemm(c.blas, CUBLAS_OP_T, CUBLAS_OP_N, int(N), int(M), int(K), &alpha,
                                 static_cast<const float*>(w), int(K), x, int(K), &beta, y, int(N)));
