@@ -9,7 +9,8 @@
 #      tokens of context against the HBM floor (weights + KV bytes per token over the copy rate);
 #   4. FlexGen, MoE-Lightning and HybridGen with the KV cache off the GPU (bench --strategy) at 8K
 #      and 32K, and HybridGen end to end (generate) with a prompt longer than its GPU ring.
-# Each part has its own time limit so that one hang does not cost the others.
+# Each part has its own time limit so that one hang does not cost the others. HG_GPU_PARTS picks
+# parts (default: tests,calibrate,full,strategies,ablation,generate).
 set -uo pipefail
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT" /tmp/hgb
@@ -29,28 +30,42 @@ for f in avx512f avx512bw avx512vl avx512dq avx512cd avx512_bf16; do
 done
 log=$OUT/gpu_check.log
 model="synthetic:llama-3.1-8b?dtype=bf16"
+parts=",${HG_GPU_PARTS:-tests,calibrate,full,strategies,ablation,generate},"
+want() { [[ $parts == *",$1,"* ]]; }
 {
   date -u
   nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm,pcie.link.gen.current,pcie.link.width.current \
     --format=csv
   echo "cublas: ${cublas:-not found}; nproc $(nproc); $(grep -m1 'model name' /proc/cpuinfo); running $hgbench"
   ldd $hgbench | grep -E 'not found|cublas|cudart'
-  echo "== CUDA tests"
-  timeout 150 $bin/hg_tests --gtest_filter='Cuda*:DeviceContract*:GpuStrategies*' 2>&1
-  echo "== calibrate"
-  timeout 90 $hgbench calibrate --out "$OUT/h200.yaml" --seconds 0.3 2>&1
-  echo "== decode against the HBM floor (F32 KV in GPU memory)"
-  timeout 200 $hgbench bench --model "$model" --backend cuda --kv f32 --context 128,8192,32768 --threads 1 \
-    --steps 8 --prefill 512 2>&1
-  echo "== strategies with the KV cache off the GPU"
-  timeout 300 $hgbench bench --model "$model" --strategy flexgen,moe_lightning,hybridgen --device cuda \
-    --context 8192,32768 --steps 4 2>&1
-  echo "== hybridgen with the scheduler fixed: post selection, K = 1024"
-  timeout 120 $hgbench bench --model "$model" --strategy hybridgen --device cuda --context 32768 --steps 4 \
-    --set hybridgen.mode=post --set hybridgen.k=fixed --set hybridgen.k_fixed=1024 2>&1
-  echo "== generate, hybridgen on --device cuda, 3000-token prompt (ring of 1024)"
-  timeout 90 $hgbench generate --model "$model" --device cuda --strategy hybridgen --prompt-tokens 3000 -n 16 \
-    --ignore-eos --quiet 2>&1
-  echo "== generate, --device cuda"
-  timeout 60 $hgbench generate --model "$model" --device cuda --prompt-tokens 512 -n 16 --ignore-eos 2>&1
+  if want tests; then
+    echo "== CUDA tests"
+    timeout 150 $bin/hg_tests --gtest_filter='Cuda*:DeviceContract*:GpuStrategies*' 2>&1
+  fi
+  if want calibrate; then
+    echo "== calibrate"
+    timeout 90 $hgbench calibrate --out "$OUT/h200.yaml" --seconds 0.3 2>&1
+  fi
+  if want full; then
+    echo "== decode against the HBM floor (F32 KV in GPU memory)"
+    timeout 200 $hgbench bench --model "$model" --backend cuda --kv f32 --context 128,8192,32768 --threads 1 \
+      --steps 8 --prefill 512 2>&1
+  fi
+  if want strategies; then
+    echo "== strategies with the KV cache off the GPU"
+    timeout 300 $hgbench bench --model "$model" --strategy flexgen,moe_lightning,hybridgen --device cuda \
+      --context 8192,32768 --steps 4 2>&1
+  fi
+  if want ablation; then
+    echo "== hybridgen with the scheduler fixed: post selection, K = 1024"
+    timeout 120 $hgbench bench --model "$model" --strategy hybridgen --device cuda --context 32768 --steps 4 \
+      --set hybridgen.mode=post --set hybridgen.k=fixed --set hybridgen.k_fixed=1024 2>&1
+  fi
+  if want generate; then
+    echo "== generate, hybridgen on --device cuda, 3000-token prompt (ring of 1024)"
+    timeout 90 $hgbench generate --model "$model" --device cuda --strategy hybridgen --prompt-tokens 3000 -n 16 \
+      --ignore-eos --quiet 2>&1
+    echo "== generate, --device cuda"
+    timeout 60 $hgbench generate --model "$model" --device cuda --prompt-tokens 512 -n 16 --ignore-eos 2>&1
+  fi
 } 2>&1 | tee "$log"

@@ -26,7 +26,7 @@ class CudaBackend final : public Backend {
   CudaBackend() { cuda::device_info(&name_, &memory_); }
   ~CudaBackend() override {
     for (auto& [host, dev] : cache_) cuda::dev_free(dev);
-    for (auto* s : {&ids_, &pos_[0].buf, &pos_[1].buf, &lg_, &xh_})
+    for (auto* s : {&ids_, &pos_[0].buf, &pos_[1].buf, &xh_})
       if (s->p) cuda::dev_free(s->p);
   }
   std::string_view name() const override { return "cuda"; }
@@ -90,13 +90,9 @@ class CudaBackend final : public Backend {
       throw UnsupportedError("cuda attention: logit/probability taps are not supported on the cuda backend yet");
     for (int r = 0; r < a.n_rows; ++r) {
       const AttnRow& row = a.rows[r];
-      const int64_t n = row.n_keys, ld = row.head_stride / a.D;
-      float* lg = static_cast<float*>(scratch(lg_, size_t(a.H) * size_t(std::max<int64_t>(n, 1)) * 4));
-      const float* q = a.q + int64_t(r) * a.H * a.D;
-      cuda::attention_logits(q, static_cast<const float*>(row.k), ld, n, a.H, a.H_kv, a.D, a.scale, lg);
-      cuda::softmax_rows(lg, a.H, n);
-      cuda::weighted_v_sum(lg, static_cast<const float*>(row.v), ld, n, a.H, a.H_kv, a.D,
-                           a.out + int64_t(r) * a.H * a.D);
+      cuda::decode_attention(a.q + int64_t(r) * a.H * a.D, static_cast<const float*>(row.k),
+                             static_cast<const float*>(row.v), row.head_stride / a.D, row.n_keys, a.H, a.H_kv, a.D,
+                             a.scale, a.out + int64_t(r) * a.H * a.D);
     }
   }
   void group_logits(const float* q, int G, const float* K, int64_t n, int D, float scale, float* logits) override {
@@ -171,7 +167,7 @@ class CudaBackend final : public Backend {
   std::string name_;
   int64_t memory_ = 0;
   std::unordered_map<const void*, void*> cache_;  // host address → device copy
-  Scratch ids_, lg_, xh_;
+  Scratch ids_, xh_;
   struct PosEntry {
     Scratch buf;
     std::vector<int32_t> host;  // what buf holds

@@ -57,6 +57,11 @@ void concat_softmax(const float* a, int64_t na, const int32_t* a_pos, const floa
 // p_ld: distance between the rows of p (default n).
 void weighted_v_sum(const float* p, const float* V, int64_t ld, int64_t n, int H, int H_kv, int D, float* out,
                     int64_t p_ld = -1);
+// Decode attention of one query row: out [H, D] over n keys and values K, V [H_kv, ld, D] (flash
+// decoding: chunks of keys in one pass each, merged by log-sum-exp; the three-kernel path for
+// shapes the float4 kernels do not take).
+void decode_attention(const float* q, const float* K, const float* V, int64_t ld, int64_t n, int H, int H_kv, int D,
+                      float scale, float* out);
 // Backend::merged_attention: la [H, na] and Va [H_kv, na, D]; Kb, Vb [H_kv, ld_b, D] (nb rows); out [H, D].
 void merged_attention(const float* q, int H, int H_kv, int D, float scale, const float* la, const float* Va, int64_t na,
                       const float* Kb, const float* Vb, int64_t ld_b, int64_t nb, float* out);
