@@ -46,6 +46,7 @@ struct CpuResult {
   std::vector<std::array<int32_t, 2>> n_tier;  // [H_kv] selected positions on dram, on far
   float* logits = nullptr;            // gpu tier: [H_kv][G][k] (the layer parity's buffer)
   float* v = nullptr;                 // gpu tier: [H_kv][k][D]
+  float* v_host = nullptr;            // on a device: dram (pinned) staging laid out as v
   Event done;                         // CPU compute and both transfers finished
 };
 
@@ -108,7 +109,7 @@ class HybridGen final : public KvStrategy {
     offloaded_.assign(pending_.size(), 0);
     last_pos_.assign(pending_.size(), -1);
     sched_ = FeedbackScheduler(sched_cfg_);
-    t_cpu_ = t_tx_ = waited_ = 0;
+    t_cpu_ = t_tx_ = t_query_ = waited_ = 0;
     seen_pos_max_ = 0;
     in_step_ = false;
     last_ = {};
@@ -170,6 +171,10 @@ class HybridGen final : public KvStrategy {
                                    [this, layer, r, xr = std::move(xr), res, K, pre] {
                                      const auto t0 = Clock::now();
                                      const std::vector<float> q = speculative_query(layer, r, xr.data());
+                                     {
+                                       std::lock_guard<std::mutex> l(mu_);
+                                       t_query_ += since(t0);
+                                     }
                                      cpu_stage(layer, r, q.data(), K, pre, *res, t0);
                                    });
     }
@@ -205,19 +210,20 @@ class HybridGen final : public KvStrategy {
     const double t_gpu = std::max(0.0, since(step_start_) - waited_);
     int64_t n_off = 0;
     for (int b = 0; b < B_; ++b) n_off = std::max<int64_t>(n_off, offloaded_[pidx(0, b)]);
-    double t_cpu, t_tx;
+    double t_cpu, t_tx, t_query;
     {
       std::lock_guard<std::mutex> l(mu_);
       t_cpu = t_cpu_;
       t_tx = t_tx_;
-      t_cpu_ = t_tx_ = 0;
+      t_query = t_query_;
+      t_cpu_ = t_tx_ = t_query_ = 0;
     }
     // The accelerator's stage excludes the time it waited for CPU results; that wait is the part
     // of the CPU stage (plus transfers) the pipeline did not hide.
     const double hidden = t_cpu + t_tx > 0 ? std::clamp(1.0 - waited_ / (t_cpu + t_tx), 0.0, 1.0) : 1.0;
     last_ = {{"K", double(sched_.k())},       {"mode_pre", sched_.pre() ? 1.0 : 0.0}, {"t_cpu_ms", t_cpu * 1e3},
              {"t_tx_ms", t_tx * 1e3},         {"t_gpu_ms", t_gpu * 1e3},              {"wait_ms", waited_ * 1e3},
-             {"cpu_hidden_pct", 100 * hidden}};
+             {"cpu_hidden_pct", 100 * hidden}, {"t_query_ms", t_query * 1e3}};
     sched_.update(t_cpu, t_tx, t_gpu, n_off);
     waited_ = 0;
     last_["tokens_gpu"] = double(std::min<int64_t>(R_, seen_pos_max_ + 1));
@@ -507,6 +513,10 @@ class HybridGen final : public KvStrategy {
       be_.upload(res.logits, lg.data(), lg.size() * 4);
       add_tx(since(t));
     }, {}, "cpu logits to gpu"));
+    // On a device, V rows are gathered into pinned staging laid out as res.v and copied over: in one
+    // piece by the tier that holds every selected row (the usual case), else one block per head.
+    bool one_tier = true;
+    for (int g = 0; g < Hkv; ++g) one_tier = one_tier && (res.n_tier[size_t(g)][0] == 0 || res.n_tier[size_t(g)][1] == 0);
     for (int ti = 0; ti < 2; ++ti) {
       const Tier tier = ti == 0 ? Tier::kDram : Tier::kFar;
       int64_t bytes = 0, runs = 0;  // runs of consecutive selected positions within one page
@@ -518,23 +528,20 @@ class HybridGen final : public KvStrategy {
           runs += i == b || sel[size_t(i)] != sel[size_t(i) - 1] + 1 || sel[size_t(i)] / page_ != sel[size_t(i) - 1] / page_;
       }
       if (bytes == 0) continue;
-      ev.push_back(rt_.transfers().run_gather(tier, Tier::kGpu, bytes, runs, [this, &res, layer, r, ti, K, D, Hkv] {
+      ev.push_back(rt_.transfers().run_gather(tier, Tier::kGpu, bytes, runs, [this, &res, layer, r, ti, K, D, Hkv,
+                                                                             one_tier] {
         const auto t = Clock::now();
         // Each head's rows of this tier are one block of res.v; its positions are sorted, and each
         // run of them within one page is one gather from that page's rows of head g. On a device
         // the block is gathered on the host and copied over in one piece.
         std::vector<int32_t> in_page;
-        std::vector<float> staging;
+        const bool device = !be_.host_memory();
         for (int g = 0; g < Hkv; ++g) {
           const auto& sel = res.sel[size_t(g)];
           const int32_t b = ti == 0 ? 0 : res.n_tier[size_t(g)][0], e = b + res.n_tier[size_t(g)][size_t(ti)];
           if (e == b) continue;
           float* block = res.v + (int64_t(g) * K + b) * D;
-          float* dst = block;
-          if (!be_.host_memory()) {
-            staging.resize(size_t(e - b) * size_t(D));
-            dst = staging.data();
-          }
+          float* dst = device ? res.v_host + (int64_t(g) * K + b) * D : block;
           for (int32_t i = b; i < e;) {
             const int32_t page = sel[size_t(i)] / page_;
             int32_t j = i;
@@ -544,8 +551,9 @@ class HybridGen final : public KvStrategy {
                              int64_t(D) * 4, in_page.data(), j - i);
             i = j;
           }
-          if (dst != block) be_.upload(block, dst, size_t(e - b) * size_t(D) * 4);
+          if (device && !one_tier) be_.upload(block, dst, size_t(e - b) * size_t(D) * 4);
         }
+        if (device && one_tier) be_.upload(res.v, res.v_host, size_t(Hkv) * size_t(K) * size_t(D) * 4);
         add_tx(since(t));
       }, {}, "selected V to gpu"));
     }
@@ -563,8 +571,10 @@ class HybridGen final : public KvStrategy {
     ResultPool& p = pool_[size_t(layer % 2) * size_t(B_) + size_t(seq)];
     if (p.logits.bytes() < lbytes) p.logits = {}, p.logits = rt_.memory().allocate(Tier::kGpu, lbytes);
     if (p.v.bytes() < vbytes) p.v = {}, p.v = rt_.memory().allocate(Tier::kGpu, vbytes);
+    if (!be_.host_memory() && p.v_host.bytes() < vbytes) p.v_host = {}, p.v_host = rt_.memory().allocate(Tier::kDram, vbytes);
     res.logits = p.logits.as<float>();
     res.v = p.v.as<float>();
+    res.v_host = p.v_host.as<float>();
   }
 
   void add_tx(double s) {
@@ -628,7 +638,7 @@ class HybridGen final : public KvStrategy {
   std::vector<Allocation> vpages_;
   std::vector<std::shared_ptr<CpuResult>> pending_;
   struct ResultPool {
-    Allocation logits, v;
+    Allocation logits, v, v_host;  // v_host: dram (pinned with a GPU) staging of v, on a device only
   };
   std::vector<ResultPool> pool_;  // per layer parity and sequence (result_buffers)
   std::mutex pool_mu_;
@@ -638,7 +648,7 @@ class HybridGen final : public KvStrategy {
   bool in_step_ = false;
   Clock::time_point step_start_;
   std::mutex mu_;
-  double t_cpu_ = 0, t_tx_ = 0, waited_ = 0;
+  double t_cpu_ = 0, t_tx_ = 0, t_query_ = 0, waited_ = 0;  // t_query_: the speculative queries (part of t_cpu_)
   std::map<std::string, double> last_;
 };
 

@@ -333,6 +333,7 @@ TEST(GpuStrategies, MatchTheEmulatedAcceleratorAtEveryStep) {
       {"hybridgen", with(hg, {{"mode", "post"}, {"speculative_query", "false"}})},
       {"hybridgen", with(hg, {{"mode", "post"}, {"speculative_query", "true"}})},
       {"hybridgen", with(hg, {{"mode", "pre"}, {"speculative_query", "true"}})},
+      {"hybridgen", with(hg, {{"mode", "post"}, {"placement", "dram-only"}})},
   };
   for (const auto& [name, params] : cases) {
     std::string what = name;

@@ -50,7 +50,8 @@ TEST(DeviceContract, DecoderAndFullStrategyKeepToBackendMemory) {
 // violation, and the same tokens as the same strategy on the plain emulated accelerator (CPU
 // backend, host memory). A ragged batch of two prompts; HybridGen's ring (6 tokens) is shorter
 // than the first prompt, so prefill and decode both offload; its configurations cover exact
-// attention, speculative post selection and pre selection with V pages on two tiers.
+// attention, speculative post selection and pre selection with V pages on two tiers, and V pages
+// all on dram.
 TEST(DeviceContract, OffloadingStrategiesKeepToDeviceMemory) {
   Model m = load_model("synthetic:tiny-llama");
   const std::vector<std::vector<int32_t>> prompts = {{1, 20, 30, 40, 50, 60, 70, 11, 12}, {1, 90, 80}};
@@ -68,6 +69,8 @@ TEST(DeviceContract, OffloadingStrategiesKeepToDeviceMemory) {
       {"hybridgen", with(hg_base, {{"k_fixed", "1000"}, {"mode", "post"}, {"speculative_query", "false"}})},
       {"hybridgen", with(hg_base, {{"k_fixed", "3"}, {"mode", "post"}, {"speculative_query", "true"}})},
       {"hybridgen", with(hg_base, {{"k_fixed", "3"}, {"mode", "pre"}, {"speculative_query", "true"}})},
+      // Every V page on dram: each step's selected rows go over in one copy.
+      {"hybridgen", with(hg_base, {{"k_fixed", "3"}, {"mode", "post"}, {"placement", "dram-only"}})},
   };
   for (const auto& [name, params] : cases) {
     std::string what = name;
@@ -85,8 +88,9 @@ TEST(DeviceContract, OffloadingStrategiesKeepToDeviceMemory) {
       if (device) {
         const auto v = static_cast<test::ContractBackend&>(rt.accel_backend()).violations();
         EXPECT_TRUE(v.empty()) << what << ": " << v.size() << " violations, first: " << (v.empty() ? "" : v.front());
-        if (name != "moe_lightning")  // MoE-Lightning keeps nothing on the gpu tier
+        if (name != "moe_lightning") {  // MoE-Lightning keeps nothing on the gpu tier
           EXPECT_GT(rt.memory().ledger().usage(Tier::kGpu).peak, 0) << what;
+        }
       }
     }
     EXPECT_EQ(tokens[1], tokens[0]) << what;
