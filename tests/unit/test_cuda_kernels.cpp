@@ -218,6 +218,51 @@ TEST(CudaKernels, DecodeAttentionMatchesCpu) {
   }
 }
 
+// Many query rows in one call (prefill: every row of a chunk in one pair of launches), of two
+// sequences with their own K/V and causal key counts, and a head dim the
+// float4 kernels do not take (each row on its own then): the CPU backend's result.
+TEST(CudaKernels, PrefillAttentionMatchesCpu) {
+  HG_REQUIRE_CUDA_DEVICE();
+  auto cpu = make_cpu_backend();
+  auto gpu = make_backend("cuda");
+  for (const int D : {128, 18}) {
+    const int H = 32, H_kv = 8;
+    const int64_t cap = 1200, hs = cap * D;
+    std::vector<int32_t> n_keys;
+    for (int r = 0; r < 300; ++r) n_keys.push_back(400 + r + 1);  // sequence A, positions 400..699
+    for (int r = 0; r < 5; ++r) n_keys.push_back(r + 1);         // sequence B, positions 0..4
+    const int R = int(n_keys.size());
+    const auto q = test::random_vec(size_t(R) * H * D, 50 + D);
+    std::vector<float> K[2], V[2];
+    for (int s2 = 0; s2 < 2; ++s2) {
+      K[s2] = test::random_vec(size_t(H_kv * hs), 51 + s2, -2, 2);
+      V[s2] = test::random_vec(size_t(H_kv * hs), 53 + s2);
+    }
+    auto rows_for = [&](const float* k0, const float* v0, const float* k1, const float* v1) {
+      std::vector<AttnRow> rows;
+      for (int r = 0; r < R; ++r) rows.push_back(r < 300 ? AttnRow{k0, v0, hs, n_keys[size_t(r)]}
+                                                         : AttnRow{k1, v1, hs, n_keys[size_t(r)]});
+      return rows;
+    };
+    const float scale = 1.0f / std::sqrt(float(D));
+    std::vector<float> want(q.size()), got(q.size(), NAN);
+    const auto hrows = rows_for(K[0].data(), V[0].data(), K[1].data(), V[1].data());
+    cpu->attention(attention_args(H, H_kv, D, scale, q.data(), hrows, want.data()));
+    BackendArray<float> dq(*gpu, q.size()), dout(*gpu, got.size()), dK0(*gpu, K[0].size()), dV0(*gpu, V[0].size()),
+        dK1(*gpu, K[1].size()), dV1(*gpu, V[1].size());
+    gpu->upload(dq.data(), q.data(), q.size() * 4);
+    gpu->upload(dout.data(), got.data(), got.size() * 4);  // NaN poison
+    gpu->upload(dK0.data(), K[0].data(), K[0].size() * 4);
+    gpu->upload(dV0.data(), V[0].data(), V[0].size() * 4);
+    gpu->upload(dK1.data(), K[1].data(), K[1].size() * 4);
+    gpu->upload(dV1.data(), V[1].data(), V[1].size() * 4);
+    const auto drows = rows_for(dK0.data(), dV0.data(), dK1.data(), dV1.data());
+    gpu->attention(attention_args(H, H_kv, D, scale, dq.data(), drows, dout.data()));
+    gpu->download(got.data(), dout.data(), got.size() * 4);
+    EXPECT_TRUE(test::all_close(got.data(), want.data(), want.size(), {2e-5, 1e-4})) << "D " << D;
+  }
+}
+
 // New K/V rows into a cache on the device equal the host implementation.
 TEST(CudaKernels, KvWriteMatchesHost) {
   HG_REQUIRE_CUDA_DEVICE();

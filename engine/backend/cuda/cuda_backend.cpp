@@ -5,8 +5,8 @@
 // positions) go through a growing device scratch. All work is on the calling thread's stream;
 // download() waits for it. Compiled only when CUDA is (engine/CMakeLists.txt).
 //
-// Scope: F32 KV caches; attention without taps; prefill attention one query row at a time (four
-// launches per row). The strategies that run on it (full, flexgen, moe_lightning, hybridgen) keep
+// Scope: F32 KV caches; attention without taps; flash decoding per query row, every row of a
+// prefill chunk in one pair of launches. The strategies that run on it (full, flexgen, moe_lightning, hybridgen) keep
 // to the memory contract above; the others keep host pointers and are refused on the cuda device
 // (baselines/registry.cpp).
 #include <algorithm>
@@ -88,12 +88,14 @@ class CudaBackend final : public Backend {
                                          dtype_name(a.kv_dtype)));
     if (a.logits_out || a.probs_out)
       throw UnsupportedError("cuda attention: logit/probability taps are not supported on the cuda backend yet");
+    rows_.resize(size_t(a.n_rows));
     for (int r = 0; r < a.n_rows; ++r) {
       const AttnRow& row = a.rows[r];
-      cuda::decode_attention(a.q + int64_t(r) * a.H * a.D, static_cast<const float*>(row.k),
-                             static_cast<const float*>(row.v), row.head_stride / a.D, row.n_keys, a.H, a.H_kv, a.D,
-                             a.scale, a.out + int64_t(r) * a.H * a.D);
+      rows_[size_t(r)] = cuda::AttnRowDev{a.q + int64_t(r) * a.H * a.D, static_cast<const float*>(row.k),
+                                          static_cast<const float*>(row.v), a.out + int64_t(r) * a.H * a.D,
+                                          row.head_stride / a.D, row.n_keys};
     }
+    cuda::attention_rows(rows_.data(), a.n_rows, a.H, a.H_kv, a.D, a.scale);
   }
   void group_logits(const float* q, int G, const float* K, int64_t n, int D, float scale, float* logits) override {
     cuda::attention_logits(q, K, n, n, G, 1, D, scale, logits);
@@ -168,6 +170,7 @@ class CudaBackend final : public Backend {
   int64_t memory_ = 0;
   std::unordered_map<const void*, void*> cache_;  // host address → device copy
   Scratch ids_, xh_;
+  std::vector<cuda::AttnRowDev> rows_;  // attention()'s row descriptors
   struct PosEntry {
     Scratch buf;
     std::vector<int32_t> host;  // what buf holds

@@ -39,9 +39,9 @@ struct Ctx {
   cublasHandle_t blas = nullptr;
   // Grow-only device scratch buffers of this thread's kernels: 0 weighted_v_sum's partial sums,
   // 1 merged_attention's logits, 2 its second output, 3 and 4 decode_attention's partial outputs
-  // and their (max, sum) pairs.
-  float* buf[5] = {};
-  size_t buf_floats[5] = {};
+  // and their (max, sum) pairs, 5 attention_rows' row descriptors.
+  float* buf[6] = {};
+  size_t buf_floats[6] = {};
   Ctx() {
     HG_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
     HG_CUBLAS_CHECK(cublasCreate(&blas));
@@ -83,10 +83,10 @@ __global__ void f32_to_f16_k(const float* x, __half* y, int64_t n) {
 }
 
 // Decode GEMV for half-precision weights: y[n] = W[n, :] · x (+ bias[n]), W BF16 or F16 [N, K], x
-// F32 read as it is (no conversion pass, no rounding of x). One warp per ROWS rows; each lane
+// F32 read as it is (no conversion pass, no rounding of x). One warp per kGemvRows rows; each lane
 // reads 8 weights (16 bytes) per row and step, the rows side by side and kGemvUnroll steps
 // unrolled, so that several 16-byte loads per lane are in flight. K % 8 == 0 (16-byte rows).
-constexpr int kGemvWarps = 8, kGemvUnroll = 4;
+constexpr int kGemvWarps = 8;
 __device__ inline void widen8(const uint4 u, const __nv_bfloat16*, float* f) {
   const __nv_bfloat162* h = reinterpret_cast<const __nv_bfloat162*>(&u);
 #pragma unroll
@@ -103,7 +103,7 @@ __device__ inline void widen8(const uint4 u, const __half*, float* f) {
     f[2 * i] = v.x, f[2 * i + 1] = v.y;
   }
 }
-template <typename T, int kGemvRows>
+template <typename T, int kGemvRows, int kGemvUnroll>
 __global__ void gemv_half_k(const T* W, const float* x, int64_t N, int64_t K, const float* bias, float* y) {
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int64_t n0 = (int64_t(blockIdx.x) * kGemvWarps + warp) * kGemvRows;
@@ -361,9 +361,17 @@ __global__ void sum_parts_k(const float* part, int64_t chunks, int64_t HD, float
 // are read once, and no logits go through device memory (profiled on an H200: the three-kernel
 // path read K at 1.3 and V at 0.7 TB/s).
 constexpr int kFdThreads = 128, kFdChunk = 256, kFdLanes = 8;  // lanes per key row in the logits phase
-__global__ void flash_decode_part_k(const float* q, const float* K, const float* V, int64_t ld, int64_t n, int G,
-                                    int D, int H, float scale, float* part_o, float* part_ml) {
+// Rows of one launch (blockIdx.z): `one` when rows is null, else rows[blockIdx.z] (prefill: every
+// query row of a forward chunk in one launch). Partial results of row z, chunk c, head h at
+// (z·max_chunks + c)·H + h.
+__global__ void flash_decode_part_k(AttnRowDev one, const AttnRowDev* rows, int G, int D, int H, float scale,
+                                    int64_t max_chunks, float* part_o, float* part_ml) {
   extern __shared__ float4 fd_smem[];
+  const AttnRowDev row = rows ? rows[blockIdx.z] : one;
+  const int64_t n = row.n, ld = row.ld;
+  if (int64_t(blockIdx.x) * kFdChunk >= n) return;  // past this row's keys (block-uniform)
+  const float *q = row.q, *K = row.k, *V = row.v;
+  const int64_t slot = int64_t(blockIdx.z) * max_chunks + blockIdx.x;
   const int g = blockIdx.y, D4 = D / 4, tid = threadIdx.x;
   float4* qs = fd_smem;                                        // [G, D/4]
   float* sc = reinterpret_cast<float*>(fd_smem + G * D4);      // [G, kFdChunk] logits, then weights
@@ -441,17 +449,26 @@ __global__ void flash_decode_part_k(const float* q, const float* K, const float*
       sum.x += v.x, sum.y += v.y, sum.z += v.z, sum.w += v.w;
     }
     const int h = x / D4, d4 = x % D4;
-    reinterpret_cast<float4*>(part_o + (int64_t(blockIdx.x) * H + int64_t(g) * G + h) * D)[d4] = sum;
+    reinterpret_cast<float4*>(part_o + (slot * H + int64_t(g) * G + h) * D)[d4] = sum;
   }
   if (tid < G) {
-    part_ml[(int64_t(blockIdx.x) * H + int64_t(g) * G + tid) * 2] = ml[tid][0];
-    part_ml[(int64_t(blockIdx.x) * H + int64_t(g) * G + tid) * 2 + 1] = ml[tid][1];
+    part_ml[(slot * H + int64_t(g) * G + tid) * 2] = ml[tid][0];
+    part_ml[(slot * H + int64_t(g) * G + tid) * 2 + 1] = ml[tid][1];
   }
 }
 // out[h, :] = Σ_c e^{m_c − M} o_c / Σ_c e^{m_c − M} l_c over the chunks c of head h (block per head).
-__global__ void flash_decode_merge_k(const float* part_o, const float* part_ml, int64_t chunks, int H, int D,
-                                     float* out) {
+__global__ void flash_decode_merge_k(AttnRowDev one, const AttnRowDev* rows, int64_t max_chunks, int H, int D,
+                                     const float* part_o, const float* part_ml) {
+  const AttnRowDev row = rows ? rows[blockIdx.y] : one;
   const int h = blockIdx.x;
+  float* out = row.out;
+  const int64_t chunks = (row.n + kFdChunk - 1) / kFdChunk;
+  if (chunks == 0) {
+    for (int d = threadIdx.x; d < D; d += blockDim.x) out[int64_t(h) * D + d] = 0.0f;
+    return;
+  }
+  part_o += int64_t(blockIdx.y) * max_chunks * H * D;
+  part_ml += int64_t(blockIdx.y) * max_chunks * H * 2;
   float M = -FLT_MAX;
   for (int64_t c = 0; c < chunks; ++c) M = fmaxf(M, part_ml[(c * H + h) * 2]);
   float L = 0;
@@ -577,13 +594,14 @@ void gemm(const float* x, int64_t M, const void* w, DType wt, int64_t N, int64_t
     // Decode: our GEMV reads the weights once at close to the copy rate and needs no x conversion.
     // Two rows per warp for tall matrices; one below 8192 rows, where two would leave SMs idle
     // (profiled on an H200: N = 1024 and 4096 ran at 0.9 and 2.7 TB/s with two).
+    // Four 16-byte steps in flight per lane and row (eight measured 5 % slower on the H200).
     auto launch = [&](auto* wp) {
+      using T = std::remove_const_t<std::remove_pointer_t<decltype(wp)>>;
+      const unsigned t = kGemvWarps * 32;
       if (N >= 8192)
-        gemv_half_k<std::remove_const_t<std::remove_pointer_t<decltype(wp)>>, 2>
-            <<<unsigned((N + kGemvWarps * 2 - 1) / (kGemvWarps * 2)), kGemvWarps * 32, 0, c.stream>>>(wp, x, N, K, bias, y);
+        gemv_half_k<T, 2, 4><<<unsigned((N + kGemvWarps * 2 - 1) / (kGemvWarps * 2)), t, 0, c.stream>>>(wp, x, N, K, bias, y);
       else
-        gemv_half_k<std::remove_const_t<std::remove_pointer_t<decltype(wp)>>, 1>
-            <<<unsigned((N + kGemvWarps - 1) / kGemvWarps), kGemvWarps * 32, 0, c.stream>>>(wp, x, N, K, bias, y);
+        gemv_half_k<T, 1, 4><<<unsigned((N + kGemvWarps - 1) / kGemvWarps), t, 0, c.stream>>>(wp, x, N, K, bias, y);
     };
     if (wt == DType::kBF16) launch(static_cast<const __nv_bfloat16*>(w));
     else launch(static_cast<const __half*>(w));
@@ -701,11 +719,43 @@ void decode_attention(const float* q, const float* K, const float* V, int64_t ld
   float* po = c.scratch(3, size_t(chunks) * size_t(H) * size_t(D));
   float* pml = c.scratch(4, size_t(chunks) * size_t(H) * 2);
   const size_t shm = (size_t(G) * D + size_t(G) * kFdChunk + size_t(kFdThreads / (D / 4)) * G * D) * 4;
-  flash_decode_part_k<<<dim3(unsigned(chunks), unsigned(H_kv)), kFdThreads, shm, c.stream>>>(q, K, V, ld, n, G, D, H,
-                                                                                            scale, po, pml);
+  const AttnRowDev one{q, K, V, out, ld, n};
+  flash_decode_part_k<<<dim3(unsigned(chunks), unsigned(H_kv)), kFdThreads, shm, c.stream>>>(one, nullptr, G, D, H, scale,
+                                                                                            chunks, po, pml);
   HG_CUDA_LAUNCHED();
-  flash_decode_merge_k<<<unsigned(H), 128, 0, c.stream>>>(po, pml, chunks, H, D, out);
+  flash_decode_merge_k<<<unsigned(H), 128, 0, c.stream>>>(one, nullptr, chunks, H, D, po, pml);
   HG_CUDA_LAUNCHED();
+}
+
+void attention_rows(const AttnRowDev* rows, int n_rows, int H, int H_kv, int D, float scale) {
+  if (n_rows <= 0) return;
+  const int G = H / H_kv;
+  int64_t max_n = 0;
+  bool vec4 = true;
+  for (int r = 0; r < n_rows; ++r) {
+    max_n = std::max(max_n, rows[r].n);
+    vec4 = vec4 && vec4_shape(rows[r].q, rows[r].k, G, D) && vec4_shape(rows[r].v, rows[r].out, G, D);
+  }
+  if (!vec4 || n_rows == 1 || n_rows > 65535) {
+    for (int r = 0; r < n_rows; ++r)
+      decode_attention(rows[r].q, rows[r].k, rows[r].v, rows[r].ld, rows[r].n, H, H_kv, D, scale, rows[r].out);
+    return;
+  }
+  auto& c = ctx();
+  const int64_t max_chunks = std::max<int64_t>(1, (max_n + kFdChunk - 1) / kFdChunk);
+  // The row descriptors go over once per call (a waiting copy: prefill, not the decode path).
+  static_assert(sizeof(AttnRowDev) % sizeof(float) == 0, "descriptors live in a float scratch");
+  auto* dr = reinterpret_cast<AttnRowDev*>(c.scratch(5, size_t(n_rows) * sizeof(AttnRowDev) / sizeof(float)));
+  HG_CUDA_CHECK(cudaMemcpyAsync(dr, rows, size_t(n_rows) * sizeof(AttnRowDev), cudaMemcpyHostToDevice, c.stream));
+  float* po = c.scratch(3, size_t(n_rows) * size_t(max_chunks) * size_t(H) * size_t(D));
+  float* pml = c.scratch(4, size_t(n_rows) * size_t(max_chunks) * size_t(H) * 2);
+  const size_t shm = (size_t(G) * D + size_t(G) * kFdChunk + size_t(kFdThreads / (D / 4)) * G * D) * 4;
+  flash_decode_part_k<<<dim3(unsigned(max_chunks), unsigned(H_kv), unsigned(n_rows)), kFdThreads, shm, c.stream>>>(
+      rows[0], dr, G, D, H, scale, max_chunks, po, pml);
+  HG_CUDA_LAUNCHED();
+  flash_decode_merge_k<<<dim3(unsigned(H), unsigned(n_rows)), 128, 0, c.stream>>>(rows[0], dr, max_chunks, H, D, po, pml);
+  HG_CUDA_LAUNCHED();
+  HG_CUDA_CHECK(cudaStreamSynchronize(c.stream));  // `rows` is the caller's host array
 }
 
 void merged_attention(const float* q, int H, int H_kv, int D, float scale, const float* la, const float* Va, int64_t na,

@@ -62,6 +62,17 @@ void weighted_v_sum(const float* p, const float* V, int64_t ld, int64_t n, int H
 // shapes the float4 kernels do not take).
 void decode_attention(const float* q, const float* K, const float* V, int64_t ld, int64_t n, int H, int H_kv, int D,
                       float scale, float* out);
+// One query row of attention_rows: q, out [H, D]; K, V [H_kv, ld, D], the first n rows attended.
+struct AttnRowDev {
+  const float* q;
+  const float* k;
+  const float* v;
+  float* out;
+  int64_t ld;
+  int64_t n;
+};
+// Every row in one pair of launches (prefill: the rows of a forward chunk); `rows` is a host array.
+void attention_rows(const AttnRowDev* rows, int n_rows, int H, int H_kv, int D, float scale);
 // Backend::merged_attention: la [H, na] and Va [H_kv, na, D]; Kb, Vb [H_kv, ld_b, D] (nb rows); out [H, D].
 void merged_attention(const float* q, int H, int H_kv, int D, float scale, const float* la, const float* Va, int64_t na,
                       const float* Kb, const float* Vb, int64_t ld_b, int64_t nb, float* out);
