@@ -65,8 +65,10 @@ std::unique_ptr<KvStrategy> make_strategy(const std::string& name, const Strateg
   if (ctx.runtime && ctx.runtime->device() == DeviceKind::kCuda) {
     static const std::set<std::string> on_device = {"full", "flexgen", "moe_lightning", "hybridgen"};
     if (!on_device.count(name))
-      throw UnsupportedError(fmt::format("strategy {} does not run on the cuda device yet (full, flexgen, "
-                                         "moe_lightning and hybridgen do); use --device emulated", name));
+      throw UnsupportedError(
+          fmt::format("strategy {} does not run on the cuda device yet (full, flexgen, "
+                      "moe_lightning and hybridgen do); use --device emulated",
+                      name));
     if (name == "full" && params.get("kv_dtype") != "f32")
       throw UnsupportedError("strategy full on the cuda device: kv_dtype must be f32");
   }

@@ -30,12 +30,13 @@ class FlexGen final : public KvStrategy {
     stage_.write(layer % 2, rows, k, v, &be_);  // the accelerator's own copy of the new tokens
     const size_t n = rows.size() * size_t(shape_.H_kv) * size_t(shape_.D);
     std::vector<TokenRow> r(rows.begin(), rows.end());
-    writeback_ = rt_.transfers().run(Tier::kGpu, Tier::kDram, int64_t(n) * 4 * 2,
-                                     [this, layer, r = std::move(r), k, v, n] {
-                                       std::vector<float> hk, hv;
-                                       store_.write(layer, r, host_view(be_, k, n, hk), host_view(be_, v, n, hv));
-                                     },
-                                     {}, "kv writeback");
+    writeback_ = rt_.transfers().run(
+        Tier::kGpu, Tier::kDram, int64_t(n) * 4 * 2,
+        [this, layer, r = std::move(r), k, v, n] {
+          std::vector<float> hk, hv;
+          store_.write(layer, r, host_view(be_, k, n, hk), host_view(be_, v, n, hv));
+        },
+        {}, "kv writeback");
   }
 
   void attend(int layer, std::span<const TokenRow> rows, const float* q, float scale, float* out) override {

@@ -42,11 +42,11 @@ double since(Clock::time_point t) { return std::chrono::duration<double>(Clock::
 // merged softmax and the value sum do not depend on the order.
 struct CpuResult {
   int32_t k = 0;                      // tokens selected per KV head
-  std::vector<std::vector<int32_t>> sel;  // [H_kv] positions in tier order
+  std::vector<std::vector<int32_t>> sel;       // [H_kv] positions in tier order
   std::vector<std::array<int32_t, 2>> n_tier;  // [H_kv] selected positions on dram, on far
-  float* logits = nullptr;            // gpu tier: [H_kv][G][k] (the layer parity's buffer)
-  float* v = nullptr;                 // gpu tier: [H_kv][k][D]
-  float* v_host = nullptr;            // on a device: dram (pinned) staging laid out as v
+  float* logits = nullptr;                     // gpu tier: [H_kv][G][k] (the layer parity's buffer)
+  float* v = nullptr;                          // gpu tier: [H_kv][k][D]
+  float* v_host = nullptr;                     // on a device: dram (pinned) staging laid out as v
   Event done;                         // CPU compute and both transfers finished
 };
 
@@ -221,8 +221,9 @@ class HybridGen final : public KvStrategy {
     // The accelerator's stage excludes the time it waited for CPU results; that wait is the part
     // of the CPU stage (plus transfers) the pipeline did not hide.
     const double hidden = t_cpu + t_tx > 0 ? std::clamp(1.0 - waited_ / (t_cpu + t_tx), 0.0, 1.0) : 1.0;
-    last_ = {{"K", double(sched_.k())},       {"mode_pre", sched_.pre() ? 1.0 : 0.0}, {"t_cpu_ms", t_cpu * 1e3},
-             {"t_tx_ms", t_tx * 1e3},         {"t_gpu_ms", t_gpu * 1e3},              {"wait_ms", waited_ * 1e3},
+    last_ = {{"K", double(sched_.k())},        {"mode_pre", sched_.pre() ? 1.0 : 0.0},
+             {"t_cpu_ms", t_cpu * 1e3},        {"t_tx_ms", t_tx * 1e3},
+             {"t_gpu_ms", t_gpu * 1e3},        {"wait_ms", waited_ * 1e3},
              {"cpu_hidden_pct", 100 * hidden}, {"t_query_ms", t_query * 1e3}};
     sched_.update(t_cpu, t_tx, t_gpu, n_off);
     waited_ = 0;
@@ -322,30 +323,37 @@ class HybridGen final : public KvStrategy {
       return out;
     };
     std::vector<Event> ev;
-    ev.push_back(rt_.transfers().run(Tier::kGpu, Tier::kDram, int64_t(leaving.size()) * row, [&] {
-      Staging st;
-      const auto src = sources(true, k, st);
-      for (size_t t = 0; t < leaving.size(); ++t) {
-        auto [seq, pos] = leaving[t];
-        for (int g = 0; g < Hkv; ++g)
-          std::memcpy(kcpu_.k(layer, seq) + g * kcpu_.head_stride(seq) + int64_t(pos) * D,
-                      src[t].base + g * src[t].head_stride, size_t(D) * 4);
-      }
-    }, {}, "offload K"));
+    ev.push_back(rt_.transfers().run(
+        Tier::kGpu, Tier::kDram, int64_t(leaving.size()) * row,
+        [&] {
+          Staging st;
+          const auto src = sources(true, k, st);
+          for (size_t t = 0; t < leaving.size(); ++t) {
+            auto [seq, pos] = leaving[t];
+            for (int g = 0; g < Hkv; ++g)
+              std::memcpy(kcpu_.k(layer, seq) + g * kcpu_.head_stride(seq) + int64_t(pos) * D,
+                          src[t].base + g * src[t].head_stride, size_t(D) * 4);
+          }
+        },
+        {}, "offload K"));
     // V: one body per destination tier; the second reuses the first's downloads.
     Staging vst;
     std::vector<Source> vsrc;
     for (Tier t : {Tier::kDram, Tier::kFar})
       if (vbytes[size_t(t)] > 0)
-        ev.push_back(rt_.transfers().run(Tier::kGpu, t, vbytes[size_t(t)], [&, t] {
-          if (vsrc.empty()) vsrc = sources(false, v, vst);
-          for (size_t i = 0; i < leaving.size(); ++i) {
-            auto [seq, pos] = leaving[i];
-            if (vtier(layer, seq, pos) == t)
-              for (int g = 0; g < Hkv; ++g)
-                std::memcpy(vrow(layer, seq, g, pos), vsrc[i].base + g * vsrc[i].head_stride, size_t(D) * 4);
-          }
-        }, {}, "offload V"));
+        ev.push_back(rt_.transfers().run(
+            Tier::kGpu, t, vbytes[size_t(t)],
+            [&, t] {
+              if (vsrc.empty()) vsrc = sources(false, v, vst);
+              for (size_t i = 0; i < leaving.size(); ++i) {
+                auto [seq, pos] = leaving[i];
+                if (vtier(layer, seq, pos) == t)
+                  for (int g = 0; g < Hkv; ++g)
+                    std::memcpy(vrow(layer, seq, g, pos), vsrc[i].base + g * vsrc[i].head_stride,
+                                size_t(D) * 4);
+              }
+            },
+            {}, "offload V"));
     for (auto& e : ev) e.wait();  // the ring slots are reused right after
   }
 
@@ -364,29 +372,39 @@ class HybridGen final : public KvStrategy {
       Allocation vb = rt_.memory().allocate(Tier::kGpu, int64_t(Hkv) * n * D * 4);
       const size_t pitch = size_t(n) * size_t(D) * 4;
       if (n_off > 0) {
-        rt_.transfers().run(Tier::kDram, Tier::kGpu, int64_t(n_off) * Hkv * D * 4, [&] {
-          be_.upload_2d(kb.data(), pitch, kcpu_.k(layer, seq), size_t(kcpu_.head_stride(seq)) * 4,
-                        size_t(n_off) * size_t(D) * 4, size_t(Hkv));
-        }, {}, "prefill K back").wait();
+        rt_.transfers()
+            .run(
+                Tier::kDram, Tier::kGpu, int64_t(n_off) * Hkv * D * 4,
+                [&] {
+                  be_.upload_2d(kb.data(), pitch, kcpu_.k(layer, seq), size_t(kcpu_.head_stride(seq)) * 4,
+                                size_t(n_off) * size_t(D) * 4, size_t(Hkv));
+                },
+                {}, "prefill K back")
+            .wait();
         for (Tier t : {Tier::kDram, Tier::kFar}) {
           int64_t bytes = 0;
           for (int32_t p = 0; p < n_off; ++p) bytes += vtier(layer, seq, p) == t ? int64_t(Hkv) * D * 4 : 0;
           if (bytes == 0) continue;
-          rt_.transfers().run(t, Tier::kGpu, bytes, [&, t] {
-            // The tier's runs of consecutive positions, each one strided copy (a page's rows of
-            // one head are contiguous; runs stop at page ends).
-            for (int32_t p0 = 0; p0 < n_off;) {
-              if (vtier(layer, seq, p0) != t) {
-                ++p0;
-                continue;
-              }
-              const int32_t p1 = std::min(n_off, (p0 / page_ + 1) * page_);
-              for (int g = 0; g < Hkv; ++g)
-                be_.upload(vb.as<float>() + (int64_t(g) * n + p0) * D, vrow(layer, seq, g, p0),
-                           size_t(p1 - p0) * size_t(D) * 4);
-              p0 = p1;
-            }
-          }, {}, "prefill V back").wait();
+          rt_.transfers()
+              .run(
+                  t, Tier::kGpu, bytes,
+                  [&, t] {
+                    // The tier's runs of consecutive positions, each one strided copy (a page's rows of
+                    // one head are contiguous; runs stop at page ends).
+                    for (int32_t p0 = 0; p0 < n_off;) {
+                      if (vtier(layer, seq, p0) != t) {
+                        ++p0;
+                        continue;
+                      }
+                      const int32_t p1 = std::min(n_off, (p0 / page_ + 1) * page_);
+                      for (int g = 0; g < Hkv; ++g)
+                        be_.upload(vb.as<float>() + (int64_t(g) * n + p0) * D, vrow(layer, seq, g, p0),
+                                   size_t(p1 - p0) * size_t(D) * 4);
+                      p0 = p1;
+                    }
+                  },
+                  {}, "prefill V back")
+              .wait();
         }
       }
       // Resident positions [n_off, n) sit in ring slots p mod (R+1): at most two runs of slots.
@@ -497,7 +515,8 @@ class HybridGen final : public KvStrategy {
         sorted[i] = sel[order[i]];
         res.n_tier[size_t(g)][vtier(layer, r.seq, sorted[i]) == Tier::kDram ? 0 : 1]++;
         for (int h = 0; h < G; ++h)
-          lg_sel[(size_t(g) * G + size_t(h)) * size_t(K) + i] = lg[size_t(h) * size_t(m) + size_t(col[order[i]])];
+          lg_sel[(size_t(g) * G + size_t(h)) * size_t(K) + i] =
+              lg[size_t(h) * size_t(m) + size_t(col[order[i]])];
       }
       sel = std::move(sorted);
     }
@@ -516,7 +535,8 @@ class HybridGen final : public KvStrategy {
     // On a device, V rows are gathered into pinned staging laid out as res.v and copied over: in one
     // piece by the tier that holds every selected row (the usual case), else one block per head.
     bool one_tier = true;
-    for (int g = 0; g < Hkv; ++g) one_tier = one_tier && (res.n_tier[size_t(g)][0] == 0 || res.n_tier[size_t(g)][1] == 0);
+    for (int g = 0; g < Hkv; ++g)
+      one_tier = one_tier && (res.n_tier[size_t(g)][0] == 0 || res.n_tier[size_t(g)][1] == 0);
     for (int ti = 0; ti < 2; ++ti) {
       const Tier tier = ti == 0 ? Tier::kDram : Tier::kFar;
       int64_t bytes = 0, runs = 0;  // runs of consecutive selected positions within one page
@@ -525,53 +545,60 @@ class HybridGen final : public KvStrategy {
         const int32_t b = ti == 0 ? 0 : res.n_tier[size_t(g)][0], e = b + res.n_tier[size_t(g)][size_t(ti)];
         bytes += int64_t(e - b) * D * 4;
         for (int32_t i = b; i < e; ++i)
-          runs += i == b || sel[size_t(i)] != sel[size_t(i) - 1] + 1 || sel[size_t(i)] / page_ != sel[size_t(i) - 1] / page_;
+          runs += i == b || sel[size_t(i)] != sel[size_t(i) - 1] + 1 ||
+                  sel[size_t(i)] / page_ != sel[size_t(i) - 1] / page_;
       }
       if (bytes == 0) continue;
-      ev.push_back(rt_.transfers().run_gather(tier, Tier::kGpu, bytes, runs, [this, &res, layer, r, ti, K, D, Hkv,
-                                                                             one_tier] {
-        const auto t = Clock::now();
-        // Each head's rows of this tier are one block of res.v; its positions are sorted, and each
-        // run of them within one page is one gather from that page's rows of head g. On a device
-        // the block is gathered on the host and copied over in one piece.
-        std::vector<int32_t> in_page;
-        const bool device = !be_.host_memory();
-        for (int g = 0; g < Hkv; ++g) {
-          const auto& sel = res.sel[size_t(g)];
-          const int32_t b = ti == 0 ? 0 : res.n_tier[size_t(g)][0], e = b + res.n_tier[size_t(g)][size_t(ti)];
-          if (e == b) continue;
-          float* block = res.v + (int64_t(g) * K + b) * D;
-          float* dst = device ? res.v_host + (int64_t(g) * K + b) * D : block;
-          for (int32_t i = b; i < e;) {
-            const int32_t page = sel[size_t(i)] / page_;
-            int32_t j = i;
-            in_page.clear();
-            for (; j < e && sel[size_t(j)] / page_ == page; ++j) in_page.push_back(sel[size_t(j)] % page_);
-            cpu::gather_rows(dst + int64_t(i - b) * D, vrow(layer, r.seq, g, page * page_), int64_t(D) * 4,
-                             int64_t(D) * 4, in_page.data(), j - i);
-            i = j;
-          }
-          if (device && !one_tier) be_.upload(block, dst, size_t(e - b) * size_t(D) * 4);
-        }
-        if (device && one_tier) be_.upload(res.v, res.v_host, size_t(Hkv) * size_t(K) * size_t(D) * 4);
-        add_tx(since(t));
-      }, {}, "selected V to gpu"));
+      ev.push_back(rt_.transfers().run_gather(
+          tier, Tier::kGpu, bytes, runs,
+          [this, &res, layer, r, ti, K, D, Hkv, one_tier] {
+            const auto t = Clock::now();
+            // Each head's rows of this tier are one block of res.v; its positions are sorted, and each
+            // run of them within one page is one gather from that page's rows of head g. On a device
+            // the block is gathered on the host and copied over in one piece.
+            std::vector<int32_t> in_page;
+            const bool device = !be_.host_memory();
+            for (int g = 0; g < Hkv; ++g) {
+              const auto& sel = res.sel[size_t(g)];
+              const int32_t b = ti == 0 ? 0 : res.n_tier[size_t(g)][0],
+                            e = b + res.n_tier[size_t(g)][size_t(ti)];
+              if (e == b) continue;
+              float* block = res.v + (int64_t(g) * K + b) * D;
+              float* dst = device ? res.v_host + (int64_t(g) * K + b) * D : block;
+              for (int32_t i = b; i < e;) {
+                const int32_t page = sel[size_t(i)] / page_;
+                int32_t j = i;
+                in_page.clear();
+                for (; j < e && sel[size_t(j)] / page_ == page; ++j)
+                  in_page.push_back(sel[size_t(j)] % page_);
+                cpu::gather_rows(dst + int64_t(i - b) * D, vrow(layer, r.seq, g, page * page_),
+                                 int64_t(D) * 4, int64_t(D) * 4, in_page.data(), j - i);
+                i = j;
+              }
+              if (device && !one_tier) be_.upload(block, dst, size_t(e - b) * size_t(D) * 4);
+            }
+            if (device && one_tier) be_.upload(res.v, res.v_host, size_t(Hkv) * size_t(K) * size_t(D) * 4);
+            add_tx(since(t));
+          },
+          {}, "selected V to gpu"));
     }
     for (auto& e : ev) e.wait();
   }
 
-  // The result buffers of `layer`'s CPU stage: one pair per layer parity and sequence on the gpu tier (the stage
-  // for layer l+1 fills its pair while the accelerator reads layer l's), grown to K tokens as
-  // needed. Safe to overwrite: the pair's last reader, layer l−1's merged attention, finished
-  // before this stage was submitted (see prepare() and attend_hybrid()).
+  // The result buffers of `layer`'s CPU stage: one pair per layer parity and sequence on the gpu tier (the
+  // stage for layer l+1 fills its pair while the accelerator reads layer l's), grown to K tokens as needed.
+  // Safe to overwrite: the pair's last reader, layer l−1's merged attention, finished before this stage was
+  // submitted (see prepare() and attend_hybrid()).
   void result_buffers(int layer, int seq, int32_t K, CpuResult& res) {
     const int Hkv = shape_.H_kv, D = shape_.D, G = shape_.H / Hkv;
-    const int64_t lbytes = std::max<int64_t>(4, int64_t(Hkv) * G * K * 4), vbytes = std::max<int64_t>(4, int64_t(Hkv) * K * D * 4);
+    const int64_t lbytes = std::max<int64_t>(4, int64_t(Hkv) * G * K * 4),
+                  vbytes = std::max<int64_t>(4, int64_t(Hkv) * K * D * 4);
     std::lock_guard<std::mutex> l(pool_mu_);
     ResultPool& p = pool_[size_t(layer % 2) * size_t(B_) + size_t(seq)];
     if (p.logits.bytes() < lbytes) p.logits = {}, p.logits = rt_.memory().allocate(Tier::kGpu, lbytes);
     if (p.v.bytes() < vbytes) p.v = {}, p.v = rt_.memory().allocate(Tier::kGpu, vbytes);
-    if (!be_.host_memory() && p.v_host.bytes() < vbytes) p.v_host = {}, p.v_host = rt_.memory().allocate(Tier::kDram, vbytes);
+    if (!be_.host_memory() && p.v_host.bytes() < vbytes)
+      p.v_host = {}, p.v_host = rt_.memory().allocate(Tier::kDram, vbytes);
     res.logits = p.logits.as<float>();
     res.v = p.v.as<float>();
     res.v_host = p.v_host.as<float>();
@@ -615,7 +642,8 @@ class HybridGen final : public KvStrategy {
     Backend::MergedAttention m;
     m.H = shape_.H, m.H_kv = Hkv, m.D = D, m.scale = scale, m.q = q;
     if (res) m.la = res->logits, m.Va = res->v, m.na = res->k;
-    m.Kb = ring_.k(layer, r.seq), m.Vb = ring_.v(layer, r.seq), m.ld_b = ring_.head_stride(r.seq) / D, m.nb = used;
+    m.Kb = ring_.k(layer, r.seq), m.Vb = ring_.v(layer, r.seq), m.ld_b = ring_.head_stride(r.seq) / D,
+    m.nb = used;
     m.out = out;
     be_.merged_attention(m);
   }
@@ -642,13 +670,14 @@ class HybridGen final : public KvStrategy {
   };
   std::vector<ResultPool> pool_;  // per layer parity and sequence (result_buffers)
   std::mutex pool_mu_;
-  std::vector<int32_t> slots_;  // append() scratch: ring slots of a run of rows
+  std::vector<int32_t> slots_;                 // append() scratch: ring slots of a run of rows
   std::vector<int32_t> offloaded_, last_pos_;  // per (layer, seq): tokens on the CPU side; newest position
   int32_t seen_pos_max_ = 0;
   bool in_step_ = false;
   Clock::time_point step_start_;
   std::mutex mu_;
-  double t_cpu_ = 0, t_tx_ = 0, t_query_ = 0, waited_ = 0;  // t_query_: the speculative queries (part of t_cpu_)
+  double t_cpu_ = 0, t_tx_ = 0, t_query_ = 0,
+         waited_ = 0;  // t_query_: the speculative queries (part of t_cpu_)
   std::map<std::string, double> last_;
 };
 

@@ -27,13 +27,14 @@ class MoeLightning final : public KvStrategy {
   void append(int layer, std::span<const TokenRow> rows, const float* k, const float* v) override {
     const size_t n = rows.size() * size_t(shape_.H_kv) * size_t(shape_.D);
     std::vector<TokenRow> r(rows.begin(), rows.end());
-    kv_in_ = rt_.transfers().run(Tier::kGpu, Tier::kDram, int64_t(n) * 4 * 2,
-                                 [this, layer, r = std::move(r), k, v, n] {
-                                   std::vector<float> hk, hv;
-                                   Backend& dev = rt_.accel_backend();
-                                   store_.write(layer, r, host_view(dev, k, n, hk), host_view(dev, v, n, hv));
-                                 },
-                                 {}, "k,v to cpu");
+    kv_in_ = rt_.transfers().run(
+        Tier::kGpu, Tier::kDram, int64_t(n) * 4 * 2,
+        [this, layer, r = std::move(r), k, v, n] {
+          std::vector<float> hk, hv;
+          Backend& dev = rt_.accel_backend();
+          store_.write(layer, r, host_view(dev, k, n, hk), host_view(dev, v, n, hv));
+        },
+        {}, "k,v to cpu");
   }
 
   void attend(int layer, std::span<const TokenRow> rows, const float* q, float scale, float* out) override {

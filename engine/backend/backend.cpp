@@ -42,10 +42,13 @@ void Backend::free(void* p) { std::free(p); }
 void Backend::upload(void* dst, const void* src, size_t bytes) { std::memcpy(dst, src, bytes); }
 void Backend::download(void* dst, const void* src, size_t bytes) { std::memcpy(dst, src, bytes); }
 void Backend::copy(void* dst, const void* src, size_t bytes) { std::memmove(dst, src, bytes); }
-void Backend::upload_2d(void* dst, size_t dst_pitch, const void* src, size_t src_pitch, size_t width, size_t rows) {
-  for (size_t r = 0; r < rows; ++r) upload(static_cast<char*>(dst) + r * dst_pitch, static_cast<const char*>(src) + r * src_pitch, width);
+void Backend::upload_2d(void* dst, size_t dst_pitch, const void* src, size_t src_pitch, size_t width,
+                        size_t rows) {
+  for (size_t r = 0; r < rows; ++r)
+    upload(static_cast<char*>(dst) + r * dst_pitch, static_cast<const char*>(src) + r * src_pitch, width);
 }
-void Backend::download_2d(void* dst, size_t dst_pitch, const void* src, size_t src_pitch, size_t width, size_t rows) {
+void Backend::download_2d(void* dst, size_t dst_pitch, const void* src, size_t src_pitch, size_t width,
+                          size_t rows) {
   for (size_t r = 0; r < rows; ++r)
     download(static_cast<char*>(dst) + r * dst_pitch, static_cast<const char*>(src) + r * src_pitch, width);
 }
@@ -53,7 +56,8 @@ void Backend::download_2d(void* dst, size_t dst_pitch, const void* src, size_t s
 void Backend::merged_attention(const MergedAttention& a) {
   const int G = a.H / a.H_kv, D = a.D;
   const int64_t n = a.na + a.nb;
-  std::vector<float> u(size_t(G) * size_t(std::max<int64_t>(n, 1))), lb(size_t(G) * size_t(std::max<int64_t>(a.nb, 1)));
+  std::vector<float> u(size_t(G) * size_t(std::max<int64_t>(n, 1))),
+      lb(size_t(G) * size_t(std::max<int64_t>(a.nb, 1)));
   std::vector<float> o2(size_t(G) * size_t(D));
   for (int g = 0; g < a.H_kv; ++g) {
     group_logits(a.q + int64_t(g) * G * D, G, a.Kb + int64_t(g) * a.ld_b * D, a.nb, D, a.scale, lb.data());
@@ -64,10 +68,12 @@ void Backend::merged_attention(const MergedAttention& a) {
     softmax_rows(u.data(), G, n);
     float* out = a.out + int64_t(g) * G * D;
     // Each part's probabilities as a dense [G, n_part] block: reuse lb for B, u's front for A.
-    for (int h = 0; h < G; ++h) std::copy_n(u.begin() + int64_t(h) * n + a.na, a.nb, lb.begin() + int64_t(h) * a.nb);
+    for (int h = 0; h < G; ++h)
+      std::copy_n(u.begin() + int64_t(h) * n + a.na, a.nb, lb.begin() + int64_t(h) * a.nb);
     group_weighted_v(lb.data(), G, a.Vb + int64_t(g) * a.ld_b * D, a.nb, D, out);
     if (a.na > 0) {
-      for (int h = 0; h < G; ++h) std::copy_n(u.begin() + int64_t(h) * n, a.na, u.begin() + int64_t(h) * a.na);
+      for (int h = 0; h < G; ++h)
+        std::copy_n(u.begin() + int64_t(h) * n, a.na, u.begin() + int64_t(h) * a.na);
       group_weighted_v(u.data(), G, a.Va + int64_t(g) * a.na * D, a.na, D, o2.data());
       for (size_t i = 0; i < o2.size(); ++i) out[i] += o2[i];
     }

@@ -121,8 +121,10 @@ class Backend {
   virtual void download(void* dst, const void* src, size_t bytes);  // backend memory → host; waits
   virtual void copy(void* dst, const void* src, size_t bytes);      // within backend memory
   // Strided forms: `rows` rows of `width` bytes, dst_pitch / src_pitch bytes apart.
-  virtual void upload_2d(void* dst, size_t dst_pitch, const void* src, size_t src_pitch, size_t width, size_t rows);
-  virtual void download_2d(void* dst, size_t dst_pitch, const void* src, size_t src_pitch, size_t width, size_t rows);
+  virtual void upload_2d(void* dst, size_t dst_pitch, const void* src, size_t src_pitch, size_t width,
+                         size_t rows);
+  virtual void download_2d(void* dst, size_t dst_pitch, const void* src, size_t src_pitch, size_t width,
+                           size_t rows);
   // Waits until the work this thread queued on the backend has finished (a no-op on host backends,
   // whose ops return when done). Another thread's copy may then read or overwrite its buffers.
   virtual void synchronize() {}

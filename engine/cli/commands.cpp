@@ -383,7 +383,8 @@ int cmd_info(const std::vector<std::string>& args) {
   return 0;
 }
 
-constexpr const char* kBenchHelp = R"(usage: hgbench bench --model M [--context 128,4096,16384] [--threads 1,2] [--steps N]
+constexpr const char* kBenchHelp =
+    R"(usage: hgbench bench --model M [--context 128,4096,16384] [--threads 1,2] [--steps N]
                      [--kv f32|f16|bf16] [--prefill 512] [--weights f32|f16|bf16] [--backend cpu|cuda]
        hgbench bench --model M --strategy S1,S2,… [--device emulated|cuda|auto] [--set S.P=V]…
                      [--context …] [--steps N]
@@ -517,14 +518,16 @@ int bench_strategies(const Options& o, const Model& model, const std::vector<int
   for (auto& n : names) strategy_info(n);  // unknown names fail before any work
   RuntimeConfig rc;
   rc.device = str(o, "--device", "auto");
-  if (rc.device == "cpu") input_error("bench: --strategy needs an accelerator device (--device emulated, cuda or auto)");
+  if (rc.device == "cpu")
+    input_error("bench: --strategy needs an accelerator device (--device emulated, cuda or auto)");
   Runtime rt(rc);
   Backend& be = rt.accel_backend();
-  fmt::print("model {} | weights {} | KV cache f32 ({:.0f} B per cached token) | device {} | measured\n", model.source,
-             dtype_name(model.weight_dtype), 2.0 * hp.n_layers * hp.n_kv_heads * hp.head_dim * 4, rt.device_description());
-  fmt::print("{:<14} {:>8} {:>9} {:>9} {:>11} {:>10} {:>10} {:>9} {:>8} {:>8} {:>8} {:>7} {:>9}\n", "strategy", "context",
-             "tok/s", "step ms", "range ms", "h2d MB", "d2h MB", "link GB/s", "accel ms", "cpu ms", "xfer ms",
-             "hidden", "crit/sum");
+  fmt::print("model {} | weights {} | KV cache f32 ({:.0f} B per cached token) | device {} | measured\n",
+             model.source, dtype_name(model.weight_dtype),
+             2.0 * hp.n_layers * hp.n_kv_heads * hp.head_dim * 4, rt.device_description());
+  fmt::print("{:<14} {:>8} {:>9} {:>9} {:>11} {:>10} {:>10} {:>9} {:>8} {:>8} {:>8} {:>7} {:>9}\n",
+             "strategy", "context", "tok/s", "step ms", "range ms", "h2d MB", "d2h MB", "link GB/s",
+             "accel ms", "cpu ms", "xfer ms", "hidden", "crit/sum");
   std::mt19937_64 rng(1);
   const int64_t row = int64_t(hp.n_kv_heads) * hp.head_dim;
   std::vector<float> k(size_t(512 * row)), v(k.size());
@@ -543,22 +546,29 @@ int bench_strategies(const Options& o, const Model& model, const std::vector<int
       int32_t tok = 5;
       const int32_t zero = 0;
       rt.log().set_step(-1);
-      rt.accel().submit("fill", {}, {}, [&] {
-        kv->begin(dec.kv_shape(), std::span<const int32_t>(&cap, 1), std::span<const int32_t>(&pl, 1));
-        for (int p0 = 0; p0 < n; p0 += 512) {  // position-major, as prefill chunks arrive
-          std::vector<TokenRow> rows;
-          for (int p = p0; p < std::min(n, p0 + 512); ++p) rows.push_back({0, p});
-          for (int l = 0; l < hp.n_layers; ++l) kv->append(l, rows, kb.data(), vb.data());
-        }
-        kv->end_step();
-        be.synchronize();
-      }).wait();
+      rt.accel()
+          .submit("fill", {}, {},
+                  [&] {
+                    kv->begin(dec.kv_shape(), std::span<const int32_t>(&cap, 1),
+                              std::span<const int32_t>(&pl, 1));
+                    for (int p0 = 0; p0 < n; p0 += 512) {  // position-major, as prefill chunks arrive
+                      std::vector<TokenRow> rows;
+                      for (int p = p0; p < std::min(n, p0 + 512); ++p) rows.push_back({0, p});
+                      for (int l = 0; l < hp.n_layers; ++l) kv->append(l, rows, kb.data(), vb.data());
+                    }
+                    kv->end_step();
+                    be.synchronize();
+                  })
+          .wait();
       auto step = [&](int pos) {
         const TokenRow r{0, pos};
-        rt.accel().submit("decode", {}, {}, [&] {
-          dec.forward(std::span<const int32_t>(&tok, 1), std::span<const TokenRow>(&r, 1),
-                      std::span<const int32_t>(&zero, 1), logits.data());
-        }).wait();
+        rt.accel()
+            .submit("decode", {}, {},
+                    [&] {
+                      dec.forward(std::span<const int32_t>(&tok, 1), std::span<const TokenRow>(&r, 1),
+                                  std::span<const int32_t>(&zero, 1), logits.data());
+                    })
+            .wait();
         tok = argmax(logits);
       };
       step(n), step(n + 1);  // warm-up: first touch, kernel choice, the scheduler's first moves
@@ -581,12 +591,14 @@ int bench_strategies(const Options& o, const Model& model, const std::vector<int
       };
       const double med = median(secs), h2d = moved(true), d2h = moved(false);
       const PipelineSummary ps = pipeline_summary(rt.log().snapshot());
-      fmt::print("{:<14} {:>8} {:>9.2f} {:>9.2f} {:>5.1f}-{:<5.1f} {:>10.2f} {:>10.2f} {:>9.1f} {:>8.2f} {:>8.2f} {:>8.2f} "
-                 "{:>6.0f}% {:>9.2f}\n",
-                 name, n, 1.0 / med, med * 1e3, *std::min_element(secs.begin(), secs.end()) * 1e3,
-                 *std::max_element(secs.begin(), secs.end()) * 1e3, h2d / 1e6, d2h / 1e6, (h2d + d2h) / med / 1e9,
-                 ps.accel_s * 1e3, ps.cpu_s * 1e3, ps.transfer_s * 1e3, ps.hidden_frac * 100,
-                 ps.serial_s > 0 ? ps.critical_s / ps.serial_s : 0.0);
+      fmt::print(
+          "{:<14} {:>8} {:>9.2f} {:>9.2f} {:>5.1f}-{:<5.1f} {:>10.2f} {:>10.2f} {:>9.1f} {:>8.2f} {:>8.2f} "
+          "{:>8.2f} "
+          "{:>6.0f}% {:>9.2f}\n",
+          name, n, 1.0 / med, med * 1e3, *std::min_element(secs.begin(), secs.end()) * 1e3,
+          *std::max_element(secs.begin(), secs.end()) * 1e3, h2d / 1e6, d2h / 1e6, (h2d + d2h) / med / 1e9,
+          ps.accel_s * 1e3, ps.cpu_s * 1e3, ps.transfer_s * 1e3, ps.hidden_frac * 100,
+          ps.serial_s > 0 ? ps.critical_s / ps.serial_s : 0.0);
       const auto st = kv->step_stats();
       if (!st.empty()) {
         std::string line = "    last step:";
@@ -603,9 +615,17 @@ int cmd_bench(const std::vector<std::string>& args) {
   const std::string cmd = "bench";
   if (asked_for_help(args, kBenchHelp)) return 0;
   const Options o = parse(cmd, args,
-                          {{{"--model", "-m"}, true}, {{"--context"}, true}, {{"--threads"}, true}, {{"--steps"}, true},
-                           {{"--kv"}, true}, {{"--prefill"}, true}, {{"--weights"}, true}, {{"--backend"}, true},
-                           {{"--strategy"}, true}, {{"--device"}, true}, {{"--set"}, true, true}});
+                          {{{"--model", "-m"}, true},
+                           {{"--context"}, true},
+                           {{"--threads"}, true},
+                           {{"--steps"}, true},
+                           {{"--kv"}, true},
+                           {{"--prefill"}, true},
+                           {{"--weights"}, true},
+                           {{"--backend"}, true},
+                           {{"--strategy"}, true},
+                           {{"--device"}, true},
+                           {{"--set"}, true, true}});
   if (!o.values.count("--model")) input_error("bench: --model is required (see hgbench bench --help)");
   const auto contexts = int_list(str(o, "--context", "128,4096,16384"), "--context");
   const auto threads = int_list(str(o, "--threads", "1,2"), "--threads");
@@ -616,8 +636,10 @@ int cmd_bench(const std::vector<std::string>& args) {
   if (!parse_dtype(str(o, "--kv", "f16"), &kv)) input_error("bench: --kv '{}' (expected f32, f16 or bf16)", str(o, "--kv", ""));
   if (o.values.count("--strategy")) {
     for (const char* opt : {"--backend", "--threads", "--prefill"})
-      if (o.values.count(opt)) input_error("bench: {} is not used with --strategy (the runtime's accelerator runs)", opt);
-    if (str(o, "--kv", "f32") != "f32") input_error("bench: --strategy runs F32 KV caches (give --kv f32 or leave it out)");
+      if (o.values.count(opt))
+        input_error("bench: {} is not used with --strategy (the runtime's accelerator runs)", opt);
+    if (str(o, "--kv", "f32") != "f32")
+      input_error("bench: --strategy runs F32 KV caches (give --kv f32 or leave it out)");
     Model model = load_model(str(o, "--model", ""), load_options(o, cmd));
     return bench_strategies(o, model, contexts, steps);
   }

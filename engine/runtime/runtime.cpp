@@ -58,8 +58,8 @@ Runtime::Runtime(const RuntimeConfig& cfg) {
     cpu_threads_ = cfg.cpu_threads > 0 ? cfg.cpu_threads : std::max(1, hw - accel_threads_);
     if (cfg.device_backend) accel_be_ = cfg.device_backend();
     description_ = fmt::format("emulated ({} backend, {} accelerator thread{}, {} CPU-worker thread{})",
-                               accel_be_ ? accel_be_->name() : "cpu", accel_threads_, accel_threads_ == 1 ? "" : "s",
-                               cpu_threads_, cpu_threads_ == 1 ? "" : "s");
+                               accel_be_ ? accel_be_->name() : "cpu", accel_threads_,
+                               accel_threads_ == 1 ? "" : "s", cpu_threads_, cpu_threads_ == 1 ? "" : "s");
   }
   TransferEngine::CopyFn copy_fn;
   std::function<void()> before_submit;
@@ -69,16 +69,20 @@ Runtime::Runtime(const RuntimeConfig& cfg) {
     // upload/download (on the copy queue's thread: for CUDA, that thread's own stream). Before a
     // transfer is queued, the submitting thread's device work is waited for (Backend::synchronize).
     Backend* be = accel_be_.get();
-    device_memory = MemorySystem::DeviceAllocator{[be](size_t n) { return be->alloc(n); },
-                                                  [be](void* p) { be->free(p); },
-                                                  [be](size_t n) { return be->alloc_host(n); },
-                                                  [be](void* p) { be->free_host(p); }, be->device_memory_bytes()};
+    device_memory =
+        MemorySystem::DeviceAllocator{[be](size_t n) { return be->alloc(n); }, [be](void* p) { be->free(p); },
+                                      [be](size_t n) { return be->alloc_host(n); },
+                                      [be](void* p) { be->free_host(p); }, be->device_memory_bytes()};
     tiers.pinned_dram = true;
     copy_fn = [be](void* dst, const void* src, size_t n, Tier dt, Tier st) {
-      if (dt == Tier::kGpu && st == Tier::kGpu) be->copy(dst, src, n), be->synchronize();
-      else if (dt == Tier::kGpu) be->upload(dst, src, n);
-      else if (st == Tier::kGpu) be->download(dst, src, n);
-      else std::memcpy(dst, src, n);
+      if (dt == Tier::kGpu && st == Tier::kGpu)
+        be->copy(dst, src, n), be->synchronize();
+      else if (dt == Tier::kGpu)
+        be->upload(dst, src, n);
+      else if (st == Tier::kGpu)
+        be->download(dst, src, n);
+      else
+        std::memcpy(dst, src, n);
     };
     before_submit = [be] { be->synchronize(); };
   }
@@ -195,12 +199,15 @@ void measure_device(Backend& be, double seconds, PlatformProfile* p) {
     return bytes / std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() / 1e9;
   };
   try {
-    p->gpu_mem_gbs = best_rate_g(3, 50, seconds, 2.0 * double(big),
-                                 [&](int) { return timed(2.0 * double(big), [&] { be.copy(b.data(), a.data(), big); }); });
-    p->h2d_gbs = best_rate_g(3, 50, seconds, double(link),
-                             [&](int) { return timed(double(link), [&] { be.upload(b.data(), host, link); }); });
-    p->d2h_gbs = best_rate_g(3, 50, seconds, double(link),
-                             [&](int) { return timed(double(link), [&] { be.download(host, a.data(), link); }); });
+    p->gpu_mem_gbs = best_rate_g(3, 50, seconds, 2.0 * double(big), [&](int) {
+      return timed(2.0 * double(big), [&] { be.copy(b.data(), a.data(), big); });
+    });
+    p->h2d_gbs = best_rate_g(3, 50, seconds, double(link), [&](int) {
+      return timed(double(link), [&] { be.upload(b.data(), host, link); });
+    });
+    p->d2h_gbs = best_rate_g(3, 50, seconds, double(link), [&](int) {
+      return timed(double(link), [&] { be.download(host, a.data(), link); });
+    });
     const int64_t M = 4096, K = 8192, N = 8192;
     Weight w = make_weight(DType::kBF16, {N, K});
     // Random operands: a matrix unit runs measurably faster on constants or zeros.
@@ -215,8 +222,8 @@ void measure_device(Backend& be, double seconds, PlatformProfile* p) {
     const double flops = 2.0 * double(M) * double(K) * double(N);
     be.matmul(dx.data(), M, w, nullptr, dy.data());  // warm-up: weight upload, handle, kernel choice
     p->gpu_flops = 1e9 * best_rate_g(3, 50, seconds, flops, [&](int) {
-      return timed(flops, [&] { be.matmul(dx.data(), M, w, nullptr, dy.data()); });
-    });
+                     return timed(flops, [&] { be.matmul(dx.data(), M, w, nullptr, dy.data()); });
+                   });
   } catch (...) {
     be.free_host(host);
     throw;
@@ -246,9 +253,10 @@ PlatformProfile calibrate(const CalibrateOptions& o, std::string* notes) {
   if (cuda_device_count_or_zero() > 0) {
     auto be = make_backend("cuda");
     measure_device(*be, o.seconds_per_measure, &p);
-    n += fmt::format("; GPU {}: device copy {:.0f} GB/s (read + write), host→device {:.1f} GB/s, device→host {:.1f} "
-                     "GB/s (pinned), BF16 GEMM {:.0f} TFLOP/s (cuBLAS, F32 accumulation)",
-                     be->device_name(), p.gpu_mem_gbs, p.h2d_gbs, p.d2h_gbs, p.gpu_flops / 1e12);
+    n += fmt::format(
+        "; GPU {}: device copy {:.0f} GB/s (read + write), host→device {:.1f} GB/s, device→host {:.1f} "
+        "GB/s (pinned), BF16 GEMM {:.0f} TFLOP/s (cuBLAS, F32 accumulation)",
+        be->device_name(), p.gpu_mem_gbs, p.h2d_gbs, p.d2h_gbs, p.gpu_flops / 1e12);
   } else {
     // No GPU: the emulated accelerator is this CPU, and its "link" is a memcpy by the copy worker.
     p.gpu_flops = p.cpu_flops;

@@ -32,7 +32,8 @@ class ContractBackend final : public Backend {
   void free(void* p) override {
     {
       std::lock_guard<std::mutex> l(mu_);
-      if (!mem_.erase(static_cast<const char*>(p))) violations_.push_back("free of memory this backend did not allocate");
+      if (!mem_.erase(static_cast<const char*>(p)))
+        violations_.push_back("free of memory this backend did not allocate");
     }
     std::free(p);
   }
@@ -57,8 +58,10 @@ class ContractBackend final : public Backend {
     dev(x, M * n * 4, "rms_norm x"), host(w, "rms_norm w"), dev(y, M * n * 4, "rms_norm y");
     cpu_->rms_norm(x, w, M, n, eps, y);
   }
-  void layer_norm(const float* x, const float* w, const float* b, int64_t M, int64_t n, float eps, float* y) override {
-    dev(x, M * n * 4, "layer_norm x"), host(w, "layer_norm w"), host(b, "layer_norm b"), dev(y, M * n * 4, "layer_norm y");
+  void layer_norm(const float* x, const float* w, const float* b, int64_t M, int64_t n, float eps,
+                  float* y) override {
+    dev(x, M * n * 4, "layer_norm x"), host(w, "layer_norm w"), host(b, "layer_norm b"),
+        dev(y, M * n * 4, "layer_norm y");
     cpu_->layer_norm(x, w, b, M, n, eps, y);
   }
   void rope(float* x, int64_t M, int n_heads, int D, const int32_t* pos, const RopeTable& t) override {
@@ -82,12 +85,14 @@ class ContractBackend final : public Backend {
     cpu_->embed(table, ids, M, y);
   }
   void attention(const AttentionArgs& a) override {
-    dev(a.q, int64_t(a.n_rows) * a.H * a.D * 4, "attention q"), dev(a.out, int64_t(a.n_rows) * a.H * a.D * 4, "attention out");
+    dev(a.q, int64_t(a.n_rows) * a.H * a.D * 4, "attention q"),
+        dev(a.out, int64_t(a.n_rows) * a.H * a.D * 4, "attention out");
     host(a.rows, "attention rows array");
     for (int r = 0; r < a.n_rows; ++r) dev(a.rows[r].k, 1, "attention k"), dev(a.rows[r].v, 1, "attention v");
     cpu_->attention(a);
   }
-  void group_logits(const float* q, int G, const float* K, int64_t n, int D, float scale, float* logits) override {
+  void group_logits(const float* q, int G, const float* K, int64_t n, int D, float scale,
+                    float* logits) override {
     dev(q, 4, "group_logits q"), dev(K, 4, "group_logits K"), dev(logits, 4, "group_logits out");
     cpu_->group_logits(q, G, K, n, D, scale, logits);
   }
@@ -99,24 +104,29 @@ class ContractBackend final : public Backend {
     dev(p, 4, "weighted_v p"), dev(V, 4, "weighted_v V"), dev(out, 4, "weighted_v out");
     cpu_->group_weighted_v(p, G, V, n, D, out);
   }
-  void write_kv(const float* src, int64_t n, int H_kv, int D, const int32_t* pos, void* dst, int64_t head_stride,
-                DType dt) override {
+  void write_kv(const float* src, int64_t n, int H_kv, int D, const int32_t* pos, void* dst,
+                int64_t head_stride, DType dt) override {
     dev(src, n * H_kv * D * 4, "write_kv src"), host(pos, "write_kv pos"), dev(dst, 1, "write_kv dst");
     write_kv_host(src, n, H_kv, D, pos, dst, head_stride, dt);
   }
 
   void upload_2d(void* dst, size_t dp, const void* src, size_t sp, size_t width, size_t rows) override {
     if (rows) dev(dst, int64_t(dp * (rows - 1) + width), "upload_2d dst"), host(src, "upload_2d src");
-    for (size_t r = 0; r < rows; ++r) std::memcpy(static_cast<char*>(dst) + r * dp, static_cast<const char*>(src) + r * sp, width);
+    for (size_t r = 0; r < rows; ++r)
+      std::memcpy(static_cast<char*>(dst) + r * dp, static_cast<const char*>(src) + r * sp, width);
   }
   void download_2d(void* dst, size_t dp, const void* src, size_t sp, size_t width, size_t rows) override {
     if (rows) host(dst, "download_2d dst"), dev(src, int64_t(sp * (rows - 1) + width), "download_2d src");
-    for (size_t r = 0; r < rows; ++r) std::memcpy(static_cast<char*>(dst) + r * dp, static_cast<const char*>(src) + r * sp, width);
+    for (size_t r = 0; r < rows; ++r)
+      std::memcpy(static_cast<char*>(dst) + r * dp, static_cast<const char*>(src) + r * sp, width);
   }
   void merged_attention(const MergedAttention& a) override {
     dev(a.q, int64_t(a.H) * a.D * 4, "merged q"), dev(a.out, int64_t(a.H) * a.D * 4, "merged out");
-    if (a.na) dev(a.la, int64_t(a.H) * a.na * 4, "merged la"), dev(a.Va, int64_t(a.H_kv) * a.na * a.D * 4, "merged Va");
-    dev(a.Kb, int64_t(a.H_kv) * a.ld_b * a.D * 4, "merged Kb"), dev(a.Vb, int64_t(a.H_kv) * a.ld_b * a.D * 4, "merged Vb");
+    if (a.na)
+      dev(a.la, int64_t(a.H) * a.na * 4, "merged la"),
+          dev(a.Va, int64_t(a.H_kv) * a.na * a.D * 4, "merged Va");
+    dev(a.Kb, int64_t(a.H_kv) * a.ld_b * a.D * 4, "merged Kb"),
+        dev(a.Vb, int64_t(a.H_kv) * a.ld_b * a.D * 4, "merged Vb");
     cpu_->merged_attention(a);
   }
 

@@ -48,8 +48,12 @@ TEST(CudaKernels, GemmMatchesCpu) {
   for (DType t : {DType::kF32, DType::kBF16, DType::kF16})
     // M = 1 with K % 8 == 0 takes the decode GEMV for half weights (x read as F32, not rounded);
     // the other shapes take cuBLAS (x rounded to the weights' type).
-    for (auto [M, K, N] : {std::tuple<int64_t, int64_t, int64_t>{1, 17, 97}, {17, 97, 33}, {64, 1024, 512},
-                           {1, 1024, 37}, {1, 4096, 1001}, {1, 14336, 64}}) {
+    for (auto [M, K, N] : {std::tuple<int64_t, int64_t, int64_t>{1, 17, 97},
+                           {17, 97, 33},
+                           {64, 1024, 512},
+                           {1, 1024, 37},
+                           {1, 4096, 1001},
+                           {1, 14336, 64}}) {
       auto x = test::random_vec(size_t(M * K), 1);
       auto wf = test::random_vec(size_t(N * K), 2);
       auto b = test::random_vec(size_t(N), 3);
@@ -194,9 +198,17 @@ TEST(CudaKernels, DecodeAttentionMatchesCpu) {
   HG_REQUIRE_CUDA_DEVICE();
   auto cpu = make_cpu_backend();
   auto gpu = make_backend("cuda");
-  struct Shape { int H, H_kv, D; int32_t n; };
-  for (const Shape s : {Shape{32, 8, 128, 5000}, {28, 4, 128, 777}, {12, 12, 64, 300}, {8, 1, 80, 1000},
-                        {14, 2, 64, 1}, {16, 1, 64, 129}, {6, 2, 18, 257}}) {
+  struct Shape {
+    int H, H_kv, D;
+    int32_t n;
+  };
+  for (const Shape s : {Shape{32, 8, 128, 5000},
+                        {28, 4, 128, 777},
+                        {12, 12, 64, 300},
+                        {8, 1, 80, 1000},
+                        {14, 2, 64, 1},
+                        {16, 1, 64, 129},
+                        {6, 2, 18, 257}}) {
     const int64_t cap = s.n + 13, hs = cap * s.D;
     const auto q = test::random_vec(size_t(s.H * s.D), 30 + s.n);
     const auto K = test::random_vec(size_t(s.H_kv * hs), 31 + s.n, -2, 2);
@@ -230,7 +242,7 @@ TEST(CudaKernels, PrefillAttentionMatchesCpu) {
     const int64_t cap = 1200, hs = cap * D;
     std::vector<int32_t> n_keys;
     for (int r = 0; r < 300; ++r) n_keys.push_back(400 + r + 1);  // sequence A, positions 400..699
-    for (int r = 0; r < 5; ++r) n_keys.push_back(r + 1);         // sequence B, positions 0..4
+    for (int r = 0; r < 5; ++r) n_keys.push_back(r + 1);          // sequence B, positions 0..4
     const int R = int(n_keys.size());
     const auto q = test::random_vec(size_t(R) * H * D, 50 + D);
     std::vector<float> K[2], V[2];
@@ -240,16 +252,17 @@ TEST(CudaKernels, PrefillAttentionMatchesCpu) {
     }
     auto rows_for = [&](const float* k0, const float* v0, const float* k1, const float* v1) {
       std::vector<AttnRow> rows;
-      for (int r = 0; r < R; ++r) rows.push_back(r < 300 ? AttnRow{k0, v0, hs, n_keys[size_t(r)]}
-                                                         : AttnRow{k1, v1, hs, n_keys[size_t(r)]});
+      for (int r = 0; r < R; ++r)
+        rows.push_back(r < 300 ? AttnRow{k0, v0, hs, n_keys[size_t(r)]}
+                               : AttnRow{k1, v1, hs, n_keys[size_t(r)]});
       return rows;
     };
     const float scale = 1.0f / std::sqrt(float(D));
     std::vector<float> want(q.size()), got(q.size(), NAN);
     const auto hrows = rows_for(K[0].data(), V[0].data(), K[1].data(), V[1].data());
     cpu->attention(attention_args(H, H_kv, D, scale, q.data(), hrows, want.data()));
-    BackendArray<float> dq(*gpu, q.size()), dout(*gpu, got.size()), dK0(*gpu, K[0].size()), dV0(*gpu, V[0].size()),
-        dK1(*gpu, K[1].size()), dV1(*gpu, V[1].size());
+    BackendArray<float> dq(*gpu, q.size()), dout(*gpu, got.size()), dK0(*gpu, K[0].size()),
+        dV0(*gpu, V[0].size()), dK1(*gpu, K[1].size()), dV1(*gpu, V[1].size());
     gpu->upload(dq.data(), q.data(), q.size() * 4);
     gpu->upload(dout.data(), got.data(), got.size() * 4);  // NaN poison
     gpu->upload(dK0.data(), K[0].data(), K[0].size() * 4);
@@ -336,22 +349,26 @@ TEST(CudaBackend, RuntimeDeviceCudaGenerates) {
 std::vector<std::vector<float>> runtime_step_logits(const Model& m, Runtime& rt, KvStrategy& kv,
                                                     const std::vector<int32_t>& toks, int prompt) {
   std::vector<std::vector<float>> out;
-  rt.accel().submit("run", {}, {}, [&] {
-    Decoder dec(m, rt.accel_backend(), kv);
-    const int32_t cap = int32_t(toks.size()) + 1, pl = prompt, last = prompt - 1, zero = 0;
-    kv.begin(dec.kv_shape(), std::span<const int32_t>(&cap, 1), std::span<const int32_t>(&pl, 1));
-    std::vector<float> lg(size_t(m.hp.n_vocab));
-    std::vector<TokenRow> rows;
-    for (int i = 0; i < prompt; ++i) rows.push_back({0, i});
-    dec.forward(std::span<const int32_t>(toks.data(), size_t(prompt)), rows, std::span<const int32_t>(&last, 1), lg.data());
-    out.push_back(lg);
-    for (size_t i = size_t(prompt); i < toks.size(); ++i) {
-      const TokenRow r{0, int32_t(i)};
-      dec.forward(std::span<const int32_t>(&toks[i], 1), std::span<const TokenRow>(&r, 1),
-                  std::span<const int32_t>(&zero, 1), lg.data());
-      out.push_back(lg);
-    }
-  }).wait();
+  rt.accel()
+      .submit("run", {}, {},
+              [&] {
+                Decoder dec(m, rt.accel_backend(), kv);
+                const int32_t cap = int32_t(toks.size()) + 1, pl = prompt, last = prompt - 1, zero = 0;
+                kv.begin(dec.kv_shape(), std::span<const int32_t>(&cap, 1), std::span<const int32_t>(&pl, 1));
+                std::vector<float> lg(size_t(m.hp.n_vocab));
+                std::vector<TokenRow> rows;
+                for (int i = 0; i < prompt; ++i) rows.push_back({0, i});
+                dec.forward(std::span<const int32_t>(toks.data(), size_t(prompt)), rows,
+                            std::span<const int32_t>(&last, 1), lg.data());
+                out.push_back(lg);
+                for (size_t i = size_t(prompt); i < toks.size(); ++i) {
+                  const TokenRow r{0, int32_t(i)};
+                  dec.forward(std::span<const int32_t>(&toks[i], 1), std::span<const TokenRow>(&r, 1),
+                              std::span<const int32_t>(&zero, 1), lg.data());
+                  out.push_back(lg);
+                }
+              })
+      .wait();
   return out;
 }
 
@@ -365,8 +382,11 @@ TEST(GpuStrategies, MatchTheEmulatedAcceleratorAtEveryStep) {
   Model m = load_model("synthetic:tiny-llama");
   std::vector<int32_t> toks = {1};
   for (int i = 1; i < 40; ++i) toks.push_back(int32_t(3 + (i * 7919) % (m.hp.n_vocab - 3)));
-  const std::map<std::string, std::string> hg = {{"gpu_kv_tokens", "6"}, {"k", "fixed"}, {"k_fixed", "1000"},
-                                                 {"placement", "interleave"}, {"page_tokens", "4"}};
+  const std::map<std::string, std::string> hg = {{"gpu_kv_tokens", "6"},
+                                                 {"k", "fixed"},
+                                                 {"k_fixed", "1000"},
+                                                 {"placement", "interleave"},
+                                                 {"page_tokens", "4"}};
   auto with = [](std::map<std::string, std::string> a, const std::map<std::string, std::string>& b) {
     for (auto& [k, v] : b) a[k] = v;
     return a;

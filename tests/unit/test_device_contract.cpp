@@ -8,10 +8,10 @@
 
 #include "baselines/full/full.h"
 #include "baselines/registry.h"
-#include "engine/runtime/runtime.h"
+#include "contract_backend.h"
 #include "engine/decoder/generate.h"
 #include "engine/formats/formats.h"
-#include "contract_backend.h"
+#include "engine/runtime/runtime.h"
 #include "test_util.h"
 
 namespace hg {
@@ -87,7 +87,8 @@ TEST(DeviceContract, OffloadingStrategiesKeepToDeviceMemory) {
       tokens[device] = generate(m, rt.accel_backend(), *kv, prompts, o).tokens;
       if (device) {
         const auto v = static_cast<test::ContractBackend&>(rt.accel_backend()).violations();
-        EXPECT_TRUE(v.empty()) << what << ": " << v.size() << " violations, first: " << (v.empty() ? "" : v.front());
+        EXPECT_TRUE(v.empty()) << what << ": " << v.size()
+                               << " violations, first: " << (v.empty() ? "" : v.front());
         if (name != "moe_lightning") {  // MoE-Lightning keeps nothing on the gpu tier
           EXPECT_GT(rt.memory().ledger().usage(Tier::kGpu).peak, 0) << what;
         }

@@ -6,9 +6,9 @@
 // download() waits for it. Compiled only when CUDA is (engine/CMakeLists.txt).
 //
 // Scope: F32 KV caches; attention without taps; flash decoding per query row, every row of a
-// prefill chunk in one pair of launches. The strategies that run on it (full, flexgen, moe_lightning, hybridgen) keep
-// to the memory contract above; the others keep host pointers and are refused on the cuda device
-// (baselines/registry.cpp).
+// prefill chunk in one pair of launches. The strategies that run on it (full, flexgen, moe_lightning,
+// hybridgen) keep to the memory contract above; the others keep host pointers and are refused on the cuda
+// device (baselines/registry.cpp).
 #include <algorithm>
 #include <array>
 #include <unordered_map>
@@ -39,10 +39,12 @@ class CudaBackend final : public Backend {
   void upload(void* dst, const void* src, size_t bytes) override { cuda::h2d(dst, src, bytes); }
   void download(void* dst, const void* src, size_t bytes) override { cuda::d2h(dst, src, bytes); }
   void copy(void* dst, const void* src, size_t bytes) override { cuda::d2d(dst, src, bytes); }
-  void upload_2d(void* dst, size_t dst_pitch, const void* src, size_t src_pitch, size_t width, size_t rows) override {
+  void upload_2d(void* dst, size_t dst_pitch, const void* src, size_t src_pitch, size_t width,
+                 size_t rows) override {
     cuda::h2d_2d(dst, dst_pitch, src, src_pitch, width, rows);
   }
-  void download_2d(void* dst, size_t dst_pitch, const void* src, size_t src_pitch, size_t width, size_t rows) override {
+  void download_2d(void* dst, size_t dst_pitch, const void* src, size_t src_pitch, size_t width,
+                   size_t rows) override {
     cuda::d2h_2d(dst, dst_pitch, src, src_pitch, width, rows);
   }
   void synchronize() override { cuda::synchronize(); }
@@ -91,9 +93,12 @@ class CudaBackend final : public Backend {
     rows_.resize(size_t(a.n_rows));
     for (int r = 0; r < a.n_rows; ++r) {
       const AttnRow& row = a.rows[r];
-      rows_[size_t(r)] = cuda::AttnRowDev{a.q + int64_t(r) * a.H * a.D, static_cast<const float*>(row.k),
-                                          static_cast<const float*>(row.v), a.out + int64_t(r) * a.H * a.D,
-                                          row.head_stride / a.D, row.n_keys};
+      rows_[size_t(r)] = cuda::AttnRowDev{a.q + int64_t(r) * a.H * a.D,
+                                          static_cast<const float*>(row.k),
+                                          static_cast<const float*>(row.v),
+                                          a.out + int64_t(r) * a.H * a.D,
+                                          row.head_stride / a.D,
+                                          row.n_keys};
     }
     cuda::attention_rows(rows_.data(), a.n_rows, a.H, a.H_kv, a.D, a.scale);
   }

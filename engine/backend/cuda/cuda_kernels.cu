@@ -241,8 +241,8 @@ __global__ void embed_k(const void* table, int t, int64_t d, const int32_t* ids,
 }
 
 // One warp per (h, t): lanes split D.
-__global__ void attention_logits_k(const float* q, const float* K, int64_t ld, int64_t n, int H, int group, int D,
-                                   float scale, float* logits, int64_t lld) {
+__global__ void attention_logits_k(const float* q, const float* K, int64_t ld, int64_t n, int H, int group,
+                                   int D, float scale, float* logits, int64_t lld) {
   const int64_t w = (blockIdx.x * int64_t(blockDim.x) + threadIdx.x) >> 5;
   const int lane = threadIdx.x & 31;
   if (w >= int64_t(H) * n) return;
@@ -265,8 +265,8 @@ constexpr int kLogitTokens = kLogitWarps * kLogitRowsPerWarp * kLogitIters;  // 
 
 // logits[g·G + h, t] = scale · q[g·G + h] · K[g, t]. The group's queries sit in shared memory; each
 // warp loads kLogitRowsPerWarp key rows before it reduces, so several rows are in flight per warp.
-__global__ void group_logits4_k(const float* q, const float* K, int64_t ld, int64_t n, int G, int D, float scale,
-                                float* logits, int64_t lld) {
+__global__ void group_logits4_k(const float* q, const float* K, int64_t ld, int64_t n, int G, int D,
+                                float scale, float* logits, int64_t lld) {
   extern __shared__ float4 qs[];  // [G, D/4]
   const int g = blockIdx.y, D4 = D / 4;
   const float4* qg = reinterpret_cast<const float4*>(q + int64_t(g) * G * D);
@@ -311,8 +311,8 @@ __global__ void group_logits4_k(const float* q, const float* K, int64_t ld, int6
 constexpr int kVThreads = 128, kVChunk = 256;  // threads per block; tokens per block (one partial sum)
 // part[c, g·G + h, :] = Σ_{t in chunk c} p[g·G + h, t] · V[g, t, :]. Threads: D/4 lanes along a row
 // (float4 each) × rows_per_pass rows; the rows' sums are added in shared memory at the end.
-__global__ void weighted_v_part_k(const float* p, int64_t pld, const float* V, int64_t ld, int64_t n, int G, int D,
-                                  int H, float* part) {
+__global__ void weighted_v_part_k(const float* p, int64_t pld, const float* V, int64_t ld, int64_t n, int G,
+                                  int D, int H, float* part) {
   extern __shared__ float4 red[];  // [rows_per_pass, G, D/4]
   const int g = blockIdx.y, D4 = D / 4, rpp = kVThreads / D4, r = threadIdx.x / D4, i = threadIdx.x % D4;
   float4 acc[kMaxG];
@@ -472,11 +472,13 @@ __global__ void flash_decode_merge_k(AttnRowDev one, const AttnRowDev* rows, int
   float M = -FLT_MAX;
   for (int64_t c = 0; c < chunks; ++c) M = fmaxf(M, part_ml[(c * H + h) * 2]);
   float L = 0;
-  for (int64_t c = 0; c < chunks; ++c) L += __expf(part_ml[(c * H + h) * 2] - M) * part_ml[(c * H + h) * 2 + 1];
+  for (int64_t c = 0; c < chunks; ++c)
+    L += __expf(part_ml[(c * H + h) * 2] - M) * part_ml[(c * H + h) * 2 + 1];
   const float inv = 1.0f / L;
   for (int d = threadIdx.x; d < D; d += blockDim.x) {
     float acc = 0;
-    for (int64_t c = 0; c < chunks; ++c) acc += __expf(part_ml[(c * H + h) * 2] - M) * part_o[(c * H + h) * D + d];
+    for (int64_t c = 0; c < chunks; ++c)
+      acc += __expf(part_ml[(c * H + h) * 2] - M) * part_o[(c * H + h) * D + d];
     out[int64_t(h) * D + d] = acc * inv;
   }
 }
@@ -506,8 +508,8 @@ __global__ void softmax_rows_k(float* x, int64_t n) {
 }
 
 // Block per head; threads over D; loop over tokens (V rows read coalesced along D).
-__global__ void weighted_v_k(const float* p, int64_t pld, const float* V, int64_t ld, int64_t n, int group, int D,
-                             float* out) {
+__global__ void weighted_v_k(const float* p, int64_t pld, const float* V, int64_t ld, int64_t n, int group,
+                             int D, float* out) {
   const int h = blockIdx.x;
   const float* ph = p + int64_t(h) * pld;
   const float* v = V + int64_t(h / group) * ld * D;
@@ -599,12 +601,16 @@ void gemm(const float* x, int64_t M, const void* w, DType wt, int64_t N, int64_t
       using T = std::remove_const_t<std::remove_pointer_t<decltype(wp)>>;
       const unsigned t = kGemvWarps * 32;
       if (N >= 8192)
-        gemv_half_k<T, 2, 4><<<unsigned((N + kGemvWarps * 2 - 1) / (kGemvWarps * 2)), t, 0, c.stream>>>(wp, x, N, K, bias, y);
+        gemv_half_k<T, 2, 4>
+            <<<unsigned((N + kGemvWarps * 2 - 1) / (kGemvWarps * 2)), t, 0, c.stream>>>(wp, x, N, K, bias, y);
       else
-        gemv_half_k<T, 1, 4><<<unsigned((N + kGemvWarps - 1) / kGemvWarps), t, 0, c.stream>>>(wp, x, N, K, bias, y);
+        gemv_half_k<T, 1, 4>
+            <<<unsigned((N + kGemvWarps - 1) / kGemvWarps), t, 0, c.stream>>>(wp, x, N, K, bias, y);
     };
-    if (wt == DType::kBF16) launch(static_cast<const __nv_bfloat16*>(w));
-    else launch(static_cast<const __half*>(w));
+    if (wt == DType::kBF16)
+      launch(static_cast<const __nv_bfloat16*>(w));
+    else
+      launch(static_cast<const __half*>(w));
     HG_CUDA_LAUNCHED();
     return;
   }
@@ -657,17 +663,19 @@ void embed(const void* table, DType t, int64_t d, const int32_t* ids, int64_t M,
   embed_k<<<blocks(M * d, 256), 256, 0, ctx().stream>>>(table, code, d, ids, M, y);
   HG_CUDA_LAUNCHED();
 }
-void attention_logits(const float* q, const float* K, int64_t ld, int64_t n, int H, int H_kv, int D, float scale,
-                      float* logits, int64_t logits_ld) {
+void attention_logits(const float* q, const float* K, int64_t ld, int64_t n, int H, int H_kv, int D,
+                      float scale, float* logits, int64_t logits_ld) {
   if (n == 0) return;
   const int G = H / H_kv;
   const int64_t lld = logits_ld < 0 ? n : logits_ld;
   if (vec4_shape(q, K, G, D)) {
     const dim3 grid(blocks(n, kLogitTokens), unsigned(H_kv));
-    group_logits4_k<<<grid, kLogitWarps * 32, size_t(G) * D * 4, ctx().stream>>>(q, K, ld, n, G, D, scale, logits, lld);
+    group_logits4_k<<<grid, kLogitWarps * 32, size_t(G) * D * 4, ctx().stream>>>(q, K, ld, n, G, D, scale,
+                                                                                 logits, lld);
   } else {
     const int64_t threads = int64_t(H) * n * 32;
-    attention_logits_k<<<blocks(threads, 256), 256, 0, ctx().stream>>>(q, K, ld, n, H, G, D, scale, logits, lld);
+    attention_logits_k<<<blocks(threads, 256), 256, 0, ctx().stream>>>(q, K, ld, n, H, G, D, scale, logits,
+                                                                       lld);
   }
   HG_CUDA_LAUNCHED();
 }
@@ -690,8 +698,8 @@ void weighted_v_sum(const float* p, const float* V, int64_t ld, int64_t n, int H
     const int64_t chunks = (n + kVChunk - 1) / kVChunk, HD = int64_t(H) * D;
     float* part = c.scratch(0, size_t(chunks * HD));
     const size_t shm = size_t(kVThreads / (D / 4)) * G * D * 4;
-    weighted_v_part_k<<<dim3(unsigned(chunks), unsigned(H_kv)), kVThreads, shm, c.stream>>>(p, pld, V, ld, n, G, D, H,
-                                                                                           part);
+    weighted_v_part_k<<<dim3(unsigned(chunks), unsigned(H_kv)), kVThreads, shm, c.stream>>>(p, pld, V, ld, n,
+                                                                                            G, D, H, part);
     HG_CUDA_LAUNCHED();
     sum_parts_k<<<blocks(HD, 256), 256, 0, c.stream>>>(part, chunks, HD, out);
   } else {
@@ -700,8 +708,8 @@ void weighted_v_sum(const float* p, const float* V, int64_t ld, int64_t n, int H
   HG_CUDA_LAUNCHED();
 }
 
-void decode_attention(const float* q, const float* K, const float* V, int64_t ld, int64_t n, int H, int H_kv, int D,
-                      float scale, float* out) {
+void decode_attention(const float* q, const float* K, const float* V, int64_t ld, int64_t n, int H, int H_kv,
+                      int D, float scale, float* out) {
   auto& c = ctx();
   const int G = H / H_kv;
   if (n == 0) {
@@ -720,8 +728,8 @@ void decode_attention(const float* q, const float* K, const float* V, int64_t ld
   float* pml = c.scratch(4, size_t(chunks) * size_t(H) * 2);
   const size_t shm = (size_t(G) * D + size_t(G) * kFdChunk + size_t(kFdThreads / (D / 4)) * G * D) * 4;
   const AttnRowDev one{q, K, V, out, ld, n};
-  flash_decode_part_k<<<dim3(unsigned(chunks), unsigned(H_kv)), kFdThreads, shm, c.stream>>>(one, nullptr, G, D, H, scale,
-                                                                                            chunks, po, pml);
+  flash_decode_part_k<<<dim3(unsigned(chunks), unsigned(H_kv)), kFdThreads, shm, c.stream>>>(
+      one, nullptr, G, D, H, scale, chunks, po, pml);
   HG_CUDA_LAUNCHED();
   flash_decode_merge_k<<<unsigned(H), 128, 0, c.stream>>>(one, nullptr, chunks, H, D, po, pml);
   HG_CUDA_LAUNCHED();
@@ -738,7 +746,8 @@ void attention_rows(const AttnRowDev* rows, int n_rows, int H, int H_kv, int D, 
   }
   if (!vec4 || n_rows == 1 || n_rows > 65535) {
     for (int r = 0; r < n_rows; ++r)
-      decode_attention(rows[r].q, rows[r].k, rows[r].v, rows[r].ld, rows[r].n, H, H_kv, D, scale, rows[r].out);
+      decode_attention(rows[r].q, rows[r].k, rows[r].v, rows[r].ld, rows[r].n, H, H_kv, D, scale,
+                       rows[r].out);
     return;
   }
   auto& c = ctx();
@@ -746,20 +755,22 @@ void attention_rows(const AttnRowDev* rows, int n_rows, int H, int H_kv, int D, 
   // The row descriptors go over once per call (a waiting copy: prefill, not the decode path).
   static_assert(sizeof(AttnRowDev) % sizeof(float) == 0, "descriptors live in a float scratch");
   auto* dr = reinterpret_cast<AttnRowDev*>(c.scratch(5, size_t(n_rows) * sizeof(AttnRowDev) / sizeof(float)));
-  HG_CUDA_CHECK(cudaMemcpyAsync(dr, rows, size_t(n_rows) * sizeof(AttnRowDev), cudaMemcpyHostToDevice, c.stream));
+  HG_CUDA_CHECK(
+      cudaMemcpyAsync(dr, rows, size_t(n_rows) * sizeof(AttnRowDev), cudaMemcpyHostToDevice, c.stream));
   float* po = c.scratch(3, size_t(n_rows) * size_t(max_chunks) * size_t(H) * size_t(D));
   float* pml = c.scratch(4, size_t(n_rows) * size_t(max_chunks) * size_t(H) * 2);
   const size_t shm = (size_t(G) * D + size_t(G) * kFdChunk + size_t(kFdThreads / (D / 4)) * G * D) * 4;
-  flash_decode_part_k<<<dim3(unsigned(max_chunks), unsigned(H_kv), unsigned(n_rows)), kFdThreads, shm, c.stream>>>(
-      rows[0], dr, G, D, H, scale, max_chunks, po, pml);
+  flash_decode_part_k<<<dim3(unsigned(max_chunks), unsigned(H_kv), unsigned(n_rows)), kFdThreads, shm,
+                        c.stream>>>(rows[0], dr, G, D, H, scale, max_chunks, po, pml);
   HG_CUDA_LAUNCHED();
-  flash_decode_merge_k<<<dim3(unsigned(H), unsigned(n_rows)), 128, 0, c.stream>>>(rows[0], dr, max_chunks, H, D, po, pml);
+  flash_decode_merge_k<<<dim3(unsigned(H), unsigned(n_rows)), 128, 0, c.stream>>>(rows[0], dr, max_chunks, H,
+                                                                                  D, po, pml);
   HG_CUDA_LAUNCHED();
   HG_CUDA_CHECK(cudaStreamSynchronize(c.stream));  // `rows` is the caller's host array
 }
 
-void merged_attention(const float* q, int H, int H_kv, int D, float scale, const float* la, const float* Va, int64_t na,
-                      const float* Kb, const float* Vb, int64_t ld_b, int64_t nb, float* out) {
+void merged_attention(const float* q, int H, int H_kv, int D, float scale, const float* la, const float* Va,
+                      int64_t na, const float* Kb, const float* Vb, int64_t ld_b, int64_t nb, float* out) {
   auto& c = ctx();
   const int64_t n = na + nb;
   if (n == 0) {
@@ -782,12 +793,14 @@ void merged_attention(const float* q, int H, int H_kv, int D, float scale, const
 
 void h2d_2d(void* dst, size_t dpitch, const void* src, size_t spitch, size_t width, size_t rows) {
   if (rows == 0 || width == 0) return;
-  HG_CUDA_CHECK(cudaMemcpy2DAsync(dst, dpitch, src, spitch, width, rows, cudaMemcpyHostToDevice, ctx().stream));
+  HG_CUDA_CHECK(
+      cudaMemcpy2DAsync(dst, dpitch, src, spitch, width, rows, cudaMemcpyHostToDevice, ctx().stream));
   HG_CUDA_CHECK(cudaStreamSynchronize(ctx().stream));
 }
 void d2h_2d(void* dst, size_t dpitch, const void* src, size_t spitch, size_t width, size_t rows) {
   if (rows == 0 || width == 0) return;
-  HG_CUDA_CHECK(cudaMemcpy2DAsync(dst, dpitch, src, spitch, width, rows, cudaMemcpyDeviceToHost, ctx().stream));
+  HG_CUDA_CHECK(
+      cudaMemcpy2DAsync(dst, dpitch, src, spitch, width, rows, cudaMemcpyDeviceToHost, ctx().stream));
   HG_CUDA_CHECK(cudaStreamSynchronize(ctx().stream));
 }
 void gather_rows(void* dst, const void* src, int64_t row_bytes, int64_t src_stride, const int32_t* idx, int64_t n) {

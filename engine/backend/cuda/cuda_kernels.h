@@ -46,8 +46,8 @@ void add_bias(float* y, const float* b, int64_t M, int64_t N);  // y[m, :] += b
 void embed(const void* table, DType t, int64_t d, const int32_t* ids, int64_t M, float* y);
 // logits[h, t] = scale · q[h] · K[h / (H / H_kv), t], t < n; K [H_kv, ld, D] (ld ≥ n rows per head).
 // logits_ld: distance between the rows of logits (default n).
-void attention_logits(const float* q, const float* K, int64_t ld, int64_t n, int H, int H_kv, int D, float scale,
-                      float* logits, int64_t logits_ld = -1);
+void attention_logits(const float* q, const float* K, int64_t ld, int64_t n, int H, int H_kv, int D,
+                      float scale, float* logits, int64_t logits_ld = -1);
 // Token concatenation + softmax: out[h, a_pos[i]] = a[h, i], out[h, b_pos[j]] = b[h, j]
 // (a_pos/b_pos give each part's token-order slots, together a permutation of [0, na + nb)), then
 // softmax over each row of out [H, na + nb].
@@ -60,8 +60,8 @@ void weighted_v_sum(const float* p, const float* V, int64_t ld, int64_t n, int H
 // Decode attention of one query row: out [H, D] over n keys and values K, V [H_kv, ld, D] (flash
 // decoding: chunks of keys in one pass each, merged by log-sum-exp; the three-kernel path for
 // shapes the float4 kernels do not take).
-void decode_attention(const float* q, const float* K, const float* V, int64_t ld, int64_t n, int H, int H_kv, int D,
-                      float scale, float* out);
+void decode_attention(const float* q, const float* K, const float* V, int64_t ld, int64_t n, int H, int H_kv,
+                      int D, float scale, float* out);
 // One query row of attention_rows: q, out [H, D]; K, V [H_kv, ld, D], the first n rows attended.
 struct AttnRowDev {
   const float* q;
@@ -74,8 +74,8 @@ struct AttnRowDev {
 // Every row in one pair of launches (prefill: the rows of a forward chunk); `rows` is a host array.
 void attention_rows(const AttnRowDev* rows, int n_rows, int H, int H_kv, int D, float scale);
 // Backend::merged_attention: la [H, na] and Va [H_kv, na, D]; Kb, Vb [H_kv, ld_b, D] (nb rows); out [H, D].
-void merged_attention(const float* q, int H, int H_kv, int D, float scale, const float* la, const float* Va, int64_t na,
-                      const float* Kb, const float* Vb, int64_t ld_b, int64_t nb, float* out);
+void merged_attention(const float* q, int H, int H_kv, int D, float scale, const float* la, const float* Va,
+                      int64_t na, const float* Kb, const float* Vb, int64_t ld_b, int64_t nb, float* out);
 // Strided copies (cudaMemcpy2D) that wait for completion.
 void h2d_2d(void* dst, size_t dpitch, const void* src, size_t spitch, size_t width, size_t rows);
 void d2h_2d(void* dst, size_t dpitch, const void* src, size_t spitch, size_t width, size_t rows);
