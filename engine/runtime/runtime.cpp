@@ -188,7 +188,9 @@ double measure_cpu_flops(double seconds) {
 void measure_device(Backend& be, double seconds, PlatformProfile* p) {
   const size_t big = size_t(1) << 30, link = size_t(256) << 20;
   BackendArray<char> a(be, big), b(be, big);
-  char* host = static_cast<char*>(be.alloc_host(link));
+  const std::unique_ptr<char, std::function<void(char*)>> pinned(static_cast<char*>(be.alloc_host(link)),
+                                                                 [&be](char* q) { be.free_host(q); });
+  char* host = pinned.get();
   std::memset(host, 1, link);
   be.upload(a.data(), host, link);
   float sink = 0;
@@ -198,37 +200,31 @@ void measure_device(Backend& be, double seconds, PlatformProfile* p) {
     be.download(&sink, b.data(), 4);
     return bytes / std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() / 1e9;
   };
-  try {
-    p->gpu_mem_gbs = best_rate_g(3, 50, seconds, 2.0 * double(big), [&](int) {
-      return timed(2.0 * double(big), [&] { be.copy(b.data(), a.data(), big); });
-    });
-    p->h2d_gbs = best_rate_g(3, 50, seconds, double(link), [&](int) {
-      return timed(double(link), [&] { be.upload(b.data(), host, link); });
-    });
-    p->d2h_gbs = best_rate_g(3, 50, seconds, double(link), [&](int) {
-      return timed(double(link), [&] { be.download(host, a.data(), link); });
-    });
-    const int64_t M = 4096, K = 8192, N = 8192;
-    Weight w = make_weight(DType::kBF16, {N, K});
-    // Random operands: a matrix unit runs measurably faster on constants or zeros.
-    std::mt19937 g(3);
-    std::uniform_real_distribution<float> u(-1, 1);
-    uint16_t* wp = static_cast<uint16_t*>(w.buf.data());
-    for (int64_t i = 0; i < N * K; ++i) wp[i] = f32_to_bf16(u(g));
-    std::vector<float> x(size_t(M * K));
-    for (auto& v : x) v = u(g);
-    BackendArray<float> dx(be, x.size()), dy(be, size_t(M * N));
-    be.upload(dx.data(), x.data(), x.size() * 4);
-    const double flops = 2.0 * double(M) * double(K) * double(N);
-    be.matmul(dx.data(), M, w, nullptr, dy.data());  // warm-up: weight upload, handle, kernel choice
-    p->gpu_flops = 1e9 * best_rate_g(3, 50, seconds, flops, [&](int) {
-                     return timed(flops, [&] { be.matmul(dx.data(), M, w, nullptr, dy.data()); });
-                   });
-  } catch (...) {
-    be.free_host(host);
-    throw;
-  }
-  be.free_host(host);
+  p->gpu_mem_gbs = best_rate_g(3, 50, seconds, 2.0 * double(big), [&](int) {
+    return timed(2.0 * double(big), [&] { be.copy(b.data(), a.data(), big); });
+  });
+  p->h2d_gbs = best_rate_g(3, 50, seconds, double(link), [&](int) {
+    return timed(double(link), [&] { be.upload(b.data(), host, link); });
+  });
+  p->d2h_gbs = best_rate_g(3, 50, seconds, double(link), [&](int) {
+    return timed(double(link), [&] { be.download(host, a.data(), link); });
+  });
+  const int64_t M = 4096, K = 8192, N = 8192;
+  Weight w = make_weight(DType::kBF16, {N, K});
+  // Random operands: a matrix unit runs measurably faster on constants or zeros.
+  std::mt19937 g(3);
+  std::uniform_real_distribution<float> u(-1, 1);
+  uint16_t* wp = static_cast<uint16_t*>(w.buf.data());
+  for (int64_t i = 0; i < N * K; ++i) wp[i] = f32_to_bf16(u(g));
+  std::vector<float> x(size_t(M * K));
+  for (auto& v : x) v = u(g);
+  BackendArray<float> dx(be, x.size()), dy(be, size_t(M * N));
+  be.upload(dx.data(), x.data(), x.size() * 4);
+  const double flops = 2.0 * double(M) * double(K) * double(N);
+  be.matmul(dx.data(), M, w, nullptr, dy.data());  // warm-up: weight upload, handle, kernel choice
+  p->gpu_flops = 1e9 * best_rate_g(3, 50, seconds, flops, [&](int) {
+                   return timed(flops, [&] { be.matmul(dx.data(), M, w, nullptr, dy.data()); });
+                 });
   p->gpu_mem_gib = double(be.device_memory_bytes()) / double(int64_t(1) << 30);
 }
 }  // namespace
