@@ -633,14 +633,23 @@ class HybridGen final : public KvStrategy {
                                        cpu_stage(layer, r, qt.data(), K, pre, *res, Clock::now());
                                      });
       }
+    }
+    // The accelerator's logits of its resident tokens (true query) while the CPU stage finishes.
+    const int G = shape_.H / Hkv;
+    if (resident_logits_.size() < size_t(shape_.H) * size_t(used))
+      resident_logits_ = BackendArray<float>(be_, size_t(shape_.H) * size_t(R1));
+    for (int g = 0; g < Hkv; ++g)
+      be_.group_logits(q + int64_t(g) * G * D, G, ring_.k(layer, r.seq) + g * ring_.head_stride(r.seq), used, D,
+                       scale, resident_logits_.data() + int64_t(g) * G * used);
+    if (res) {
       const auto t0 = Clock::now();
       res->done.wait();
       waited_ += since(t0);
     }
-    // One softmax over the CPU's logits of the selected offloaded tokens and the accelerator's
-    // logits of its resident ones (true query), then both value sums.
+    // One softmax over the CPU's logits of the selected offloaded tokens and those resident
+    // logits, then both value sums.
     Backend::MergedAttention m;
-    m.H = shape_.H, m.H_kv = Hkv, m.D = D, m.scale = scale, m.q = q;
+    m.H = shape_.H, m.H_kv = Hkv, m.D = D, m.scale = scale, m.q = q, m.lb = resident_logits_.data();
     if (res) m.la = res->logits, m.Va = res->v, m.na = res->k;
     m.Kb = ring_.k(layer, r.seq), m.Vb = ring_.v(layer, r.seq), m.ld_b = ring_.head_stride(r.seq) / D,
     m.nb = used;
@@ -671,6 +680,7 @@ class HybridGen final : public KvStrategy {
   std::vector<ResultPool> pool_;  // per layer parity and sequence (result_buffers)
   std::mutex pool_mu_;
   std::vector<int32_t> slots_;                 // append() scratch: ring slots of a run of rows
+  BackendArray<float> resident_logits_;  // attend_hybrid(): [H, used] in the accelerator's memory
   std::vector<int32_t> offloaded_, last_pos_;  // per (layer, seq): tokens on the CPU side; newest position
   int32_t seen_pos_max_ = 0;
   bool in_step_ = false;

@@ -60,7 +60,8 @@ void Backend::merged_attention(const MergedAttention& a) {
       lb(size_t(G) * size_t(std::max<int64_t>(a.nb, 1)));
   std::vector<float> o2(size_t(G) * size_t(D));
   for (int g = 0; g < a.H_kv; ++g) {
-    group_logits(a.q + int64_t(g) * G * D, G, a.Kb + int64_t(g) * a.ld_b * D, a.nb, D, a.scale, lb.data());
+    if (a.lb) std::copy_n(a.lb + int64_t(g) * G * a.nb, G * a.nb, lb.begin());
+    else group_logits(a.q + int64_t(g) * G * D, G, a.Kb + int64_t(g) * a.ld_b * D, a.nb, D, a.scale, lb.data());
     for (int h = 0; h < G; ++h) {
       std::copy_n(a.la + (int64_t(g) * G + h) * a.na, a.na, u.begin() + int64_t(h) * n);
       std::copy_n(lb.begin() + int64_t(h) * a.nb, a.nb, u.begin() + int64_t(h) * n + a.na);

@@ -88,8 +88,9 @@ class Backend {
   // of CPU-computed and accelerator-computed logits). Set A arrives as scaled logits la [H, na]
   // with its values Va [H_kv, na, D]; set B as keys and values Kb, Vb [H_kv, ld_b, D] of which the
   // first nb rows count. q [H, D] → out [H, D]; query head h uses KV head h / (H / H_kv). The
-  // result does not depend on the order of either set. Default: the group ops above on a host
-  // scratch (host backends).
+  // result does not depend on the order of either set. lb, when given, holds set B's scaled logits
+  // [H, nb] already (computed with group_logits before set A was ready, so that work overlaps the
+  // wait for it). Default: the group ops above on a host scratch (host backends).
   struct MergedAttention {
     int H = 0, H_kv = 0, D = 0;
     float scale = 1.0f;
@@ -100,6 +101,7 @@ class Backend {
     const float* Kb = nullptr;
     const float* Vb = nullptr;
     int64_t ld_b = 0, nb = 0;
+    const float* lb = nullptr;
     float* out = nullptr;
   };
   virtual void merged_attention(const MergedAttention& a);

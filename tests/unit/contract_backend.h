@@ -127,6 +127,7 @@ class ContractBackend final : public Backend {
           dev(a.Va, int64_t(a.H_kv) * a.na * a.D * 4, "merged Va");
     dev(a.Kb, int64_t(a.H_kv) * a.ld_b * a.D * 4, "merged Kb"),
         dev(a.Vb, int64_t(a.H_kv) * a.ld_b * a.D * 4, "merged Vb");
+    if (a.lb) dev(a.lb, int64_t(a.H) * a.nb * 4, "merged lb");
     cpu_->merged_attention(a);
   }
 

@@ -110,7 +110,8 @@ class CudaBackend final : public Backend {
     cuda::weighted_v_sum(p, V, n, n, G, 1, D, out);
   }
   void merged_attention(const MergedAttention& a) override {
-    cuda::merged_attention(a.q, a.H, a.H_kv, a.D, a.scale, a.la, a.Va, a.na, a.Kb, a.Vb, a.ld_b, a.nb, a.out);
+    cuda::merged_attention(a.q, a.H, a.H_kv, a.D, a.scale, a.la, a.Va, a.na, a.Kb, a.Vb, a.ld_b, a.nb, a.lb,
+                           a.out);
   }
   void write_kv(const float* src, int64_t n, int H_kv, int D, const int32_t* pos, void* dst, int64_t head_stride,
                 DType dt) override {

@@ -770,7 +770,8 @@ void attention_rows(const AttnRowDev* rows, int n_rows, int H, int H_kv, int D, 
 }
 
 void merged_attention(const float* q, int H, int H_kv, int D, float scale, const float* la, const float* Va,
-                      int64_t na, const float* Kb, const float* Vb, int64_t ld_b, int64_t nb, float* out) {
+                      int64_t na, const float* Kb, const float* Vb, int64_t ld_b, int64_t nb, const float* lb,
+                      float* out) {
   auto& c = ctx();
   const int64_t n = na + nb;
   if (n == 0) {
@@ -781,7 +782,11 @@ void merged_attention(const float* q, int H, int H_kv, int D, float scale, const
   if (na > 0)
     HG_CUDA_CHECK(cudaMemcpy2DAsync(S, size_t(n) * 4, la, size_t(na) * 4, size_t(na) * 4, size_t(H),
                                     cudaMemcpyDeviceToDevice, c.stream));
-  attention_logits(q, Kb, ld_b, nb, H, H_kv, D, scale, S + na, n);
+  if (lb && nb > 0)
+    HG_CUDA_CHECK(cudaMemcpy2DAsync(S + na, size_t(n) * 4, lb, size_t(nb) * 4, size_t(nb) * 4, size_t(H),
+                                    cudaMemcpyDeviceToDevice, c.stream));
+  else
+    attention_logits(q, Kb, ld_b, nb, H, H_kv, D, scale, S + na, n);
   softmax_rows(S, H, n);
   weighted_v_sum(S + na, Vb, ld_b, nb, H, H_kv, D, out, n);
   if (na > 0) {

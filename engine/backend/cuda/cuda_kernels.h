@@ -74,8 +74,10 @@ struct AttnRowDev {
 // Every row in one pair of launches (prefill: the rows of a forward chunk); `rows` is a host array.
 void attention_rows(const AttnRowDev* rows, int n_rows, int H, int H_kv, int D, float scale);
 // Backend::merged_attention: la [H, na] and Va [H_kv, na, D]; Kb, Vb [H_kv, ld_b, D] (nb rows); out [H, D].
+// lb: set B's logits [H, nb] when computed already (else from q and Kb).
 void merged_attention(const float* q, int H, int H_kv, int D, float scale, const float* la, const float* Va,
-                      int64_t na, const float* Kb, const float* Vb, int64_t ld_b, int64_t nb, float* out);
+                      int64_t na, const float* Kb, const float* Vb, int64_t ld_b, int64_t nb, const float* lb,
+                      float* out);
 // Strided copies (cudaMemcpy2D) that wait for completion.
 void h2d_2d(void* dst, size_t dpitch, const void* src, size_t spitch, size_t width, size_t rows);
 void d2h_2d(void* dst, size_t dpitch, const void* src, size_t spitch, size_t width, size_t rows);
