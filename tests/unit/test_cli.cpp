@@ -4,6 +4,7 @@
 
 #include <array>
 #include <cstdio>
+#include <sstream>
 
 #include "engine/backend/backend.h"
 #include "engine/runtime/memory.h"
@@ -46,7 +47,13 @@ TEST(Cli, BadInputExitsTwoWithOneLine) {
                                     "generate --model synthetic:tiny-llama --strategy nope",
                                     "export --model synthetic:tiny-llama",
                                     "export --model synthetic:tiny-opt --out " + test::temp_path("cli_opt.gguf"),
-                                    "bench --model synthetic:tiny-llama --backend nope"};
+                                    "bench --model synthetic:tiny-llama --backend nope",
+                                    "bench --model synthetic:tiny-llama --strategy flexgen,nope",
+                                    "bench --model synthetic:tiny-llama --strategy flexgen --set h2o.heavy_ratio=1",
+                                    "bench --model synthetic:tiny-llama --strategy flexgen --backend cpu",
+                                    "bench --model synthetic:tiny-llama --strategy flexgen --kv f16",
+                                    "bench --model synthetic:tiny-llama --strategy flexgen --device cpu",
+                                    "bench --model synthetic:tiny-llama --device emulated"};
   if (cuda_device_count_or_zero() == 0) {  // with a device these run
     cases.push_back("generate --model synthetic:tiny-llama --backend cuda");
     cases.push_back("generate --model synthetic:tiny-llama --device cuda");
@@ -73,6 +80,23 @@ TEST(Cli, BenchAndStrategyRunsOnSyntheticModel) {
   EXPECT_NE(r.out.find("1-stream"), std::string::npos) << r.out;     // and the one-stream reference
   EXPECT_NE(r.out.find("median of 3"), std::string::npos) << r.out;
   EXPECT_EQ(run("bench --model synthetic:tiny-llama --context 0").status, 2);
+  // The strategies on the emulated accelerator: a row per strategy and context, HybridGen's record.
+  r = run("bench --model synthetic:tiny-llama --strategy flexgen,moe_lightning,hybridgen --device emulated "
+          "--context 40,72 --steps 2 --set hybridgen.gpu_kv_tokens=16");
+  EXPECT_EQ(r.status, 0) << r.out;
+  auto has_row = [&](const std::string& name, const std::string& ctx) {
+    std::istringstream lines(r.out);
+    for (std::string line; std::getline(lines, line);) {
+      std::istringstream words(line);
+      std::string a, b;
+      if (words >> a >> b && a == name && b == ctx) return true;
+    }
+    return false;
+  };
+  for (const char* name : {"flexgen", "moe_lightning", "hybridgen"})
+    for (const char* ctx : {"40", "72"}) EXPECT_TRUE(has_row(name, ctx)) << name << " " << ctx << "\n" << r.out;
+  EXPECT_NE(r.out.find("last step: K="), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("link GB/s"), std::string::npos) << r.out;
   r = run("generate --model synthetic:tiny-qwen2 --prompt-tokens 40 -n 4 --device emulated --strategy hybridgen "
           "--set hybridgen.gpu_kv_tokens=8 --step-stats --quiet");
   EXPECT_EQ(r.status, 0) << r.out;
