@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Runs on the GPU machine (device tool), from the repository root, with .device/bundle.tar.zst
-# carried (scripts/gpu_bundle.sh makes it): bash scripts/gpu_check.sh. One prepared pass, everything logged to $OUT:
+# Runs on the GPU machine (device tool), from the repository root, with .device/bundle.tar.gz
+# carried (scripts/gpu_bundle.sh makes it): bash scripts/gpu_check.sh. One prepared pass,
+# everything logged to $OUT:
 #   1. the CUDA test suite (every kernel against the CPU backend, the device-resident decoder,
 #      the strategies on --device cuda);
 #   2. `hgbench calibrate`: the machine's host rates and the GPU's (device copy, pinned link,
@@ -12,22 +13,7 @@
 # Each part has its own time limit so that one hang does not cost the others. HG_GPU_PARTS picks
 # parts (default: tests,calibrate,full,strategies,ablation,generate).
 set -uo pipefail
-OUT=${OUT:-/tmp/out}
-mkdir -p "$OUT" /tmp/hgb
-tar -C /tmp/hgb -xzf .device/bundle.tar.gz
-# cuBLAS is the machine's own: the linker cache, a CUDA toolkit, or the Python wheels' copy.
-cublas=$(ldconfig -p | awk '/libcublas\.so\.13 /{print $NF; exit}')
-[ -n "$cublas" ] || cublas=$(ls /usr/local/cuda*/lib64/libcublas.so.13 /usr/local/cuda*/targets/*/lib/libcublas.so.13 \
-  2>/dev/null | head -1)
-[ -n "$cublas" ] || cublas=$(find / -xdev -name 'libcublas.so.13' 2>/dev/null | head -1)
-export LD_LIBRARY_PATH=/tmp/hgb/lib:${cublas:+$(dirname "$cublas"):}/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}
-bin=/tmp/hgb/bin
-# The AVX-512 build where the host has what it was compiled for, else the AVX2 one.
-flags=$(grep -m1 '^flags' /proc/cpuinfo)
-hgbench=$bin/hgbench
-for f in avx512f avx512bw avx512vl avx512dq avx512cd avx512_bf16; do
-  [[ " $flags " == *" $f "* ]] || hgbench=$bin/hgbench-avx2
-done
+. "$(dirname "$0")/gpu_env.sh"
 log=$OUT/gpu_check.log
 model="synthetic:llama-3.1-8b?dtype=bf16"
 parts=",${HG_GPU_PARTS:-tests,calibrate,full,strategies,ablation,generate},"

@@ -6,21 +6,15 @@
 # total duration of each kernel. Compare the total per step with the measured step time: the
 # difference is time the GPU spent waiting for launches.
 set -uo pipefail
-OUT=${OUT:-/tmp/out}
-mkdir -p "$OUT" /tmp/hgb
-tar -C /tmp/hgb -xzf .device/bundle.tar.gz
-cublas=$(ldconfig -p | awk '/libcublas\.so\.13 /{print $NF; exit}')
-[ -n "$cublas" ] || cublas=$(ls /usr/local/cuda*/lib64/libcublas.so.13 /usr/local/cuda*/targets/*/lib/libcublas.so.13 \
-  2>/dev/null | head -1)
-export LD_LIBRARY_PATH=/tmp/hgb/lib:${cublas:+$(dirname "$cublas"):}/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}
+. "$(dirname "$0")/gpu_env.sh"
 ncu=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu /usr/local/cuda/bin/ncu 2>/dev/null | head -1)
 context=${HG_PROFILE_CONTEXT:-8192}
 {
   echo "ncu: ${ncu:-not found}"
-  /tmp/hgb/bin/hgbench bench --model "synthetic:llama-3.1-8b?dtype=bf16" --backend cuda --kv f32 --context "$context" \
+  $hgbench bench --model "synthetic:llama-3.1-8b?dtype=bf16" --backend cuda --kv f32 --context "$context" \
     --threads 1 --steps 8 --prefill 1 2>&1
   timeout 400 "$ncu" --clock-control none --metrics gpu__time_duration.sum --csv --print-summary per-kernel \
-    --log-file "$OUT/ncu_summary.csv" /tmp/hgb/bin/hgbench bench --model "synthetic:llama-3.1-8b?dtype=bf16" \
+    --log-file "$OUT/ncu_summary.csv" $hgbench bench --model "synthetic:llama-3.1-8b?dtype=bf16" \
     --backend cuda --kv f32 --context "$context" --threads 1 --steps 1 --prefill 1 2>&1 | tail -5
   echo "ncu rc ${PIPESTATUS[0]}; summary lines: $(wc -l < "$OUT/ncu_summary.csv")"
   head -c 6000 "$OUT/ncu_summary.csv"

@@ -10,6 +10,7 @@
 #include <map>
 #include <mutex>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "engine/backend/backend.h"
@@ -161,5 +162,28 @@ class ContractBackend final : public Backend {
   std::vector<std::string> violations_;
   mutable std::mutex mu_;
 };
+
+// The configurations of the strategies that move KV between tiers which the device tests run:
+// FlexGen with and without overlap, MoE-Lightning with one and two micro-batches, and HybridGen
+// with a 6-token ring (V pages of 4 tokens, interleaved over two tiers or all on dram), K fixed at
+// k_fixed (1000: every offloaded token, so exact), post selection with the true or speculative
+// query and pre selection.
+inline std::vector<std::pair<std::string, std::map<std::string, std::string>>> offloading_cases(
+    const std::string& k_fixed) {
+  auto hg = [&](std::map<std::string, std::string> extra) {
+    std::map<std::string, std::string> p = {{"gpu_kv_tokens", "6"}, {"k", "fixed"},   {"k_fixed", k_fixed},
+                                            {"placement", "interleave"}, {"page_tokens", "4"}};
+    for (auto& [k, v] : extra) p[k] = v;
+    return std::make_pair(std::string("hybridgen"), p);
+  };
+  return {{"flexgen", {{"overlap", "true"}}},
+          {"flexgen", {{"overlap", "false"}}},
+          {"moe_lightning", {{"micro_batches", "1"}}},
+          {"moe_lightning", {{"micro_batches", "2"}}},
+          hg({{"mode", "post"}, {"speculative_query", "false"}}),
+          hg({{"mode", "post"}, {"speculative_query", "true"}}),
+          hg({{"mode", "pre"}, {"speculative_query", "true"}}),
+          hg({{"mode", "post"}, {"placement", "dram-only"}})};
+}
 
 }  // namespace hg::test

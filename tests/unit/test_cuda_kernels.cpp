@@ -11,6 +11,7 @@
 #include "engine/decoder/generate.h"
 #include "engine/formats/formats.h"
 #include "engine/runtime/runtime.h"
+#include "contract_backend.h"
 #include "test_util.h"
 
 namespace hg {
@@ -382,24 +383,7 @@ TEST(GpuStrategies, MatchTheEmulatedAcceleratorAtEveryStep) {
   Model m = load_model("synthetic:tiny-llama");
   std::vector<int32_t> toks = {1};
   for (int i = 1; i < 40; ++i) toks.push_back(int32_t(3 + (i * 7919) % (m.hp.n_vocab - 3)));
-  const std::map<std::string, std::string> hg = {{"gpu_kv_tokens", "6"},
-                                                 {"k", "fixed"},
-                                                 {"k_fixed", "1000"},
-                                                 {"placement", "interleave"},
-                                                 {"page_tokens", "4"}};
-  auto with = [](std::map<std::string, std::string> a, const std::map<std::string, std::string>& b) {
-    for (auto& [k, v] : b) a[k] = v;
-    return a;
-  };
-  const std::vector<std::pair<std::string, std::map<std::string, std::string>>> cases = {
-      {"flexgen", {{"overlap", "true"}}},
-      {"flexgen", {{"overlap", "false"}}},
-      {"moe_lightning", {{"micro_batches", "2"}}},
-      {"hybridgen", with(hg, {{"mode", "post"}, {"speculative_query", "false"}})},
-      {"hybridgen", with(hg, {{"mode", "post"}, {"speculative_query", "true"}})},
-      {"hybridgen", with(hg, {{"mode", "pre"}, {"speculative_query", "true"}})},
-      {"hybridgen", with(hg, {{"mode", "post"}, {"placement", "dram-only"}})},
-  };
+  const auto cases = test::offloading_cases("1000");  // HybridGen exact: every offloaded token selected
   for (const auto& [name, params] : cases) {
     std::string what = name;
     for (auto& [k, v] : params) what += " " + k + "=" + v;

@@ -49,29 +49,14 @@ TEST(DeviceContract, DecoderAndFullStrategyKeepToBackendMemory) {
 // backend (gpu tier on its memory, transfers through its upload/download, as with a GPU): no
 // violation, and the same tokens as the same strategy on the plain emulated accelerator (CPU
 // backend, host memory). A ragged batch of two prompts; HybridGen's ring (6 tokens) is shorter
-// than the first prompt, so prefill and decode both offload; its configurations cover exact
-// attention, speculative post selection and pre selection with V pages on two tiers, and V pages
-// all on dram.
+// than the first prompt, so prefill and decode both offload (configurations: offloading_cases()).
 TEST(DeviceContract, OffloadingStrategiesKeepToDeviceMemory) {
   Model m = load_model("synthetic:tiny-llama");
   const std::vector<std::vector<int32_t>> prompts = {{1, 20, 30, 40, 50, 60, 70, 11, 12}, {1, 90, 80}};
-  const std::map<std::string, std::string> hg_base = {
-      {"gpu_kv_tokens", "6"}, {"k", "fixed"}, {"placement", "interleave"}, {"page_tokens", "4"}};
-  auto with = [](std::map<std::string, std::string> a, const std::map<std::string, std::string>& b) {
-    for (auto& [k, v] : b) a[k] = v;
-    return a;
-  };
-  const std::vector<std::pair<std::string, std::map<std::string, std::string>>> cases = {
-      {"flexgen", {{"overlap", "true"}}},
-      {"flexgen", {{"overlap", "false"}}},
-      {"moe_lightning", {{"micro_batches", "1"}}},
-      {"moe_lightning", {{"micro_batches", "2"}}},
-      {"hybridgen", with(hg_base, {{"k_fixed", "1000"}, {"mode", "post"}, {"speculative_query", "false"}})},
-      {"hybridgen", with(hg_base, {{"k_fixed", "3"}, {"mode", "post"}, {"speculative_query", "true"}})},
-      {"hybridgen", with(hg_base, {{"k_fixed", "3"}, {"mode", "pre"}, {"speculative_query", "true"}})},
-      // Every V page on dram: each step's selected rows go over in one copy.
-      {"hybridgen", with(hg_base, {{"k_fixed", "3"}, {"mode", "post"}, {"placement", "dram-only"}})},
-  };
+  // Selective (K = 3) and exact (K = 1000) HybridGen configurations.
+  auto cases = test::offloading_cases("3");
+  for (auto& c : test::offloading_cases("1000"))
+    if (c.first == "hybridgen") cases.push_back(c);
   for (const auto& [name, params] : cases) {
     std::string what = name;
     for (auto& [k, v] : params) what += " " + k + "=" + v;

@@ -87,19 +87,17 @@ __global__ void f32_to_f16_k(const float* x, __half* y, int64_t n) {
 // reads 8 weights (16 bytes) per row and step, the rows side by side and kGemvUnroll steps
 // unrolled, so that several 16-byte loads per lane are in flight. K % 8 == 0 (16-byte rows).
 constexpr int kGemvWarps = 8;
-__device__ inline void widen8(const uint4 u, const __nv_bfloat16*, float* f) {
-  const __nv_bfloat162* h = reinterpret_cast<const __nv_bfloat162*>(&u);
+// The 8 half-precision values of a 16-byte load as floats (T: __half or __nv_bfloat16).
+template <typename T>
+__device__ inline void widen8(const uint4 u, float* f) {
+  constexpr bool kF16 = std::is_same_v<T, __half>;
+  using T2 = std::conditional_t<kF16, __half2, __nv_bfloat162>;
+  const T2* h = reinterpret_cast<const T2*>(&u);
 #pragma unroll
   for (int i = 0; i < 4; ++i) {
-    const float2 v = __bfloat1622float2(h[i]);
-    f[2 * i] = v.x, f[2 * i + 1] = v.y;
-  }
-}
-__device__ inline void widen8(const uint4 u, const __half*, float* f) {
-  const __half2* h = reinterpret_cast<const __half2*>(&u);
-#pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    const float2 v = __half22float2(h[i]);
+    float2 v;
+    if constexpr (kF16) v = __half22float2(h[i]);
+    else v = __bfloat1622float2(h[i]);
     f[2 * i] = v.x, f[2 * i + 1] = v.y;
   }
 }
@@ -130,7 +128,7 @@ __global__ void gemv_half_k(const T* W, const float* x, int64_t N, int64_t K, co
 #pragma unroll
       for (int r = 0; r < kGemvRows; ++r) {
         float f[8];
-        widen8(w[u][r], static_cast<const T*>(nullptr), f);
+        widen8<T>(w[u][r], f);
 #pragma unroll
         for (int i = 0; i < 8; ++i) acc[r] += f[i] * xv[i];
       }
