@@ -387,7 +387,7 @@ constexpr const char* kBenchHelp =
     R"(usage: hgbench bench --model M [--context 128,4096,16384] [--threads 1,2] [--steps N]
                      [--kv f32|f16|bf16] [--prefill 512] [--weights f32|f16|bf16] [--backend cpu|cuda]
        hgbench bench --model M --strategy S1,S2,… [--device emulated|cuda|auto] [--set S.P=V]…
-                     [--context …] [--steps N]
+                     [--context …] [--steps N] [--clock modeled:<platform>]
 
 Decode tokens/s at each context length (the KV cache, F16 by default, is filled with seeded random
 rows: its values do not change the cost), prefill tokens/s for one prompt, and the ratio to the
@@ -408,7 +408,8 @@ for generate; F32 KV): per strategy and context, decode tok/s after two warm-up 
 each step moved over the link (host→device and device→host) and their rate, and the pipeline
 from the event log (accelerator, CPU and transfer busy time per step, how much of the CPU stage
 ran while the accelerator was busy, the critical path against the serial sum). HybridGen's last
-step record (K, selection mode, tokens per side) follows its row.
+step record (K, selection mode, tokens per side) follows its row. --clock modeled:<platform> also
+replays the timed steps' stages on experiments/platforms/<platform>.yaml (labelled MODELED).
 )";
 
 std::vector<int> int_list(const std::string& s, const std::string& what) {
@@ -516,6 +517,11 @@ int bench_strategies(const Options& o, const Model& model, const std::vector<int
       sets[sn][kv.substr(dot + 1, eq - dot - 1)] = kv.substr(eq + 1);
     }
   for (auto& n : names) strategy_info(n);  // unknown names fail before any work
+  std::optional<PlatformProfile> profile;
+  if (const std::string clock = str(o, "--clock", "measured"); clock.rfind("modeled:", 0) == 0)
+    profile = load_platform(clock.substr(8), std::string(HG_SOURCE_DIR) + "/experiments/platforms");
+  else if (clock != "measured")
+    input_error("bench: --clock '{}' (expected measured or modeled:<platform>)", clock);
   RuntimeConfig rc;
   rc.device = str(o, "--device", "auto");
   if (rc.device == "cpu")
@@ -563,7 +569,7 @@ int bench_strategies(const Options& o, const Model& model, const std::vector<int
       auto step = [&](int pos) {
         const TokenRow r{0, pos};
         rt.accel()
-            .submit("decode", {}, {},
+            .submit("decode", forward_work(model, std::span<const TokenRow>(&r, 1)), {},
                     [&] {
                       dec.forward(std::span<const int32_t>(&tok, 1), std::span<const TokenRow>(&r, 1),
                                   std::span<const int32_t>(&zero, 1), logits.data());
@@ -599,6 +605,15 @@ int bench_strategies(const Options& o, const Model& model, const std::vector<int
           *std::max_element(secs.begin(), secs.end()) * 1e3, h2d / 1e6, d2h / 1e6, (h2d + d2h) / med / 1e9,
           ps.accel_s * 1e3, ps.cpu_s * 1e3, ps.transfer_s * 1e3, ps.hidden_frac * 100,
           ps.serial_s > 0 ? ps.critical_s / ps.serial_s : 0.0);
+      if (profile) {
+        // The same steps' stages replayed on the platform profile (their work, their dependencies).
+        std::map<int64_t, std::vector<StageRecord>> by_step;
+        for (auto& rec : rt.log().snapshot()) by_step[rec.step].push_back(rec);
+        double modeled = 0;
+        for (auto& [st, recs] : by_step) modeled += modeled_timing(recs, *profile).critical_path_s;
+        fmt::print("    MODELED on {}: {:.2f} tok/s ({:.2f} ms per step)  [modeled, not measured]\n", profile->name,
+                   steps / modeled, modeled / steps * 1e3);
+      }
       const auto st = kv->step_stats();
       if (!st.empty()) {
         std::string line = "    last step:";
@@ -625,7 +640,7 @@ int cmd_bench(const std::vector<std::string>& args) {
                            {{"--backend"}, true},
                            {{"--strategy"}, true},
                            {{"--device"}, true},
-                           {{"--set"}, true, true}});
+                           {{"--set"}, true, true}, {{"--clock"}, true}});
   if (!o.values.count("--model")) input_error("bench: --model is required (see hgbench bench --help)");
   const auto contexts = int_list(str(o, "--context", "128,4096,16384"), "--context");
   const auto threads = int_list(str(o, "--threads", "1,2"), "--threads");
@@ -643,8 +658,8 @@ int cmd_bench(const std::vector<std::string>& args) {
     Model model = load_model(str(o, "--model", ""), load_options(o, cmd));
     return bench_strategies(o, model, contexts, steps);
   }
-  if (o.values.count("--device") || o.values.count("--set"))
-    input_error("bench: --device and --set go with --strategy (without it: --backend)");
+  if (o.values.count("--device") || o.values.count("--set") || o.values.count("--clock"))
+    input_error("bench: --device, --set and --clock go with --strategy (without it: --backend)");
   Model model = load_model(str(o, "--model", ""), load_options(o, cmd));
   const HParams& hp = model.hp;
   auto be = make_backend(str(o, "--backend", "cpu"));

@@ -9,10 +9,6 @@
 
 namespace hg {
 
-namespace {
-// Work of one forward over `rows` (for the event log and the modeled clock): 2 FLOPs per weight
-// per row, attention 4·H·D FLOPs per visible key; bytes read on the accelerator: all weights once
-// plus K and V of every visible key (F32 cache).
 StageWork forward_work(const Model& m, std::span<const TokenRow> rows) {
   const HParams& hp = m.hp;
   int64_t keys = 0;
@@ -28,7 +24,6 @@ StageWork forward_work(const Model& m, std::span<const TokenRow> rows) {
                                 int64_t(2) * hp.n_layers * hp.n_kv_heads * hp.head_dim * 4 * keys;
   return w;
 }
-}  // namespace
 
 GenerateResult generate(const Model& model, Backend& backend, KvStrategy& kv,
                         const std::vector<std::vector<int32_t>>& prompts, const GenerateOptions& opts,

@@ -6,6 +6,7 @@
 
 #include "engine/decoder/decoder.h"
 #include "engine/decoder/sampler.h"
+#include "engine/runtime/event_log.h"
 
 namespace hg {
 
@@ -29,6 +30,11 @@ struct GenerateResult {
   double prefill_s = 0;
   double decode_s = 0;
 };
+
+// Work of one forward over `rows` (for the event log and the modeled clock): 2 FLOPs per weight
+// per row, attention 4·H·D FLOPs per visible key; bytes read on the accelerator: all weights once
+// plus K and V of every visible key (F32 cache).
+StageWork forward_work(const Model& m, std::span<const TokenRow> rows);
 
 // on_token(seq, id) is called as tokens are produced (may be empty).
 GenerateResult generate(const Model& model, Backend& backend, KvStrategy& kv,

@@ -97,6 +97,13 @@ TEST(Cli, BenchAndStrategyRunsOnSyntheticModel) {
     for (const char* ctx : {"40", "72"}) EXPECT_TRUE(has_row(name, ctx)) << name << " " << ctx << "\n" << r.out;
   EXPECT_NE(r.out.find("last step: K="), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("link GB/s"), std::string::npos) << r.out;
+  r = run("bench --model synthetic:tiny-llama --strategy flexgen --device emulated --context 40 --steps 2 "
+          "--clock modeled:h200-measured");
+  EXPECT_EQ(r.status, 0) << r.out;
+  EXPECT_NE(r.out.find("MODELED on h200-measured"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("[modeled, not measured]"), std::string::npos) << r.out;
+  EXPECT_EQ(run("bench --model synthetic:tiny-llama --strategy flexgen --clock modeled:no-such-machine").status, 2);
+  EXPECT_EQ(run("bench --model synthetic:tiny-llama --clock modeled:h200-measured").status, 2);
   r = run("generate --model synthetic:tiny-qwen2 --prompt-tokens 40 -n 4 --device emulated --strategy hybridgen "
           "--set hybridgen.gpu_kv_tokens=8 --step-stats --quiet");
   EXPECT_EQ(r.status, 0) << r.out;
