@@ -138,14 +138,27 @@ StepTiming modeled_timing(const std::vector<StageRecord>& recs, const PlatformPr
   std::sort(r.begin(), r.end(), [](const auto& a, const auto& b) { return a.id < b.id; });
   std::map<int, double> queue_free;
   std::map<int64_t, double> end_of;
+  struct Span {
+    double measured_start, measured_end, modeled_start, modeled_end;
+  };
+  std::map<int64_t, Span> span;  // for stages submitted from inside another (StageRecord::within)
   for (auto& s : r) {
     double start = queue_free.count(s.queue) ? queue_free[s.queue] : 0.0;
     for (int64_t d : s.deps)
       if (end_of.count(d)) start = std::max(start, end_of[d]);
+    if (auto it = span.find(s.within); it != span.end()) {
+      // Submitted part-way through an accelerator segment: no earlier than the same share of it.
+      const Span& w = it->second;
+      const double len = w.measured_end - w.measured_start;
+      const double f = len > 0 ? std::clamp((s.submit_s - w.measured_start) / len, 0.0, 1.0) : 0.0;
+      start = std::max(start, w.modeled_start + f * (w.modeled_end - w.modeled_start));
+    }
+    const double m0 = s.start_s, m1 = s.end_s;
     s.start_s = start;
     s.end_s = start + modeled_stage_seconds(s, p);
     queue_free[s.queue] = s.end_s;
     end_of[s.id] = s.end_s;
+    if (s.kind == StageKind::kAccelCompute) span[s.id] = Span{m0, m1, s.start_s, s.end_s};
   }
   return summarize(r);
 }

@@ -40,6 +40,11 @@ struct StageRecord {
   // modeled replay starts this one after it).
   std::vector<int64_t> deps;
   double start_s = 0, end_s = 0;  // measured, seconds since the log's origin
+  // Submitted from inside the accelerator stage (segment) `within`, at measured time submit_s: the
+  // modeled replay starts this one no earlier than the same fraction of that segment's modeled
+  // time (the data it needs was produced up to there). -1: not submitted from an accelerator.
+  int64_t within = -1;
+  double submit_s = 0;
 };
 
 class EventLog {

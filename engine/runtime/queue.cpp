@@ -11,10 +11,41 @@ bool Event::done() const {
   return st_->done;
 }
 
+namespace {
+// The accelerator-compute task whose body this thread is running, split into segments at the
+// stages it waits for (see queue.h).
+struct AccelSegments {
+  EventLog* log = nullptr;
+  struct Segment {
+    int64_t id;
+    double start_s, end_s;
+    int64_t waited_for;  // the stage whose end this segment waited for (-1: the first segment)
+  };
+  std::vector<Segment> done;
+  int64_t id = -1;  // the current segment
+  double start_s = 0;
+  int64_t waited_for = -1;
+};
+thread_local AccelSegments* tl_accel = nullptr;
+}  // namespace
+
 void Event::wait() const {
   if (!st_) return;
-  std::unique_lock<std::mutex> l(st_->mu);
-  st_->cv.wait(l, [&] { return st_->done; });
+  AccelSegments* seg = tl_accel;
+  if (seg && st_->id >= 0) {  // the current segment ends here; the next begins after the wait
+    seg->done.push_back({seg->id, seg->start_s, seg->log->now(), seg->waited_for});
+    tl_accel = nullptr;  // waits inside the wait's own machinery do not split again
+  }
+  {
+    std::unique_lock<std::mutex> l(st_->mu);
+    st_->cv.wait(l, [&] { return st_->done; });
+  }
+  if (seg && st_->id >= 0) {
+    seg->id = seg->log->reserve_id();  // after the awaited stage's id: the replay runs it after
+    seg->start_s = seg->log->now();
+    seg->waited_for = st_->id;
+    tl_accel = seg;
+  }
   if (st_->error) std::rethrow_exception(st_->error);
 }
 
@@ -35,8 +66,8 @@ Queue::~Queue() {
 namespace {
 // The id of the CPU-compute stage whose body this thread is running (-1 elsewhere). A CPU stage
 // that submits stages from its body hands them its results (HybridGen sends its logits and selected
-// V rows once they are computed), so they follow it. The accelerator's decode stage stands for the
-// whole forward pass: the stages its strategies submit overlap it, so its body sets no parent.
+// V rows once they are computed), so they follow it. Stages an accelerator stage submits record
+// the segment and the moment instead (StageRecord::within).
 thread_local int64_t tl_running_stage = -1;
 }  // namespace
 
@@ -46,7 +77,8 @@ Event Queue::submit(std::string name, StageWork work, std::vector<Event> deps, s
   ev.st_->id = log_->reserve_id();
   {
     std::lock_guard<std::mutex> l(mu_);
-    tasks_.push_back(Task{std::move(name), work, std::move(deps), std::move(fn), ev, tl_running_stage});
+    tasks_.push_back(Task{std::move(name), work, std::move(deps), std::move(fn), ev, tl_running_stage,
+                          tl_accel ? tl_accel->id : -1, tl_accel ? log_->now() : 0.0});
     last_ = ev;
   }
   cv_.notify_one();
@@ -88,15 +120,25 @@ void Queue::run() {
       }
     }
     if (t.parent >= 0) rec.deps.push_back(t.parent);  // logged for the modeled replay, not waited for
+    rec.within = t.within;
+    rec.submit_s = t.submit_s;
     rec.start_s = log_->now();
+    AccelSegments segments;
     if (!err) {
       tl_running_stage = kind_ == StageKind::kCpuCompute ? t.ev.stage_id() : -1;
+      if (kind_ == StageKind::kAccelCompute) {
+        segments.log = log_;
+        segments.id = t.ev.stage_id();
+        segments.start_s = rec.start_s;
+        tl_accel = &segments;
+      }
       try {
         t.fn();
       } catch (...) {
         err = std::current_exception();
       }
       tl_running_stage = -1;
+      tl_accel = nullptr;
     }
     rec.end_s = log_->now();
     rec.id = t.ev.stage_id();
@@ -105,7 +147,35 @@ void Queue::run() {
     rec.queue = index_;
     rec.step = log_->step();
     rec.work = t.work;
-    log_->record(std::move(rec));
+    if (segments.done.empty()) {
+      log_->record(std::move(rec));
+    } else {
+      // Segments: the first keeps the stage's id and dependencies; each later one follows the
+      // stage it waited for; the work is shared in proportion to the measured time.
+      segments.done.push_back({segments.id, segments.start_s, rec.end_s, segments.waited_for});
+      double busy = 0;
+      for (auto& g : segments.done) busy += g.end_s - g.start_s;
+      const double n = double(segments.done.size());
+      for (size_t k = 0; k < segments.done.size(); ++k) {
+        const auto& g = segments.done[k];
+        const double f = busy > 0 ? (g.end_s - g.start_s) / busy : 1.0 / n;
+        StageRecord part = rec;
+        part.id = g.id;
+        if (k > 0) {
+          part.name += " (part " + std::to_string(k + 1) + ")";
+          part.deps = {g.waited_for};
+          part.within = -1;
+        }
+        part.start_s = g.start_s;
+        part.end_s = g.end_s;
+        part.work.flops = rec.work.flops * f;
+        for (size_t i = 0; i < part.work.bytes.size(); ++i) {
+          part.work.bytes[i] = int64_t(double(rec.work.bytes[i]) * f);
+          part.work.rows[i] = int64_t(double(rec.work.rows[i]) * f);
+        }
+        log_->record(std::move(part));
+      }
+    }
     {
       std::lock_guard<std::mutex> l(t.ev.st_->mu);
       t.ev.st_->done = true;

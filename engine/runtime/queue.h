@@ -2,6 +2,13 @@
 // the queue's own worker thread, each after the events it depends on; submit() returns an Event
 // the host or other queues can wait on. Every task is logged as a stage with its work. A task
 // that throws fails its event; waiting on it rethrows.
+//
+// An accelerator-compute task whose body waits for other stages (a strategy waiting for its CPU
+// attention, its logits, its KV load) is logged as segments split at those waits: segment k+1
+// depends on the stage its wait was for, and the task's work is shared among the segments in
+// proportion to their measured time. Stages its body submits record the segment and the moment
+// (StageRecord::within, submit_s). So the modeled replay sees the accelerator wait for a CPU stage
+// within a step instead of treating the whole forward pass as one stage that overlaps it.
 #pragma once
 #include <condition_variable>
 #include <deque>
@@ -61,6 +68,9 @@ class Queue {
     // The CPU stage whose body submitted this one (-1: none). Logged as a dependency but not
     // waited for: that body is still running and may itself wait for this stage.
     int64_t parent = -1;
+    // The accelerator segment whose body submitted this one, and when (StageRecord::within).
+    int64_t within = -1;
+    double submit_s = 0;
   };
   void run();
   std::string name_;

@@ -8,6 +8,7 @@
 #include <filesystem>
 #include <fstream>
 #include <sstream>
+#include <thread>
 
 #include "baselines/full/full.h"
 #include "engine/core/error.h"
@@ -158,9 +159,16 @@ TEST(Queues, StagesSubmittedFromACpuStageFollowItInTheReplay) {
   send.dst = Tier::kGpu;
   send.transfer_bytes = 1'000'000'000;  // 1 s at 1 GB/s
   cpu.submit("logits", logits, {}, [&] { copy.submit("send", send, {}, [] {}).wait(); }).wait();
-  accel.submit("step", {}, {}, [&] { cpu.submit("cpu work", logits, {}, [] {}).wait(); }).wait();
+  StageWork layer;
+  layer.flops = 1e9;  // 1 s at 1 GFLOP/s, shared between the accelerator stage's two segments
+  accel.submit("step", layer, {}, [&] {
+         // Two segments of about equal measured time, the CPU work submitted at the end of the first.
+         std::this_thread::sleep_for(std::chrono::milliseconds(30));
+         cpu.submit("cpu work", logits, {}, [] {}).wait();
+         std::this_thread::sleep_for(std::chrono::milliseconds(30));
+       }).wait();
   std::vector<StageRecord> recs = log.snapshot();
-  ASSERT_EQ(recs.size(), 4u);
+  ASSERT_EQ(recs.size(), 5u);  // the accelerator stage is split at its wait
   const auto by_name = [&](const std::string& n) {
     for (auto& r : recs)
       if (r.name == n) return r;
@@ -170,6 +178,13 @@ TEST(Queues, StagesSubmittedFromACpuStageFollowItInTheReplay) {
   EXPECT_EQ(by_name("send").deps, std::vector<int64_t>{by_name("logits").id});
   EXPECT_TRUE(by_name("cpu work").deps.empty());
   EXPECT_TRUE(by_name("logits").deps.empty());
+  // The accelerator stage's segments: the second follows the stage it waited for; the stage its
+  // first segment submitted records where.
+  const StageRecord part1 = by_name("step"), part2 = by_name("step (part 2)"), work = by_name("cpu work");
+  EXPECT_EQ(part2.deps, std::vector<int64_t>{work.id});
+  EXPECT_EQ(work.within, part1.id);
+  EXPECT_GT(part2.id, work.id);
+  EXPECT_NEAR(part1.work.flops + part2.work.flops, layer.flops, 1.0);
   PlatformProfile p;
   p.cpu_flops = 1e9;
   p.dram_gbs = 1;
@@ -180,6 +195,11 @@ TEST(Queues, StagesSubmittedFromACpuStageFollowItInTheReplay) {
   // logits [0, 2], send [2, 3]: the send follows its CPU stage instead of overlapping it.
   const StepTiming t = modeled_timing({by_name("logits"), by_name("send")}, p);
   EXPECT_DOUBLE_EQ(t.critical_path_s, 3.0);
+  // The accelerator waits for the CPU work it submitted at the end of its first segment: the step
+  // takes part 1, then the 2 s of CPU work, then part 2 (1 s of accelerator work in all), not the
+  // longer of the two (2 s, the replay before segments). The margin is for the measured split.
+  const StepTiming s = modeled_timing({part1, work, part2}, p);
+  EXPECT_NEAR(s.critical_path_s, 3.0, 0.1);
 }
 
 // Real work for the overlap test: repeated matmuls on a backend.
