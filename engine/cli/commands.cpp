@@ -179,6 +179,23 @@ commands:
 )");
 }
 
+// --set STRATEGY.PARAM=VALUE options, per strategy; each must name one of `strategies`.
+std::map<std::string, std::map<std::string, std::string>> strategy_sets(const Options& o, const std::string& cmd,
+                                                                        const std::vector<std::string>& strategies) {
+  std::map<std::string, std::map<std::string, std::string>> sets;
+  if (!o.values.count("--set")) return sets;
+  for (auto& kv : o.values.at("--set")) {
+    const size_t dot = kv.find('.'), eq = kv.find('=');
+    if (dot == std::string::npos || eq == std::string::npos || eq < dot)
+      input_error("{}: --set '{}' must be STRATEGY.PARAM=VALUE", cmd, kv);
+    const std::string sn = kv.substr(0, dot);
+    if (std::find(strategies.begin(), strategies.end(), sn) == strategies.end())
+      input_error("{}: --set '{}' names strategy '{}', which --strategy does not name", cmd, kv, sn);
+    sets[sn][kv.substr(dot + 1, eq - dot - 1)] = kv.substr(eq + 1);
+  }
+  return sets;
+}
+
 int cmd_generate(const std::vector<std::string>& args) {
   const std::string cmd = "generate";
   if (asked_for_help(args, kGenerateHelp)) return 0;
@@ -231,16 +248,7 @@ int cmd_generate(const std::vector<std::string>& args) {
     backend = own_backend.get();
   }
   const std::string sname = str(o, "--strategy", "full");
-  std::map<std::string, std::string> sets;
-  if (o.values.count("--set"))
-    for (auto& kv : o.values.at("--set")) {
-      const size_t dot = kv.find('.'), eq = kv.find('=');
-      if (dot == std::string::npos || eq == std::string::npos || eq < dot)
-        input_error("generate: --set '{}' must be STRATEGY.PARAM=VALUE", kv);
-      if (kv.substr(0, dot) != sname)
-        input_error("generate: --set '{}' names strategy '{}' but --strategy is '{}'", kv, kv.substr(0, dot), sname);
-      sets[kv.substr(dot + 1, eq - dot - 1)] = kv.substr(eq + 1);
-    }
+  const std::map<std::string, std::string> sets = strategy_sets(o, cmd, {sname})[sname];
   Model model = load_model(str(o, "--model", ""), load_options(o, cmd));
   auto strategy = make_strategy(sname, StrategyContext{*backend, &rt, &model}, sets);
   // The weights live on the accelerator: an emulated gpu tier too small for them is a result.
@@ -491,6 +499,30 @@ std::string thp_mode() {
   return a != std::string::npos && b > a ? line.substr(a + 1, b - a - 1) : "unknown";
 }
 
+// Seeded K/V rows for filling a cache in `bench`: 512 rows [512, H_kv, D] of K and of V in the
+// backend's memory (append() takes rows there); fill() appends them at positions [0, n) of every
+// layer, position-major (as prefill chunks arrive). Their values do not change the cost.
+struct SeededRows {
+  SeededRows(Backend& be, const HParams& hp, std::mt19937_64& rng)
+      : layers(hp.n_layers), k(be, size_t(512) * hp.n_kv_heads * hp.head_dim), v(be, k.size()) {
+    std::vector<float> h(k.size());
+    std::uniform_real_distribution<float> u(-1, 1);
+    for (BackendArray<float>* a : {&k, &v}) {
+      for (auto& x : h) x = u(rng);
+      be.upload(a->data(), h.data(), h.size() * 4);
+    }
+  }
+  void fill(KvStrategy& kv, int n) const {
+    for (int p0 = 0; p0 < n; p0 += 512) {
+      std::vector<TokenRow> rows;
+      for (int p = p0; p < std::min(n, p0 + 512); ++p) rows.push_back({0, p});
+      for (int l = 0; l < layers; ++l) kv.append(l, rows, k.data(), v.data());
+    }
+  }
+  int layers;
+  BackendArray<float> k, v;
+};
+
 // `bench --strategy`: decode steps of each KV strategy on the runtime's accelerator after the
 // cache is filled with seeded rows through the strategy's own append() (so each keeps its tokens
 // where it keeps them: dram, far, the accelerator's ring), as a prompt of n tokens would.
@@ -505,17 +537,7 @@ int bench_strategies(const Options& o, const Model& model, const std::vector<int
     if (c == std::string::npos) break;
     pos = c + 1;
   }
-  std::map<std::string, std::map<std::string, std::string>> sets;
-  if (o.values.count("--set"))
-    for (auto& kv : o.values.at("--set")) {
-      const size_t dot = kv.find('.'), eq = kv.find('=');
-      if (dot == std::string::npos || eq == std::string::npos || eq < dot)
-        input_error("bench: --set '{}' must be STRATEGY.PARAM=VALUE", kv);
-      const std::string sn = kv.substr(0, dot);
-      if (std::find(names.begin(), names.end(), sn) == names.end())
-        input_error("bench: --set '{}' names strategy '{}', which --strategy does not list", kv, sn);
-      sets[sn][kv.substr(dot + 1, eq - dot - 1)] = kv.substr(eq + 1);
-    }
+  auto sets = strategy_sets(o, cmd, names);
   for (auto& n : names) strategy_info(n);  // unknown names fail before any work
   std::optional<PlatformProfile> profile;
   if (const std::string clock = str(o, "--clock", "measured"); clock.rfind("modeled:", 0) == 0)
@@ -535,14 +557,7 @@ int bench_strategies(const Options& o, const Model& model, const std::vector<int
              "strategy", "context", "tok/s", "step ms", "range ms", "h2d MB", "d2h MB", "link GB/s",
              "accel ms", "cpu ms", "xfer ms", "hidden", "crit/sum");
   std::mt19937_64 rng(1);
-  const int64_t row = int64_t(hp.n_kv_heads) * hp.head_dim;
-  std::vector<float> k(size_t(512 * row)), v(k.size());
-  std::uniform_real_distribution<float> u(-1, 1);
-  for (auto& x : k) x = u(rng);
-  for (auto& x : v) x = u(rng);
-  BackendArray<float> kb(be, k.size()), vb(be, v.size());
-  be.upload(kb.data(), k.data(), k.size() * 4);
-  be.upload(vb.data(), v.data(), v.size() * 4);
+  const SeededRows seeded(be, hp, rng);
   std::vector<float> logits(size_t(hp.n_vocab));
   for (const auto& name : names) {
     for (int n : contexts) {
@@ -557,11 +572,7 @@ int bench_strategies(const Options& o, const Model& model, const std::vector<int
                   [&] {
                     kv->begin(dec.kv_shape(), std::span<const int32_t>(&cap, 1),
                               std::span<const int32_t>(&pl, 1));
-                    for (int p0 = 0; p0 < n; p0 += 512) {  // position-major, as prefill chunks arrive
-                      std::vector<TokenRow> rows;
-                      for (int p = p0; p < std::min(n, p0 + 512); ++p) rows.push_back({0, p});
-                      for (int l = 0; l < hp.n_layers; ++l) kv->append(l, rows, kb.data(), vb.data());
-                    }
+                    seeded.fill(*kv, n);
                     kv->end_step();
                     be.synchronize();
                   })
@@ -687,21 +698,7 @@ int cmd_bench(const std::vector<std::string>& args) {
       const int32_t cap = n + steps + 1, pl = n;
       kvs.begin(dec.kv_shape(), std::span<const int32_t>(&cap, 1), std::span<const int32_t>(&pl, 1));
       // Fill positions [0, n) of every layer with seeded rows.
-      const int64_t row = int64_t(hp.n_kv_heads) * hp.head_dim;
-      std::vector<float> k(size_t(512 * row)), v(k.size());
-      std::uniform_real_distribution<float> u(-1, 1);
-      for (auto& x : k) x = u(rng);
-      for (auto& x : v) x = u(rng);
-      // append() takes rows in the backend's memory.
-      BackendArray<float> kb(*be, k.size()), vb(*be, v.size());
-      be->upload(kb.data(), k.data(), k.size() * 4);
-      be->upload(vb.data(), v.data(), v.size() * 4);
-      for (int l = 0; l < hp.n_layers; ++l)
-        for (int p0 = 0; p0 < n; p0 += 512) {
-          std::vector<TokenRow> rows;
-          for (int p = p0; p < std::min(n, p0 + 512); ++p) rows.push_back({0, p});
-          kvs.append(l, rows, kb.data(), vb.data());
-        }
+      SeededRows(*be, hp, rng).fill(kvs, n);
       // Each step is paired with a reference pass right after it: the ratio is the median over
       // steps of (bytes / step time) / that pass's bandwidth, so the step and its reference see
       // the same moment of a shared machine. Bytes grow by one KV row per step.
