@@ -271,6 +271,53 @@ BENCHMARK(BM_DecodeAttentionWarm)
     ->Args({1024, 1, 4, 64})  // the Llama-3.2-1B shape (G = 4, D = 64, F16)
     ->UseRealTime();
 
+#if defined(__AVX512F__)
+// One core's vector throughput, the ceiling under BM_DecodeAttentionWarm and the one-thread F16
+// kernels: 512-bit FMAs per ns over 12 independent chains (`conversions: 0`), and the same FMAs
+// with an F16→F32 conversion (vcvtph2ps) feeding every one (`conversions: 1`), as the F16 GEMV and
+// the F16 attention kernels do. The empty asm statements keep every value in a register and make
+// each iteration's conversions depend on the last, so that nothing is hoisted or merged.
+void BM_CoreFma(benchmark::State& st) {
+  const bool convert = st.range(0) != 0;
+  constexpr int64_t kIters = 1 << 20;
+  __m512 a0 = _mm512_set1_ps(1), a1 = _mm512_set1_ps(2), a2 = _mm512_set1_ps(3), a3 = _mm512_set1_ps(4);
+  __m512 a4 = _mm512_set1_ps(5), a5 = _mm512_set1_ps(6), a6 = _mm512_set1_ps(7), a7 = _mm512_set1_ps(8);
+  __m512 a8 = _mm512_set1_ps(9), a9 = _mm512_set1_ps(10), a10 = _mm512_set1_ps(11), a11 = _mm512_set1_ps(12);
+  __m512 b = _mm512_set1_ps(0.999f);
+  __m256i h0 = _mm256_set1_epi16(0x3c00), h1 = h0, h2 = h0, h3 = h0;
+  auto keep = [](auto& v) { asm volatile("" : "+v"(v)); };
+  double secs = 0;
+  for (auto _ : st) {
+    const auto t0 = std::chrono::steady_clock::now();
+    for (int64_t i = 0; i < kIters; ++i) {
+      if (convert) {  // 8 conversions and 8 FMAs (the branch is taken the same way every time)
+        keep(h0), keep(h1), keep(h2), keep(h3);
+        a0 = _mm512_fmadd_ps(b, _mm512_cvtph_ps(h0), a0), a1 = _mm512_fmadd_ps(b, _mm512_cvtph_ps(h1), a1);
+        a2 = _mm512_fmadd_ps(b, _mm512_cvtph_ps(h2), a2), a3 = _mm512_fmadd_ps(b, _mm512_cvtph_ps(h3), a3);
+        keep(h0), keep(h1), keep(h2), keep(h3);
+        a4 = _mm512_fmadd_ps(b, _mm512_cvtph_ps(h0), a4), a5 = _mm512_fmadd_ps(b, _mm512_cvtph_ps(h1), a5);
+        a6 = _mm512_fmadd_ps(b, _mm512_cvtph_ps(h2), a6), a7 = _mm512_fmadd_ps(b, _mm512_cvtph_ps(h3), a7);
+      } else {  // 12 FMAs
+        keep(b);
+        a0 = _mm512_fmadd_ps(a0, b, b), a1 = _mm512_fmadd_ps(a1, b, b), a2 = _mm512_fmadd_ps(a2, b, b);
+        a3 = _mm512_fmadd_ps(a3, b, b), a4 = _mm512_fmadd_ps(a4, b, b), a5 = _mm512_fmadd_ps(a5, b, b);
+        a6 = _mm512_fmadd_ps(a6, b, b), a7 = _mm512_fmadd_ps(a7, b, b), a8 = _mm512_fmadd_ps(a8, b, b);
+        a9 = _mm512_fmadd_ps(a9, b, b), a10 = _mm512_fmadd_ps(a10, b, b), a11 = _mm512_fmadd_ps(a11, b, b);
+      }
+    }
+    secs += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  }
+  const __m512 all = _mm512_add_ps(_mm512_add_ps(_mm512_add_ps(a0, a1), _mm512_add_ps(a2, a3)),
+                                   _mm512_add_ps(_mm512_add_ps(_mm512_add_ps(a4, a5), _mm512_add_ps(a6, a7)),
+                                                 _mm512_add_ps(_mm512_add_ps(a8, a9), _mm512_add_ps(a10, a11))));
+  benchmark::DoNotOptimize(_mm512_reduce_add_ps(all));
+  const double fmas = double(kIters) * (convert ? 8 : 12) * double(st.iterations());
+  st.counters["FMA_per_ns"] = fmas / secs * 1e-9;
+  st.SetLabel(convert ? "each FMA fed by an F16 conversion" : "FMAs only");
+}
+BENCHMARK(BM_CoreFma)->ArgNames({"conversions"})->Arg(0)->Arg(1)->UseRealTime();
+#endif
+
 // HybridGen's CPU stage: logits of G query heads over N offloaded keys of one KV head (F32).
 // Bytes read: the keys, N · D · 4.
 void BM_GroupLogits(benchmark::State& st) {
