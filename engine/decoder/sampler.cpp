@@ -6,11 +6,29 @@
 
 namespace hg {
 
+// Two passes that vectorise: the largest value, then the first index holding it. The one-pass form
+// (compare with the best so far, then reload it) is a chain through every element: 3.7 ns each
+// here, 470 µs per token for a 128K vocabulary, which was all of `bench`'s harness overhead.
 int32_t argmax(std::span<const float> logits) {
-  int32_t best = 0;
-  for (size_t i = 1; i < logits.size(); ++i)
-    if (logits[i] > logits[size_t(best)]) best = int32_t(i);
-  return best;
+  constexpr size_t W = 16;  // running maxima side by side: no chain through one compare
+  const float* x = logits.data();
+  const size_t n = logits.size();
+  float lane[W];
+  std::fill(lane, lane + W, -INFINITY);
+  size_t i = 0;
+  for (; i + W <= n; i += W)
+    for (size_t l = 0; l < W; ++l) lane[l] = x[i + l] > lane[l] ? x[i + l] : lane[l];  // NaN never wins
+  float m = -INFINITY;
+  for (size_t l = 0; l < W; ++l) m = lane[l] > m ? lane[l] : m;
+  for (; i < n; ++i) m = x[i] > m ? x[i] : m;
+  for (i = 0; i + W <= n; i += W) {
+    bool hit = false;
+    for (size_t l = 0; l < W; ++l) hit |= x[i + l] == m;
+    if (hit) break;
+  }
+  for (; i < n; ++i)
+    if (x[i] == m) return int32_t(i);
+  return 0;  // empty, or nothing but NaN
 }
 
 Sampler::Sampler(const SamplerOptions& o, uint64_t stream) : o_(o), rng_(o.seed * 0x9e3779b97f4a7c15ull + stream) {}

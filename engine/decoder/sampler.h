@@ -26,6 +26,8 @@ class Sampler {
   std::vector<std::pair<float, int32_t>> cand_;
 };
 
+// The first index of the largest value (lowest id on ties). NaNs never win; 0 when the span is
+// empty or all NaN.
 int32_t argmax(std::span<const float> logits);
 
 }  // namespace hg

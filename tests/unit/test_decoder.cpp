@@ -130,6 +130,33 @@ TEST(Sampler, SeededAndTopKOneIsGreedy) {
   for (auto id : sa) EXPECT_GE(logits[size_t(id)], sorted[49]);
 }
 
+// argmax against the one-pass definition (first index of the largest non-NaN value), over sizes
+// around its 16-wide blocks, with ties, NaNs and infinities placed before, inside and after them.
+TEST(Sampler, ArgmaxIsTheFirstLargestValue) {
+  auto reference = [](const std::vector<float>& x) {
+    int32_t best = -1;
+    for (size_t i = 0; i < x.size(); ++i)
+      if (!std::isnan(x[i]) && (best < 0 || x[i] > x[size_t(best)])) best = int32_t(i);
+    return std::max(best, 0);
+  };
+  std::mt19937 g(7);
+  for (size_t n : {0, 1, 5, 15, 16, 17, 31, 32, 33, 100, 1000, 128256}) {
+    for (int trial = 0; trial < 6; ++trial) {
+      std::vector<float> x(n);
+      std::uniform_int_distribution<int> small(-3, 3);  // few distinct values: many ties
+      for (auto& v : x) v = trial % 2 ? float(small(g)) : std::normal_distribution<float>()(g);
+      if (n > 0) {
+        std::uniform_int_distribution<size_t> at(0, n - 1);
+        if (trial >= 2) x[at(g)] = NAN, x[0] = trial == 3 ? NAN : x[0];
+        if (trial == 4) x[at(g)] = INFINITY, x[at(g)] = INFINITY;
+        if (trial == 5) std::fill(x.begin(), x.end(), -INFINITY), x[at(g)] = NAN;
+      }
+      EXPECT_EQ(argmax(x), reference(x)) << "n = " << n << ", trial " << trial;
+    }
+  }
+  EXPECT_EQ(argmax(std::vector<float>(40, NAN)), 0);
+}
+
 TEST(Synthetic, PresetsHaveThePapersShapes) {
   const auto& p = synthetic_presets();
   auto find = [&](const std::string& n) -> const HParams& {
