@@ -389,17 +389,13 @@ class HybridGen final : public KvStrategy {
               .run(
                   t, Tier::kGpu, bytes,
                   [&, t] {
-                    // The tier's runs of consecutive positions, each one strided copy (a page's rows of
-                    // one head are contiguous; runs stop at page ends).
+                    // The tier's pages, each one strided copy of all heads (a page is [H_kv][page][D];
+                    // a page lies in one tier).
                     for (int32_t p0 = 0; p0 < n_off;) {
-                      if (vtier(layer, seq, p0) != t) {
-                        ++p0;
-                        continue;
-                      }
                       const int32_t p1 = std::min(n_off, (p0 / page_ + 1) * page_);
-                      for (int g = 0; g < Hkv; ++g)
-                        be_.upload(vb.as<float>() + (int64_t(g) * n + p0) * D, vrow(layer, seq, g, p0),
-                                   size_t(p1 - p0) * size_t(D) * 4);
+                      if (vtier(layer, seq, p0) == t)
+                        be_.upload_2d(vb.as<float>() + int64_t(p0) * D, pitch, vrow(layer, seq, 0, p0),
+                                      size_t(page_) * size_t(D) * 4, size_t(p1 - p0) * size_t(D) * 4, size_t(Hkv));
                       p0 = p1;
                     }
                   },
