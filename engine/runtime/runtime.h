@@ -22,13 +22,17 @@ std::string_view device_kind_name(DeviceKind k);
 struct RuntimeConfig {
   std::string device = "auto";  // auto | emulated | cuda | cpu
   TierConfig tiers;
-  int accel_threads = 0;  // emulated accelerator's threads (0: half the machine, at least 1)
+  int accel_threads = 0;  // emulated accelerator's threads (0: emulated_accel_threads())
   int cpu_threads = 0;    // CPU worker queue's threads (0: the rest, at least 1)
   // device "emulated" only: the accelerator's backend, in place of the CPU backend. One with
   // memory of its own (host_memory() false) is set up as a GPU is: the gpu tier on its alloc and
   // transfers through its upload/download (tests: a backend that checks the device-memory contract).
   std::function<std::unique_ptr<Backend>()> device_backend;
 };
+
+// The emulated accelerator's default thread count: half the machine, at least 1.
+int emulated_accel_threads();
+
 
 class Runtime {
  public:
