@@ -395,7 +395,8 @@ class HybridGen final : public KvStrategy {
                       const int32_t p1 = std::min(n_off, (p0 / page_ + 1) * page_);
                       if (vtier(layer, seq, p0) == t)
                         be_.upload_2d(vb.as<float>() + int64_t(p0) * D, pitch, vrow(layer, seq, 0, p0),
-                                      size_t(page_) * size_t(D) * 4, size_t(p1 - p0) * size_t(D) * 4, size_t(Hkv));
+                                      size_t(page_) * size_t(D) * 4, size_t(p1 - p0) * size_t(D) * 4,
+                                      size_t(Hkv));
                       p0 = p1;
                     }
                   },

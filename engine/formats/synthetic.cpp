@@ -94,7 +94,8 @@ void fill(Weight& w, uint64_t seed, uint64_t id, float scale, float offset) {
     // `synthetic:llama-3.2-1b?dtype=f16` took 11.6 s on 2 threads with one f32_to_f16 call per
     // value, and 2.3 s this way (BF16: 2.5 s, now 0.85 s).
     std::vector<float> v(size_t(e - b));
-    for (auto& x : v) x = offset + scale * (float(int64_t(splitmix(s) >> 11) * (1.0 / 9007199254740992.0)) * 2.0f - 1.0f);
+    for (auto& x : v)
+      x = offset + scale * (float(int64_t(splitmix(s) >> 11) * (1.0 / 9007199254740992.0)) * 2.0f - 1.0f);
     from_f32(w.dtype, v.data(), static_cast<char*>(w.buf.data()) + size_t(b) * es, v.size());
   });
 }

@@ -168,6 +168,18 @@ double measure_copy_gbs(MemorySystem& mem, Tier src, Tier dst, int64_t bytes, do
   });
 }
 
+// The calling thread's pool size for a scope.
+class PoolSize {
+ public:
+  explicit PoolSize(int n) : saved_(num_threads()) { set_num_threads(n); }
+  ~PoolSize() { set_num_threads(saved_); }
+  PoolSize(const PoolSize&) = delete;
+  PoolSize& operator=(const PoolSize&) = delete;
+
+ private:
+  int saved_;
+};
+
 double measure_cpu_flops(double seconds) {
   // oneDNN SGEMM 512×4096×4096 (the prefill shape): FLOP/s of the machine's best F32 GEMM.
   auto be = make_cpu_backend();
@@ -260,21 +272,21 @@ PlatformProfile calibrate(const CalibrateOptions& o, std::string* notes) {
     // "link" is a memcpy by the copy worker. Its rates are measured with those threads: with the
     // whole machine's, the modeled replay of an emulated run on 2 cores ran 1.4-1.5× faster than
     // the run it replayed (the accelerator has one of the two threads).
-    const int all = num_threads(), at = std::min(all, emulated_accel_threads());
-    set_num_threads(at);
-    try {
-      p.gpu_mem_gbs = at == all ? p.dram_gbs : measure_read_gbs(mem, Tier::kDram, o.buffer_bytes, o.seconds_per_measure);
-      p.gpu_flops = at == all ? p.cpu_flops : measure_cpu_flops(o.seconds_per_measure);
-    } catch (...) {
-      set_num_threads(all);
-      throw;
+    const int at = std::min(num_threads(), emulated_accel_threads());
+    if (at == num_threads()) {
+      p.gpu_mem_gbs = p.dram_gbs;
+      p.gpu_flops = p.cpu_flops;
+    } else {
+      const PoolSize scoped(at);
+      p.gpu_mem_gbs = measure_read_gbs(mem, Tier::kDram, o.buffer_bytes, o.seconds_per_measure);
+      p.gpu_flops = measure_cpu_flops(o.seconds_per_measure);
     }
-    set_num_threads(all);
     p.gpu_mem_gib = p.dram_gib;
     p.h2d_gbs = p.d2h_gbs = copy;
-    n += fmt::format("; no GPU: gpu = the emulated accelerator ({} thread{}: read {:.1f} GB/s, SGEMM {:.0f} GFLOP/s), "
-                     "link = memcpy copy bandwidth",
-                     at, at == 1 ? "" : "s", p.gpu_mem_gbs, p.gpu_flops / 1e9);
+    n += fmt::format(
+        "; no GPU: gpu = the emulated accelerator ({} thread{}: read {:.1f} GB/s, SGEMM {:.0f} GFLOP/s), "
+        "link = memcpy copy bandwidth",
+        at, at == 1 ? "" : "s", p.gpu_mem_gbs, p.gpu_flops / 1e9);
   }
   if (notes) *notes = n;
   p.source = "calibrated by hgbench calibrate";

@@ -33,7 +33,6 @@ struct RuntimeConfig {
 // The emulated accelerator's default thread count: half the machine, at least 1.
 int emulated_accel_threads();
 
-
 class Runtime {
  public:
   explicit Runtime(const RuntimeConfig& cfg);

@@ -307,9 +307,10 @@ void BM_CoreFma(benchmark::State& st) {
     }
     secs += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   }
-  const __m512 all = _mm512_add_ps(_mm512_add_ps(_mm512_add_ps(a0, a1), _mm512_add_ps(a2, a3)),
-                                   _mm512_add_ps(_mm512_add_ps(_mm512_add_ps(a4, a5), _mm512_add_ps(a6, a7)),
-                                                 _mm512_add_ps(_mm512_add_ps(a8, a9), _mm512_add_ps(a10, a11))));
+  const __m512 all =
+      _mm512_add_ps(_mm512_add_ps(_mm512_add_ps(a0, a1), _mm512_add_ps(a2, a3)),
+                    _mm512_add_ps(_mm512_add_ps(_mm512_add_ps(a4, a5), _mm512_add_ps(a6, a7)),
+                                  _mm512_add_ps(_mm512_add_ps(a8, a9), _mm512_add_ps(a10, a11))));
   benchmark::DoNotOptimize(_mm512_reduce_add_ps(all));
   const double fmas = double(kIters) * (convert ? 8 : 12) * double(st.iterations());
   st.counters["FMA_per_ns"] = fmas / secs * 1e-9;

@@ -30,13 +30,16 @@ TEST(DType, F16RowsMatchTheScalarConversion) {
   std::vector<float> v = test::random_vec(4099, 3, -70000.0f, 70000.0f);
   auto small = test::random_vec(4099, 4, -1e-4f, 1e-4f);
   v.insert(v.end(), small.begin(), small.end());
-  v.insert(v.end(), {0.0f, -0.0f, 65520.0f, -65519.0f, 6.1e-5f, 5.96e-8f, 2.9e-8f, INFINITY, -INFINITY, NAN, -NAN});
+  v.insert(v.end(),
+           {0.0f, -0.0f, 65520.0f, -65519.0f, 6.1e-5f, 5.96e-8f, 2.9e-8f, INFINITY, -INFINITY, NAN, -NAN});
   for (size_t n : {size_t(0), size_t(1), size_t(7), size_t(8), size_t(9), v.size()}) {
     std::vector<uint16_t> row(n + 1, 0xabcd);
     from_f32(DType::kF16, v.data(), row.data(), n);
     for (size_t i = 0; i < n; ++i) {
-      if (std::isnan(v[i])) ASSERT_TRUE(std::isnan(f16_to_f32(row[i]))) << "i = " << i;
-      else ASSERT_EQ(row[i], f32_to_f16(v[i])) << "x = " << v[i];
+      if (std::isnan(v[i]))
+        ASSERT_TRUE(std::isnan(f16_to_f32(row[i]))) << "i = " << i;
+      else
+        ASSERT_EQ(row[i], f32_to_f16(v[i])) << "x = " << v[i];
     }
     EXPECT_EQ(row[n], 0xabcd) << "wrote past n = " << n;
   }
