@@ -186,4 +186,11 @@ inline std::vector<std::pair<std::string, std::map<std::string, std::string>>> o
           hg({{"mode", "post"}, {"placement", "dram-only"}})};
 }
 
+// "name k=v k=v …": a case's label in failure messages.
+inline std::string case_label(const std::string& name, const std::map<std::string, std::string>& params) {
+  std::string what = name;
+  for (auto& [k, v] : params) what += " " + k + "=" + v;
+  return what;
+}
+
 }  // namespace hg::test

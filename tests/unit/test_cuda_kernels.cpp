@@ -385,8 +385,7 @@ TEST(GpuStrategies, MatchTheEmulatedAcceleratorAtEveryStep) {
   for (int i = 1; i < 40; ++i) toks.push_back(int32_t(3 + (i * 7919) % (m.hp.n_vocab - 3)));
   const auto cases = test::offloading_cases("1000");  // HybridGen exact: every offloaded token selected
   for (const auto& [name, params] : cases) {
-    std::string what = name;
-    for (auto& [k, v] : params) what += " " + k + "=" + v;
+    const std::string what = test::case_label(name, params);
     std::vector<std::vector<float>> got[2];
     for (int device = 0; device < 2; ++device) {
       RuntimeConfig rc;

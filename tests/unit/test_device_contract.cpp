@@ -58,8 +58,7 @@ TEST(DeviceContract, OffloadingStrategiesKeepToDeviceMemory) {
   for (auto& c : test::offloading_cases("1000"))
     if (c.first == "hybridgen") cases.push_back(c);
   for (const auto& [name, params] : cases) {
-    std::string what = name;
-    for (auto& [k, v] : params) what += " " + k + "=" + v;
+    const std::string what = test::case_label(name, params);
     std::vector<std::vector<int32_t>> tokens[2];
     for (int device = 0; device < 2; ++device) {
       RuntimeConfig rc;
