@@ -41,6 +41,9 @@ want() { [[ $parts == *",$1,"* ]]; }
     echo "== strategies with the KV cache off the GPU"
     timeout 300 $hgbench bench --model "$model" --strategy flexgen,moe_lightning,hybridgen --device cuda \
       --context 8192,32768 --steps 4 2>&1
+    echo "== hybridgen, its speculative query projected on the GPU (query_on=accelerator)"
+    timeout 200 $hgbench bench --model "$model" --strategy hybridgen --device cuda --context 8192,32768 --steps 4 \
+      --set hybridgen.query_on=accelerator 2>&1
   fi
   if want ablation; then
     echo "== hybridgen with the scheduler fixed: post selection, K = 1024"

@@ -11,7 +11,10 @@
 // Logit parallelism: for layer i+1, while the accelerator runs layer i, a CPU worker builds a
 // query from layer i's input with layer i+1's norm, W_q (+ bias) and RoPE at the current position
 // (`speculative_query: true`), or waits for the true query (`false`, exact); layer 0 always uses
-// its true query. It computes q·kᵀ/√d for offloaded keys, selects tokens per KV head (`post`: all
+// its true query. Where the speculative query is projected is `query_on`: `cpu` (the paper's
+// Figure 12: the accelerator sends layer i's input, and the CPU stage reads W_q from host memory)
+// or `accelerator` (it projects with its own copy of the weights and sends the query; the CPU stage
+// only scores keys). It computes q·kᵀ/√d for offloaded keys, selects tokens per KV head (`post`: all
 // offloaded logits, top-K by the group's max logit; `pre`: sinks + most recent offloaded, logits
 // only for those), and sends their logits and V rows (read from their tier, never touched by the
 // CPU otherwise) to the accelerator. The accelerator computes logits of its resident tokens with
@@ -55,7 +58,8 @@ class HybridGen final : public KvStrategy {
   HybridGen(const StrategyContext& ctx, const StrategyParams& p)
       : be_(ctx.backend), rt_(require_runtime(ctx, "hybridgen")), model_(ctx.model),
         R_(int32_t(p.get_int("gpu_kv_tokens"))), page_(int32_t(p.get_int("page_tokens"))),
-        speculative_(p.get_bool("speculative_query")), sinks_(int32_t(p.get_int("pre_sinks"))),
+        speculative_(p.get_bool("speculative_query")), query_on_accel_(p.get("query_on") == "accelerator"),
+        sinks_(int32_t(p.get_int("pre_sinks"))),
         placement_(make_placement(p.get("placement"), p.get_float("interleave_dram_ratio"))),
         dram_kv_bytes_(p.get_int("dram_kv_bytes")), sched_cfg_(config(p)), sched_(sched_cfg_) {
     if (R_ < 1 || page_ < 1) input_error("strategy hybridgen: gpu_kv_tokens and page_tokens must be >= 1");
@@ -155,27 +159,53 @@ class HybridGen final : public KvStrategy {
 
   void prepare(int layer, std::span<const TokenRow> rows, const float* x) override {
     if (!speculative_) return;
-    const int64_t d = model_->hp.d_model;
-    for (size_t i = 0; i < rows.size(); ++i) {
-      const TokenRow r = rows[i];
-      if (r.pos < prompt_[size_t(r.seq)] || offloaded_[pidx(layer, r.seq)] == 0) continue;  // decode rows with offloaded tokens only
-      // The row to the host (on a GPU this waits for the work queued so far, which also frees
-      // this layer parity's result buffers: the last reader was layer next_layer − 2).
-      std::vector<float> xr(static_cast<size_t>(d));
-      be_.download(xr.data(), x + int64_t(i) * d, size_t(d) * 4);
+    std::vector<size_t> need;  // decode rows with offloaded tokens only
+    for (size_t i = 0; i < rows.size(); ++i)
+      if (rows[i].pos >= prompt_[size_t(rows[i].seq)] && offloaded_[pidx(layer, rows[i].seq)] > 0) need.push_back(i);
+    if (need.empty()) return;
+    // What each CPU stage starts from, on the host: the row of x, which it projects itself, or the
+    // query the accelerator projected. On a GPU the download waits for the work queued so far,
+    // which also frees this layer parity's result buffers (the last reader was layer next_layer − 2).
+    const int64_t d = model_->hp.d_model, n = query_on_accel_ ? int64_t(shape_.H) * shape_.D : d;
+    std::vector<float> from(need.size() * size_t(n));
+    if (query_on_accel_) {
+      const auto t0 = Clock::now();
+      const int64_t M = int64_t(need.size());
+      BackendArray<float> xs(be_, size_t(M * d)), h(be_, size_t(M * d)), q(be_, from.size());
+      std::vector<int32_t> pos;
+      for (size_t j = 0; j < need.size(); ++j) {
+        be_.copy(xs.data() + int64_t(j) * d, x + int64_t(need[j]) * d, size_t(d) * 4);
+        pos.push_back(rows[need[j]].pos);
+      }
+      project_query(be_, layer, xs.data(), M, pos.data(), h.data(), q.data());
+      be_.download(from.data(), q.data(), from.size() * 4);
+      add_accel_work(query_work(layer, M));
+      std::lock_guard<std::mutex> l(mu_);
+      t_query_ += since(t0);
+    } else {
+      for (size_t j = 0; j < need.size(); ++j)
+        be_.download(from.data() + j * size_t(n), x + int64_t(need[j]) * d, size_t(d) * 4);
+    }
+    for (size_t j = 0; j < need.size(); ++j) {
+      const TokenRow r = rows[need[j]];
       auto res = std::make_shared<CpuResult>();
       pending_[pidx(layer, r.seq)] = res;
       const int32_t K = current_k(r), pre = sched_.pre();
-      res->done = rt_.cpu().submit("hybridgen speculative q + logits, layer " + std::to_string(layer),
-                                   cpu_stage_work(layer, r, K, pre, true), {},
-                                   [this, layer, r, xr = std::move(xr), res, K, pre] {
+      std::vector<float> in(from.begin() + std::ptrdiff_t(j) * n, from.begin() + std::ptrdiff_t(j + 1) * n);
+      const std::string what = query_on_accel_ ? "hybridgen speculative logits, layer " : "hybridgen speculative q + logits, layer ";
+      res->done = rt_.cpu().submit(what + std::to_string(layer), cpu_stage_work(layer, r, K, pre, !query_on_accel_), {},
+                                   [this, layer, r, in = std::move(in), res, K, pre] {
                                      const auto t0 = Clock::now();
-                                     const std::vector<float> q = speculative_query(layer, r, xr.data());
-                                     {
+                                     std::vector<float> q;
+                                     if (!query_on_accel_) {
+                                       const int64_t d = model_->hp.d_model;
+                                       std::vector<float> h(static_cast<size_t>(d));
+                                       q.resize(size_t(shape_.H) * size_t(shape_.D));
+                                       project_query(rt_.cpu_backend(), layer, in.data(), 1, &r.pos, h.data(), q.data());
                                        std::lock_guard<std::mutex> l(mu_);
                                        t_query_ += since(t0);
                                      }
-                                     cpu_stage(layer, r, q.data(), K, pre, *res, t0);
+                                     cpu_stage(layer, r, query_on_accel_ ? in.data() : q.data(), K, pre, *res, t0);
                                    });
     }
   }
@@ -433,34 +463,45 @@ class HybridGen final : public KvStrategy {
     seen_pos_max_ = std::max(seen_pos_max_, last.rbegin()->second);
   }
 
-  std::vector<float> speculative_query(int layer, const TokenRow& r, const float* x) {
+  // The speculative query of `layer` for M rows of the previous layer's input x: this layer's
+  // norm, W_q (+ bias) and RoPE at each row's position, on `b` (the CPU backend, or the
+  // accelerator's); h is [M, d_model] scratch, q [M, H·D], both in b's memory.
+  void project_query(Backend& b, int layer, const float* x, int64_t M, const int32_t* pos, float* h, float* q) {
     const Model& m = *model_;
     const LayerWeights& w = m.layers[size_t(layer)];
     const int64_t d = m.hp.d_model;
-    std::vector<float> h(static_cast<size_t>(d)), q(size_t(m.hp.n_heads) * size_t(m.hp.head_dim));
-    Backend& cb = rt_.cpu_backend();
-    if (m.traits.norm == NormKind::kRms) cb.rms_norm(x, w[Slot::kAttnNorm].f32(), 1, d, m.hp.norm_eps, h.data());
-    else cb.layer_norm(x, w[Slot::kAttnNorm].f32(), w[Slot::kAttnNormB].f32(), 1, d, m.hp.norm_eps, h.data());
-    cb.matmul(h.data(), 1, w[Slot::kWq], w[Slot::kBq].empty() ? nullptr : w[Slot::kBq].f32(), q.data());
-    if (shape_.rope) cb.rope(q.data(), 1, m.hp.n_heads, m.hp.head_dim, &r.pos, *shape_.rope);
-    return q;
+    if (m.traits.norm == NormKind::kRms) b.rms_norm(x, w[Slot::kAttnNorm].f32(), M, d, m.hp.norm_eps, h);
+    else b.layer_norm(x, w[Slot::kAttnNorm].f32(), w[Slot::kAttnNormB].f32(), M, d, m.hp.norm_eps, h);
+    b.matmul(h, M, w[Slot::kWq], w[Slot::kBq].empty() ? nullptr : w[Slot::kBq].f32(), q);
+    if (shape_.rope) b.rope(q, M, m.hp.n_heads, m.hp.head_dim, pos, *shape_.rope);
+  }
+
+  // The projection's work for the modeled clock: W_q read once from the memory it runs next to
+  // (host DRAM for the CPU stage, the gpu tier on the accelerator), 2·rows·cols FLOPs per row.
+  StageWork query_work(int layer, int64_t M, Tier where = Tier::kGpu) const {
+    const Weight& wq = model_->layers[size_t(layer)][Slot::kWq];
+    StageWork w;
+    w.flops = 2.0 * double(wq.rows()) * double(wq.cols()) * double(M);
+    w.bytes[size_t(where)] = int64_t(wq.bytes());
+    return w;
   }
 
   // Logits of offloaded keys, selection, and the transfers of logits and V rows to the accelerator.
   // The CPU stage's work for the modeled clock: logits of all H query heads over the keys it reads
   // from DRAM. Post: every offloaded key, streamed. Pre: the K keys of the position heuristic, two
-  // runs (sinks, most recent) per KV head. A speculative stage also projects its query: W_q read
-  // from host memory once (measured on an H200's host, 75-80 % of the stage).
-  StageWork cpu_stage_work(int layer, const TokenRow& r, int32_t K, bool pre, bool speculative) const {
+  // runs (sinks, most recent) per KV head. A stage that projects its own speculative query
+  // (`query_on: cpu`) also reads W_q from host memory (measured on an H200's host, 75-80 % of the
+  // stage).
+  StageWork cpu_stage_work(int layer, const TokenRow& r, int32_t K, bool pre, bool project) const {
     const int Hkv = shape_.H_kv, D = shape_.D;
     const int64_t n_off = offloaded_[pidx(layer, r.seq)], keys = pre ? std::min<int64_t>(K, n_off) : n_off;
     StageWork w;
     w.flops = 2.0 * double(shape_.H) * D * double(keys);
     w.bytes[size_t(Tier::kDram)] = int64_t(Hkv) * keys * D * 4;
-    if (speculative) {
-      const Weight& wq = model_->layers[size_t(layer)][Slot::kWq];
-      w.flops += 2.0 * double(wq.rows()) * double(wq.cols());
-      w.bytes[size_t(Tier::kDram)] += int64_t(wq.bytes());
+    if (project) {
+      const StageWork q = query_work(layer, 1, Tier::kDram);
+      w.flops += q.flops;
+      w.bytes[size_t(Tier::kDram)] += q.bytes[size_t(Tier::kDram)];
     }
     if (pre) w.rows[size_t(Tier::kDram)] = int64_t(2) * Hkv;
     return w;
@@ -665,6 +706,7 @@ class HybridGen final : public KvStrategy {
   const Model* model_;
   int32_t R_, page_;
   bool speculative_;
+  bool query_on_accel_;  // query_on: accelerator
   int32_t sinks_;
   std::unique_ptr<PlacementPolicy> placement_;
   int64_t dram_kv_bytes_;
@@ -690,7 +732,8 @@ class HybridGen final : public KvStrategy {
   Clock::time_point step_start_;
   std::mutex mu_;
   double t_cpu_ = 0, t_tx_ = 0, t_query_ = 0,
-         waited_ = 0;  // t_query_: the speculative queries (part of t_cpu_)
+         waited_ = 0;  // t_query_: the speculative queries' projections (part of t_cpu_, or with
+                       // query_on=accelerator of the accelerator's stage)
   std::map<std::string, double> last_;
 };
 
@@ -707,6 +750,7 @@ StrategyInfo hybridgen_info() {
            {"dram_kv_bytes", T::kInt, "0", "bytes", "dram available to offloaded KV (0: what the dram tier has)", {}},
            {"page_tokens", T::kInt, "64", "tokens", "tokens per V page", {}},
            {"speculative_query", T::kBool, "true", "", "CPU logits for layer i+1 from layer i's input", {}},
+           {"query_on", T::kEnum, "cpu", "", "speculative query projected by the CPU stage (the paper) or the accelerator", {"cpu", "accelerator"}},
            {"k", T::kEnum, "adaptive", "", "token count K: adapted by the scheduler or fixed", {"adaptive", "fixed"}},
            {"mode", T::kEnum, "adaptive", "", "selection: switched by the scheduler, or fixed post/pre", {"adaptive", "post", "pre"}},
            {"k_min", T::kInt, "128", "tokens", "lower bound of K (accuracy threshold)", {}},

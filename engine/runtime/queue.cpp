@@ -25,9 +25,20 @@ struct AccelSegments {
   int64_t id = -1;  // the current segment
   double start_s = 0;
   int64_t waited_for = -1;
+  StageWork extra;  // add_accel_work()
 };
 thread_local AccelSegments* tl_accel = nullptr;
 }  // namespace
+
+void add_accel_work(const StageWork& w) {
+  if (AccelSegments* seg = tl_accel) {
+    seg->extra.flops += w.flops;
+    for (size_t i = 0; i < w.bytes.size(); ++i) {
+      seg->extra.bytes[i] += w.bytes[i];
+      seg->extra.rows[i] += w.rows[i];
+    }
+  }
+}
 
 void Event::wait() const {
   if (!st_) return;
@@ -147,6 +158,11 @@ void Queue::run() {
     rec.queue = index_;
     rec.step = log_->step();
     rec.work = t.work;
+    rec.work.flops += segments.extra.flops;
+    for (size_t i = 0; i < rec.work.bytes.size(); ++i) {
+      rec.work.bytes[i] += segments.extra.bytes[i];
+      rec.work.rows[i] += segments.extra.rows[i];
+    }
     if (segments.done.empty()) {
       log_->record(std::move(rec));
     } else {

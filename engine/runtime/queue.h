@@ -86,4 +86,10 @@ class Queue {
   Event last_;
 };
 
+// Adds `w` to the work of the accelerator-compute stage whose body the calling thread is running:
+// work a strategy does on the accelerator beyond the forward pass the stage was submitted with
+// (HybridGen projecting its speculative queries there), so that the modeled clock charges it.
+// No effect on any other thread.
+void add_accel_work(const StageWork& w);
+
 }  // namespace hg

@@ -183,6 +183,7 @@ inline std::vector<std::pair<std::string, std::map<std::string, std::string>>> o
           hg({{"mode", "post"}, {"speculative_query", "false"}}),
           hg({{"mode", "post"}, {"speculative_query", "true"}}),
           hg({{"mode", "pre"}, {"speculative_query", "true"}}),
+          hg({{"mode", "post"}, {"speculative_query", "true"}, {"query_on", "accelerator"}}),
           hg({{"mode", "post"}, {"placement", "dram-only"}})};
 }
 

@@ -425,6 +425,52 @@ TEST(HybridGen, SpeculativeQueryRunsOnTheCpuQueue) {
   EXPECT_TRUE(st.count("t_cpu_ms"));
 }
 
+// `query_on: accelerator` projects the same speculative query on the accelerator that the CPU
+// stage projects with `cpu`: with every offloaded token selected, the CPU's logits (of that
+// query) enter the merged softmax, so the two runs' logits agree at every step. The modeled clock
+// sees the projection move: W_q's bytes leave the CPU stages and join the accelerator's stage.
+TEST(HybridGen, QueryOnTheAcceleratorMatchesTheCpuProjection) {
+  for (const char* spec : {"synthetic:tiny-llama", "synthetic:tiny-qwen2", "synthetic:tiny-opt"}) {
+    Model m = load_model(spec);
+    const auto toks = token_stream(36, m.hp.n_vocab, 5);
+    const int prompt = 20;
+    std::vector<std::vector<float>> logits[2];
+    std::vector<StageRecord> log[2];
+    for (int accel = 0; accel < 2; ++accel) {
+      RuntimeConfig rc;
+      rc.device = "emulated";
+      Runtime rt(rc);
+      auto kv = make_strategy("hybridgen", StrategyContext{rt.accel_backend(), &rt, &m},
+                              {{"gpu_kv_tokens", "6"}, {"k", "fixed"}, {"k_fixed", "1000"}, {"mode", "post"},
+                               {"query_on", accel ? "accelerator" : "cpu"}});
+      rt.accel().submit("run", {}, {}, [&] { logits[accel] = step_logits(m, rt.accel_backend(), *kv, toks, prompt); }).wait();
+      log[accel] = rt.log().snapshot();
+    }
+    ASSERT_EQ(logits[0].size(), logits[1].size());
+    for (size_t s = 0; s < logits[0].size(); ++s) {
+      double mx = 0;
+      for (float v : logits[0][s]) mx = std::max(mx, double(std::abs(v)));
+      ASSERT_TRUE(test::all_close(logits[1][s].data(), logits[0][s].data(), logits[0][s].size(), {1e-5 * mx, 1e-5}))
+          << spec << " step " << s;
+    }
+    // Per speculated (step, layer): the CPU stage's DRAM bytes lose W_q's, the accelerator gains them.
+    const int64_t wq = int64_t(m.layers[1][Slot::kWq].bytes());
+    // The accelerator's stage is logged in segments (split at its waits) that share its work,
+    // each rounded down: the sum may fall short by up to a byte per segment.
+    int64_t spec_stages[2] = {0, 0}, cpu_dram[2] = {0, 0}, accel_gpu[2] = {0, 0}, segments = 0;
+    for (int a = 0; a < 2; ++a)
+      for (auto& r : log[a]) {
+        if (r.name.rfind("hybridgen speculative", 0) == 0) ++spec_stages[a], cpu_dram[a] += r.work.bytes[size_t(Tier::kDram)];
+        if (r.kind == StageKind::kAccelCompute) accel_gpu[a] += r.work.bytes[size_t(Tier::kGpu)], segments += a;
+      }
+    EXPECT_EQ(spec_stages[0], int64_t(toks.size() - prompt) * (m.hp.n_layers - 1)) << spec;
+    EXPECT_EQ(spec_stages[1], spec_stages[0]) << spec;
+    EXPECT_EQ(cpu_dram[0] - cpu_dram[1], spec_stages[0] * wq) << spec;
+    EXPECT_NEAR(double(accel_gpu[1] - accel_gpu[0]), double(spec_stages[0] * wq), double(segments)) << spec;
+    EXPECT_GT(segments, 1) << spec;
+  }
+}
+
 }  // namespace
 }  // namespace hg
 
