@@ -56,12 +56,18 @@ struct CpuResult {
 class HybridGen final : public KvStrategy {
  public:
   HybridGen(const StrategyContext& ctx, const StrategyParams& p)
-      : be_(ctx.backend), rt_(require_runtime(ctx, "hybridgen")), model_(ctx.model),
-        R_(int32_t(p.get_int("gpu_kv_tokens"))), page_(int32_t(p.get_int("page_tokens"))),
-        speculative_(p.get_bool("speculative_query")), query_on_accel_(p.get("query_on") == "accelerator"),
+      : be_(ctx.backend),
+        rt_(require_runtime(ctx, "hybridgen")),
+        model_(ctx.model),
+        R_(int32_t(p.get_int("gpu_kv_tokens"))),
+        page_(int32_t(p.get_int("page_tokens"))),
+        speculative_(p.get_bool("speculative_query")),
+        query_on_accel_(p.get("query_on") == "accelerator"),
         sinks_(int32_t(p.get_int("pre_sinks"))),
         placement_(make_placement(p.get("placement"), p.get_float("interleave_dram_ratio"))),
-        dram_kv_bytes_(p.get_int("dram_kv_bytes")), sched_cfg_(config(p)), sched_(sched_cfg_) {
+        dram_kv_bytes_(p.get_int("dram_kv_bytes")),
+        sched_cfg_(config(p)),
+        sched_(sched_cfg_) {
     if (R_ < 1 || page_ < 1) input_error("strategy hybridgen: gpu_kv_tokens and page_tokens must be >= 1");
     if (speculative_ && !model_) input_error("strategy hybridgen: speculative_query needs the model's weights");
   }
@@ -161,7 +167,8 @@ class HybridGen final : public KvStrategy {
     if (!speculative_) return;
     std::vector<size_t> need;  // decode rows with offloaded tokens only
     for (size_t i = 0; i < rows.size(); ++i)
-      if (rows[i].pos >= prompt_[size_t(rows[i].seq)] && offloaded_[pidx(layer, rows[i].seq)] > 0) need.push_back(i);
+      if (rows[i].pos >= prompt_[size_t(rows[i].seq)] && offloaded_[pidx(layer, rows[i].seq)] > 0)
+        need.push_back(i);
     if (need.empty()) return;
     // What each CPU stage starts from, on the host: the row of x, which it projects itself, or the
     // query the accelerator projected. On a GPU the download waits for the work queued so far,
@@ -192,21 +199,23 @@ class HybridGen final : public KvStrategy {
       pending_[pidx(layer, r.seq)] = res;
       const int32_t K = current_k(r), pre = sched_.pre();
       std::vector<float> in(from.begin() + std::ptrdiff_t(j) * n, from.begin() + std::ptrdiff_t(j + 1) * n);
-      const std::string what = query_on_accel_ ? "hybridgen speculative logits, layer " : "hybridgen speculative q + logits, layer ";
-      res->done = rt_.cpu().submit(what + std::to_string(layer), cpu_stage_work(layer, r, K, pre, !query_on_accel_), {},
-                                   [this, layer, r, in = std::move(in), res, K, pre] {
-                                     const auto t0 = Clock::now();
-                                     std::vector<float> q;
-                                     if (!query_on_accel_) {
-                                       const int64_t d = model_->hp.d_model;
-                                       std::vector<float> h(static_cast<size_t>(d));
-                                       q.resize(size_t(shape_.H) * size_t(shape_.D));
-                                       project_query(rt_.cpu_backend(), layer, in.data(), 1, &r.pos, h.data(), q.data());
-                                       std::lock_guard<std::mutex> l(mu_);
-                                       t_query_ += since(t0);
-                                     }
-                                     cpu_stage(layer, r, query_on_accel_ ? in.data() : q.data(), K, pre, *res, t0);
-                                   });
+      const std::string what = query_on_accel_ ? "hybridgen speculative logits, layer "
+                                               : "hybridgen speculative q + logits, layer ";
+      res->done = rt_.cpu().submit(
+          what + std::to_string(layer), cpu_stage_work(layer, r, K, pre, !query_on_accel_), {},
+          [this, layer, r, in = std::move(in), res, K, pre] {
+            const auto t0 = Clock::now();
+            std::vector<float> q;
+            if (!query_on_accel_) {
+              const int64_t d = model_->hp.d_model;
+              std::vector<float> h(static_cast<size_t>(d));
+              q.resize(size_t(shape_.H) * size_t(shape_.D));
+              project_query(rt_.cpu_backend(), layer, in.data(), 1, &r.pos, h.data(), q.data());
+              std::lock_guard<std::mutex> l(mu_);
+              t_query_ += since(t0);
+            }
+            cpu_stage(layer, r, query_on_accel_ ? in.data() : q.data(), K, pre, *res, t0);
+          });
     }
   }
 
@@ -466,12 +475,15 @@ class HybridGen final : public KvStrategy {
   // The speculative query of `layer` for M rows of the previous layer's input x: this layer's
   // norm, W_q (+ bias) and RoPE at each row's position, on `b` (the CPU backend, or the
   // accelerator's); h is [M, d_model] scratch, q [M, H·D], both in b's memory.
-  void project_query(Backend& b, int layer, const float* x, int64_t M, const int32_t* pos, float* h, float* q) {
+  void project_query(Backend& b, int layer, const float* x, int64_t M, const int32_t* pos, float* h,
+                     float* q) {
     const Model& m = *model_;
     const LayerWeights& w = m.layers[size_t(layer)];
     const int64_t d = m.hp.d_model;
-    if (m.traits.norm == NormKind::kRms) b.rms_norm(x, w[Slot::kAttnNorm].f32(), M, d, m.hp.norm_eps, h);
-    else b.layer_norm(x, w[Slot::kAttnNorm].f32(), w[Slot::kAttnNormB].f32(), M, d, m.hp.norm_eps, h);
+    if (m.traits.norm == NormKind::kRms)
+      b.rms_norm(x, w[Slot::kAttnNorm].f32(), M, d, m.hp.norm_eps, h);
+    else
+      b.layer_norm(x, w[Slot::kAttnNorm].f32(), w[Slot::kAttnNormB].f32(), M, d, m.hp.norm_eps, h);
     b.matmul(h, M, w[Slot::kWq], w[Slot::kBq].empty() ? nullptr : w[Slot::kBq].f32(), q);
     if (shape_.rope) b.rope(q, M, m.hp.n_heads, m.hp.head_dim, pos, *shape_.rope);
   }
@@ -741,24 +753,60 @@ class HybridGen final : public KvStrategy {
 
 StrategyInfo hybridgen_info() {
   using T = ParamSpec::Type;
-  return {"hybridgen",
-          "CPU logits for offloaded keys of the next layer while the accelerator works; merged softmax; feedback "
-          "scheduler; semantic K/V mapping (HybridGen)",
-          {{"gpu_kv_tokens", T::kInt, "1024", "tokens", "newest tokens resident on the accelerator per layer", {}},
-           {"placement", T::kEnum, "semantic", "", "tiers of offloaded V pages", {"semantic", "interleave", "dram-only"}},
-           {"interleave_dram_ratio", T::kFloat, "0.5", "ratio", "interleave: fraction of pages in dram", {}},
-           {"dram_kv_bytes", T::kInt, "0", "bytes", "dram available to offloaded KV (0: what the dram tier has)", {}},
-           {"page_tokens", T::kInt, "64", "tokens", "tokens per V page", {}},
-           {"speculative_query", T::kBool, "true", "", "CPU logits for layer i+1 from layer i's input", {}},
-           {"query_on", T::kEnum, "cpu", "", "speculative query projected by the CPU stage (the paper) or the accelerator", {"cpu", "accelerator"}},
-           {"k", T::kEnum, "adaptive", "", "token count K: adapted by the scheduler or fixed", {"adaptive", "fixed"}},
-           {"mode", T::kEnum, "adaptive", "", "selection: switched by the scheduler, or fixed post/pre", {"adaptive", "post", "pre"}},
-           {"k_min", T::kInt, "128", "tokens", "lower bound of K (accuracy threshold)", {}},
-           {"k_max", T::kInt, "4096", "tokens", "upper bound of K", {}},
-           {"k_fixed", T::kInt, "128", "tokens", "K when k=fixed", {}},
-           {"k_growth", T::kFloat, "2.0", "", "factor by which the scheduler raises or lowers K", {}},
-           {"pre_sinks", T::kInt, "4", "tokens", "pre mode: first tokens always selected (rest: most recent)", {}}},
-          [](const StrategyContext& c, const StrategyParams& p) { return std::make_unique<HybridGen>(c, p); }};
+  return {
+      "hybridgen",
+      "CPU logits for offloaded keys of the next layer while the accelerator works; merged softmax; feedback "
+      "scheduler; semantic K/V mapping (HybridGen)",
+      {{"gpu_kv_tokens",
+        T::kInt,
+        "1024",
+        "tokens",
+        "newest tokens resident on the accelerator per layer",
+        {}},
+       {"placement",
+        T::kEnum,
+        "semantic",
+        "",
+        "tiers of offloaded V pages",
+        {"semantic", "interleave", "dram-only"}},
+       {"interleave_dram_ratio", T::kFloat, "0.5", "ratio", "interleave: fraction of pages in dram", {}},
+       {"dram_kv_bytes",
+        T::kInt,
+        "0",
+        "bytes",
+        "dram available to offloaded KV (0: what the dram tier has)",
+        {}},
+       {"page_tokens", T::kInt, "64", "tokens", "tokens per V page", {}},
+       {"speculative_query", T::kBool, "true", "", "CPU logits for layer i+1 from layer i's input", {}},
+       {"query_on",
+        T::kEnum,
+        "cpu",
+        "",
+        "speculative query projected by the CPU stage (the paper) or the accelerator",
+        {"cpu", "accelerator"}},
+       {"k",
+        T::kEnum,
+        "adaptive",
+        "",
+        "token count K: adapted by the scheduler or fixed",
+        {"adaptive", "fixed"}},
+       {"mode",
+        T::kEnum,
+        "adaptive",
+        "",
+        "selection: switched by the scheduler, or fixed post/pre",
+        {"adaptive", "post", "pre"}},
+       {"k_min", T::kInt, "128", "tokens", "lower bound of K (accuracy threshold)", {}},
+       {"k_max", T::kInt, "4096", "tokens", "upper bound of K", {}},
+       {"k_fixed", T::kInt, "128", "tokens", "K when k=fixed", {}},
+       {"k_growth", T::kFloat, "2.0", "", "factor by which the scheduler raises or lowers K", {}},
+       {"pre_sinks",
+        T::kInt,
+        "4",
+        "tokens",
+        "pre mode: first tokens always selected (rest: most recent)",
+        {}}},
+      [](const StrategyContext& c, const StrategyParams& p) { return std::make_unique<HybridGen>(c, p); }};
 }
 
 }  // namespace hg

@@ -441,16 +441,23 @@ TEST(HybridGen, QueryOnTheAcceleratorMatchesTheCpuProjection) {
       rc.device = "emulated";
       Runtime rt(rc);
       auto kv = make_strategy("hybridgen", StrategyContext{rt.accel_backend(), &rt, &m},
-                              {{"gpu_kv_tokens", "6"}, {"k", "fixed"}, {"k_fixed", "1000"}, {"mode", "post"},
+                              {{"gpu_kv_tokens", "6"},
+                               {"k", "fixed"},
+                               {"k_fixed", "1000"},
+                               {"mode", "post"},
                                {"query_on", accel ? "accelerator" : "cpu"}});
-      rt.accel().submit("run", {}, {}, [&] { logits[accel] = step_logits(m, rt.accel_backend(), *kv, toks, prompt); }).wait();
+      rt.accel()
+          .submit("run", {}, {},
+                  [&] { logits[accel] = step_logits(m, rt.accel_backend(), *kv, toks, prompt); })
+          .wait();
       log[accel] = rt.log().snapshot();
     }
     ASSERT_EQ(logits[0].size(), logits[1].size());
     for (size_t s = 0; s < logits[0].size(); ++s) {
       double mx = 0;
       for (float v : logits[0][s]) mx = std::max(mx, double(std::abs(v)));
-      ASSERT_TRUE(test::all_close(logits[1][s].data(), logits[0][s].data(), logits[0][s].size(), {1e-5 * mx, 1e-5}))
+      ASSERT_TRUE(
+          test::all_close(logits[1][s].data(), logits[0][s].data(), logits[0][s].size(), {1e-5 * mx, 1e-5}))
           << spec << " step " << s;
     }
     // Per speculated (step, layer): the CPU stage's DRAM bytes lose W_q's, the accelerator gains them.
@@ -460,8 +467,10 @@ TEST(HybridGen, QueryOnTheAcceleratorMatchesTheCpuProjection) {
     int64_t spec_stages[2] = {0, 0}, cpu_dram[2] = {0, 0}, accel_gpu[2] = {0, 0}, segments = 0;
     for (int a = 0; a < 2; ++a)
       for (auto& r : log[a]) {
-        if (r.name.rfind("hybridgen speculative", 0) == 0) ++spec_stages[a], cpu_dram[a] += r.work.bytes[size_t(Tier::kDram)];
-        if (r.kind == StageKind::kAccelCompute) accel_gpu[a] += r.work.bytes[size_t(Tier::kGpu)], segments += a;
+        if (r.name.rfind("hybridgen speculative", 0) == 0)
+          ++spec_stages[a], cpu_dram[a] += r.work.bytes[size_t(Tier::kDram)];
+        if (r.kind == StageKind::kAccelCompute)
+          accel_gpu[a] += r.work.bytes[size_t(Tier::kGpu)], segments += a;
       }
     EXPECT_EQ(spec_stages[0], int64_t(toks.size() - prompt) * (m.hp.n_layers - 1)) << spec;
     EXPECT_EQ(spec_stages[1], spec_stages[0]) << spec;
