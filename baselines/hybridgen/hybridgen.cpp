@@ -178,14 +178,18 @@ class HybridGen final : public KvStrategy {
     if (query_on_accel_) {
       const auto t0 = Clock::now();
       const int64_t M = int64_t(need.size());
-      BackendArray<float> xs(be_, size_t(M * d)), h(be_, size_t(M * d)), q(be_, from.size());
+      // Scratch in the accelerator's memory, kept between calls (a cudaMalloc/cudaFree per layer
+      // would cost more than the projection).
+      if (spec_x_.size() < size_t(M * d)) spec_x_ = BackendArray<float>(be_, size_t(M * d));
+      if (spec_h_.size() < size_t(M * d)) spec_h_ = BackendArray<float>(be_, size_t(M * d));
+      if (spec_q_.size() < from.size()) spec_q_ = BackendArray<float>(be_, from.size());
       std::vector<int32_t> pos;
       for (size_t j = 0; j < need.size(); ++j) {
-        be_.copy(xs.data() + int64_t(j) * d, x + int64_t(need[j]) * d, size_t(d) * 4);
+        be_.copy(spec_x_.data() + int64_t(j) * d, x + int64_t(need[j]) * d, size_t(d) * 4);
         pos.push_back(rows[need[j]].pos);
       }
-      project_query(be_, layer, xs.data(), M, pos.data(), h.data(), q.data());
-      be_.download(from.data(), q.data(), from.size() * 4);
+      project_query(be_, layer, spec_x_.data(), M, pos.data(), spec_h_.data(), spec_q_.data());
+      be_.download(from.data(), spec_q_.data(), from.size() * 4);
       add_accel_work(query_work(layer, M));
       std::lock_guard<std::mutex> l(mu_);
       t_query_ += since(t0);
@@ -738,6 +742,7 @@ class HybridGen final : public KvStrategy {
   std::mutex pool_mu_;
   std::vector<int32_t> slots_;                 // append() scratch: ring slots of a run of rows
   BackendArray<float> resident_logits_;  // attend_hybrid(): [H, used] in the accelerator's memory
+  BackendArray<float> spec_x_, spec_h_, spec_q_;  // prepare() with query_on=accelerator: its scratch
   std::vector<int32_t> offloaded_, last_pos_;  // per (layer, seq): tokens on the CPU side; newest position
   int32_t seen_pos_max_ = 0;
   bool in_step_ = false;
