@@ -176,6 +176,7 @@ class HybridGen final : public KvStrategy {
     const int64_t d = model_->hp.d_model, n = query_on_accel_ ? int64_t(shape_.H) * shape_.D : d;
     std::vector<float> from(need.size() * size_t(n));
     if (query_on_accel_) {
+      be_.synchronize();  // the work queued so far is not the projection's (t_query_ms)
       const auto t0 = Clock::now();
       const int64_t M = int64_t(need.size());
       // Scratch in the accelerator's memory, kept between calls (a cudaMalloc/cudaFree per layer
