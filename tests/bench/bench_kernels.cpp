@@ -157,13 +157,13 @@ BENCHMARK(BM_DecodeAttention)
 
 #if defined(__AVX512F__)
 // A peer for BM_DecodeAttention: per KV head, the same bytes in the same order (64-row chunks: K
-// four rows side by side, then V row by row), prefetched the same way (64 rows ahead, T2, one line
-// per 64 bytes) and the same FMA count for G = 4 (4 per 16 values), but no softmax, no q or p
-// loads and no reductions. The attention's GB/s over this one's is what the kernel's own work
-// costs on top of streaming with that arithmetic.
+// four rows side by side, then V row by row), prefetched the same way (64 rows but at most 16 KiB
+// ahead, T2, one line per 64 bytes) and the same FMA count for G = 4 (4 per 16 values), but no softmax, no q
+// or p loads and no reductions. The attention's GB/s over this one's is what the kernel's own work costs on
+// top of streaming with that arithmetic.
 template <typename T>
 float attention_stream_peer(const T* K, const T* V, int64_t n) {
-  constexpr int D = 128, kAhead = 64;
+  constexpr int D = 128, kAhead = std::min(64, 16384 / (D * int(sizeof(T))));
   auto load = [](const T* p) {
     if constexpr (std::is_same_v<T, float>) return _mm512_loadu_ps(p);
     else return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));

@@ -308,10 +308,17 @@ inline __m512 in_register(__m512 x) {
 }
 
 // Rows ahead that the attention kernels prefetch (reading past the end of K or V is harmless:
-// prefetches do not fault). 64 rows (one attention chunk) beat 32, 128 and 256 in interleaved
-// in-process A/B runs (N = 16K, 2 threads, F16 and F32); 1024 rows, 2× the L2 for two streams, lost
-// a quarter.
+// prefetches do not fault): 64 rows (one attention chunk), but no more than 16 KiB. 64 rows beat
+// 32, 128 and 256 in interleaved in-process A/B runs (N = 16K, 2 threads, F16 and F32); 1024 rows,
+// 2× the L2 for two streams, lost a quarter. For 512-byte rows (F32, D = 128) 32 rows (16 KiB, the
+// distance F16 rows of D = 128 get) read 0.85-0.87 of the pass with 2 threads against 0.81-0.85
+// for 64 (N = 4K, 16K and one KV head over 64K; ten interleaved rounds in ≈ 33 GB/s periods), and
+// 1-2 % less with 1 thread. 128 rows for 128-byte rows (also 16 KiB) read 1-2 % less than 64.
 constexpr int kPrefetchRows = 64;
+constexpr int kPrefetchBytes = 16384;
+constexpr int prefetch_rows(int row_bytes) {
+  return std::min(kPrefetchRows, std::max(16, kPrefetchBytes / row_bytes));
+}
 
 // Whether the attention kernels prefetch at all. Rows of at most 128 bytes (D = 64 in F16/BF16)
 // read by one or two query heads per KV head are left to the hardware prefetcher: with software
@@ -360,13 +367,14 @@ inline void logits16(const float* q, const T* K, int kk, int D_, float scale, fl
   // outnumbered the FMAs' other operand and bound the kernel on this core's one 512-bit load per
   // cycle. G·KB accumulators + KB keys + 1 q stay within the 32 registers.
   constexpr int KB = G <= 4 ? 4 : 2;
+  const int64_t ahead_elems = int64_t(prefetch_rows(row_bytes)) * D;
   // a[h][i] = the partial vector of q[h] · K[c + i].
   auto step = [&](auto kb_const, int c, __m512 (&a)[G][decltype(kb_const)::value]) {
     constexpr int NK = decltype(kb_const)::value;
-    // Software prefetch kPrefetchRows rows ahead (the hardware prefetcher alone leaves the
+    // Software prefetch prefetch_rows() rows ahead (the hardware prefetcher alone leaves the
     // single-thread stream well under the read bandwidth), one line per row per 64 bytes read,
     // spread over the loop: bursts of requests get dropped.
-    const char* ahead = reinterpret_cast<const char*>(K + int64_t(c + kPrefetchRows) * D);
+    const char* ahead = reinterpret_cast<const char*>(K + int64_t(c) * D + ahead_elems);
     for (int h = 0; h < G; ++h)
       for (int i = 0; i < NK; ++i) a[h][i] = _mm512_setzero_ps();
     for (int b = 0; b < nb; ++b) {
@@ -438,9 +446,10 @@ inline void weighted_v_blocks(const float* p, int64_t ld, const T* V, int cn, in
     for (int h = 0; h < G; ++h) a[h][j] = _mm512_maskz_loadu_ps(mk[j], acc + h * D + (b0 + j) * 16);
   }
   const int pf_begin = b0 * 16 * int(sizeof(T)), pf_end = std::min(D, (b0 + BB) * 16) * int(sizeof(T));
+  const int64_t ahead_elems = int64_t(prefetch_rows(D * int(sizeof(T)))) * D;
   for (int c = 0; c < cn; ++c) {
     const T* v = V + int64_t(c) * D + b0 * 16;
-    const char* ahead = reinterpret_cast<const char*>(V + int64_t(c + kPrefetchRows) * D);
+    const char* ahead = reinterpret_cast<const char*>(V + int64_t(c) * D + ahead_elems);
     if constexpr (attention_prefetches<G, DT, T>())
       for (int off = pf_begin; off < pf_end; off += 64) _mm_prefetch(ahead + off, _MM_HINT_T2);
     __m512 vv[BB];
