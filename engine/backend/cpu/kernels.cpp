@@ -311,9 +311,10 @@ inline __m512 in_register(__m512 x) {
 // prefetches do not fault): 64 rows (one attention chunk), but no more than 16 KiB. 64 rows beat
 // 32, 128 and 256 in interleaved in-process A/B runs (N = 16K, 2 threads, F16 and F32); 1024 rows,
 // 2× the L2 for two streams, lost a quarter. For 512-byte rows (F32, D = 128) 32 rows (16 KiB, the
-// distance F16 rows of D = 128 get) read 0.85-0.87 of the pass with 2 threads against 0.81-0.85
-// for 64 (N = 4K, 16K and one KV head over 64K; ten interleaved rounds in ≈ 33 GB/s periods), and
-// 1-2 % less with 1 thread. 128 rows for 128-byte rows (also 16 KiB) read 1-2 % less than 64.
+// distance F16 rows of D = 128 get) read a median 0.862 / 0.853 of the pass with 2 threads at N =
+// 16K / 4K, against 0.848 / 0.826 for 64 rows (12-14 interleaved rounds each in ≈ 33 GB/s
+// periods), and 1-2 % less with 1 thread. 128 rows for 128-byte rows (also 16 KiB) read 1-2 % less
+// than 64.
 constexpr int kPrefetchRows = 64;
 constexpr int kPrefetchBytes = 16384;
 constexpr int prefetch_rows(int row_bytes) {
