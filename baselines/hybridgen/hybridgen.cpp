@@ -32,6 +32,7 @@
 #include "engine/backend/cpu/kernels.h"
 #include "engine/decoder/kv_store.h"
 #include "engine/runtime/placement.h"
+#include "selectors/logit_topk.h"
 
 namespace hg {
 namespace {
@@ -535,32 +536,25 @@ class HybridGen final : public KvStrategy {
     result_buffers(layer, r.seq, K, res);
     std::vector<float> lg_sel(size_t(Hkv) * size_t(G) * size_t(K));
     Backend& cb = rt_.cpu_backend();
+    // [G, m] logits of one KV head's m scored positions: this worker thread's scratch, grown (and
+    // zeroed) only when a stage needs more; group_logits overwrites what it uses.
+    thread_local std::vector<float> lg;
+    if (lg.size() < size_t(G) * size_t(pre ? K : n_off)) lg.resize(size_t(G) * size_t(pre ? K : n_off));
     for (int g = 0; g < Hkv; ++g) {
       const float* qg = q + int64_t(g) * G * D;
       const float* Kg = kcpu_.k(layer, r.seq) + g * kcpu_.head_stride(r.seq);
       auto& sel = res.sel[size_t(g)];
-      std::vector<float> lg;  // [G, m] logits of the m scored positions
       int32_t m = 0;
       if (!pre) {  // post: all offloaded logits, top-K by the group's max logit
         m = n_off;
-        lg.resize(size_t(G) * size_t(n_off));
         cb.group_logits(qg, G, Kg, n_off, D, scale, lg.data());
-        std::vector<std::pair<float, int32_t>> sc(static_cast<size_t>(n_off));
-        for (int32_t t = 0; t < n_off; ++t) {
-          float mx = -INFINITY;
-          for (int h = 0; h < G; ++h) mx = std::max(mx, lg[size_t(h) * size_t(n_off) + size_t(t)]);
-          sc[size_t(t)] = {-mx, t};
-        }
-        std::nth_element(sc.begin(), sc.begin() + K, sc.end());
-        for (int32_t i = 0; i < K; ++i) sel.push_back(sc[size_t(i)].second);
-        std::sort(sel.begin(), sel.end());
+        logit_top_k(lg.data(), G, n_off, n_off, K, sel);
       } else {  // pre: position heuristic first (sinks + most recent offloaded), logits only for those
         m = K;
         const int32_t s = std::min(sinks_, K);
         for (int32_t t = 0; t < s; ++t) sel.push_back(t);
         for (int32_t t = std::max(s, n_off - (K - s)); t < n_off; ++t) sel.push_back(t);
         std::vector<float> kg(size_t(K) * size_t(D));
-        lg.resize(size_t(G) * size_t(K));
         cpu::gather_rows(kg.data(), Kg, int64_t(D) * 4, int64_t(D) * 4, sel.data(), K);
         cb.group_logits(qg, G, kg.data(), K, D, scale, lg.data());
       }

@@ -21,6 +21,7 @@
 #include "baselines/common.h"
 #include "engine/backend/cpu/kernels.h"
 #include "engine/decoder/kv_store.h"
+#include "selectors/logit_topk.h"
 
 namespace hg {
 
@@ -256,17 +257,8 @@ class InfiniGen final : public KvStrategy {
     f->k = rt_.memory().allocate(Tier::kGpu, int64_t(Hkv) * count * D * 4);
     f->v = rt_.memory().allocate(Tier::kGpu, int64_t(Hkv) * count * D * 4);
     std::vector<std::vector<int32_t>> sel(static_cast<size_t>(Hkv));
-    for (int g = 0; g < Hkv; ++g) {
-      std::vector<std::pair<float, int32_t>> sc(static_cast<size_t>(n));
-      for (int32_t t = 0; t < n; ++t) {
-        float mx = -INFINITY;
-        for (int hh = 0; hh < G; ++hh) mx = std::max(mx, logits[(size_t(g) * G + size_t(hh)) * size_t(n) + size_t(t)]);
-        sc[size_t(t)] = {-mx, t};
-      }
-      std::nth_element(sc.begin(), sc.begin() + count, sc.end());
-      for (int32_t i = 0; i < count; ++i) sel[size_t(g)].push_back(sc[size_t(i)].second);
-      std::sort(sel[size_t(g)].begin(), sel[size_t(g)].end());
-    }
+    for (int g = 0; g < Hkv; ++g)
+      logit_top_k(logits.data() + int64_t(g) * G * n, G, n, n, count, sel[size_t(g)]);
     const int seq = r.seq;
     int64_t n_rows = 0;  // runs of K and V rows gathered (the modeled clock's row cost)
     for (const auto& s : sel) n_rows += 2 * gathered_runs(s);

@@ -2,18 +2,16 @@
 // and as a ratio to this machine's read bandwidth measured in the same run (BM_ReadBandwidth,
 // a read-only AVX-512 reduction over 1 GiB). Run: build/tests/hg_bench [--benchmark_filter=…]
 #include <benchmark/benchmark.h>
-
+#include <immintrin.h>
+#include <sys/mman.h>
 
 #include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstring>
-#include <span>
-
-#include <immintrin.h>
-#include <sys/mman.h>
-#include <type_traits>
 #include <random>
+#include <span>
+#include <type_traits>
 #include <vector>
 
 #include "engine/backend/backend.h"
@@ -21,6 +19,7 @@
 #include "engine/core/tensor.h"
 #include "engine/core/thread_pool.h"
 #include "engine/runtime/bandwidth.h"
+#include "selectors/logit_topk.h"
 
 namespace hg {
 namespace {
@@ -387,6 +386,30 @@ BENCHMARK(BM_GatherRows)
     ->ArgNames({"K", "prefetch", "sorted", "hugepages"})
     ->Args({16384, 0, 1, 1})->Args({16384, 1, 1, 1})->Args({16384, 1, 0, 1})->Args({16384, 1, 1, 0})
     ->UseManualTime();
+
+// HybridGen's post-mode selection (and InfiniGen's): the K positions with the highest max logit
+// over G = 4 query heads, out of n, on one thread, after the logits were computed (so they are in
+// cache, as in the strategies). method 0: logit_top_k_reference, the std::nth_element selection
+// the strategies ran before; 1: logit_top_k (a sampled lower bound, then a select among the few
+// that pass it). Reported: ns per position (`ns_per_pos`).
+void BM_LogitTopK(benchmark::State& st) {
+  const int32_t n = int32_t(st.range(0)), K = int32_t(st.range(1));
+  const int G = 4;
+  std::vector<float> l(size_t(G) * size_t(n));
+  fill(l.data(), l.size(), 9);
+  std::vector<int32_t> out;
+  for (auto _ : st) {
+    if (st.range(2) == 0)
+      logit_top_k_reference(l.data(), G, n, n, K, out);
+    else
+      logit_top_k(l.data(), G, n, n, K, out);
+    benchmark::DoNotOptimize(out.data());
+  }
+  st.counters["ns_per_pos"] = benchmark::Counter(
+      double(n), benchmark::Counter::kIsIterationInvariantRate | benchmark::Counter::kInvert);
+  st.SetLabel(st.range(2) == 0 ? "nth_element reference" : "logit_top_k");
+}
+BENCHMARK(BM_LogitTopK)->ArgNames({"n", "K", "method"})->ArgsProduct({{16384, 65536}, {128, 2048}, {0, 1}});
 
 // Decode GEMV (M = 1; cpu::gemv, the CPU backend's path for up to 4 rows): y = x · Wᵀ, W [N, K]. Bytes read: the weights. Cold: cycles
 // through enough matrices to exceed the last-level cache.

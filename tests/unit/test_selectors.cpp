@@ -1,0 +1,67 @@
+// Token selectors against their slow references.
+#include <cmath>
+#include <limits>
+
+#include "selectors/logit_topk.h"
+#include "tests/unit/test_util.h"
+
+namespace hg {
+namespace {
+
+// Logits [G][ld] for n positions. `levels` > 0 rounds them to that many distinct values, so that
+// many scores tie; `specials` writes ±0, ±inf and NaN into some of them.
+std::vector<float> logits_for(int G, int64_t ld, int32_t n, uint64_t seed, int levels, bool specials) {
+  std::vector<float> l = test::random_vec(size_t(G) * size_t(ld), seed, -8.0f, 8.0f);
+  if (levels > 0)
+    for (auto& x : l) x = std::round(x * float(levels) / 16.0f);
+  if (specials) {
+    const float sp[] = {0.0f, -0.0f, INFINITY, -INFINITY, std::numeric_limits<float>::quiet_NaN()};
+    std::mt19937_64 r(seed + 1);
+    for (int i = 0; i < n / 8 + 1; ++i) l[size_t(r() % l.size())] = sp[r() % 5];
+  }
+  return l;
+}
+
+TEST(LogitTopK, EqualsTheNthElementReferenceWithTiesAndSpecialValues) {
+  struct Case {
+    int G;
+    int32_t n, K;
+    int levels;
+    bool specials;
+  };
+  const Case cases[] = {
+      {4, 15363, 128, 0, false},   // HybridGen post, the 1B model at 16K
+      {4, 15363, 4096, 0, false},  // k_max
+      {1, 1000, 999, 0, false},   {8, 2048, 1, 0, false},   {4, 5000, 2500, 0, false},
+      {4, 20000, 300, 3, false},  // few distinct scores: the K-th score is shared by thousands
+      {4, 20000, 7000, 2, false}, {2, 4096, 64, 40, false}, {4, 3000, 100, 0, true},
+      {4, 3000, 2900, 6, true},   {7, 333, 17, 0, true},    {1, 64, 64, 0, false},
+      {3, 10, 0, 0, false},       {3, 10, 25, 0, false},
+  };
+  uint64_t seed = 11;
+  for (const Case& c : cases) {
+    const int64_t ld = c.n + 13;  // rows further apart than n, as in a larger buffer
+    const auto l = logits_for(c.G, ld, c.n, seed++, c.levels, c.specials);
+    std::vector<int32_t> fast, ref;
+    logit_top_k(l.data(), c.G, ld, c.n, c.K, fast);
+    logit_top_k_reference(l.data(), c.G, ld, c.n, c.K, ref);
+    EXPECT_EQ(fast.size(), size_t(std::clamp(c.K, 0, c.n))) << "G=" << c.G << " n=" << c.n << " K=" << c.K;
+    EXPECT_EQ(fast, ref) << "G=" << c.G << " n=" << c.n << " K=" << c.K << " levels=" << c.levels;
+  }
+}
+
+TEST(LogitTopK, TiesGoToTheLowerPositionAndNaNIsIgnored) {
+  // Scores: position 0..5 = {1, 3, 3, NaN→-inf, 3, 2}; K = 2 takes positions 1 and 2 (not 4).
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  const float l[2][6] = {{1, 3, -1, nan, 3, 2}, {0, 0, 3, nan, 1, -5}};
+  std::vector<int32_t> out;
+  logit_top_k(&l[0][0], 2, 6, 6, 2, out);
+  EXPECT_EQ(out, (std::vector<int32_t>{1, 2}));
+  logit_top_k(&l[0][0], 2, 6, 6, 4, out);
+  EXPECT_EQ(out, (std::vector<int32_t>{1, 2, 4, 5}));
+  logit_top_k(&l[0][0], 2, 6, 6, 5, out);  // then 1.0 at position 0, before the all-NaN position
+  EXPECT_EQ(out, (std::vector<int32_t>{0, 1, 2, 4, 5}));
+}
+
+}  // namespace
+}  // namespace hg
