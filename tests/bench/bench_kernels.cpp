@@ -50,9 +50,12 @@ constexpr int64_t kMinPassBytes = int64_t(64) << 20;
 // shared machine. x_bw_peak is against BM_SetReference's best-of-5 at the start of the run
 // (the best moment of the run: the conservative ratio). x_bw_1s pairs each call with a second,
 // weaker pass as well: one plain stream per thread (cpu::sum_one_stream), the kind of reduction
-// issue 5's reference figures came from.
+// issue 5's reference figures came from. A kernel whose output is large gives its bytes as
+// `written`: x_traffic then counts them twice (their write-allocate read and their write-back, the
+// output being out of cache again by the next call) on top of the bytes read, for the memory
+// traffic the kernel makes; x_bw, the ratio the targets name, counts the reads only.
 template <class F>
-void run_paired(benchmark::State& st, double bytes_per_iter, int threads, F&& kernel) {
+void run_paired(benchmark::State& st, double bytes_per_iter, int threads, F&& kernel, double written = 0) {
   PairedRatio pr, pr1;
   for (auto _ : st) {
     const auto t0 = std::chrono::steady_clock::now();
@@ -69,6 +72,7 @@ void run_paired(benchmark::State& st, double bytes_per_iter, int threads, F&& ke
   st.counters["ref_GB/s"] = pr.ref_gbs();
   st.counters["x_bw"] = pr.ratio();
   st.counters["x_bw_1s"] = pr1.ratio();
+  if (written > 0) st.counters["x_traffic"] = pr.ratio() * (bytes_per_iter + 2 * written) / bytes_per_iter;
   const double peak = g_read_gbs[std::clamp(threads, 0, 64)];
   if (peak > 0) st.counters["x_bw_peak"] = pr.gbs() / peak;
 }
@@ -319,7 +323,7 @@ BENCHMARK(BM_CoreFma)->ArgNames({"conversions"})->Arg(0)->Arg(1)->UseRealTime();
 #endif
 
 // HybridGen's CPU stage: logits of G query heads over N offloaded keys of one KV head (F32).
-// Bytes read: the keys, N · D · 4.
+// Bytes read: the keys, N · D · 4. Written: the logits, G · N · 4 (x_traffic).
 void BM_GroupLogits(benchmark::State& st) {
   set_num_threads(int(st.range(1)));
   const int64_t N = st.range(0);
@@ -335,7 +339,7 @@ void BM_GroupLogits(benchmark::State& st) {
   fill(q.data(), q.size(), 8);
   auto be = make_cpu_backend();
   run_paired(st, double(N * D * 4), int(st.range(1)),
-             [&] { be->group_logits(q.data(), G, K, N, D, 0.088f, lg); });
+             [&] { be->group_logits(q.data(), G, K, N, D, 0.088f, lg); }, double(G * N * 4));
 }
 // 256K keys = 128 MiB: larger than the last-level cache, so every pass streams from memory.
 BENCHMARK(BM_GroupLogits)->ArgNames({"N", "threads"})->Args({262144, 1})->Args({262144, 2})->UseManualTime();
