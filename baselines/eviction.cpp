@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <numeric>
+#include <stdexcept>
 
 #include "engine/core/error.h"
 
@@ -25,15 +26,28 @@ void EvictingStrategy::begin(const KvShape& shape, std::span<const int32_t> capa
 }
 
 void EvictingStrategy::evict_to(int layer, int seq, int32_t keep) {
-  for (int g = 0; g < shape_.H_kv; ++g)
-    while (store_.count(layer, seq, g) > keep) {
-      const int32_t s = victim(layer, seq, g);
-      auto& sc = scores(layer, seq, g);
+  for (int g = 0; g < shape_.H_kv; ++g) {
+    const int32_t n = store_.count(layer, seq, g);
+    if (n <= keep) continue;
+    victims(layer, seq, g, n - keep, victims_);
+    HG_CHECK(int32_t(victims_.size()) == n - keep);
+    // Dropped in the policy's order. Each removal moves the last slot into the freed one, so a victim
+    // still to come that sat in the last slot is followed there (the slots then end as if the
+    // victims had been picked one at a time).
+    pending_.assign(size_t(n), -1);
+    for (size_t i = 0; i < victims_.size(); ++i) pending_[size_t(victims_[i])] = int32_t(i);
+    auto& sc = scores(layer, seq, g);
+    for (size_t i = 0; i < victims_.size(); ++i) {
+      const int32_t s = victims_[i];
       const int32_t moved = store_.remove(layer, seq, g, s);
       sc[size_t(s)] = sc[size_t(moved)];
       sc[size_t(moved)] = 0.0;
+      pending_[size_t(s)] = pending_[size_t(moved)];
+      if (pending_[size_t(s)] >= 0 && moved != s) victims_[size_t(pending_[size_t(s)])] = s;
+      pending_[size_t(moved)] = -1;
       ++evicted_;
     }
+  }
 }
 
 void EvictingStrategy::append(int layer, std::span<const TokenRow> rows, const float* k, const float* v) {
@@ -61,8 +75,9 @@ void EvictingStrategy::attend(int layer, std::span<const TokenRow> rows, const f
   const int H = shape_.H, Hkv = shape_.H_kv, D = shape_.D, G = group();
   int64_t ld = 0;
   for (auto& r : rows) ld = std::max<int64_t>(ld, store_.capacity(r.seq));
-  logits_.resize(rows.size() * size_t(H) * size_t(ld));
-  probs_.resize(logits_.size());
+  const size_t tap_floats = rows.size() * size_t(H) * size_t(ld);
+  if (taps() & kLogits) logits_.resize(tap_floats);
+  if (taps() & kProbs) probs_.resize(tap_floats);
   attn_rows_.resize(rows.size());
   const bool rerotate = cache_positions() && shape_.rope;
   const float* qa = q;
@@ -117,36 +132,45 @@ void EvictingStrategy::attend(int layer, std::span<const TokenRow> rows, const f
     attn_rows_[i] = ar;
   }
   AttentionArgs a = attention_args(shape_, attn_rows_, qa, scale, out);
-  a.logits_out = logits_.data();
-  a.probs_out = probs_.data();
+  a.logits_out = taps() & kLogits ? logits_.data() : nullptr;
+  a.probs_out = taps() & kProbs ? probs_.data() : nullptr;
   a.tap_ld = ld;
   be_.attention(a);
-  for (size_t i = 0; i < rows.size(); ++i) {
-    const TokenRow r = rows[i];
-    for (int g = 0; g < Hkv; ++g)
-      accumulate(layer, r.seq, g, logits_.data() + (i * size_t(H) + size_t(g * G)) * size_t(ld),
-                 probs_.data() + (i * size_t(H) + size_t(g * G)) * size_t(ld), ld, attn_rows_[i].n_keys, r.pos);
-  }
+  if (taps() != 0)
+    for (size_t i = 0; i < rows.size(); ++i) {
+      const TokenRow r = rows[i];
+      const size_t off = (i * size_t(H)) * size_t(ld);
+      for (int g = 0; g < Hkv; ++g)
+        accumulate(layer, r.seq, g, a.logits_out ? a.logits_out + off + size_t(g * G) * size_t(ld) : nullptr,
+                   a.probs_out ? a.probs_out + off + size_t(g * G) * size_t(ld) : nullptr, ld,
+                   attn_rows_[i].n_keys, r.pos);
+    }
   // Decode rows: back to the budget.
   for (auto& r : rows)
     if (r.pos >= prompt_len(r.seq)) evict_to(layer, r.seq, budget(r.seq));
 }
 
-int32_t EvictingStrategy::lowest_non_recent(int layer, int seq, int g, int32_t recent) {
+void EvictingStrategy::lowest_non_recent(int layer, int seq, int g, int32_t recent, int32_t count,
+                                         std::vector<int32_t>& slots) {
   const int32_t n = store_.count(layer, seq, g);
   const int32_t* pos = store_.positions(layer, seq, g);
   std::vector<int32_t> p(pos, pos + n);
   std::nth_element(p.begin(), p.begin() + std::max(0, n - recent), p.end());
   const int32_t cut = recent >= n ? INT32_MIN : p[size_t(n - recent)];  // positions >= cut are recent
   const auto& sc = scores(layer, seq, g);
-  int32_t best = -1;
-  for (int32_t s = 0; s < n; ++s) {
-    if (recent > 0 && pos[s] >= cut) continue;
-    // Lowest score; ties go to the oldest token.
-    if (best < 0 || sc[size_t(s)] < sc[size_t(best)] || (sc[size_t(s)] == sc[size_t(best)] && pos[s] < pos[best])) best = s;
-  }
-  if (best < 0) throw std::logic_error("eviction: every retained token is in the recent window");
-  return best;
+  slots.clear();
+  for (int32_t s = 0; s < n; ++s)
+    if (recent <= 0 || pos[s] < cut) slots.push_back(s);
+  if (int32_t(slots.size()) < count)
+    throw std::logic_error("eviction: every retained token is in the recent window");
+  // Lowest score; ties go to the oldest token.
+  const auto before = [&](int32_t a, int32_t b) {
+    return sc[size_t(a)] < sc[size_t(b)] || (sc[size_t(a)] == sc[size_t(b)] && pos[a] < pos[b]);
+  };
+  if (int32_t(slots.size()) > count)
+    std::nth_element(slots.begin(), slots.begin() + (count - 1), slots.end(), before);
+  slots.resize(size_t(count));
+  std::sort(slots.begin(), slots.end(), before);
 }
 
 std::map<std::string, double> EvictingStrategy::step_stats() const {

@@ -27,17 +27,25 @@ class EvictingStrategy : public KvStrategy {
  protected:
   // Scores of the retained tokens of (layer, seq, g), per slot.
   std::vector<double>& scores(int layer, int seq, int g) { return scores_[sidx(layer, seq, g)]; }
+  // The attention taps the policy reads: a mask of kLogits (scaled logits, before the softmax) and
+  // kProbs (softmax probabilities). Taps it does not ask for are not computed (no bytes written per
+  // key and head) and reach accumulate() as nullptr.
+  static constexpr int kLogits = 1, kProbs = 2;
+  virtual int taps() const = 0;
   // Policy: fold row's taps into scores. logits/probs: [H, tap_ld] of this row; slots [0, n).
   virtual void accumulate(int layer, int seq, int g, const float* logits, const float* probs, int64_t tap_ld,
                           int32_t n, int32_t pos) = 0;
-  // Policy: which slot of (layer, seq, g) to drop now (count > budget).
-  virtual int32_t victim(int layer, int seq, int g) = 0;
+  // Policy: the `count` slots of (layer, seq, g) to drop now, in the order the policy would drop
+  // them one at a time (its scores do not change in between, so one call picks them all: pruning a
+  // long prompt to the budget is one selection, not one scan of the cache per evicted token).
+  virtual void victims(int layer, int seq, int g, int32_t count, std::vector<int32_t>& slots) = 0;
   // Keys are stored as given (post-RoPE) unless this returns true (then pre-RoPE, re-rotated
   // at positions within the cache each step, as StreamingLLM's pos-shift).
   virtual bool cache_positions() const { return false; }
-  // Index of the slot holding the lowest score among slots whose position is not among the
-  // `recent` newest retained ones.
-  int32_t lowest_non_recent(int layer, int seq, int g, int32_t recent);
+  // The `count` slots with the lowest scores among those whose position is not among the `recent`
+  // newest retained ones, lowest first; equal scores, oldest first.
+  void lowest_non_recent(int layer, int seq, int g, int32_t recent, int32_t count,
+                         std::vector<int32_t>& slots);
   int32_t prompt_len(int seq) const { return prompt_[size_t(seq)]; }
   int32_t n_new(int seq) const { return capacity_[size_t(seq)] - prompt_[size_t(seq)]; }
   const KvShape& shape() const { return shape_; }
@@ -56,6 +64,7 @@ class EvictingStrategy : public KvStrategy {
   std::vector<std::vector<double>> scores_;
   std::vector<float> logits_, probs_, krot_, qrot_, tmp_;
   std::vector<AttnRow> attn_rows_;
+  std::vector<int32_t> victims_, pending_;  // evict_to's scratch
   std::map<int32_t, size_t> rotated_;  // seq → offset of its rotated K/V copy in this call
   size_t krot_used_ = 0;
   int64_t evicted_ = 0;

@@ -43,6 +43,7 @@ class Keyformer : public EvictingStrategy {
   }
 
  protected:
+  int taps() const override { return kLogits; }
   void accumulate(int layer, int seq, int g, const float* logits, const float*, int64_t ld, int32_t n,
                   int32_t row_pos) override {
     auto& sc = scores(layer, seq, g);
@@ -62,7 +63,9 @@ class Keyformer : public EvictingStrategy {
       for (int32_t s = 0; s < n; ++s) sc[size_t(s)] += z[size_t(s)] / sum;
     }
   }
-  int32_t victim(int layer, int seq, int g) override { return lowest_non_recent(layer, seq, g, recent(seq)); }
+  void victims(int layer, int seq, int g, int32_t count, std::vector<int32_t>& slots) override {
+    lowest_non_recent(layer, seq, g, recent(seq), count, slots);
+  }
 
  private:
   double kv_ratio_, recent_ratio_, tau_init_, tau_end_;

@@ -4,6 +4,9 @@
 // their position within the cache, the query at the current token's cache position; `original`
 // keeps each key at its text position (kvpress without KeyRerotationPress). Models with learned
 // positions (OPT) have nothing to re-rotate: both settings behave as `original`.
+#include <algorithm>
+#include <stdexcept>
+
 #include "baselines/eviction.h"
 
 namespace hg {
@@ -21,15 +24,22 @@ class StreamingLlm final : public EvictingStrategy {
 
  protected:
   bool cache_positions() const override { return cache_pos_; }
+  int taps() const override { return 0; }
   void accumulate(int, int, int, const float*, const float*, int64_t, int32_t, int32_t) override {}
-  int32_t victim(int layer, int seq, int g) override {
-    // The oldest token that is not a sink (positions < sinks are the sinks).
+  void victims(int layer, int seq, int g, int32_t count, std::vector<int32_t>& slots) override {
+    // The oldest tokens that are not sinks (positions < sinks are the sinks), oldest first.
     const int32_t n = store().count(layer, seq, g);
     const int32_t* pos = store().positions(layer, seq, g);
-    int32_t best = -1;
+    slots.clear();
     for (int32_t s = 0; s < n; ++s)
-      if (pos[s] >= sinks_ && (best < 0 || pos[s] < pos[best])) best = s;
-    return best;
+      if (pos[s] >= sinks_) slots.push_back(s);
+    if (int32_t(slots.size()) < count)
+      throw std::logic_error("streamingllm: fewer non-sink tokens than must be evicted");
+    const auto older = [&](int32_t a, int32_t b) { return pos[a] < pos[b]; };
+    if (int32_t(slots.size()) > count)
+      std::nth_element(slots.begin(), slots.begin() + (count - 1), slots.end(), older);
+    slots.resize(size_t(count));
+    std::sort(slots.begin(), slots.end(), older);
   }
 
  private:

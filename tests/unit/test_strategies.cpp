@@ -202,6 +202,10 @@ void brute_force_check(const std::string& name, const std::map<std::string, std:
   // Brute force state per KV head: retained set and scores.
   std::vector<std::set<int32_t>> keep(Hkv);
   std::vector<std::map<int32_t, double>> score(Hkv);
+  // Position per slot, as a store that drops victims one at a time (the last slot moving into the
+  // freed one) would hold them: the strategy picks all of a step's victims at once and must end
+  // with the same slots.
+  std::vector<std::vector<int32_t>> layout(Hkv);
   const int32_t budget = ev->budget(0);
   int32_t heavy_recent = 0;
   if (name == "h2o") heavy_recent = std::max(1, int32_t(std::floor(std::stod(params.at("recent_ratio")) * P)));
@@ -220,13 +224,17 @@ void brute_force_check(const std::string& name, const std::map<std::string, std:
         if (p < cut && (victim < 0 || score[size_t(g)][p] < score[size_t(g)][victim])) victim = p;
       keep[size_t(g)].erase(victim);
       score[size_t(g)].erase(victim);
+      auto& l = layout[size_t(g)];
+      *std::find(l.begin(), l.end(), victim) = l.back();
+      l.pop_back();
     }
   };
   for (int t = 0; t < n; ++t) {
     const TokenRow r{0, t};
     if (t == P)
       for (int g = 0; g < Hkv; ++g) evict(g);
-    for (int g = 0; g < Hkv; ++g) keep[size_t(g)].insert(t), score[size_t(g)][t] = 0.0;
+    for (int g = 0; g < Hkv; ++g)
+      keep[size_t(g)].insert(t), score[size_t(g)][t] = 0.0, layout[size_t(g)].push_back(t);
     kv->append(0, std::span<const TokenRow>(&r, 1), &K[size_t(t * Hkv * D)], &V[size_t(t * Hkv * D)]);
     kv->attend(0, std::span<const TokenRow>(&r, 1), &Q[size_t(t * H * D)], scale, &out[size_t(t * H * D)]);
     const int step = std::max(0, t - P + 1);
@@ -251,6 +259,9 @@ void brute_force_check(const std::string& name, const std::map<std::string, std:
       }
       if (t >= P) evict(g);
       ASSERT_EQ(held(ev->store(), 0, g), keep[size_t(g)]) << name << " token " << t << " head " << g;
+      const int32_t* sp = ev->store().positions(0, 0, g);
+      ASSERT_EQ(std::vector<int32_t>(sp, sp + ev->store().count(0, 0, g)), layout[size_t(g)])
+          << name << " token " << t << " head " << g;
     }
   }
 }

@@ -514,10 +514,10 @@ void attention_group_fused(const float* q, const T* K, const T* V, int64_t n, in
     for (int d = 0; d < D; ++d) out[h * D + d] *= inv;
     const float lse = mx[h] + std::log(sum[h]);
     if (lse_out) lse_out[h] = lse;
-    if (probs_out) {
-      const float* lg = logits_out ? logits_out + h * tap_ld : probs_out + h * tap_ld;
+    if (probs_out) {  // exp(logit − lse), in place over the logits parked there or a copy of them
       float* pr = probs_out + h * tap_ld;
-      for (int64_t t = 0; t < n; ++t) pr[t] = std::exp(lg[t] - lse);
+      if (logits_out) std::copy(logits_out + h * tap_ld, logits_out + h * tap_ld + n, pr);
+      exp_shift_sum(pr, n, lse);
     }
   }
 }
