@@ -6,9 +6,11 @@
 // and the rest key tokens by score. Attention itself uses the normal softmax. Follows the
 // authors' decode path (attention.py); their lm-eval path cannot accumulate (see BASELINES.md).
 // The noise of (layer, seq, step, head, position) is a pure function of the seed (keyformer_gumbel).
+#include <algorithm>
 #include <cmath>
 
 #include "baselines/eviction.h"
+#include "engine/backend/cpu/kernels.h"
 
 namespace hg {
 
@@ -50,17 +52,23 @@ class Keyformer : public EvictingStrategy {
     const int step = std::max(0, row_pos - prompt_len(seq) + 1);  // 0 for prompt rows
     const double t = tau(seq, step);
     const int32_t* pos = store().positions(layer, seq, g);
-    std::vector<double> z(static_cast<size_t>(n));
+    z_.resize(size_t(n));
+    float* z = z_.data();
     for (int h = 0; h < group(); ++h) {
       const int head = g * group() + h;
-      double mx = -INFINITY;
-      for (int32_t s = 0; s < n; ++s) {
-        z[size_t(s)] = (double(logits[h * ld + s]) + keyformer_gumbel(seed_, layer, seq, step, head, pos[s])) / t;
-        mx = std::max(mx, z[size_t(s)]);
+      if (step ==
+          0) {  // a prompt row: the noise of every position it sees, shared with the chunk's other rows
+        const double* gn = prompt_noise(layer, seq, head, row_pos);
+        for (int32_t s = 0; s < n; ++s) z[s] = float((double(logits[h * ld + s]) + gn[pos[s]]) / t);
+      } else {
+        for (int32_t s = 0; s < n; ++s)
+          z[s] = float(
+              (double(logits[h * ld + s]) + keyformer_gumbel(seed_, layer, seq, step, head, pos[s])) / t);
       }
-      double sum = 0;
-      for (auto& v : z) sum += (v = std::exp(v - mx));
-      for (int32_t s = 0; s < n; ++s) sc[size_t(s)] += z[size_t(s)] / sum;
+      // softmax(z), vectorised in F32 (relative error ~1e-7), accumulated in F64.
+      const float mx = n > 0 ? *std::max_element(z, z + n) : 0.0f;
+      const double inv = 1.0 / double(cpu::exp_shift_sum(z, n, mx));
+      for (int32_t s = 0; s < n; ++s) sc[size_t(s)] += double(z[s]) * inv;
     }
   }
   void victims(int layer, int seq, int g, int32_t count, std::vector<int32_t>& slots) override {
@@ -68,8 +76,28 @@ class Keyformer : public EvictingStrategy {
   }
 
  private:
+  // keyformer_gumbel(seed, layer, seq, 0, head, p) for p ≤ upto. Prompt rows (step 0) all draw the
+  // same noise for a position, so one prefill chunk's rows share these values: per layer and
+  // chunk they cost one draw per head and position instead of one per row, head and position.
+  const double* prompt_noise(int layer, int seq, int head, int32_t upto) {
+    if (layer != noise_layer_ || seq != noise_seq_) {
+      noise_layer_ = layer, noise_seq_ = seq;
+      noise_filled_.assign(size_t(shape().H), 0);
+      noise_.resize(size_t(shape().H));
+    }
+    auto& v = noise_[size_t(head)];
+    if (v.size() <= size_t(upto)) v.resize(size_t(upto) + 1);
+    for (int32_t& p = noise_filled_[size_t(head)]; p <= upto; ++p)
+      v[size_t(p)] = keyformer_gumbel(seed_, layer, seq, 0, head, p);
+    return v.data();
+  }
+
   double kv_ratio_, recent_ratio_, tau_init_, tau_end_;
   uint64_t seed_;
+  int noise_layer_ = -1, noise_seq_ = -1;
+  std::vector<int32_t> noise_filled_;       // per head: positions [0, filled) drawn
+  std::vector<std::vector<double>> noise_;  // per head, by position
+  std::vector<float> z_;                    // accumulate()'s scratch
 };
 
 StrategyInfo keyformer_info() {
