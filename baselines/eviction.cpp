@@ -107,20 +107,34 @@ void EvictingStrategy::attend(int layer, std::span<const TokenRow> rows, const f
         if (tmp_.size() < krot_used_) tmp_.resize(krot_used_);
         float* kb = krot_.data() + off;
         float* vb = tmp_.data() + off;
-        std::vector<int32_t> rank(static_cast<size_t>(nmax));
+        // Each head's keys and values in position order, so that row j of every head holds rank j:
+        // one RoPE call then rotates all heads, one sine and cosine per rank (not per rank and head).
+        // The keys are rotated in a [rank][head][D] copy and then laid out per head for attention.
+        // The taps would follow rank order too, so a policy that re-rotates reads none.
+        HG_CHECK(taps() == 0);
+        if (kstage_.size() < size_t(nmax) * size_t(Hkv) * size_t(D))
+          kstage_.resize(size_t(nmax) * size_t(Hkv) * size_t(D));
+        std::vector<int32_t> order(static_cast<size_t>(nmax));
         for (int g = 0; g < Hkv; ++g) {
           const int32_t* pos = store_.positions(layer, r.seq, g);
-          std::vector<int32_t> order(static_cast<size_t>(nmax));
           std::iota(order.begin(), order.end(), 0);
           std::sort(order.begin(), order.end(), [&](int32_t a2, int32_t b2) { return pos[a2] < pos[b2]; });
-          for (int32_t j = 0; j < nmax; ++j) rank[size_t(order[size_t(j)])] = j;
-          float* kg = kb + int64_t(g) * ld * D;
           const float* ks = store_.k(layer, r.seq) + g * store_.head_stride(r.seq);
-          std::copy(ks, ks + int64_t(nmax) * D, kg);
-          be_.rope(kg, nmax, 1, D, rank.data(), *shape_.rope);
           const float* vs = store_.v(layer, r.seq) + g * store_.head_stride(r.seq);
-          std::copy(vs, vs + int64_t(nmax) * D, vb + int64_t(g) * ld * D);  // V in K's layout
+          for (int32_t j = 0; j < nmax; ++j) {
+            const int64_t src = int64_t(order[size_t(j)]) * D;
+            std::copy(ks + src, ks + src + D, kstage_.data() + (int64_t(j) * Hkv + g) * D);
+            std::copy(vs + src, vs + src + D, vb + (int64_t(g) * ld + j) * D);  // V in K's layout
+          }
         }
+        if (ranks_.size() < size_t(nmax)) {
+          ranks_.resize(size_t(nmax));
+          std::iota(ranks_.begin(), ranks_.end(), 0);
+        }
+        be_.rope(kstage_.data(), nmax, Hkv, D, ranks_.data(), *shape_.rope);
+        for (int g = 0; g < Hkv; ++g)
+          for (int32_t j = 0; j < nmax; ++j)
+            std::copy_n(kstage_.data() + (int64_t(j) * Hkv + g) * D, D, kb + (int64_t(g) * ld + j) * D);
         it = rotated_.emplace(r.seq, off).first;
       }
       const int32_t delta = (n - 1) - r.pos;  // current token's cache position minus its position

@@ -65,6 +65,8 @@ class EvictingStrategy : public KvStrategy {
   std::vector<float> logits_, probs_, krot_, qrot_, tmp_;
   std::vector<AttnRow> attn_rows_;
   std::vector<int32_t> victims_, pending_;  // evict_to's scratch
+  std::vector<float> kstage_;               // attend(): keys being re-rotated, [rank][head][D]
+  std::vector<int32_t> ranks_;              // 0, 1, 2, …
   std::map<int32_t, size_t> rotated_;  // seq → offset of its rotated K/V copy in this call
   size_t krot_used_ = 0;
   int64_t evicted_ = 0;
