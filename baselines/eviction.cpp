@@ -75,7 +75,14 @@ void EvictingStrategy::attend(int layer, std::span<const TokenRow> rows, const f
   const int H = shape_.H, Hkv = shape_.H_kv, D = shape_.D, G = group();
   int64_t ld = 0;
   for (auto& r : rows) ld = std::max<int64_t>(ld, store_.capacity(r.seq));
-  const size_t tap_floats = rows.size() * size_t(H) * size_t(ld);
+  // Rows per attention call: the taps of a block stay within kTapBytes (a prefill chunk's whole taps
+  // would be rows · H · ld floats each: 1 GB per tap for 512 rows at 16K), so that the policy reads
+  // them back from cache.
+  constexpr size_t kTapBytes = size_t(8) << 20;
+  const size_t block = taps() == 0
+                           ? rows.size()
+                           : std::clamp<size_t>(kTapBytes / (size_t(H) * size_t(ld) * 4), 1, rows.size());
+  const size_t tap_floats = block * size_t(H) * size_t(ld);
   if (taps() & kLogits) logits_.resize(tap_floats);
   if (taps() & kProbs) probs_.resize(tap_floats);
   attn_rows_.resize(rows.size());
@@ -145,20 +152,26 @@ void EvictingStrategy::attend(int layer, std::span<const TokenRow> rows, const f
     }
     attn_rows_[i] = ar;
   }
-  AttentionArgs a = attention_args(shape_, attn_rows_, qa, scale, out);
-  a.logits_out = taps() & kLogits ? logits_.data() : nullptr;
-  a.probs_out = taps() & kProbs ? probs_.data() : nullptr;
-  a.tap_ld = ld;
-  be_.attention(a);
-  if (taps() != 0)
-    for (size_t i = 0; i < rows.size(); ++i) {
-      const TokenRow r = rows[i];
-      const size_t off = (i * size_t(H)) * size_t(ld);
-      for (int g = 0; g < Hkv; ++g)
-        accumulate(layer, r.seq, g, a.logits_out ? a.logits_out + off + size_t(g * G) * size_t(ld) : nullptr,
-                   a.probs_out ? a.probs_out + off + size_t(g * G) * size_t(ld) : nullptr, ld,
-                   attn_rows_[i].n_keys, r.pos);
-    }
+  for (size_t b0 = 0; b0 < rows.size(); b0 += block) {
+    const size_t nb = std::min(block, rows.size() - b0);
+    const size_t qoff = b0 * size_t(H) * size_t(D);
+    AttentionArgs a = attention_args(shape_, std::span<const AttnRow>(attn_rows_).subspan(b0, nb), qa + qoff,
+                                     scale, out + qoff);
+    a.logits_out = taps() & kLogits ? logits_.data() : nullptr;
+    a.probs_out = taps() & kProbs ? probs_.data() : nullptr;
+    a.tap_ld = ld;
+    be_.attention(a);
+    if (taps() != 0)
+      for (size_t i = 0; i < nb; ++i) {
+        const TokenRow r = rows[b0 + i];
+        const size_t off = (i * size_t(H)) * size_t(ld);
+        for (int g = 0; g < Hkv; ++g)
+          accumulate(layer, r.seq, g,
+                     a.logits_out ? a.logits_out + off + size_t(g * G) * size_t(ld) : nullptr,
+                     a.probs_out ? a.probs_out + off + size_t(g * G) * size_t(ld) : nullptr, ld,
+                     attn_rows_[b0 + i].n_keys, r.pos);
+      }
+  }
   // Decode rows: back to the budget.
   for (auto& r : rows)
     if (r.pos >= prompt_len(r.seq)) evict_to(layer, r.seq, budget(r.seq));
