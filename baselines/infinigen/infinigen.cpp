@@ -239,7 +239,9 @@ class InfiniGen final : public KvStrategy {
     if (shape_.rope) be_.rope(q.data(), 1, H, D, &r.pos, *shape_.rope);
     // Partial logits over the tokens stored so far (the current one joins at attention).
     const int32_t n = r.pos;
-    std::vector<float> logits(size_t(H) * size_t(n));
+    // [H, n]: overwritten by group_logits; grown (and zeroed) only when n passes what it held.
+    if (logits_.size() < size_t(H) * size_t(n)) logits_.resize(size_t(H) * size_t(n));
+    float* logits = logits_.data();
     for (int g = 0; g < Hkv; ++g) {
       const Eigen::MatrixXf& A = skew_[size_t(layer) * size_t(Hkv) + size_t(g)];
       const auto& cols = cols_[size_t(layer) * size_t(Hkv) + size_t(g)];
@@ -249,16 +251,16 @@ class InfiniGen final : public KvStrategy {
         for (int c = 0; c < dp_; ++c) qp[size_t(hh) * size_t(dp_) + size_t(c)] = qr.dot(A.col(cols[size_t(c)]));
       }
       be_.group_logits(qp.data(), G, partial_.k(layer, r.seq) + g * partial_.head_stride(r.seq), n, dp_, 1.0f,
-                       logits.data() + int64_t(g) * G * n);
+                       logits + int64_t(g) * G * n);
     }
-    const int32_t count = infinigen_fetch_count(logits.data(), H, n, alpha_, max_kv_ratio_);
+    const int32_t count = infinigen_fetch_count(logits, H, n, alpha_, max_kv_ratio_);
     auto f = std::make_shared<Fetch>();
     f->n = count;
     f->k = rt_.memory().allocate(Tier::kGpu, int64_t(Hkv) * count * D * 4);
     f->v = rt_.memory().allocate(Tier::kGpu, int64_t(Hkv) * count * D * 4);
     std::vector<std::vector<int32_t>> sel(static_cast<size_t>(Hkv));
     for (int g = 0; g < Hkv; ++g)
-      logit_top_k(logits.data() + int64_t(g) * G * n, G, n, n, count, sel[size_t(g)]);
+      logit_top_k(logits + int64_t(g) * G * n, G, n, n, count, sel[size_t(g)]);
     const int seq = r.seq;
     int64_t n_rows = 0;  // runs of K and V rows gathered (the modeled clock's row cost)
     for (const auto& s : sel) n_rows += 2 * gathered_runs(s);
@@ -289,6 +291,7 @@ class InfiniGen final : public KvStrategy {
   std::vector<std::vector<int>> cols_;
   std::vector<std::vector<float>> calib_q_, calib_k_;
   std::vector<std::shared_ptr<Fetch>> fetch_;
+  std::vector<float> logits_;  // speculate()'s partial logits
   const float *new_k_ = nullptr, *new_v_ = nullptr;
   int32_t last_fetch_ = 0;
 };
