@@ -189,7 +189,7 @@ void EvictingStrategy::lowest_non_recent(int layer, int seq, int g, int32_t rece
   for (int32_t s = 0; s < n; ++s)
     if (recent <= 0 || pos[s] < cut) slots.push_back(s);
   if (int32_t(slots.size()) < count)
-    throw std::logic_error("eviction: every retained token is in the recent window");
+    throw std::logic_error("eviction: fewer tokens outside the recent window than must be evicted");
   // Lowest score; ties go to the oldest token.
   const auto before = [&](int32_t a, int32_t b) {
     return sc[size_t(a)] < sc[size_t(b)] || (sc[size_t(a)] == sc[size_t(b)] && pos[a] < pos[b]);

@@ -56,8 +56,8 @@ class Keyformer : public EvictingStrategy {
     float* z = z_.data();
     for (int h = 0; h < group(); ++h) {
       const int head = g * group() + h;
-      if (step ==
-          0) {  // a prompt row: the noise of every position it sees, shared with the chunk's other rows
+      if (step == 0) {
+        // A prompt row: the noise of every position it sees, shared with the chunk's other rows.
         const double* gn = prompt_noise(layer, seq, head, row_pos);
         for (int32_t s = 0; s < n; ++s) z[s] = float((double(logits[h * ld + s]) + gn[pos[s]]) / t);
       } else {

@@ -50,6 +50,20 @@ TEST(LogitTopK, EqualsTheNthElementReferenceWithTiesAndSpecialValues) {
   }
 }
 
+TEST(LogitTopK, ASampleThatMissesTheKthScoreStillSelectsExactly) {
+  // High scores exactly at the strided sample's positions (t = i·n/1024) and low ones elsewhere:
+  // the bound taken from the sample lets only those 1024 pass, fewer than K, so every position
+  // must become a candidate.
+  const int32_t n = 8192, K = 1500;
+  std::vector<float> l = test::random_vec(size_t(n), 21, -1.0f, 0.0f);
+  for (int32_t i = 0; i < 1024; ++i) l[size_t(int64_t(i) * n / 1024)] = 1.0f + float(i % 5);
+  std::vector<int32_t> fast, ref;
+  logit_top_k(l.data(), 1, n, n, K, fast);
+  logit_top_k_reference(l.data(), 1, n, n, K, ref);
+  EXPECT_EQ(fast.size(), size_t(K));
+  EXPECT_EQ(fast, ref);
+}
+
 TEST(LogitTopK, TiesGoToTheLowerPositionAndNaNIsIgnored) {
   // Scores: position 0..5 = {1, 3, 3, NaN→-inf, 3, 2}; K = 2 takes positions 1 and 2 (not 4).
   const float nan = std::numeric_limits<float>::quiet_NaN();
