@@ -544,20 +544,28 @@ class HybridGen final : public KvStrategy {
       const float* qg = q + int64_t(g) * G * D;
       const float* Kg = kcpu_.k(layer, r.seq) + g * kcpu_.head_stride(r.seq);
       auto& sel = res.sel[size_t(g)];
-      int32_t m = 0;
+      // Logit of query head h for the scored position in column c: post mode scores every
+      // offloaded position (one [G, n_off] block); pre mode two runs, sinks and most recent
+      // ([G, s] then [G, K − s]).
+      int32_t s = 0;
       if (!pre) {  // post: all offloaded logits, top-K by the group's max logit
-        m = n_off;
         cb.group_logits(qg, G, Kg, n_off, D, scale, lg.data());
         logit_top_k(lg.data(), G, n_off, n_off, K, sel);
       } else {  // pre: position heuristic first (sinks + most recent offloaded), logits only for those
-        m = K;
-        const int32_t s = std::min(sinks_, K);
+        s = std::min(sinks_, K);
+        const int32_t r0 = std::max(s, n_off - (K - s));  // the recent run: [r0, n_off)
         for (int32_t t = 0; t < s; ++t) sel.push_back(t);
-        for (int32_t t = std::max(s, n_off - (K - s)); t < n_off; ++t) sel.push_back(t);
-        std::vector<float> kg(size_t(K) * size_t(D));
-        cpu::gather_rows(kg.data(), Kg, int64_t(D) * 4, int64_t(D) * 4, sel.data(), K);
-        cb.group_logits(qg, G, kg.data(), K, D, scale, lg.data());
+        for (int32_t t = r0; t < n_off; ++t) sel.push_back(t);
+        HG_CHECK(int32_t(sel.size()) == K);
+        // Both runs are contiguous rows of the offloaded keys: scored where they lie.
+        if (s > 0) cb.group_logits(qg, G, Kg, s, D, scale, lg.data());
+        if (K > s) cb.group_logits(qg, G, Kg + int64_t(r0) * D, K - s, D, scale, lg.data() + int64_t(G) * s);
       }
+      const auto logit = [&](int h, int32_t c) {
+        if (!pre) return lg[size_t(h) * size_t(n_off) + size_t(c)];
+        return c < s ? lg[size_t(h) * size_t(s) + size_t(c)]
+                     : lg[size_t(G) * size_t(s) + size_t(h) * size_t(K - s) + size_t(c - s)];
+      };
       // Tier order (dram, then far), each part still sorted; column of each position in lg.
       std::vector<int32_t> col(sel.size());
       for (size_t i = 0; i < sel.size(); ++i) col[i] = pre ? int32_t(i) : sel[i];
@@ -570,8 +578,7 @@ class HybridGen final : public KvStrategy {
         sorted[i] = sel[order[i]];
         res.n_tier[size_t(g)][vtier(layer, r.seq, sorted[i]) == Tier::kDram ? 0 : 1]++;
         for (int h = 0; h < G; ++h)
-          lg_sel[(size_t(g) * G + size_t(h)) * size_t(K) + i] =
-              lg[size_t(h) * size_t(m) + size_t(col[order[i]])];
+          lg_sel[(size_t(g) * G + size_t(h)) * size_t(K) + i] = logit(h, col[order[i]]);
       }
       sel = std::move(sorted);
     }

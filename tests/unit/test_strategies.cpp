@@ -438,6 +438,45 @@ TEST(HybridGen, ExactWhenEveryOffloadedTokenIsSelected) {
   }
 }
 
+// `pre` mode scores the sinks and the most recent offloaded tokens, two runs of the offloaded keys
+// that the CPU stage reads where they lie. With speculation off, HybridGen then attends to the
+// sinks, those K − sinks tokens and the R resident ones plus the current: StreamingLLM's set with a
+// window of R + K − sinks (keys at their original positions), so the two give the same logits.
+TEST(HybridGen, PreModeAttendsLikeStreamingLlmWithTheSameTokens) {
+  const int R = 6, K = 10, sinks = 4;
+  for (const char* spec : {"synthetic:tiny-qwen2", "synthetic:tiny-llama"}) {
+    Model m = load_model(spec);
+    const auto toks = token_stream(45, m.hp.n_vocab, 12);
+    auto run = [&](const std::string& name, const std::map<std::string, std::string>& params) {
+      RuntimeConfig rc;
+      rc.device = "emulated";
+      Runtime rt(rc);
+      auto kv = make_strategy(name, StrategyContext{rt.accel_backend(), &rt, &m}, params);
+      std::vector<std::vector<float>> got;
+      rt.accel()
+          .submit("run", {}, {}, [&] { got = step_logits(m, rt.accel_backend(), *kv, toks, 23); })
+          .wait();
+      return got;
+    };
+    const auto hg = run("hybridgen", {{"gpu_kv_tokens", std::to_string(R)},
+                                      {"k", "fixed"},
+                                      {"k_fixed", std::to_string(K)},
+                                      {"mode", "pre"},
+                                      {"pre_sinks", std::to_string(sinks)},
+                                      {"speculative_query", "false"}});
+    const auto sl = run("streamingllm", {{"sinks", std::to_string(sinks)},
+                                         {"window", std::to_string(R + K - sinks)},
+                                         {"positions", "original"}});
+    ASSERT_EQ(hg.size(), sl.size());
+    for (size_t st = 0; st < hg.size(); ++st) {
+      double mx = 0;
+      for (float v : sl[st]) mx = std::max(mx, double(std::abs(v)));
+      ASSERT_TRUE(test::all_close(hg[st].data(), sl[st].data(), sl[st].size(), {1e-4 * mx, 1e-4}))
+          << spec << " step " << st;
+    }
+  }
+}
+
 TEST(HybridGen, TransfersAreLogitsPlusSelectedValueRows) {
   Model m = load_model("synthetic:tiny-qwen2");
   const auto& hp = m.hp;
