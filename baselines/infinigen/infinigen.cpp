@@ -157,6 +157,7 @@ class InfiniGen final : public KvStrategy {
   std::map<std::string, double> step_stats() const override {
     return {{"fetched_tokens", double(last_fetch_)}};
   }
+  bool needs_prompt_attention() const override { return true; }
 
  private:
   struct Fetch {

@@ -418,6 +418,11 @@ from the event log (accelerator, CPU and transfer busy time per step, how much o
 ran while the accelerator was busy, the critical path against the serial sum). HybridGen's last
 step record (K, selection mode, tokens per side) follows its row. --clock modeled:<platform> also
 replays the timed steps' stages on experiments/platforms/<platform>.yaml (labelled MODELED).
+The cache is filled through each strategy's own append() with seeded rows, as a prompt would be;
+a strategy whose decode depends on the prompt's attention (InfiniGen's calibration) is filled by a
+real prefill of seeded token ids instead, which takes longer at long contexts. Eviction policies
+filled through append() start decode with zero scores (the prompt's are not computed): the same
+work per step, a different choice of tokens.
 )";
 
 std::vector<int> int_list(const std::string& s, const std::string& what) {
@@ -567,12 +572,24 @@ int bench_strategies(const Options& o, const Model& model, const std::vector<int
       int32_t tok = 5;
       const int32_t zero = 0;
       rt.log().set_step(-1);
+      // A strategy whose decode depends on the prompt's attention gets a real prefill of seeded
+      // token ids (O(n²) attention: slower to set up, the same decode steps after it).
+      const bool prefill = kv->needs_prompt_attention();
       rt.accel()
           .submit("fill", {}, {},
                   [&] {
                     kv->begin(dec.kv_shape(), std::span<const int32_t>(&cap, 1),
                               std::span<const int32_t>(&pl, 1));
-                    seeded.fill(*kv, n);
+                    if (prefill) {
+                      std::vector<int32_t> ids(static_cast<size_t>(n));
+                      std::vector<TokenRow> rows(static_cast<size_t>(n));
+                      for (int p = 0; p < n; ++p)
+                        ids[size_t(p)] = int32_t(3 + rng() % uint64_t(std::max(1, int(hp.n_vocab) - 3))),
+                        rows[size_t(p)] = {0, p};
+                      dec.forward(ids, rows, {}, nullptr);
+                    } else {
+                      seeded.fill(*kv, n);
+                    }
                     kv->end_step();
                     be.synchronize();
                   })
@@ -625,6 +642,9 @@ int bench_strategies(const Options& o, const Model& model, const std::vector<int
         fmt::print("    MODELED on {}: {:.2f} tok/s ({:.2f} ms per step)  [modeled, not measured]\n", profile->name,
                    steps / modeled, modeled / steps * 1e3);
       }
+      if (prefill)
+        fmt::print("    filled by a prefill of {} tokens ({} calibrates on the prompt's attention)\n", n,
+                   name);
       const auto st = kv->step_stats();
       if (!st.empty()) {
         std::string line = "    last step:";

@@ -48,6 +48,10 @@ class KvStrategy {
   virtual void end_step() {}
   // What the last step did (K, mode, tokens per tier, bytes moved, …), for per-step records.
   virtual std::map<std::string, double> step_stats() const { return {}; }
+  // True when the decode path depends on the prompt's attention (InfiniGen calibrates its skew
+  // from the prompt's queries): a cache filled through append() alone, as `bench` fills it, would
+  // not reach the state a real prompt leaves, so such a strategy is filled by a real prefill.
+  virtual bool needs_prompt_attention() const { return false; }
 };
 
 }  // namespace hg

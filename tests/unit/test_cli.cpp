@@ -97,6 +97,16 @@ TEST(Cli, BenchAndStrategyRunsOnSyntheticModel) {
     for (const char* ctx : {"40", "72"}) EXPECT_TRUE(has_row(name, ctx)) << name << " " << ctx << "\n" << r.out;
   EXPECT_NE(r.out.find("last step: K="), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("link GB/s"), std::string::npos) << r.out;
+  // InfiniGen calibrates on the prompt's attention: bench fills its cache by a real prefill, after
+  // which layer 1 fetches speculatively (a cache filled by append() alone never calibrates and
+  // loads every layer's full KV: fetched_tokens=0).
+  r =
+      run("bench --model synthetic:tiny-llama --strategy infinigen --device emulated --context 40 --steps 2 "
+          "--set infinigen.full_layers=1");
+  EXPECT_EQ(r.status, 0) << r.out;
+  EXPECT_NE(r.out.find("filled by a prefill of 40 tokens"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("last step: fetched_tokens="), std::string::npos) << r.out;
+  EXPECT_EQ(r.out.find("fetched_tokens=0\n"), std::string::npos) << r.out;
   r = run("bench --model synthetic:tiny-llama --strategy flexgen --device emulated --context 40 --steps 2 "
           "--clock modeled:h200-measured");
   EXPECT_EQ(r.status, 0) << r.out;
