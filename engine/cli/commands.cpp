@@ -583,9 +583,10 @@ int bench_strategies(const Options& o, const Model& model, const std::vector<int
                     if (prefill) {
                       std::vector<int32_t> ids(static_cast<size_t>(n));
                       std::vector<TokenRow> rows(static_cast<size_t>(n));
-                      for (int p = 0; p < n; ++p)
-                        ids[size_t(p)] = int32_t(3 + rng() % uint64_t(std::max(1, int(hp.n_vocab) - 3))),
+                      for (int p = 0; p < n; ++p) {
+                        ids[size_t(p)] = int32_t(3 + rng() % uint64_t(std::max(1, int(hp.n_vocab) - 3)));
                         rows[size_t(p)] = {0, p};
+                      }
                       dec.forward(ids, rows, {}, nullptr);
                     } else {
                       seeded.fill(*kv, n);
@@ -643,7 +644,7 @@ int bench_strategies(const Options& o, const Model& model, const std::vector<int
                    steps / modeled, modeled / steps * 1e3);
       }
       if (prefill)
-        fmt::print("    filled by a prefill of {} tokens ({} calibrates on the prompt's attention)\n", n,
+        fmt::print("    filled by a prefill of {} tokens ({}'s decode depends on the prompt's attention)\n", n,
                    name);
       const auto st = kv->step_stats();
       if (!st.empty()) {
