@@ -1,7 +1,8 @@
 // `infinigen` — speculative KV fetching (snu-comparch/InfiniGen). The full KV cache lives on
 // `dram` and is never evicted. Offline skewing: per layer and KV head, an orthogonal matrix A from
 // the SVD (Eigen) of the calibration prompt's queries (the group's heads) and keys, after RoPE for
-// RoPE models; q·k = (qA)·(kA). The calibration prompt is the run's first prompt. At prefill the
+// RoPE models; q·k = (qA)·(kA). The calibration prompt is the first `calib_tokens` (2048) tokens of
+// the run's first prompt (the authors warm up once, on the first book of PG-19). At prefill the
 // `partial_ratio` columns with the largest Σ|qA| + Σ|kA| (the paper's rule; the authors' code uses
 // |Q| only, InfiniGen#7) form a partial key cache on the accelerator, appended every step.
 // Speculation for layer i+1 runs while layer i computes: the partial query comes from layer i's
@@ -45,10 +46,17 @@ namespace {
 class InfiniGen final : public KvStrategy {
  public:
   InfiniGen(const StrategyContext& ctx, const StrategyParams& p)
-      : be_(ctx.backend), rt_(require_runtime(ctx, "infinigen")), model_(ctx.model),
-        partial_ratio_(p.get_float("partial_ratio")), alpha_(p.get_float("alpha")),
-        max_kv_ratio_(p.get_float("max_kv_ratio")), full_layers_(int(p.get_int("full_layers"))) {
+      : be_(ctx.backend),
+        rt_(require_runtime(ctx, "infinigen")),
+        model_(ctx.model),
+        partial_ratio_(p.get_float("partial_ratio")),
+        alpha_(p.get_float("alpha")),
+        max_kv_ratio_(p.get_float("max_kv_ratio")),
+        full_layers_(int(p.get_int("full_layers"))),
+        calib_tokens_(int32_t(p.get_int("calib_tokens"))) {
     if (!model_) input_error("strategy infinigen needs the model's weights");
+    if (calib_tokens_ < 0)
+      input_error("strategy infinigen: calib_tokens must be >= 0 (0: the whole first prompt)");
     if (!(partial_ratio_ > 0 && partial_ratio_ <= 1) || !(max_kv_ratio_ > 0 && max_kv_ratio_ <= 1))
       input_error("strategy infinigen: partial_ratio and max_kv_ratio must be in (0, 1]");
   }
@@ -77,7 +85,9 @@ class InfiniGen final : public KvStrategy {
     new_v_ = v;
     if (calibrating(rows)) {
       for (size_t i = 0; i < rows.size(); ++i)
-        if (rows[i].seq == 0) calib_k_[size_t(layer)].insert(calib_k_[size_t(layer)].end(), k + int64_t(i) * Hkv * D, k + int64_t(i + 1) * Hkv * D);
+        if (calibration_row(rows[i]))
+          calib_k_[size_t(layer)].insert(calib_k_[size_t(layer)].end(), k + int64_t(i) * Hkv * D,
+                                         k + int64_t(i + 1) * Hkv * D);
     }
     const int64_t bytes = int64_t(rows.size()) * Hkv * D * 4 * 2;
     std::vector<TokenRow> r(rows.begin(), rows.end());
@@ -100,7 +110,9 @@ class InfiniGen final : public KvStrategy {
     const int64_t hd = int64_t(H) * D;
     if (calibrating(rows))
       for (size_t i = 0; i < rows.size(); ++i)
-        if (rows[i].seq == 0) calib_q_[size_t(layer)].insert(calib_q_[size_t(layer)].end(), q + int64_t(i) * hd, q + int64_t(i + 1) * hd);
+        if (calibration_row(rows[i]))
+          calib_q_[size_t(layer)].insert(calib_q_[size_t(layer)].end(), q + int64_t(i) * hd,
+                                         q + int64_t(i + 1) * hd);
     // Full-KV rows (layers < full_layers, prefill, before calibration) share one load per sequence.
     std::map<int32_t, std::pair<Allocation, Allocation>> full;
     std::map<int32_t, int32_t> full_n;
@@ -151,7 +163,7 @@ class InfiniGen final : public KvStrategy {
     }
     // The end of the calibration prompt: skew this layer and build its partial key cache.
     for (auto& r : rows)
-      if (r.seq == 0 && r.pos == prompt_[0] - 1 && !ready(layer)) calibrate(layer);
+      if (r.seq == 0 && r.pos == calib_len() - 1 && !ready(layer)) calibrate(layer);
   }
 
   std::map<std::string, double> step_stats() const override {
@@ -166,9 +178,14 @@ class InfiniGen final : public KvStrategy {
     Event done;
   };
   bool ready(int layer) const { return skew_[size_t(layer) * size_t(shape_.H_kv)].size() > 0; }
+  // The calibration prompt: the first calib_tokens tokens of sequence 0's prompt (all of it for 0).
+  // Its queries and keys are held per layer until that layer calibrates: bounded, a 32K prompt of
+  // the 8B shape would otherwise hold 20 GB of them.
+  int32_t calib_len() const { return calib_tokens_ > 0 ? std::min(prompt_[0], calib_tokens_) : prompt_[0]; }
+  bool calibration_row(const TokenRow& r) const { return r.seq == 0 && r.pos < calib_len(); }
   bool calibrating(std::span<const TokenRow> rows) const {
     for (auto& r : rows)
-      if (r.seq == 0 && r.pos < prompt_[0]) return true;
+      if (calibration_row(r)) return true;
     return false;
   }
 
@@ -284,6 +301,7 @@ class InfiniGen final : public KvStrategy {
   const Model* model_;
   double partial_ratio_, alpha_, max_kv_ratio_;
   int full_layers_;
+  int32_t calib_tokens_;
   KvShape shape_;
   int B_ = 0, dp_ = 1;
   std::vector<int32_t> prompt_;
@@ -301,12 +319,30 @@ class InfiniGen final : public KvStrategy {
 
 StrategyInfo infinigen_info() {
   using T = ParamSpec::Type;
-  return {"infinigen", "SVD-skewed partial keys speculate which KV rows to fetch from dram for the next layer (InfiniGen)",
-          {{"partial_ratio", T::kFloat, "0.2", "ratio", "fraction of head-dim columns in the partial key cache", {}},
-           {"alpha", T::kFloat, "4.0", "", "tokens within max − alpha of the partial logits are counted", {}},
-           {"max_kv_ratio", T::kFloat, "0.2", "ratio", "cap on fetched tokens, fraction of the current length", {}},
-           {"full_layers", T::kInt, "2", "layers", "first layers that load their full KV", {}}},
-          [](const StrategyContext& c, const StrategyParams& p) { return std::make_unique<InfiniGen>(c, p); }};
+  return {
+      "infinigen",
+      "SVD-skewed partial keys speculate which KV rows to fetch from dram for the next layer (InfiniGen)",
+      {{"partial_ratio",
+        T::kFloat,
+        "0.2",
+        "ratio",
+        "fraction of head-dim columns in the partial key cache",
+        {}},
+       {"alpha", T::kFloat, "4.0", "", "tokens within max − alpha of the partial logits are counted", {}},
+       {"max_kv_ratio",
+        T::kFloat,
+        "0.2",
+        "ratio",
+        "cap on fetched tokens, fraction of the current length",
+        {}},
+       {"full_layers", T::kInt, "2", "layers", "first layers that load their full KV", {}},
+       {"calib_tokens",
+        T::kInt,
+        "2048",
+        "tokens",
+        "skew calibrated on the first prompt's first tokens (0: all)",
+        {}}},
+      [](const StrategyContext& c, const StrategyParams& p) { return std::make_unique<InfiniGen>(c, p); }};
 }
 
 }  // namespace hg

@@ -616,10 +616,51 @@ TEST(InfiniGen, FullColumnsAndAllTokensMatchRef) {
     auto m = load_test_model(spec);
     if (!m) continue;
     const auto toks = token_stream(40, m->hp.n_vocab, 12);
-    expect_matches_oracle(*m, "infinigen", {{"partial_ratio", "1"}, {"max_kv_ratio", "1"}, {"alpha", "1e9"}, {"full_layers", "1"}},
-                          toks, 25, 1e-3, spec, [&](Runtime&, KvStrategy& kv) {
-                            EXPECT_EQ(kv.step_stats().at("fetched_tokens"), double(toks.size() - 1));
-                          });
+    // calib_tokens 0: the whole prompt; 9: the skew is computed in the middle of the prompt's
+    // chunk, and the partial keys of the rows after it come from the store and from append().
+    for (const char* calib : {"0", "9"})
+      expect_matches_oracle(*m, "infinigen",
+                            {{"partial_ratio", "1"},
+                             {"max_kv_ratio", "1"},
+                             {"alpha", "1e9"},
+                             {"full_layers", "1"},
+                             {"calib_tokens", calib}},
+                            toks, 25, 1e-3, std::string(spec) + " calib_tokens " + calib,
+                            [&](Runtime&, KvStrategy& kv) {
+                              EXPECT_EQ(kv.step_stats().at("fetched_tokens"), double(toks.size() - 1));
+                            });
+  }
+}
+
+TEST(InfiniGen, CalibrationOnAPrefixSelectsAsTheWholePromptDoes) {
+  // partial_ratio 1: whatever the skew, the partial logits are the true ones, so the tokens fetched
+  // (30 % of them, by partial logit) do not depend on where the skew was calibrated, as long as
+  // every partial key is right: those of the prompt rows after a 9-token calibration prefix come
+  // from the store at calibration and from append() after it.
+  Model m = load_model("synthetic:tiny-qwen2");
+  const auto toks = token_stream(40, m.hp.n_vocab, 13);
+  auto run = [&](const char* calib) {
+    RuntimeConfig rc;
+    rc.device = "emulated";
+    Runtime rt(rc);
+    auto kv = make_strategy("infinigen", StrategyContext{rt.accel_backend(), &rt, &m},
+                            {{"partial_ratio", "1"},
+                             {"max_kv_ratio", "0.3"},
+                             {"alpha", "1e9"},
+                             {"full_layers", "1"},
+                             {"calib_tokens", calib}});
+    std::vector<std::vector<float>> got;
+    rt.accel().submit("run", {}, {}, [&] { got = step_logits(m, rt.accel_backend(), *kv, toks, 25); }).wait();
+    EXPECT_GT(kv->step_stats().at("fetched_tokens"), 0.0);
+    return got;
+  };
+  const auto whole = run("0"), prefix = run("9");
+  ASSERT_EQ(whole.size(), prefix.size());
+  for (size_t st = 0; st < whole.size(); ++st) {
+    double mx = 0;
+    for (float v : whole[st]) mx = std::max(mx, double(std::abs(v)));
+    ASSERT_TRUE(test::all_close(prefix[st].data(), whole[st].data(), whole[st].size(), {1e-4 * mx, 1e-4}))
+        << "step " << st;
   }
 }
 
