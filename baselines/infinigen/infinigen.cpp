@@ -60,9 +60,16 @@ class InfiniGen final : public KvStrategy {
     if (!(partial_ratio_ > 0 && partial_ratio_ <= 1) || !(max_kv_ratio_ > 0 && max_kv_ratio_ <= 1))
       input_error("strategy infinigen: partial_ratio and max_kv_ratio must be in (0, 1]");
   }
+  ~InfiniGen() override {
+    try {
+      wait_fetches();
+    } catch (...) {  // a failed fetch was reported to its reader already, or has none left
+    }
+  }
   std::string_view name() const override { return "infinigen"; }
 
   void begin(const KvShape& shape, std::span<const int32_t> capacity, std::span<const int32_t> prompt_len) override {
+    wait_fetches();  // a fetch still in flight writes into the kept buffers
     shape_ = shape;
     B_ = int(capacity.size());
     prompt_.assign(prompt_len.begin(), prompt_len.end());
@@ -76,6 +83,10 @@ class InfiniGen final : public KvStrategy {
     std::vector<int32_t> cap(capacity.begin(), capacity.end());
     partial_.reset(KvShape{shape.n_layers, shape.H, shape.H_kv, dp_, nullptr}, cap, &rt_.memory(), Tier::kGpu);
     fetch_.assign(size_t(shape.n_layers) * size_t(B_), nullptr);
+    fetch_pool_.clear();
+    fetch_pool_.resize(size_t(2) * size_t(B_));
+    full_pool_.clear();
+    full_pool_.resize(size_t(B_));
     last_fetch_ = 0;
   }
 
@@ -113,8 +124,9 @@ class InfiniGen final : public KvStrategy {
         if (calibration_row(rows[i]))
           calib_q_[size_t(layer)].insert(calib_q_[size_t(layer)].end(), q + int64_t(i) * hd,
                                          q + int64_t(i + 1) * hd);
-    // Full-KV rows (layers < full_layers, prefill, before calibration) share one load per sequence.
-    std::map<int32_t, std::pair<Allocation, Allocation>> full;
+    // Full-KV rows (layers < full_layers, prefill, before calibration) share one load per sequence,
+    // into that sequence's buffers (kept between calls: no allocation, page faults or zeroing of
+    // the whole cache per layer and step).
     std::map<int32_t, int32_t> full_n;
     for (size_t i = 0; i < rows.size(); ++i) {
       const TokenRow r = rows[i];
@@ -122,42 +134,51 @@ class InfiniGen final : public KvStrategy {
       if (!spec) full_n[r.seq] = std::max(full_n[r.seq], r.pos + 1);
     }
     for (auto& [seq, n] : full_n) {
-      Allocation kb = rt_.memory().allocate(Tier::kGpu, int64_t(Hkv) * n * D * 4);
-      Allocation vb = rt_.memory().allocate(Tier::kGpu, int64_t(Hkv) * n * D * 4);
+      Buffers& fb = full_pool_[size_t(seq)];
+      grow(fb.k, int64_t(Hkv) * n * D * 4);
+      grow(fb.v, int64_t(Hkv) * n * D * 4);
+      float *kb = fb.k.as<float>(), *vb = fb.v.as<float>();
       const int sq = seq, nn = n;
-      rt_.transfers().run(Tier::kDram, Tier::kGpu, int64_t(2) * Hkv * n * D * 4, [&] {
-        for (int g = 0; g < Hkv; ++g) {
-          const float* ks = store_.k(layer, sq) + g * store_.head_stride(sq);
-          const float* vs = store_.v(layer, sq) + g * store_.head_stride(sq);
-          std::copy(ks, ks + int64_t(nn) * D, kb.as<float>() + int64_t(g) * nn * D);
-          std::copy(vs, vs + int64_t(nn) * D, vb.as<float>() + int64_t(g) * nn * D);
-        }
-      }, {}, "full kv load").wait();
-      full[seq] = {std::move(kb), std::move(vb)};
+      rt_.transfers()
+          .run(
+              Tier::kDram, Tier::kGpu, int64_t(2) * Hkv * n * D * 4,
+              [&] {
+                for (int g = 0; g < Hkv; ++g) {
+                  const float* ks = store_.k(layer, sq) + g * store_.head_stride(sq);
+                  const float* vs = store_.v(layer, sq) + g * store_.head_stride(sq);
+                  std::copy(ks, ks + int64_t(nn) * D, kb + int64_t(g) * nn * D);
+                  std::copy(vs, vs + int64_t(nn) * D, vb + int64_t(g) * nn * D);
+                }
+              },
+              {}, "full kv load")
+          .wait();
     }
     for (size_t i = 0; i < rows.size(); ++i) {
       const TokenRow r = rows[i];
       auto& f = fetch_[size_t(layer) * size_t(B_) + size_t(r.seq)];
       std::vector<AttnRow> ar(1);
-      Allocation kb, vb;
       const bool spec = r.pos >= prompt_[size_t(r.seq)] && f;
       if (spec) {  // the speculatively fetched rows plus the current token
         f->done.wait();
         const int32_t n = f->n + 1;
-        kb = rt_.memory().allocate(Tier::kGpu, int64_t(Hkv) * n * D * 4);
-        vb = rt_.memory().allocate(Tier::kGpu, int64_t(Hkv) * n * D * 4);
+        grow(spec_.k, int64_t(Hkv) * n * D * 4);  // rows attend one after another: one pair serves all
+        grow(spec_.v, int64_t(Hkv) * n * D * 4);
+        float *kb = spec_.k.as<float>(), *vb = spec_.v.as<float>();
         for (int g = 0; g < Hkv; ++g) {
-          std::copy(f->k.as<float>() + int64_t(g) * f->n * D, f->k.as<float>() + int64_t(g + 1) * f->n * D, kb.as<float>() + int64_t(g) * n * D);
-          std::copy(f->v.as<float>() + int64_t(g) * f->n * D, f->v.as<float>() + int64_t(g + 1) * f->n * D, vb.as<float>() + int64_t(g) * n * D);
-          std::copy(new_k_ + (int64_t(i) * Hkv + g) * D, new_k_ + (int64_t(i) * Hkv + g + 1) * D, kb.as<float>() + (int64_t(g) * n + f->n) * D);
-          std::copy(new_v_ + (int64_t(i) * Hkv + g) * D, new_v_ + (int64_t(i) * Hkv + g + 1) * D, vb.as<float>() + (int64_t(g) * n + f->n) * D);
+          std::copy(f->k + int64_t(g) * f->n * D, f->k + int64_t(g + 1) * f->n * D, kb + int64_t(g) * n * D);
+          std::copy(f->v + int64_t(g) * f->n * D, f->v + int64_t(g + 1) * f->n * D, vb + int64_t(g) * n * D);
+          std::copy(new_k_ + (int64_t(i) * Hkv + g) * D, new_k_ + (int64_t(i) * Hkv + g + 1) * D,
+                    kb + (int64_t(g) * n + f->n) * D);
+          std::copy(new_v_ + (int64_t(i) * Hkv + g) * D, new_v_ + (int64_t(i) * Hkv + g + 1) * D,
+                    vb + (int64_t(g) * n + f->n) * D);
         }
-        ar[0] = AttnRow{kb.as<float>(), vb.as<float>(), int64_t(n) * D, n};
+        ar[0] = AttnRow{kb, vb, int64_t(n) * D, n};
         last_fetch_ = f->n;
         f = nullptr;
       } else {
         const int32_t n = full_n[r.seq];
-        ar[0] = AttnRow{full[r.seq].first.as<float>(), full[r.seq].second.as<float>(), int64_t(n) * D, r.pos + 1};
+        const Buffers& fb = full_pool_[size_t(r.seq)];
+        ar[0] = AttnRow{fb.k.as<float>(), fb.v.as<float>(), int64_t(n) * D, r.pos + 1};
       }
       be_.attention(attention_args(shape_, ar, q + int64_t(i) * hd, scale, out + int64_t(i) * hd));
     }
@@ -174,9 +195,24 @@ class InfiniGen final : public KvStrategy {
  private:
   struct Fetch {
     int32_t n = 0;
-    Allocation k, v;  // gpu: [H_kv][n][D]
+    float *k = nullptr, *v = nullptr;  // gpu: [H_kv][n][D], in fetch_pool_
     Event done;
   };
+  struct Buffers {
+    Allocation k, v;
+  };
+  void wait_fetches() {
+    for (auto& f : fetch_)
+      if (f) f->done.wait();
+  }
+  // Grows a kept buffer to at least `bytes` on the gpu tier, by half again at least, so that a
+  // cache growing by a token per step reallocates rarely. Its contents are not kept.
+  void grow(Allocation& a, int64_t bytes) {
+    if (a.bytes() >= bytes) return;
+    const int64_t want = std::max(bytes, a.bytes() + a.bytes() / 2);
+    a = {};
+    a = rt_.memory().allocate(Tier::kGpu, want);
+  }
   bool ready(int layer) const { return skew_[size_t(layer) * size_t(shape_.H_kv)].size() > 0; }
   // The calibration prompt: the first calib_tokens tokens of sequence 0's prompt (all of it for 0).
   // Its queries and keys are held per layer until that layer calibrates: bounded, a 32K prompt of
@@ -274,8 +310,12 @@ class InfiniGen final : public KvStrategy {
     const int32_t count = infinigen_fetch_count(logits, H, n, alpha_, max_kv_ratio_);
     auto f = std::make_shared<Fetch>();
     f->n = count;
-    f->k = rt_.memory().allocate(Tier::kGpu, int64_t(Hkv) * count * D * 4);
-    f->v = rt_.memory().allocate(Tier::kGpu, int64_t(Hkv) * count * D * 4);
+    // The fetch for `layer` is written while layer − 1 attends over its own (the other parity's
+    // buffers) and read when `layer` attends; the last reader of this parity's was layer − 2.
+    Buffers& fb = fetch_pool_[size_t(layer % 2) * size_t(B_) + size_t(r.seq)];
+    grow(fb.k, int64_t(Hkv) * count * D * 4);
+    grow(fb.v, int64_t(Hkv) * count * D * 4);
+    f->k = fb.k.as<float>(), f->v = fb.v.as<float>();
     std::vector<std::vector<int32_t>> sel(static_cast<size_t>(Hkv));
     for (int g = 0; g < Hkv; ++g)
       logit_top_k(logits + int64_t(g) * G * n, G, n, n, count, sel[size_t(g)]);
@@ -285,9 +325,9 @@ class InfiniGen final : public KvStrategy {
     auto fetch = [this, f, sel = std::move(sel), layer, seq, Hkv, D] {
       for (int g = 0; g < Hkv; ++g) {
         const int64_t head = g * store_.head_stride(seq), n = int64_t(sel[size_t(g)].size());
-        cpu::gather_rows(f->k.as<float>() + int64_t(g) * f->n * D, store_.k(layer, seq) + head, int64_t(D) * 4,
+        cpu::gather_rows(f->k + int64_t(g) * f->n * D, store_.k(layer, seq) + head, int64_t(D) * 4,
                          int64_t(D) * 4, sel[size_t(g)].data(), n);
-        cpu::gather_rows(f->v.as<float>() + int64_t(g) * f->n * D, store_.v(layer, seq) + head, int64_t(D) * 4,
+        cpu::gather_rows(f->v + int64_t(g) * f->n * D, store_.v(layer, seq) + head, int64_t(D) * 4,
                          int64_t(D) * 4, sel[size_t(g)].data(), n);
       }
     };
@@ -311,6 +351,10 @@ class InfiniGen final : public KvStrategy {
   std::vector<std::vector<float>> calib_q_, calib_k_;
   std::vector<std::shared_ptr<Fetch>> fetch_;
   std::vector<float> logits_;  // speculate()'s partial logits
+  // Kept accelerator buffers: full loads per sequence, fetches per layer parity and sequence, and
+  // the fetched rows plus the current token that a row attends over.
+  std::vector<Buffers> full_pool_, fetch_pool_;
+  Buffers spec_;
   const float *new_k_ = nullptr, *new_v_ = nullptr;
   int32_t last_fetch_ = 0;
 };
