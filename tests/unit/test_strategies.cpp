@@ -63,26 +63,41 @@ std::optional<Model> load_test_model(const std::string& spec) {
 
 // Runs `name` with `params` on the emulated accelerator and compares its logits at every
 // teacher-forced step with the ref oracle's (atol = rtol·max|logit|).
-void expect_matches_oracle(const Model& m, const std::string& name, const std::map<std::string, std::string>& params,
-                           const std::vector<int32_t>& toks, int prompt, double rtol, const std::string& what,
-                           std::function<void(Runtime&, KvStrategy&)> after = {}) {
-  auto ref = make_ref_backend();
-  FullStrategy oracle(*ref);
-  const auto want = step_logits(m, *ref, oracle, toks, prompt);
+// Runs strategy `name` on the emulated accelerator over `toks` (teacher-forced, `prompt` tokens of
+// prefill); `after` sees the runtime and the strategy once the run is over.
+std::vector<std::vector<float>> emulated_step_logits(const Model& m, const std::string& name,
+                                                     const std::map<std::string, std::string>& params,
+                                                     const std::vector<int32_t>& toks, int prompt,
+                                                     std::function<void(Runtime&, KvStrategy&)> after = {}) {
   RuntimeConfig rc;
   rc.device = "emulated";
   Runtime rt(rc);
   auto kv = make_strategy(name, StrategyContext{rt.accel_backend(), &rt, &m}, params);
   std::vector<std::vector<float>> got;
   rt.accel().submit("run", {}, {}, [&] { got = step_logits(m, rt.accel_backend(), *kv, toks, prompt); }).wait();
-  ASSERT_EQ(got.size(), want.size());
+  if (after) after(rt, *kv);
+  return got;
+}
+
+// Every step's logits within rtol of the step's largest |want| (absolute) and rtol (relative).
+void expect_steps_close(const std::vector<std::vector<float>>& got, const std::vector<std::vector<float>>& want,
+                        double rtol, const std::string& what) {
+  ASSERT_EQ(got.size(), want.size()) << what;
   for (size_t s = 0; s < got.size(); ++s) {
     double mx = 0;
     for (float v : want[s]) mx = std::max(mx, double(std::abs(v)));
     ASSERT_TRUE(test::all_close(got[s].data(), want[s].data(), want[s].size(), {rtol * mx, rtol}))
         << what << " step " << s;
   }
-  if (after) after(rt, *kv);
+}
+
+void expect_matches_oracle(const Model& m, const std::string& name, const std::map<std::string, std::string>& params,
+                           const std::vector<int32_t>& toks, int prompt, double rtol, const std::string& what,
+                           std::function<void(Runtime&, KvStrategy&)> after = {}) {
+  auto ref = make_ref_backend();
+  FullStrategy oracle(*ref);
+  const auto want = step_logits(m, *ref, oracle, toks, prompt);
+  expect_steps_close(emulated_step_logits(m, name, params, toks, prompt, std::move(after)), want, rtol, what);
 }
 
 struct ExactCase {
@@ -447,33 +462,19 @@ TEST(HybridGen, PreModeAttendsLikeStreamingLlmWithTheSameTokens) {
   for (const char* spec : {"synthetic:tiny-qwen2", "synthetic:tiny-llama"}) {
     Model m = load_model(spec);
     const auto toks = token_stream(45, m.hp.n_vocab, 12);
-    auto run = [&](const std::string& name, const std::map<std::string, std::string>& params) {
-      RuntimeConfig rc;
-      rc.device = "emulated";
-      Runtime rt(rc);
-      auto kv = make_strategy(name, StrategyContext{rt.accel_backend(), &rt, &m}, params);
-      std::vector<std::vector<float>> got;
-      rt.accel()
-          .submit("run", {}, {}, [&] { got = step_logits(m, rt.accel_backend(), *kv, toks, 23); })
-          .wait();
-      return got;
-    };
-    const auto hg = run("hybridgen", {{"gpu_kv_tokens", std::to_string(R)},
-                                      {"k", "fixed"},
-                                      {"k_fixed", std::to_string(K)},
-                                      {"mode", "pre"},
-                                      {"pre_sinks", std::to_string(sinks)},
-                                      {"speculative_query", "false"}});
-    const auto sl = run("streamingllm", {{"sinks", std::to_string(sinks)},
-                                         {"window", std::to_string(R + K - sinks)},
-                                         {"positions", "original"}});
-    ASSERT_EQ(hg.size(), sl.size());
-    for (size_t st = 0; st < hg.size(); ++st) {
-      double mx = 0;
-      for (float v : sl[st]) mx = std::max(mx, double(std::abs(v)));
-      ASSERT_TRUE(test::all_close(hg[st].data(), sl[st].data(), sl[st].size(), {1e-4 * mx, 1e-4}))
-          << spec << " step " << st;
-    }
+    const auto hg = emulated_step_logits(m, "hybridgen",
+                                         {{"gpu_kv_tokens", std::to_string(R)},
+                                          {"k", "fixed"},
+                                          {"k_fixed", std::to_string(K)},
+                                          {"mode", "pre"},
+                                          {"pre_sinks", std::to_string(sinks)},
+                                          {"speculative_query", "false"}},
+                                         toks, 23);
+    const auto sl = emulated_step_logits(
+        m, "streamingllm",
+        {{"sinks", std::to_string(sinks)}, {"window", std::to_string(R + K - sinks)}, {"positions", "original"}},
+        toks, 23);
+    expect_steps_close(hg, sl, 1e-4, spec);
   }
 }
 
@@ -640,28 +641,17 @@ TEST(InfiniGen, CalibrationOnAPrefixSelectsAsTheWholePromptDoes) {
   Model m = load_model("synthetic:tiny-qwen2");
   const auto toks = token_stream(40, m.hp.n_vocab, 13);
   auto run = [&](const char* calib) {
-    RuntimeConfig rc;
-    rc.device = "emulated";
-    Runtime rt(rc);
-    auto kv = make_strategy("infinigen", StrategyContext{rt.accel_backend(), &rt, &m},
-                            {{"partial_ratio", "1"},
-                             {"max_kv_ratio", "0.3"},
-                             {"alpha", "1e9"},
-                             {"full_layers", "1"},
-                             {"calib_tokens", calib}});
-    std::vector<std::vector<float>> got;
-    rt.accel().submit("run", {}, {}, [&] { got = step_logits(m, rt.accel_backend(), *kv, toks, 25); }).wait();
-    EXPECT_GT(kv->step_stats().at("fetched_tokens"), 0.0);
-    return got;
+    return emulated_step_logits(m, "infinigen",
+                                {{"partial_ratio", "1"},
+                                 {"max_kv_ratio", "0.3"},
+                                 {"alpha", "1e9"},
+                                 {"full_layers", "1"},
+                                 {"calib_tokens", calib}},
+                                toks, 25, [](Runtime&, KvStrategy& kv) {
+                                  EXPECT_GT(kv.step_stats().at("fetched_tokens"), 0.0);
+                                });
   };
-  const auto whole = run("0"), prefix = run("9");
-  ASSERT_EQ(whole.size(), prefix.size());
-  for (size_t st = 0; st < whole.size(); ++st) {
-    double mx = 0;
-    for (float v : whole[st]) mx = std::max(mx, double(std::abs(v)));
-    ASSERT_TRUE(test::all_close(prefix[st].data(), whole[st].data(), whole[st].size(), {1e-4 * mx, 1e-4}))
-        << "step " << st;
-  }
+  expect_steps_close(run("9"), run("0"), 1e-4, "calib_tokens 9 against the whole prompt");
 }
 
 TEST(InfiniGen, FetchCountFollowsTheAlphaRule) {
