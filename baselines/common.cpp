@@ -1,6 +1,9 @@
 // Shared strategy helpers.
 #include "baselines/common.h"
 
+#include <algorithm>
+#include <variant>
+
 #include "engine/core/error.h"
 
 namespace hg {
@@ -29,6 +32,14 @@ const float* host_view(Backend& be, const float* p, size_t n, std::vector<float>
 
 AttentionArgs attention_args(const KvShape& s, std::span<const AttnRow> rows, const float* q, float scale, float* out) {
   return attention_args(s.H, s.H_kv, s.D, scale, q, rows, out);
+}
+
+void grow_allocation(MemorySystem& mem, Tier tier, Allocation& a, int64_t bytes, bool slack) {
+  if (a.bytes() >= bytes) return;
+  const int64_t want = slack ? std::max(bytes, a.bytes() + a.bytes() / 2) : bytes;
+  a = {};
+  auto r = mem.try_allocate(tier, want);
+  a = std::holds_alternative<Allocation>(r) ? std::move(std::get<Allocation>(r)) : mem.allocate(tier, bytes);
 }
 
 }  // namespace hg

@@ -25,4 +25,10 @@ const float* host_view(Backend& be, const float* p, size_t n, std::vector<float>
 
 AttentionArgs attention_args(const KvShape& s, std::span<const AttnRow> rows, const float* q, float scale, float* out);
 
+// A buffer a strategy keeps between calls: grown on `tier` to at least `bytes` when smaller (its
+// contents are not kept), else left as it is. With `slack` it grows by half again at least when
+// the tier has room for that, so that a buffer following a cache that grows by a token per step
+// reallocates rarely.
+void grow_allocation(MemorySystem& mem, Tier tier, Allocation& a, int64_t bytes, bool slack = false);
+
 }  // namespace hg

@@ -194,10 +194,7 @@ void EvictingStrategy::lowest_non_recent(int layer, int seq, int g, int32_t rece
   const auto before = [&](int32_t a, int32_t b) {
     return sc[size_t(a)] < sc[size_t(b)] || (sc[size_t(a)] == sc[size_t(b)] && pos[a] < pos[b]);
   };
-  if (int32_t(slots.size()) > count)
-    std::nth_element(slots.begin(), slots.begin() + (count - 1), slots.end(), before);
-  slots.resize(size_t(count));
-  std::sort(slots.begin(), slots.end(), before);
+  first_in_order(slots, count, before);
 }
 
 std::map<std::string, double> EvictingStrategy::step_stats() const {

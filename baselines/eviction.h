@@ -6,6 +6,7 @@
 // budget again. Evicted tokens never return. GQA: one retained set per KV head, scores summed over
 // the query heads of the group.
 #pragma once
+#include <algorithm>
 #include <vector>
 
 #include "baselines/common.h"
@@ -46,6 +47,13 @@ class EvictingStrategy : public KvStrategy {
   // newest retained ones, lowest first; equal scores, oldest first.
   void lowest_non_recent(int layer, int seq, int g, int32_t recent, int32_t count,
                          std::vector<int32_t>& slots);
+  // Keeps the first `count` of `slots` in the order `before` (a strict weak order), in that order.
+  template <class Before>
+  static void first_in_order(std::vector<int32_t>& slots, int32_t count, Before before) {
+    if (int32_t(slots.size()) > count) std::nth_element(slots.begin(), slots.begin() + (count - 1), slots.end(), before);
+    slots.resize(size_t(count));
+    std::sort(slots.begin(), slots.end(), before);
+  }
   int32_t prompt_len(int seq) const { return prompt_[size_t(seq)]; }
   int32_t n_new(int seq) const { return capacity_[size_t(seq)] - prompt_[size_t(seq)]; }
   const KvShape& shape() const { return shape_; }

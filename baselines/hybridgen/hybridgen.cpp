@@ -657,10 +657,9 @@ class HybridGen final : public KvStrategy {
                   vbytes = std::max<int64_t>(4, int64_t(Hkv) * K * D * 4);
     std::lock_guard<std::mutex> l(pool_mu_);
     ResultPool& p = pool_[size_t(layer % 2) * size_t(B_) + size_t(seq)];
-    if (p.logits.bytes() < lbytes) p.logits = {}, p.logits = rt_.memory().allocate(Tier::kGpu, lbytes);
-    if (p.v.bytes() < vbytes) p.v = {}, p.v = rt_.memory().allocate(Tier::kGpu, vbytes);
-    if (!be_.host_memory() && p.v_host.bytes() < vbytes)
-      p.v_host = {}, p.v_host = rt_.memory().allocate(Tier::kDram, vbytes);
+    grow_allocation(rt_.memory(), Tier::kGpu, p.logits, lbytes);
+    grow_allocation(rt_.memory(), Tier::kGpu, p.v, vbytes);
+    if (!be_.host_memory()) grow_allocation(rt_.memory(), Tier::kDram, p.v_host, vbytes);
     res.logits = p.logits.as<float>();
     res.v = p.v.as<float>();
     res.v_host = p.v_host.as<float>();

@@ -18,7 +18,6 @@
 #include <Eigen/SVD>
 #include <algorithm>
 #include <cmath>
-#include <variant>
 
 #include "baselines/common.h"
 #include "engine/backend/cpu/kernels.h"
@@ -206,17 +205,7 @@ class InfiniGen final : public KvStrategy {
     for (auto& f : fetch_)
       if (f) f->done.wait();
   }
-  // Grows a kept buffer to at least `bytes` on the gpu tier, by half again at least (when the tier
-  // has room for that), so that a cache growing by a token per step reallocates rarely. Its
-  // contents are not kept.
-  void grow(Allocation& a, int64_t bytes) {
-    if (a.bytes() >= bytes) return;
-    const int64_t want = std::max(bytes, a.bytes() + a.bytes() / 2);
-    a = {};
-    auto r = rt_.memory().try_allocate(Tier::kGpu, want);
-    a = std::holds_alternative<Allocation>(r) ? std::move(std::get<Allocation>(r))
-                                              : rt_.memory().allocate(Tier::kGpu, bytes);
-  }
+  void grow(Allocation& a, int64_t bytes) { grow_allocation(rt_.memory(), Tier::kGpu, a, bytes, true); }
   bool ready(int layer) const { return skew_[size_t(layer) * size_t(shape_.H_kv)].size() > 0; }
   // The calibration prompt: the first calib_tokens tokens of sequence 0's prompt (all of it for 0).
   // Its queries and keys are held per layer until that layer calibrates: bounded, a 32K prompt of

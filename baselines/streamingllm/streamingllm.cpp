@@ -35,11 +35,7 @@ class StreamingLlm final : public EvictingStrategy {
       if (pos[s] >= sinks_) slots.push_back(s);
     if (int32_t(slots.size()) < count)
       throw std::logic_error("streamingllm: fewer non-sink tokens than must be evicted");
-    const auto older = [&](int32_t a, int32_t b) { return pos[a] < pos[b]; };
-    if (int32_t(slots.size()) > count)
-      std::nth_element(slots.begin(), slots.begin() + (count - 1), slots.end(), older);
-    slots.resize(size_t(count));
-    std::sort(slots.begin(), slots.end(), older);
+    first_in_order(slots, count, [&](int32_t a, int32_t b) { return pos[a] < pos[b]; });
   }
 
  private:
