@@ -344,6 +344,30 @@ void BM_GroupLogits(benchmark::State& st) {
 // 256K keys = 128 MiB: larger than the last-level cache, so every pass streams from memory.
 BENCHMARK(BM_GroupLogits)->ArgNames({"N", "threads"})->Args({262144, 1})->Args({262144, 2})->UseManualTime();
 
+// The same kernel as HybridGen's `post` stage calls it: per KV head of the 8B shape (H_kv = 8,
+// G = 4, D = 128), the G × N logits of the head's N offloaded keys into one [G, N] scratch that
+// every head reuses (cpu_stage's thread_local `lg`). The keys (8 · N · 512 B, 128 MiB at 32K)
+// stream from memory; the logits (G · N · 4 B, 512 KiB at 32K) are written over the previous
+// head's, so their write-allocate reads may hit the cache. Bytes read: the keys. BM_GroupLogits above writes a 4 MiB logits array that every pass
+// evicts: the worst case for its stores.
+void BM_GroupLogitsStage(benchmark::State& st) {
+  set_num_threads(int(st.range(1)));
+  const int64_t N = st.range(0);
+  const int Hkv = 8, G = 4, D = 128;
+  AlignedBuffer kbuf(size_t(Hkv * N * D) * 4), lbuf(size_t(G * N) * 4);
+  float* K = static_cast<float*>(kbuf.data());
+  float* lg = static_cast<float*>(lbuf.data());
+  std::vector<float> q(size_t(Hkv * G * D));
+  fill(K, size_t(Hkv * N * D), 7);
+  fill(lg, size_t(G * N), 0);
+  fill(q.data(), q.size(), 8);
+  auto be = make_cpu_backend();
+  run_paired(st, double(Hkv * N * D * 4), int(st.range(1)), [&] {
+    for (int g = 0; g < Hkv; ++g) be->group_logits(q.data() + g * G * D, G, K + g * N * D, N, D, 0.088f, lg);
+  });
+}
+BENCHMARK(BM_GroupLogitsStage)->ArgNames({"N", "threads"})->Args({32768, 1})->Args({32768, 2})->UseManualTime();
+
 // Gather of selected V rows (D = 128 F32, 512 B rows) out of 1M rows (512 MiB) with
 // cpu::gather_rows, as InfiniGen's fetch and HybridGen's CPU stage run it on one worker. The
 // strategies select positions in token order (sorted); `sorted: 0` is a random order. Bytes read:
