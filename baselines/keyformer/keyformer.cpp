@@ -6,25 +6,113 @@
 // and the rest key tokens by score. Attention itself uses the normal softmax. Follows the
 // authors' decode path (attention.py); their lm-eval path cannot accumulate (see BASELINES.md).
 // The noise of (layer, seq, step, head, position) is a pure function of the seed (keyformer_gumbel).
+#include <immintrin.h>
+
 #include <algorithm>
 #include <cmath>
+#include <numeric>
 
 #include "baselines/eviction.h"
 #include "engine/backend/cpu/kernels.h"
 
 namespace hg {
 
+namespace {
+
+// The noise's hash and logarithm, written once for a scalar and once for 8 lanes of AVX-512 with
+// the same operations in the same order, so that both give the same bits (keyformer_gumbel is the
+// scalar; tests check the two against each other and the logarithm against std::log).
+constexpr uint64_t kMixA = 0x9e3779b97f4a7c15ull, kMixB = 0xbf58476d1ce4e5b9ull,
+                   kMixC = 0x94d049bb133111ebull;
+constexpr double kLn2Hi = 6.93147180369123816490e-01, kLn2Lo = 1.90821492927058770002e-10;  // hi·e exact
+constexpr double kTwoPowMinus53 = 1.0 / 9007199254740992.0;
+// atanh series: log m = 2s + 2s·w·(1/3 + w/5 + … + w⁹/21), w = s², |s| ≤ 0.2; the first term left
+// out (w¹⁰/23) is below 2^-58 of the sum.
+constexpr double kAtanh[10] = {1.0 / 3,  1.0 / 5,  1.0 / 7,  1.0 / 9,  1.0 / 11,
+                               1.0 / 13, 1.0 / 15, 1.0 / 17, 1.0 / 19, 1.0 / 21};
+
+uint64_t noise_base(uint64_t seed, int layer, int seq, int step, int head) {
+  return seed * kMixA ^ (uint64_t(layer) << 48) ^ (uint64_t(seq) << 36) ^ (uint64_t(step) << 20) ^
+         (uint64_t(head) << 12);
+}
+
+// u in (0, 1) from (base, pos): 53 bits of a splitmix-style hash.
+double noise_u(uint64_t base, int32_t pos) {
+  uint64_t x = base ^ uint64_t(uint32_t(pos)) * kMixB;
+  x ^= x >> 31;
+  x *= kMixC;
+  x ^= x >> 29;
+  x *= kMixB;
+  x ^= x >> 32;
+  return (double(x >> 11) + 0.5) * kTwoPowMinus53;
+}
+
+// log x for a positive normal x: x = m · 2^e with m in [0.75, 1.5), s = (m − 1)/(m + 1).
+double noise_log(double x) {
+  int ex = 0;
+  const double fr = std::frexp(x, &ex);  // [0.5, 1)
+  const double m = fr < 0.75 ? 2.0 * fr : fr;
+  const double e = double(fr < 0.75 ? ex - 1 : ex);
+  const double s = (m - 1.0) / (m + 1.0), w = s * s;
+  double p = kAtanh[9];
+  for (int i = 8; i >= 0; --i) p = std::fma(p, w, kAtanh[i]);
+  const double s2 = s + s;
+  return std::fma(e, kLn2Hi, s2) + std::fma(e, kLn2Lo, s2 * w * p);
+}
+
+#if defined(__AVX512F__) && defined(__AVX512DQ__)
+__m512d noise_u8(__m512i base, __m256i pos) {
+  __m512i x = _mm512_xor_si512(
+      base, _mm512_mullo_epi64(_mm512_cvtepu32_epi64(pos), _mm512_set1_epi64(int64_t(kMixB))));
+  x = _mm512_xor_si512(x, _mm512_srli_epi64(x, 31));
+  x = _mm512_mullo_epi64(x, _mm512_set1_epi64(int64_t(kMixC)));
+  x = _mm512_xor_si512(x, _mm512_srli_epi64(x, 29));
+  x = _mm512_mullo_epi64(x, _mm512_set1_epi64(int64_t(kMixB)));
+  x = _mm512_xor_si512(x, _mm512_srli_epi64(x, 32));
+  const __m512d d = _mm512_cvtepu64_pd(_mm512_srli_epi64(x, 11));
+  return _mm512_mul_pd(_mm512_add_pd(d, _mm512_set1_pd(0.5)), _mm512_set1_pd(kTwoPowMinus53));
+}
+
+__m512d noise_log8(__m512d x) {
+  const __m512d m = _mm512_getmant_pd(x, _MM_MANT_NORM_p75_1p5, _MM_MANT_SIGN_src);
+  // getexp is floor(log2 x); a mantissa folded below 1 belongs to the next exponent (frexp's e).
+  const __mmask8 below = _mm512_cmp_pd_mask(m, _mm512_set1_pd(1.0), _CMP_LT_OQ);
+  const __m512d e = _mm512_mask_add_pd(_mm512_getexp_pd(x), below, _mm512_getexp_pd(x), _mm512_set1_pd(1.0));
+  const __m512d one = _mm512_set1_pd(1.0);
+  const __m512d s = _mm512_div_pd(_mm512_sub_pd(m, one), _mm512_add_pd(m, one)), w = _mm512_mul_pd(s, s);
+  __m512d p = _mm512_set1_pd(kAtanh[9]);
+  for (int i = 8; i >= 0; --i) p = _mm512_fmadd_pd(p, w, _mm512_set1_pd(kAtanh[i]));
+  const __m512d s2 = _mm512_add_pd(s, s);
+  return _mm512_add_pd(_mm512_fmadd_pd(e, _mm512_set1_pd(kLn2Hi), s2),
+                       _mm512_fmadd_pd(e, _mm512_set1_pd(kLn2Lo), _mm512_mul_pd(_mm512_mul_pd(s2, w), p)));
+}
+#endif
+
+}  // namespace
+
+// The noise's logarithm, for its test against std::log.
+double keyformer_log(double x) { return noise_log(x); }
+
 // g ~ Gumbel(0, 1) for one (seed, layer, seq, step, head, position): −log(−log u).
 double keyformer_gumbel(uint64_t seed, int layer, int seq, int step, int head, int32_t pos) {
-  uint64_t x = seed * 0x9e3779b97f4a7c15ull ^ (uint64_t(layer) << 48) ^ (uint64_t(seq) << 36) ^
-               (uint64_t(step) << 20) ^ (uint64_t(head) << 12) ^ uint64_t(uint32_t(pos)) * 0xbf58476d1ce4e5b9ull;
-  x ^= x >> 31;
-  x *= 0x94d049bb133111ebull;
-  x ^= x >> 29;
-  x *= 0xbf58476d1ce4e5b9ull;
-  x ^= x >> 32;
-  const double u = (double(x >> 11) + 0.5) / 9007199254740992.0;  // (0, 1)
-  return -std::log(-std::log(u));
+  return -noise_log(-noise_log(noise_u(noise_base(seed, layer, seq, step, head), pos)));
+}
+
+// out[i] = keyformer_gumbel(seed, layer, seq, step, head, pos[i]) for i < n, 8 at a time.
+void keyformer_gumbel_n(uint64_t seed, int layer, int seq, int step, int head, const int32_t* pos, int32_t n,
+                        double* out) {
+  const uint64_t base = noise_base(seed, layer, seq, step, head);
+  int32_t i = 0;
+#if defined(__AVX512F__) && defined(__AVX512DQ__)
+  const __m512i vb = _mm512_set1_epi64(int64_t(base));
+  const __m512d neg = _mm512_set1_pd(-0.0);
+  for (; i + 8 <= n; i += 8) {
+    const __m512d u = noise_u8(vb, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(pos + i)));
+    const __m512d l1 = _mm512_xor_pd(noise_log8(u), neg);  // −log u > 0
+    _mm512_storeu_pd(out + i, _mm512_xor_pd(noise_log8(l1), neg));
+  }
+#endif
+  for (; i < n; ++i) out[i] = -noise_log(-noise_log(noise_u(base, pos[i])));
 }
 
 class Keyformer : public EvictingStrategy {
@@ -61,9 +149,9 @@ class Keyformer : public EvictingStrategy {
         const double* gn = prompt_noise(layer, seq, head, row_pos);
         for (int32_t s = 0; s < n; ++s) z[s] = float((double(logits[h * ld + s]) + gn[pos[s]]) / t);
       } else {
-        for (int32_t s = 0; s < n; ++s)
-          z[s] = float(
-              (double(logits[h * ld + s]) + keyformer_gumbel(seed_, layer, seq, step, head, pos[s])) / t);
+        gn_.resize(size_t(n));
+        keyformer_gumbel_n(seed_, layer, seq, step, head, pos, n, gn_.data());
+        for (int32_t s = 0; s < n; ++s) z[s] = float((double(logits[h * ld + s]) + gn_[size_t(s)]) / t);
       }
       // softmax(z), vectorised in F32 (relative error ~1e-7), accumulated in F64.
       const float mx = n > 0 ? *std::max_element(z, z + n) : 0.0f;
@@ -87,8 +175,13 @@ class Keyformer : public EvictingStrategy {
     }
     auto& v = noise_[size_t(head)];
     if (v.size() <= size_t(upto)) v.resize(size_t(upto) + 1);
-    for (int32_t& p = noise_filled_[size_t(head)]; p <= upto; ++p)
-      v[size_t(p)] = keyformer_gumbel(seed_, layer, seq, 0, head, p);
+    int32_t& filled = noise_filled_[size_t(head)];
+    if (filled <= upto) {
+      ids_.resize(size_t(upto - filled + 1));
+      std::iota(ids_.begin(), ids_.end(), filled);
+      keyformer_gumbel_n(seed_, layer, seq, 0, head, ids_.data(), int32_t(ids_.size()), v.data() + filled);
+      filled = upto + 1;
+    }
     return v.data();
   }
 
@@ -98,6 +191,8 @@ class Keyformer : public EvictingStrategy {
   std::vector<int32_t> noise_filled_;       // per head: positions [0, filled) drawn
   std::vector<std::vector<double>> noise_;  // per head, by position
   std::vector<float> z_;                    // accumulate()'s scratch
+  std::vector<double> gn_;                  // a decode row's noise, by slot
+  std::vector<int32_t> ids_;                // positions whose prompt noise is drawn
 };
 
 StrategyInfo keyformer_info() {
