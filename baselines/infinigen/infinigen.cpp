@@ -33,7 +33,7 @@ int32_t infinigen_fetch_count(const float* logits, int H, int64_t n, double alph
   double total = 0;
   for (int h = 0; h < H; ++h) {
     const float* l = logits + int64_t(h) * n;
-    const float mx = *std::max_element(l, l + n);
+    const float mx = cpu::max_value(l, n);
     for (int64_t t = 0; t < n; ++t) total += l[t] > mx - alpha;
   }
   const double avg = total / H;

@@ -154,7 +154,7 @@ class Keyformer : public EvictingStrategy {
         for (int32_t s = 0; s < n; ++s) z[s] = float((double(logits[h * ld + s]) + gn_[size_t(s)]) / t);
       }
       // softmax(z), vectorised in F32 (relative error ~1e-7), accumulated in F64.
-      const float mx = n > 0 ? *std::max_element(z, z + n) : 0.0f;
+      const float mx = n > 0 ? cpu::max_value(z, n) : 0.0f;
       const double inv = 1.0 / double(cpu::exp_shift_sum(z, n, mx));
       for (int32_t s = 0; s < n; ++s) sc[size_t(s)] += double(z[s]) * inv;
     }

@@ -278,6 +278,25 @@ TEST_F(Backends, GroupLogitsAndWeightedVMatchRef) {
       }
 }
 
+// cpu::max_value against std::max_element: lengths around the 16- and 64-float steps, the largest
+// value at each end and in the middle, NaN ignored, -inf when nothing else is there.
+TEST(MaxValue, MatchesMaxElementAndIgnoresNaN) {
+  for (int64_t n : {1, 15, 16, 17, 63, 64, 65, 1000, 4099}) {
+    for (int64_t at : {int64_t(0), n / 2, n - 1}) {
+      auto x = test::random_vec(size_t(n), 78 + uint64_t(at));
+      x[size_t(at)] = 5.0f;
+      EXPECT_EQ(cpu::max_value(x.data(), n), *std::max_element(x.begin(), x.end())) << n << " " << at;
+      x[size_t(n / 3)] = NAN;
+      if (size_t(n / 3) != size_t(at)) {
+        EXPECT_EQ(cpu::max_value(x.data(), n), 5.0f) << n << " " << at;
+      }
+    }
+  }
+  const float nan[3] = {NAN, NAN, NAN};
+  EXPECT_EQ(cpu::max_value(nan, 3), -INFINITY);
+  EXPECT_EQ(cpu::max_value(nan, 0), -INFINITY);
+}
+
 // cpu::sum and cpu::sum_one_stream (the bandwidth references' reads) against a double-precision
 // sum: lengths below, at and around the eight-stream path's threshold and with tails of every size.
 TEST(Sum, MatchesDoubleSum) {

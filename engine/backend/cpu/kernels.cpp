@@ -68,6 +68,21 @@ float dot(const float* a, const float* b, int64_t n) {
 #endif
 }
 
+float max_value(const float* x, int64_t n) {
+  int64_t i = 0;
+  float m = -INFINITY;
+#if HG_AVX512
+  __m512 a[4] = {_mm512_set1_ps(-INFINITY), _mm512_set1_ps(-INFINITY), _mm512_set1_ps(-INFINITY),
+                 _mm512_set1_ps(-INFINITY)};
+  for (; i + 64 <= n; i += 64)
+    for (int j = 0; j < 4; ++j) a[j] = _mm512_max_ps(_mm512_loadu_ps(x + i + 16 * j), a[j]);  // NaN: a[j]
+  for (; i + 16 <= n; i += 16) a[0] = _mm512_max_ps(_mm512_loadu_ps(x + i), a[0]);
+  m = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_max_ps(a[0], a[1]), _mm512_max_ps(a[2], a[3])));
+#endif
+  for (; i < n; ++i) m = m < x[i] ? x[i] : m;
+  return m;
+}
+
 float sum(const float* p, int64_t n) {
   int64_t i = 0;
   float s = 0;

@@ -23,6 +23,8 @@ void layer_norm_row(const float* x, const float* w, const float* b, int64_t n, f
 void swiglu(const float* gate, const float* up, int64_t n, float* y);
 void relu(float* x, int64_t n);
 void add(float* y, const float* x, int64_t n);
+// The largest of x[0, n), NaN ignored; -inf for n = 0 or all NaN (a softmax's shift).
+float max_value(const float* x, int64_t n);
 // x[i] = exp(x[i] - shift), returns the sum (vectorised exp, rel. error ~1e-7).
 float exp_shift_sum(float* x, int64_t n, float shift);
 // Scales and converts F32 to BF16 (round to nearest even) / BF16 to F32.
