@@ -371,6 +371,41 @@ inline __m512 hsum16(const __m512* v) {
   return _mm512_permutexvar_ps(_mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15), r);
 }
 
+// 256-bit pieces for the logits of D = 64 rows (logits16): 8 keys' elements per load, converted as
+// they load.
+template <typename T>
+inline __m256 load8(const T* p, __mmask8 m) {
+  if constexpr (std::is_same_v<T, float>) {
+    return _mm256_maskz_loadu_ps(m, p);
+  } else {
+    const __m128i h = _mm_maskz_loadu_epi16(m, p);
+    if constexpr (std::is_same_v<T, F16Tag>)
+      return _mm256_cvtph_ps(h);
+    else
+      return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+  }
+}
+inline __m256 in_register(__m256 x) {
+  asm("" : "+v"(x));
+  return x;
+}
+// Lane i of the result is the sum of the 8 lanes of v[i], i < 16: hsum16's tree for 256-bit
+// vectors (14 shuffle-and-add steps on half-width vectors instead of 15 on full ones).
+inline __m512 hsum8x16(const __m256* v) {
+  __m256 w[8], z[4], y[2];
+  for (int j = 0; j < 8; ++j)  // low 128: v[2j] folded to 4; high: v[2j+1]
+    w[j] = _mm256_add_ps(_mm256_permute2f128_ps(v[2 * j], v[2 * j + 1], 0x20),
+                         _mm256_permute2f128_ps(v[2 * j], v[2 * j + 1], 0x31));
+  for (int k = 0; k < 4; ++k)  // per 128: [v4k (2), v4k+2 (2)] low, [v4k+1, v4k+3] high
+    z[k] = _mm256_add_ps(_mm256_shuffle_ps(w[2 * k], w[2 * k + 1], 0x44),
+                         _mm256_shuffle_ps(w[2 * k], w[2 * k + 1], 0xEE));
+  for (int l = 0; l < 2; ++l)  // low 128: v8l, v8l+2, v8l+4, v8l+6; high: the odd ones
+    y[l] = _mm256_add_ps(_mm256_shuffle_ps(z[2 * l], z[2 * l + 1], 0x88),
+                         _mm256_shuffle_ps(z[2 * l], z[2 * l + 1], 0xDD));
+  const __m512 r = _mm512_insertf32x8(_mm512_castps256_ps512(y[0]), y[1], 1);
+  return _mm512_permutexvar_ps(_mm512_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7, 8, 12, 9, 13, 10, 14, 11, 15), r);
+}
+
 // s[h * ld + c] = scale · q[h] · K[c] for c < kk ≤ 16 (lanes c ≥ kk get -inf). Each K row is read
 // once for the G heads.
 template <int G, int DT, typename T>
@@ -407,7 +442,36 @@ inline void logits16(const float* q, const T* K, int kk, int D_, float scale, fl
     }
   };
   int c = 0;
-  if constexpr (G * KB == 16) {
+  if constexpr (G * KB == 16 && DT == 64) {
+    // D = 64: 256-bit accumulators, so that each step's 16 sums start from 8 lanes instead of 16.
+    // The FMAs are the same work (this core runs one 512-bit or two 256-bit FMAs per cycle); the
+    // reduction, a large part of a step at this D, does half the shuffles. Keys in L2, one thread
+    // (BM_DecodeAttentionWarm, G = 4, D = 64, three interleaved runs): F16 13.37-13.46 → 12.31-12.36
+    // ns per key, F32 12.13-12.22 → 11.78-11.97, BF16 13.38-13.42 → 12.98-13.01. At D = 128 the
+    // FMAs outweigh the reduction and 256-bit pieces read the same or slower (BF16 23.1 → 24.4).
+    for (; c + KB <= kk; c += KB) {
+      const char* ahead = reinterpret_cast<const char*>(K + int64_t(c) * D + ahead_elems);
+      __m256 a[G][KB];
+      for (int h = 0; h < G; ++h)
+        for (int i = 0; i < KB; ++i) a[h][i] = _mm256_setzero_ps();
+      for (int b = 0; b < D / 8; ++b) {
+        if constexpr (attention_prefetches<G, DT, T>())
+          if ((b * 8 * int(sizeof(T))) % 64 == 0)
+            for (int i = 0; i < KB; ++i)
+              _mm_prefetch(ahead + i * row_bytes + b * 8 * int(sizeof(T)), _MM_HINT_T2);
+        __m256 kv[KB];
+        for (int i = 0; i < KB; ++i)
+          kv[i] = in_register(load8(K + int64_t(c + i) * D + b * 8, __mmask8(0xff)));
+        for (int h = 0; h < G; ++h) {
+          const __m256 qv = in_register(_mm256_loadu_ps(q + h * D + b * 8));
+          for (int i = 0; i < KB; ++i) a[h][i] = _mm256_fmadd_ps(qv, kv[i], a[h][i]);
+        }
+      }
+      alignas(64) float r[16];
+      _mm512_store_ps(r, _mm512_mul_ps(hsum8x16(&a[0][0]), _mm512_set1_ps(scale)));
+      for (int h = 0; h < G; ++h) std::memcpy(s + h * ld + c, r + h * KB, KB * sizeof(float));
+    }
+  } else if constexpr (G * KB == 16) {
     // A step's 16 accumulators reduce in registers, one hsum16 per step (lane h·KB + i), instead
     // of being stored as partial vectors and reduced per head: L2-resident G = 4 logits went from
     // 12.4 to 10.1 ns per key (F32) and 12.2 to 11.5 (F16).
