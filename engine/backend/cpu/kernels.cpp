@@ -371,24 +371,48 @@ inline __m512 hsum16(const __m512* v) {
   return _mm512_permutexvar_ps(_mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15), r);
 }
 
-// 256-bit pieces for the logits of D = 64 rows (logits16): 8 keys' elements per load, converted as
-// they load.
-template <typename T>
-inline __m256 load8(const T* p, __mmask8 m) {
-  if constexpr (std::is_same_v<T, float>) {
-    return _mm256_maskz_loadu_ps(m, p);
-  } else {
-    const __m128i h = _mm_maskz_loadu_epi16(m, p);
-    if constexpr (std::is_same_v<T, F16Tag>)
-      return _mm256_cvtph_ps(h);
-    else
-      return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+// The logits' vector width (logits16): 16 lanes, or 8 for rows of D = 64. Keys are converted to
+// F32 as they load.
+struct Lanes16 {
+  using V = __m512;
+  using Mask = __mmask16;
+  static constexpr int kL = 16;
+  static Mask tail(int r) { return r ? tail_mask(r) : Mask(0xffff); }
+  static V zero() { return _mm512_setzero_ps(); }
+  template <typename T>
+  static V load(const T* p, Mask m) {
+    return load16(p, m);
   }
-}
-inline __m256 in_register(__m256 x) {
-  asm("" : "+v"(x));
-  return x;
-}
+  static V load_q(const float* p, Mask m) { return _mm512_maskz_loadu_ps(m, p); }
+  static V fma(V a, V b, V c) { return _mm512_fmadd_ps(a, b, c); }
+  static V reg(V x) { return in_register(x); }
+};
+struct Lanes8 {
+  using V = __m256;
+  using Mask = __mmask8;
+  static constexpr int kL = 8;
+  static Mask tail(int r) { return Mask(r ? (1u << r) - 1 : 0xff); }
+  static V zero() { return _mm256_setzero_ps(); }
+  template <typename T>
+  static V load(const T* p, Mask m) {
+    if constexpr (std::is_same_v<T, float>) {
+      return _mm256_maskz_loadu_ps(m, p);
+    } else {
+      const __m128i h = _mm_maskz_loadu_epi16(m, p);
+      if constexpr (std::is_same_v<T, F16Tag>)
+        return _mm256_cvtph_ps(h);
+      else
+        return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+    }
+  }
+  static V load_q(const float* p, Mask m) { return _mm256_maskz_loadu_ps(m, p); }
+  static V fma(V a, V b, V c) { return _mm256_fmadd_ps(a, b, c); }
+  static V reg(V x) {
+    asm("" : "+v"(x));
+    return x;
+  }
+};
+
 // Lane i of the result is the sum of the 8 lanes of v[i], i < 16: hsum16's tree for 256-bit
 // vectors (14 shuffle-and-add steps on half-width vectors instead of 15 on full ones).
 inline __m512 hsum8x16(const __m256* v) {
@@ -411,33 +435,35 @@ inline __m512 hsum8x16(const __m256* v) {
 template <int G, int DT, typename T>
 inline void logits16(const float* q, const T* K, int kk, int D_, float scale, float* s, int64_t ld) {
   const int D = DT > 0 ? DT : D_;
-  const int nb = (D + 15) / 16;
-  const __mmask16 last = (D % 16) ? tail_mask(D % 16) : __mmask16(0xffff);
   const int row_bytes = D * int(sizeof(T));
   // KB keys per step share each q load: with one key per step the q loads (G per 16 elements)
   // outnumbered the FMAs' other operand and bound the kernel on this core's one 512-bit load per
   // cycle. G·KB accumulators + KB keys + 1 q stay within the 32 registers.
   constexpr int KB = G <= 4 ? 4 : 2;
   const int64_t ahead_elems = int64_t(prefetch_rows(row_bytes)) * D;
-  // a[h][i] = the partial vector of q[h] · K[c + i].
-  auto step = [&](auto kb_const, int c, __m512 (&a)[G][decltype(kb_const)::value]) {
-    constexpr int NK = decltype(kb_const)::value;
+  // a[h][i] = the partial vector of q[h] · K[c + i], in vectors of W::kL lanes.
+  auto step = [&](auto w, auto kb_const, int c, typename decltype(w)::V(&a)[G][decltype(kb_const)::value]) {
+    using W = decltype(w);
+    constexpr int NK = decltype(kb_const)::value, L = W::kL;
+    const int nbw = (D + L - 1) / L;
+    const typename W::Mask lastw = W::tail(D % L), all = W::tail(0);
     // Software prefetch prefetch_rows() rows ahead (the hardware prefetcher alone leaves the
     // single-thread stream well under the read bandwidth), one line per row per 64 bytes read,
     // spread over the loop: bursts of requests get dropped.
     const char* ahead = reinterpret_cast<const char*>(K + int64_t(c) * D + ahead_elems);
     for (int h = 0; h < G; ++h)
-      for (int i = 0; i < NK; ++i) a[h][i] = _mm512_setzero_ps();
-    for (int b = 0; b < nb; ++b) {
+      for (int i = 0; i < NK; ++i) a[h][i] = W::zero();
+    for (int b = 0; b < nbw; ++b) {
       if constexpr (attention_prefetches<G, DT, T>())
-        if ((b * 16 * int(sizeof(T))) % 64 == 0)
-          for (int i = 0; i < NK; ++i) _mm_prefetch(ahead + i * row_bytes + b * 16 * int(sizeof(T)), _MM_HINT_T2);
-      const __mmask16 m = b == nb - 1 ? last : __mmask16(0xffff);
-      __m512 kv[NK];
-      for (int i = 0; i < NK; ++i) kv[i] = in_register(load16(K + int64_t(c + i) * D + b * 16, m));
+        if ((b * L * int(sizeof(T))) % 64 == 0)
+          for (int i = 0; i < NK; ++i)
+            _mm_prefetch(ahead + i * row_bytes + b * L * int(sizeof(T)), _MM_HINT_T2);
+      const typename W::Mask m = b == nbw - 1 ? lastw : all;
+      typename W::V kv[NK];
+      for (int i = 0; i < NK; ++i) kv[i] = W::reg(W::load(K + int64_t(c + i) * D + b * L, m));
       for (int h = 0; h < G; ++h) {
-        const __m512 qv = in_register(_mm512_maskz_loadu_ps(m, q + h * D + b * 16));
-        for (int i = 0; i < NK; ++i) a[h][i] = _mm512_fmadd_ps(qv, kv[i], a[h][i]);
+        const typename W::V qv = W::reg(W::load_q(q + h * D + b * L, m));
+        for (int i = 0; i < NK; ++i) a[h][i] = W::fma(qv, kv[i], a[h][i]);
       }
     }
   };
@@ -450,23 +476,8 @@ inline void logits16(const float* q, const T* K, int kk, int D_, float scale, fl
     // ns per key, F32 12.13-12.22 → 11.78-11.97, BF16 13.38-13.42 → 12.98-13.01. At D = 128 the
     // FMAs outweigh the reduction and 256-bit pieces read the same or slower (BF16 23.1 → 24.4).
     for (; c + KB <= kk; c += KB) {
-      const char* ahead = reinterpret_cast<const char*>(K + int64_t(c) * D + ahead_elems);
       __m256 a[G][KB];
-      for (int h = 0; h < G; ++h)
-        for (int i = 0; i < KB; ++i) a[h][i] = _mm256_setzero_ps();
-      for (int b = 0; b < D / 8; ++b) {
-        if constexpr (attention_prefetches<G, DT, T>())
-          if ((b * 8 * int(sizeof(T))) % 64 == 0)
-            for (int i = 0; i < KB; ++i)
-              _mm_prefetch(ahead + i * row_bytes + b * 8 * int(sizeof(T)), _MM_HINT_T2);
-        __m256 kv[KB];
-        for (int i = 0; i < KB; ++i)
-          kv[i] = in_register(load8(K + int64_t(c + i) * D + b * 8, __mmask8(0xff)));
-        for (int h = 0; h < G; ++h) {
-          const __m256 qv = in_register(_mm256_loadu_ps(q + h * D + b * 8));
-          for (int i = 0; i < KB; ++i) a[h][i] = _mm256_fmadd_ps(qv, kv[i], a[h][i]);
-        }
-      }
+      step(Lanes8{}, std::integral_constant<int, KB>{}, c, a);
       alignas(64) float r[16];
       _mm512_store_ps(r, _mm512_mul_ps(hsum8x16(&a[0][0]), _mm512_set1_ps(scale)));
       for (int h = 0; h < G; ++h) std::memcpy(s + h * ld + c, r + h * KB, KB * sizeof(float));
@@ -477,7 +488,7 @@ inline void logits16(const float* q, const T* K, int kk, int D_, float scale, fl
     // 12.4 to 10.1 ns per key (F32) and 12.2 to 11.5 (F16).
     for (; c + KB <= kk; c += KB) {
       __m512 a[G][KB];
-      step(std::integral_constant<int, KB>{}, c, a);
+      step(Lanes16{}, std::integral_constant<int, KB>{}, c, a);
       alignas(64) float r[16];
       _mm512_store_ps(r, _mm512_mul_ps(hsum16(&a[0][0]), _mm512_set1_ps(scale)));
       for (int h = 0; h < G; ++h) std::memcpy(s + h * ld + c, r + h * KB, KB * sizeof(float));
@@ -486,7 +497,7 @@ inline void logits16(const float* q, const T* K, int kk, int D_, float scale, fl
     alignas(64) __m512 part[G][16];
     for (; c + KB <= kk; c += KB) {
       __m512 a[G][KB];
-      step(std::integral_constant<int, KB>{}, c, a);
+      step(Lanes16{}, std::integral_constant<int, KB>{}, c, a);
       for (int h = 0; h < G; ++h)
         for (int i = 0; i < KB; ++i) part[h][c + i] = a[h][i];
     }
@@ -499,7 +510,7 @@ inline void logits16(const float* q, const T* K, int kk, int D_, float scale, fl
   }
   for (; c < kk; ++c) {  // fewer than KB keys left: one at a time
     __m512 a[G][1];
-    step(std::integral_constant<int, 1>{}, c, a);
+    step(Lanes16{}, std::integral_constant<int, 1>{}, c, a);
     for (int h = 0; h < G; ++h) s[h * ld + c] = scale * _mm512_reduce_add_ps(a[h][0]);
   }
   for (; c < 16; ++c)
