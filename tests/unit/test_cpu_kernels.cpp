@@ -105,6 +105,29 @@ TEST_F(Backends, RopeMatchesRefBothStyles) {
   }
 }
 
+// The CPU backend keeps each thread's cos/sin rows for positions below 8192 (RopeAngles): a table
+// rewritten in place with other frequencies must not reuse them, and positions past the cached
+// range or negative (StreamingLLM's rank shifts) are computed directly.
+TEST_F(Backends, RopeAnglesFollowTheTableNotItsAddress) {
+  HParams hp;
+  hp.head_dim = 16;
+  RopeTable t;
+  for (double theta : {10000.0, 500000.0, 10000.0}) {
+    hp.rope_theta = theta;
+    t = make_rope_table(hp, {});  // same object, new frequencies
+    const int64_t M = 7;
+    const int H = 2, D = 16;
+    std::vector<int32_t> pos = {0, 1, 97, 8191, 8192, 20000, -3};
+    for (int call = 0; call < 2; ++call) {  // the second call reads the rows the first one kept
+      auto x = test::random_vec(size_t(M * H * D), 33 + uint64_t(call));
+      auto xr = x;
+      cpu->rope(x.data(), M, H, D, pos.data(), t);
+      ref->rope(xr.data(), M, H, D, pos.data(), t);
+      EXPECT_TRUE(test::all_close(x.data(), xr.data(), x.size(), {2e-5, 1e-5})) << "theta " << theta;
+    }
+  }
+}
+
 TEST_F(Backends, Llama3RopeScalingFollowsTheFormula) {
   HParams hp;
   hp.head_dim = 64;

@@ -25,6 +25,43 @@ constexpr int64_t kGemvRows = 64;     // weight rows per parallel task
 constexpr int64_t kF16BlockBytes = int64_t(64) << 20;
 constexpr int kBatchHeads = 8;       // query heads per batched prefill group (compiled group sizes)
 
+// cos and sin of pos · inv_freq[i] (as F32) for positions [0, kPositions), per thread, each row
+// computed the first time a rotation asks for it: prefill rotates the same positions in every
+// layer, and StreamingLLM re-rotates its kept keys at the same ranks every step. Keyed by the
+// table's frequencies, not its address (another model's table can reuse an address).
+class RopeAngles {
+ public:
+  void bind(const RopeTable& t, int half) {
+    if (half == half_ && t.inv_freq == freq_) return;
+    half_ = half, freq_ = t.inv_freq;
+    have_.clear(), cs_.clear(), sn_.clear();
+  }
+  // The row of position p, or false when p is outside the cached range.
+  bool lookup(int32_t p, const float*& cs, const float*& sn) {
+    if (p < 0 || p >= kPositions) return false;
+    const size_t h = size_t(half_), row = size_t(p) * h;
+    if (have_.size() <= size_t(p)) have_.resize(size_t(p) + 1, 0), cs_.resize(row + h), sn_.resize(row + h);
+    if (!have_[size_t(p)]) {
+      for (size_t i = 0; i < h; ++i) {
+        const double a = double(p) * freq_[i];
+        cs_[row + i] = float(std::cos(a));
+        sn_[row + i] = float(std::sin(a));
+      }
+      have_[size_t(p)] = 1;
+    }
+    cs = cs_.data() + row, sn = sn_.data() + row;
+    return true;
+  }
+
+ private:
+  static constexpr int32_t kPositions = 8192;  // at most 4 MiB per thread (D = 128)
+  int half_ = -1;
+  std::vector<double> freq_;
+  std::vector<uint8_t> have_;
+  std::vector<float> cs_, sn_;
+};
+thread_local RopeAngles rope_angles;
+
 class CpuBackend final : public Backend {
  public:
   CpuBackend() : engine_(dnnl::engine::kind::cpu, 0), stream_(engine_) {}
@@ -108,12 +145,17 @@ class CpuBackend final : public Backend {
   void rope(float* x, int64_t M, int n_heads, int D, const int32_t* pos, const RopeTable& t) override {
     const int half = D / 2;
     parallel_chunks(M, [&](int64_t b, int64_t e) {
-      std::vector<float> cs(static_cast<size_t>(half)), sn(static_cast<size_t>(half));
+      std::vector<float> row_cs(static_cast<size_t>(half)), row_sn(static_cast<size_t>(half));
+      RopeAngles& angles = rope_angles;
+      angles.bind(t, half);
       for (int64_t m = b; m < e; ++m) {
-        for (int i = 0; i < half; ++i) {
-          const double a = double(pos[m]) * t.inv_freq[size_t(i)];
-          cs[size_t(i)] = float(std::cos(a));
-          sn[size_t(i)] = float(std::sin(a));
+        const float *cs = row_cs.data(), *sn = row_sn.data();
+        if (!angles.lookup(pos[m], cs, sn)) {
+          for (int i = 0; i < half; ++i) {
+            const double a = double(pos[m]) * t.inv_freq[size_t(i)];
+            row_cs[size_t(i)] = float(std::cos(a));
+            row_sn[size_t(i)] = float(std::sin(a));
+          }
         }
         for (int h = 0; h < n_heads; ++h) {
           float* v = x + (m * n_heads + h) * D;
