@@ -470,6 +470,8 @@ BENCHMARK(BM_Gemv)
     ->Args({768, 768, 0, 2})->Args({2048, 768, 0, 2})->Args({768, 2048, 0, 2})
     // The same in F16 on one thread: stories110m F16 at one thread is the weakest whole-model row.
     ->Args({768, 768, 2, 1})->Args({2048, 768, 2, 1})->Args({768, 2048, 2, 1})
+    // The Llama-3.2-1B shape's F16 projections on one thread (dim 2048, FFN 8192, K/V 512 rows).
+    ->Args({2048, 2048, 2, 1})->Args({512, 2048, 2, 1})->Args({8192, 2048, 2, 1})->Args({2048, 8192, 2, 1})
     ->UseManualTime();
 
 }  // namespace
