@@ -29,6 +29,15 @@ constexpr int kBatchHeads = 8;       // query heads per batched prefill group (c
 // computed the first time a rotation asks for it: prefill rotates the same positions in every
 // layer, and StreamingLLM re-rotates its kept keys at the same ranks every step. Keyed by the
 // table's frequencies, not its address (another model's table can reuse an address).
+// cos and sin of p · freq[i], i < h, as F32: one row of a rotation's angles.
+void rope_angles_row(int32_t p, const double* freq, size_t h, float* cs, float* sn) {
+  for (size_t i = 0; i < h; ++i) {
+    const double a = double(p) * freq[i];
+    cs[i] = float(std::cos(a));
+    sn[i] = float(std::sin(a));
+  }
+}
+
 class RopeAngles {
  public:
   void bind(const RopeTable& t, int half) {
@@ -42,11 +51,7 @@ class RopeAngles {
     const size_t h = size_t(half_), row = size_t(p) * h;
     if (have_.size() <= size_t(p)) have_.resize(size_t(p) + 1, 0), cs_.resize(row + h), sn_.resize(row + h);
     if (!have_[size_t(p)]) {
-      for (size_t i = 0; i < h; ++i) {
-        const double a = double(p) * freq_[i];
-        cs_[row + i] = float(std::cos(a));
-        sn_[row + i] = float(std::sin(a));
-      }
+      rope_angles_row(p, freq_.data(), h, cs_.data() + row, sn_.data() + row);
       have_[size_t(p)] = 1;
     }
     cs = cs_.data() + row, sn = sn_.data() + row;
@@ -150,13 +155,8 @@ class CpuBackend final : public Backend {
       angles.bind(t, half);
       for (int64_t m = b; m < e; ++m) {
         const float *cs = row_cs.data(), *sn = row_sn.data();
-        if (!angles.lookup(pos[m], cs, sn)) {
-          for (int i = 0; i < half; ++i) {
-            const double a = double(pos[m]) * t.inv_freq[size_t(i)];
-            row_cs[size_t(i)] = float(std::cos(a));
-            row_sn[size_t(i)] = float(std::sin(a));
-          }
-        }
+        if (!angles.lookup(pos[m], cs, sn))
+          rope_angles_row(pos[m], t.inv_freq.data(), size_t(half), row_cs.data(), row_sn.data());
         for (int h = 0; h < n_heads; ++h) {
           float* v = x + (m * n_heads + h) * D;
           if (t.style == RopeStyle::kHalf) {
