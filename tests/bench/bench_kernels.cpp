@@ -460,7 +460,7 @@ void BM_Gemv(benchmark::State& st) {
   st.SetLabel(std::string(dtype_name(t)));
   // Each iteration reads all copies back to back, as a model reads its layers. Timed alone after
   // each reference pass, one call of a small shape read 10-15 % less (512 × 2048 F16, one thread:
-  // 0.58-0.63 so, 0.67-0.73 back to back; twelfth session).
+  // 0.58-0.63 so, 0.66-0.73 back to back; twelfth session).
   run_paired(st, double(n_mats) * double(N * K) * double(dtype_size(t)), int(st.range(3)), [&] {
     for (const Weight& w : ws) be->matmul(x.data(), 1, w, nullptr, y.data());
   });
