@@ -506,13 +506,16 @@ class HybridGen final : public KvStrategy {
 
   // Logits of offloaded keys, selection, and the transfers of logits and V rows to the accelerator.
   // The CPU stage's work for the modeled clock: logits of all H query heads over the keys it reads
-  // from DRAM. Post: every offloaded key, streamed. Pre: the K keys of the position heuristic, two
-  // runs (sinks, most recent) per KV head. A stage that projects its own speculative query
+  // from DRAM. Post: every offloaded key, streamed, then the K selected keys once more (their
+  // logits, recomputed after the selection; rows the same stage has just streamed, so no row cost).
+  // Pre: the K keys of the position heuristic, two runs (sinks, most recent) per KV head. A stage that
+  // projects its own speculative query
   // (`query_on: cpu`) also reads W_q from host memory (measured on an H200's host, 75-80 % of the
   // stage).
   StageWork cpu_stage_work(int layer, const TokenRow& r, int32_t K, bool pre, bool project) const {
     const int Hkv = shape_.H_kv, D = shape_.D;
-    const int64_t n_off = offloaded_[pidx(layer, r.seq)], keys = pre ? std::min<int64_t>(K, n_off) : n_off;
+    const int64_t n_off = offloaded_[pidx(layer, r.seq)], k = std::min<int64_t>(K, n_off);
+    const int64_t keys = pre ? k : n_off + k;
     StageWork w;
     w.flops = 2.0 * double(shape_.H) * D * double(keys);
     w.bytes[size_t(Tier::kDram)] = int64_t(Hkv) * keys * D * 4;
@@ -536,21 +539,29 @@ class HybridGen final : public KvStrategy {
     result_buffers(layer, r.seq, K, res);
     std::vector<float> lg_sel(size_t(Hkv) * size_t(G) * size_t(K));
     Backend& cb = rt_.cpu_backend();
-    // [G, m] logits of one KV head's m scored positions: this worker thread's scratch, grown (and
-    // zeroed) only when a stage needs more; group_logits overwrites what it uses.
-    thread_local std::vector<float> lg;
-    if (lg.size() < size_t(G) * size_t(pre ? K : n_off)) lg.resize(size_t(G) * size_t(pre ? K : n_off));
+    // This worker thread's scratch, grown (and zeroed) only when a stage needs more; the kernels
+    // overwrite what they use. lg: [G, K] logits of one KV head's selected positions. Post mode
+    // also: score, one per offloaded position; kg, the K selected key rows.
+    thread_local std::vector<float> lg, score, kg;
+    if (lg.size() < size_t(G) * size_t(K)) lg.resize(size_t(G) * size_t(K));
+    if (!pre && score.size() < size_t(n_off)) score.resize(size_t(n_off));
+    if (!pre && kg.size() < size_t(K) * size_t(D)) kg.resize(size_t(K) * size_t(D));
     for (int g = 0; g < Hkv; ++g) {
       const float* qg = q + int64_t(g) * G * D;
       const float* Kg = kcpu_.k(layer, r.seq) + g * kcpu_.head_stride(r.seq);
       auto& sel = res.sel[size_t(g)];
-      // Logit of query head h for the scored position in column c: post mode scores every
-      // offloaded position (one [G, n_off] block); pre mode two runs, sinks and most recent
-      // ([G, s] then [G, K − s]).
+      // Logit of query head h for the i-th selected position: [G, s] then [G, K − s] (pre mode's
+      // two runs, sinks and most recent; post mode has s = 0).
       int32_t s = 0;
-      if (!pre) {  // post: all offloaded logits, top-K by the group's max logit
-        cb.group_logits(qg, G, Kg, n_off, D, scale, lg.data());
-        logit_top_k(lg.data(), G, n_off, n_off, K, sel);
+      if (!pre) {
+        // post: every offloaded position scored by the group's max logit, top-K by score; then the
+        // logits of the K selected. The scores are the max of the very logits group_logits gives
+        // (bit for bit), so the selection is the one over all [G, n_off] logits, and only one
+        // float per position is written instead of G (BM_GroupLogitMaxStage).
+        cb.group_logit_max(qg, G, Kg, n_off, D, scale, score.data());
+        logit_top_k(score.data(), 1, n_off, n_off, K, sel);
+        cpu::gather_rows(kg.data(), Kg, int64_t(D) * 4, int64_t(D) * 4, sel.data(), K);
+        cb.group_logits(qg, G, kg.data(), K, D, scale, lg.data());
       } else {  // pre: position heuristic first (sinks + most recent offloaded), logits only for those
         s = std::min(sinks_, K);
         const int32_t r0 = std::max(s, n_off - (K - s));  // the recent run: [r0, n_off)
@@ -561,14 +572,11 @@ class HybridGen final : public KvStrategy {
         if (s > 0) cb.group_logits(qg, G, Kg, s, D, scale, lg.data());
         if (K > s) cb.group_logits(qg, G, Kg + int64_t(r0) * D, K - s, D, scale, lg.data() + int64_t(G) * s);
       }
-      const auto logit = [&](int h, int32_t c) {
-        if (!pre) return lg[size_t(h) * size_t(n_off) + size_t(c)];
-        return c < s ? lg[size_t(h) * size_t(s) + size_t(c)]
-                     : lg[size_t(G) * size_t(s) + size_t(h) * size_t(K - s) + size_t(c - s)];
+      const auto logit = [&](int h, size_t c) {
+        return c < size_t(s) ? lg[size_t(h) * size_t(s) + c]
+                             : lg[size_t(G) * size_t(s) + size_t(h) * size_t(K - s) + (c - size_t(s))];
       };
-      // Tier order (dram, then far), each part still sorted; column of each position in lg.
-      std::vector<int32_t> col(sel.size());
-      for (size_t i = 0; i < sel.size(); ++i) col[i] = pre ? int32_t(i) : sel[i];
+      // Tier order (dram, then far), each part still sorted.
       std::vector<size_t> order(sel.size());
       for (size_t i = 0; i < order.size(); ++i) order[i] = i;
       std::stable_partition(order.begin(), order.end(),
@@ -577,8 +585,7 @@ class HybridGen final : public KvStrategy {
       for (size_t i = 0; i < order.size(); ++i) {
         sorted[i] = sel[order[i]];
         res.n_tier[size_t(g)][vtier(layer, r.seq, sorted[i]) == Tier::kDram ? 0 : 1]++;
-        for (int h = 0; h < G; ++h)
-          lg_sel[(size_t(g) * G + size_t(h)) * size_t(K) + i] = logit(h, col[order[i]]);
+        for (int h = 0; h < G; ++h) lg_sel[(size_t(g) * G + size_t(h)) * size_t(K) + i] = logit(h, order[i]);
       }
       sel = std::move(sorted);
     }

@@ -53,6 +53,19 @@ void Backend::download_2d(void* dst, size_t dst_pitch, const void* src, size_t s
     download(static_cast<char*>(dst) + r * dst_pitch, static_cast<const char*>(src) + r * src_pitch, width);
 }
 
+void Backend::group_logit_max(const float* q, int G, const float* K, int64_t n, int D, float scale,
+                              float* score) {
+  HG_CHECK(host_memory());  // the scratch below is read on the host
+  thread_local std::vector<float> lg;
+  if (lg.size() < size_t(G) * size_t(n)) lg.resize(size_t(G) * size_t(n));
+  group_logits(q, G, K, n, D, scale, lg.data());
+  for (int64_t t = 0; t < n; ++t) {
+    float m = -INFINITY;
+    for (int h = 0; h < G; ++h) m = m < lg[size_t(h * n + t)] ? lg[size_t(h * n + t)] : m;
+    score[t] = m;
+  }
+}
+
 void Backend::merged_attention(const MergedAttention& a) {
   const int G = a.H / a.H_kv, D = a.D;
   const int64_t n = a.na + a.nb;

@@ -79,6 +79,12 @@ class Backend {
   // KV group over n keys/values given as D-contiguous rows.
   // logits[h, t] = scale · q[h] · K[t]   (q [G, D], K [n, D], logits [G, n])
   virtual void group_logits(const float* q, int G, const float* K, int64_t n, int D, float scale, float* logits) = 0;
+  // score[t] = max over h < G of logits[h, t] (NaN logits skipped; -inf when all are): HybridGen's
+  // `post` selection score. The CPU backend reduces each block of logits before storing it (one
+  // float written per key instead of G); the default (host backends) computes group_logits into a
+  // scratch.
+  virtual void group_logit_max(const float* q, int G, const float* K, int64_t n, int D, float scale,
+                               float* score);
   // In place softmax over each of `rows` rows of length n.
   virtual void softmax_rows(float* x, int64_t rows, int64_t n) = 0;
   // out[h] = Σ_t p[h, t] · V[t]   (p [G, n], V [n, D], out [G, D])

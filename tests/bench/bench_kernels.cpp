@@ -372,6 +372,77 @@ void BM_GroupLogitsStage(benchmark::State& st) {
 }
 BENCHMARK(BM_GroupLogitsStage)->ArgNames({"N", "threads"})->Args({32768, 1})->Args({32768, 2})->UseManualTime();
 
+// The same keys scored as HybridGen's `post` selection scores them: the max over the G heads of
+// each key's logits (group_logit_max), one float per key written instead of G.
+void BM_GroupLogitMaxStage(benchmark::State& st) {
+  set_num_threads(int(st.range(1)));
+  const int64_t N = st.range(0);
+  const int Hkv = 8, G = 4, D = 128;
+  AlignedBuffer kbuf(size_t(Hkv * N * D) * 4), sbuf(size_t(N) * 4);
+  float* K = static_cast<float*>(kbuf.data());
+  float* score = static_cast<float*>(sbuf.data());
+  std::vector<float> q(size_t(Hkv * G * D));
+  fill(K, size_t(Hkv * N * D), 7);
+  fill(score, size_t(N), 0);
+  fill(q.data(), q.size(), 8);
+  auto be = make_cpu_backend();
+  run_paired(st, double(Hkv * N * D * 4), int(st.range(1)), [&] {
+    for (int g = 0; g < Hkv; ++g)
+      be->group_logit_max(q.data() + g * G * D, G, K + g * N * D, N, D, 0.088f, score);
+  });
+}
+BENCHMARK(BM_GroupLogitMaxStage)
+    ->ArgNames({"N", "threads"})
+    ->Args({32768, 1})
+    ->Args({32768, 2})
+    ->UseManualTime();
+
+// HybridGen's whole `post` selection per KV head of the 8B shape: K = 128 of N offloaded keys by
+// the group's max logit, and the G logits of the selected. method 0: group_logits over all N keys
+// into [G, N], logit_top_k over the G rows, the selected logits picked out (before the twelfth
+// session); 1: group_logit_max (one score per key), logit_top_k over the scores, then the K
+// selected rows gathered and their logits computed again (as cpu_stage runs now). Bytes read: the
+// keys.
+void BM_PostSelection(benchmark::State& st) {
+  set_num_threads(int(st.range(1)));
+  const int64_t N = st.range(0);
+  const int Hkv = 8, G = 4, D = 128;
+  const int32_t K = 128;
+  AlignedBuffer kbuf(size_t(Hkv * N * D) * 4), lbuf(size_t(G * N) * 4);
+  float* Ks = static_cast<float*>(kbuf.data());
+  float* lg = static_cast<float*>(lbuf.data());
+  std::vector<float> q(size_t(Hkv * G * D)), kg(size_t(K * D)), sel_lg(size_t(G * K));
+  fill(Ks, size_t(Hkv * N * D), 7);
+  fill(lg, size_t(G * N), 0);
+  fill(q.data(), q.size(), 8);
+  std::vector<int32_t> sel;
+  auto be = make_cpu_backend();
+  const bool scores = st.range(2) == 1;
+  run_paired(st, double(Hkv * N * D * 4), int(st.range(1)), [&] {
+    for (int g = 0; g < Hkv; ++g) {
+      const float* qg = q.data() + g * G * D;
+      const float* Kg = Ks + g * N * D;
+      if (scores) {
+        be->group_logit_max(qg, G, Kg, N, D, 0.088f, lg);
+        logit_top_k(lg, 1, N, int32_t(N), K, sel);
+        cpu::gather_rows(kg.data(), Kg, D * 4, D * 4, sel.data(), K);
+        be->group_logits(qg, G, kg.data(), K, D, 0.088f, sel_lg.data());
+      } else {
+        be->group_logits(qg, G, Kg, N, D, 0.088f, lg);
+        logit_top_k(lg, G, N, int32_t(N), K, sel);
+        for (int h = 0; h < G; ++h)
+          for (int32_t i = 0; i < K; ++i) sel_lg[size_t(h * K + i)] = lg[h * N + sel[size_t(i)]];
+      }
+      benchmark::DoNotOptimize(sel_lg.data());
+    }
+  });
+  st.SetLabel(scores ? "group_logit_max, top-K, selected logits again" : "group_logits, top-K over G rows");
+}
+BENCHMARK(BM_PostSelection)
+    ->ArgNames({"N", "threads", "method"})
+    ->ArgsProduct({{32768}, {1, 2}, {0, 1}})
+    ->UseManualTime();
+
 // Gather of selected V rows (D = 128 F32, 512 B rows) out of 1M rows (512 MiB) with
 // cpu::gather_rows, as InfiniGen's fetch and HybridGen's CPU stage run it on one worker. The
 // strategies select positions in token order (sorted); `sorted: 0` is a random order. Bytes read:

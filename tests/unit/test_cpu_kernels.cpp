@@ -1,10 +1,12 @@
 // Every CPU backend op against the `ref` oracle: odd sizes, seeded inputs in [-1, 1], tolerance
 // table below. Case names carry their parameters.
+#include <cstring>
 #include <random>
 
 #include "engine/backend/backend.h"
 #include "engine/backend/cpu/kernels.h"
 #include "engine/core/error.h"
+#include "selectors/logit_topk.h"
 #include "test_util.h"
 
 namespace hg {
@@ -299,6 +301,44 @@ TEST_F(Backends, GroupLogitsAndWeightedVMatchRef) {
         cpu->group_weighted_v(lg.data(), G, K.data(), n, D, o.data());
         ref->group_weighted_v(lg.data(), G, K.data(), n, D, orf.data());
         EXPECT_TRUE(test::all_close(o.data(), orf.data(), o.size(), kTolAttention)) << G << " " << D << " " << n;
+      }
+}
+
+// HybridGen's post score: the max over G of the very logits group_logits gives, bit for bit, on
+// the CPU backend (the same blocks), and on the ref backend (the default: group_logits, then max);
+// so logit_top_k over the scores (G = 1) picks what it picks over the [G, n] logits. A query head
+// of NaN is skipped, a key of NaN scores -inf.
+TEST_F(Backends, GroupLogitMaxIsTheMaxOfGroupLogits) {
+  for (int G : {1, 3, 4, 8})
+    for (int D : {64, 128, 40})
+      for (int64_t n : {1, 15, 16, 17, 1000, 1003}) {
+        const std::string what = std::to_string(G) + " " + std::to_string(D) + " " + std::to_string(n);
+        auto q = test::random_vec(size_t(G * D), 93);
+        auto K = test::random_vec(size_t(n * D), 94, -2, 2);
+        if (G > 1) q[size_t(D) + 3] = NAN;        // query head 1: all its logits NaN
+        if (n > 16) K[size_t(16 * D) + 5] = NAN;  // key 16: NaN for every head
+        for (Backend* be : {cpu.get(), ref.get()}) {
+          std::vector<float> lg(size_t(G * n)), score(size_t(n) + 1, 7.0f);
+          be->group_logits(q.data(), G, K.data(), n, D, 0.125f, lg.data());
+          be->group_logit_max(q.data(), G, K.data(), n, D, 0.125f, score.data());
+          EXPECT_EQ(score[size_t(n)], 7.0f) << what << ": wrote past n";
+          int64_t mismatches = 0;
+          for (int64_t t = 0; t < n; ++t) {
+            float m = -INFINITY;
+            for (int h = 0; h < G; ++h) m = m < lg[size_t(h * n + t)] ? lg[size_t(h * n + t)] : m;
+            mismatches += std::memcmp(&m, &score[size_t(t)], 4) != 0;
+          }
+          EXPECT_EQ(mismatches, 0) << what << " " << be->name();
+          if (n > 16) {
+            EXPECT_EQ(score[16], -INFINITY) << what << " " << be->name();
+          }
+          for (int32_t k : {1, 7, 64}) {
+            std::vector<int32_t> by_logits, by_score;
+            logit_top_k(lg.data(), G, n, int32_t(n), k, by_logits);
+            logit_top_k(score.data(), 1, n, int32_t(n), k, by_score);
+            EXPECT_EQ(by_logits, by_score) << what << " K " << k << " " << be->name();
+          }
+        }
       }
 }
 

@@ -321,10 +321,19 @@ class CpuBackend final : public Backend {
     });
   }
 
+  // Key blocks across the pool (each key row read once for the G heads).
+  static int64_t key_blocks(int64_t n) {
+    return std::max<int64_t>(1, std::min<int64_t>(num_threads() * 4, n / 256));
+  }
   void group_logits(const float* q, int G, const float* K, int64_t n, int D, float scale, float* logits) override {
-    // Key blocks across the pool (each key row read once for the G heads).
-    const int64_t nb = std::max<int64_t>(1, std::min<int64_t>(num_threads() * 4, n / 256));
+    const int64_t nb = key_blocks(n);
     parallel_for(nb, [&](int64_t b) { cpu::group_logits(q, G, K, n, n * b / nb, n * (b + 1) / nb, D, scale, logits); });
+  }
+  void group_logit_max(const float* q, int G, const float* K, int64_t n, int D, float scale,
+                       float* score) override {
+    const int64_t nb = key_blocks(n);
+    parallel_for(
+        nb, [&](int64_t b) { cpu::group_logit_max(q, G, K, n * b / nb, n * (b + 1) / nb, D, scale, score); });
   }
 
   void softmax_rows(float* x, int64_t rows, int64_t n) override {

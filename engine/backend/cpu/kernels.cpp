@@ -628,6 +628,20 @@ void group_logits_fixed(const float* q, const float* K, int64_t n, int64_t t0, i
   }
 }
 
+template <int G, int DT>
+void group_logit_max_fixed(const float* q, const float* K, int64_t t0, int64_t t1, int D_, float scale,
+                           float* score) {
+  const int D = DT > 0 ? DT : D_;
+  for (int64_t t = t0; t < t1; t += 16) {
+    const int kk = int(std::min<int64_t>(16, t1 - t));
+    alignas(64) float tmp[G * 16];  // this block's logits, in L1
+    logits16<G, DT>(q, K + t * D, kk, D, scale, tmp, 16);
+    __m512 m = _mm512_set1_ps(-INFINITY);
+    for (int h = 0; h < G; ++h) m = _mm512_max_ps(_mm512_load_ps(tmp + h * 16), m);  // NaN: m
+    _mm512_mask_storeu_ps(score + t, tail_mask(kk), m);
+  }
+}
+
 // out[h] = Σ_t p[h, t] · V[t]: the attention's V pass (accumulators in registers) over chunks of
 // 64 rows, so that each chunk's rows stay in L1 across the D-block passes.
 template <int G, int DT>
@@ -815,6 +829,26 @@ void group_weighted_v(const float* p, int G, const float* V, int64_t n, int D, f
     return;
 #endif
   weighted_v_kv(p, G, V, n, D, out);
+}
+
+void group_logit_max(const float* q, int G, const float* K, int64_t t0, int64_t t1, int D, float scale,
+                     float* score) {
+#if HG_AVX512
+  if (with_group_size(G, [&](auto g) {
+        with_head_dim(D, [&](auto d) {
+          group_logit_max_fixed<decltype(g)::value, decltype(d)::value>(q, K, t0, t1, D, scale, score);
+        });
+      }))
+    return;
+#endif
+  for (int64_t t = t0; t < t1; ++t) {
+    float m = -INFINITY;
+    for (int h = 0; h < G; ++h) {
+      const float l = dot(q + int64_t(h) * D, K + t * D, D) * scale;
+      m = m < l ? l : m;
+    }
+    score[t] = m;
+  }
 }
 
 void group_logits(const float* q, int G, const float* K, int64_t n, int64_t t0, int64_t t1, int D, float scale,

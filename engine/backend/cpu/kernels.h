@@ -48,6 +48,11 @@ void attention_group(const float* q, const void* K, const void* V, DType kv, int
 // logits[h, t] = scale · q[h] · K[t] for t in [t0, t1) (q [G, D], K [n, D], logits [G, n]).
 void group_logits(const float* q, int G, const float* K, int64_t n, int64_t t0, int64_t t1, int D, float scale,
                   float* logits);
+// score[t] = max over h < G of scale · q[h] · K[t] for t in [t0, t1), NaN logits skipped (-inf when
+// all are): the same logits as group_logits, bit for bit, reduced before they are stored, so that
+// one float per key is written instead of G.
+void group_logit_max(const float* q, int G, const float* K, int64_t t0, int64_t t1, int D, float scale,
+                     float* score);
 // y[m, n] = x[m, :] · W[n, :] for m < M, n in [n0, n1): the decode GEMV (W [N, K] row-major of
 // type wt, converted to F32 as it streams; F32 accumulation). y has row stride ldy.
 void gemv(const float* x, int M, const void* W, DType wt, int64_t K, int64_t n0, int64_t n1, float* y, int64_t ldy);
