@@ -508,10 +508,9 @@ class HybridGen final : public KvStrategy {
   // The CPU stage's work for the modeled clock: logits of all H query heads over the keys it reads
   // from DRAM. Post: every offloaded key, streamed, then the K selected keys once more (their
   // logits, recomputed after the selection; rows the same stage has just streamed, so no row cost).
-  // Pre: the K keys of the position heuristic, two runs (sinks, most recent) per KV head. A stage that
-  // projects its own speculative query
-  // (`query_on: cpu`) also reads W_q from host memory (measured on an H200's host, 75-80 % of the
-  // stage).
+  // Pre: the K keys of the position heuristic, two runs (sinks, most recent) per KV head. A stage
+  // that projects its own speculative query (`query_on: cpu`) also reads W_q from host memory
+  // (measured on an H200's host, 75-80 % of the stage).
   StageWork cpu_stage_work(int layer, const TokenRow& r, int32_t K, bool pre, bool project) const {
     const int Hkv = shape_.H_kv, D = shape_.D;
     const int64_t n_off = offloaded_[pidx(layer, r.seq)], k = std::min<int64_t>(K, n_off);
