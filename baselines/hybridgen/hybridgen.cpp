@@ -556,7 +556,7 @@ class HybridGen final : public KvStrategy {
         // post: every offloaded position scored by the group's max logit, top-K by score; then the
         // logits of the K selected. The scores are the max of the very logits group_logits gives
         // (bit for bit), so the selection is the one over all [G, n_off] logits, and only one
-        // float per position is written instead of G (BM_GroupLogitMaxStage).
+        // float per position is written instead of G (BM_GroupLogitsStage, max:1).
         cb.group_logit_max(qg, G, Kg, n_off, D, scale, score.data());
         logit_top_k(score.data(), 1, n_off, n_off, K, sel);
         cpu::gather_rows(kg.data(), Kg, int64_t(D) * 4, int64_t(D) * 4, sel.data(), K);

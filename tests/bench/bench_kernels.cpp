@@ -348,16 +348,19 @@ void BM_GroupLogits(benchmark::State& st) {
 // 256K keys = 128 MiB: larger than the last-level cache, so every pass streams from memory.
 BENCHMARK(BM_GroupLogits)->ArgNames({"N", "threads"})->Args({262144, 1})->Args({262144, 2})->UseManualTime();
 
-// The same kernel as HybridGen's `post` stage calls it: per KV head of the 8B shape (H_kv = 8,
-// G = 4, D = 128), the G × N logits of the head's N offloaded keys into one [G, N] scratch that
-// every head reuses (cpu_stage's thread_local `lg`). The keys (8 · N · 512 B, 128 MiB at 32K)
-// stream from memory; the logits (G · N · 4 B, 512 KiB at 32K) are written over the previous
-// head's, so their write-allocate reads may hit the cache. Bytes read: the keys. BM_GroupLogits above writes a 4 MiB logits array that every pass
-// evicts: the worst case for its stores.
+// The kernels as HybridGen's stages call them, per KV head of the 8B shape (H_kv = 8, G = 4,
+// D = 128); the keys (8 · N · 512 B, 128 MiB at 32K) stream from memory. Bytes read: the keys.
+// max 0: group_logits, the G × N logits of the head's N keys into one [G, N] scratch that every
+// head reuses (cpu_stage's thread_local scratch): written over the previous head's (512 KiB at
+// 32K), so their write-allocate reads may hit the cache. BM_GroupLogits above writes a 4 MiB
+// logits array that every pass evicts: the worst case for its stores.
+// max 1: group_logit_max, `post` mode's scores since the twelfth session: the max over the G heads
+// of each key's logits, one float per key written instead of G.
 void BM_GroupLogitsStage(benchmark::State& st) {
   set_num_threads(int(st.range(1)));
   const int64_t N = st.range(0);
   const int Hkv = 8, G = 4, D = 128;
+  const bool max = st.range(2) == 1;
   AlignedBuffer kbuf(size_t(Hkv * N * D) * 4), lbuf(size_t(G * N) * 4);
   float* K = static_cast<float*>(kbuf.data());
   float* lg = static_cast<float*>(lbuf.data());
@@ -367,34 +370,19 @@ void BM_GroupLogitsStage(benchmark::State& st) {
   fill(q.data(), q.size(), 8);
   auto be = make_cpu_backend();
   run_paired(st, double(Hkv * N * D * 4), int(st.range(1)), [&] {
-    for (int g = 0; g < Hkv; ++g) be->group_logits(q.data() + g * G * D, G, K + g * N * D, N, D, 0.088f, lg);
+    for (int g = 0; g < Hkv; ++g) {
+      const float* qg = q.data() + g * G * D;
+      if (max)
+        be->group_logit_max(qg, G, K + g * N * D, N, D, 0.088f, lg);
+      else
+        be->group_logits(qg, G, K + g * N * D, N, D, 0.088f, lg);
+    }
   });
+  st.SetLabel(max ? "group_logit_max" : "group_logits");
 }
-BENCHMARK(BM_GroupLogitsStage)->ArgNames({"N", "threads"})->Args({32768, 1})->Args({32768, 2})->UseManualTime();
-
-// The same keys scored as HybridGen's `post` selection scores them: the max over the G heads of
-// each key's logits (group_logit_max), one float per key written instead of G.
-void BM_GroupLogitMaxStage(benchmark::State& st) {
-  set_num_threads(int(st.range(1)));
-  const int64_t N = st.range(0);
-  const int Hkv = 8, G = 4, D = 128;
-  AlignedBuffer kbuf(size_t(Hkv * N * D) * 4), sbuf(size_t(N) * 4);
-  float* K = static_cast<float*>(kbuf.data());
-  float* score = static_cast<float*>(sbuf.data());
-  std::vector<float> q(size_t(Hkv * G * D));
-  fill(K, size_t(Hkv * N * D), 7);
-  fill(score, size_t(N), 0);
-  fill(q.data(), q.size(), 8);
-  auto be = make_cpu_backend();
-  run_paired(st, double(Hkv * N * D * 4), int(st.range(1)), [&] {
-    for (int g = 0; g < Hkv; ++g)
-      be->group_logit_max(q.data() + g * G * D, G, K + g * N * D, N, D, 0.088f, score);
-  });
-}
-BENCHMARK(BM_GroupLogitMaxStage)
-    ->ArgNames({"N", "threads"})
-    ->Args({32768, 1})
-    ->Args({32768, 2})
+BENCHMARK(BM_GroupLogitsStage)
+    ->ArgNames({"N", "threads", "max"})
+    ->ArgsProduct({{32768}, {1, 2}, {0, 1}})
     ->UseManualTime();
 
 // HybridGen's whole `post` selection per KV head of the 8B shape: K = 128 of N offloaded keys by

@@ -553,8 +553,8 @@ TEST(HybridGen, TransfersAreLogitsPlusSelectedValueRows) {
   }).wait();
   // What the modeled clock charges. The CPU stage (post mode) streams every offloaded key of each
   // KV head from DRAM, and the K selected ones again for their logits, and does 2·D FLOPs per key
-  // read and query head; the selected V rows are gathered
-  // as runs of consecutive positions, at least one and at most K per KV head.
+  // read and query head; the selected V rows are gathered as runs of consecutive positions, at
+  // least one and at most K per KV head.
   int n_cpu = 0, n_v = 0;
   for (auto& r : rt.log().snapshot()) {
     if (r.name.rfind("hybridgen logits", 0) == 0) {
