@@ -6,7 +6,8 @@ set -euo pipefail
 HG_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 HG_BUILD_DIR="${HG_BUILD_DIR:-$HG_ROOT/build}"
 HG_PACKAGES=(g++ cmake make pkg-config libdnnl-dev libyaml-cpp-dev libfmt-dev libsentencepiece-dev
-  libnuma-dev libgtest-dev libgmock-dev libbenchmark-dev nlohmann-json3-dev libeigen3-dev libpcre2-dev)
+  libnuma-dev libgtest-dev libgmock-dev libbenchmark-dev nlohmann-json3-dev libeigen3-dev libpcre2-dev
+  libcli11-dev libcsv-dev)
 
 hg_install_deps() {
   local missing=()

@@ -220,7 +220,7 @@ class HybridGen final : public KvStrategy {
               std::lock_guard<std::mutex> l(mu_);
               t_query_ += since(t0);
             }
-            cpu_stage(layer, r, query_on_accel_ ? in.data() : q.data(), K, pre, *res, t0);
+            cpu_stage(layer, r, query_on_accel_ ? in.data() : q.data(), K, pre, !query_on_accel_, *res, t0);
           });
     }
   }
@@ -252,7 +252,10 @@ class HybridGen final : public KvStrategy {
     }
     if (!in_step_) return;
     in_step_ = false;
-    const double t_gpu = std::max(0.0, since(step_start_) - waited_);
+    // The accelerator's own time this step (its wait for CPU results excluded); modeled from the
+    // forward's work when the runtime has a stage clock.
+    const double t_gpu = rt_.stage_clock() ? rt_.stage_seconds(StageKind::kAccelCompute, current_accel_work(), 0)
+                                           : std::max(0.0, since(step_start_) - waited_);
     int64_t n_off = 0;
     for (int b = 0; b < B_; ++b) n_off = std::max<int64_t>(n_off, offloaded_[pidx(0, b)]);
     double t_cpu, t_tx, t_query;
@@ -527,7 +530,10 @@ class HybridGen final : public KvStrategy {
     return w;
   }
 
-  void cpu_stage(int layer, const TokenRow& r, const float* q, int32_t K, bool pre, CpuResult& res, Clock::time_point t0) {
+  // project: this stage projected its own query (its time, t0 on, includes that).
+  void cpu_stage(int layer, const TokenRow& r, const float* q, int32_t K, bool pre, bool project, CpuResult& res,
+                 Clock::time_point t0) {
+    const StageWork work = cpu_stage_work(layer, r, K, pre, project);
     const int Hkv = shape_.H_kv, D = shape_.D, G = shape_.H / Hkv;
     const int32_t n_off = offloaded_[pidx(layer, r.seq)];
     const float scale = 1.0f / std::sqrt(float(D));
@@ -590,7 +596,7 @@ class HybridGen final : public KvStrategy {
     }
     {
       std::lock_guard<std::mutex> l(mu_);
-      t_cpu_ += since(t0);
+      t_cpu_ += rt_.stage_seconds(StageKind::kCpuCompute, work, since(t0));
     }
     // Logits (dram → gpu) and the selected V rows (their tier → gpu).
     std::vector<Event> ev;
@@ -598,7 +604,7 @@ class HybridGen final : public KvStrategy {
     ev.push_back(rt_.transfers().run(Tier::kDram, Tier::kGpu, lbytes, [this, &res, lg = std::move(lg_sel)] {
       const auto t = Clock::now();
       be_.upload(res.logits, lg.data(), lg.size() * 4);
-      add_tx(since(t));
+      add_tx(transfer_seconds(Tier::kDram, int64_t(lg.size()) * 4, 0, since(t)));
     }, {}, "cpu logits to gpu"));
     // On a device, V rows are gathered into pinned staging laid out as res.v and copied over: in one
     // piece by the tier that holds every selected row (the usual case), else one block per head.
@@ -619,7 +625,7 @@ class HybridGen final : public KvStrategy {
       if (bytes == 0) continue;
       ev.push_back(rt_.transfers().run_gather(
           tier, Tier::kGpu, bytes, runs,
-          [this, &res, layer, r, ti, K, D, Hkv, one_tier] {
+          [this, &res, layer, r, ti, K, D, Hkv, one_tier, tier, bytes, runs] {
             const auto t = Clock::now();
             // Each head's rows of this tier are one block of res.v; its positions are sorted, and each
             // run of them within one page is one gather from that page's rows of head g. On a device
@@ -646,7 +652,7 @@ class HybridGen final : public KvStrategy {
               if (device && !one_tier) be_.upload(block, dst, size_t(e - b) * size_t(D) * 4);
             }
             if (device && one_tier) be_.upload(res.v, res.v_host, size_t(Hkv) * size_t(K) * size_t(D) * 4);
-            add_tx(since(t));
+            add_tx(transfer_seconds(tier, bytes, runs, since(t)));
           },
           {}, "selected V to gpu"));
     }
@@ -669,6 +675,13 @@ class HybridGen final : public KvStrategy {
     res.logits = p.logits.as<float>();
     res.v = p.v.as<float>();
     res.v_host = p.v_host.as<float>();
+  }
+
+  // A transfer's time for the scheduler: measured, or modeled on the runtime's stage clock.
+  double transfer_seconds(Tier src, int64_t bytes, int64_t rows, double measured_s) const {
+    StageWork w;
+    w.src = src, w.dst = Tier::kGpu, w.transfer_bytes = bytes, w.rows[size_t(src)] = rows;
+    return rt_.stage_seconds(StageKind::kTransfer, w, measured_s);
   }
 
   void add_tx(double s) {
@@ -697,7 +710,7 @@ class HybridGen final : public KvStrategy {
         res->done = rt_.cpu().submit("hybridgen logits, layer " + std::to_string(layer),
                                      cpu_stage_work(layer, r, K, pre, false), {},
                                      [this, layer, r, qt = std::move(qt), res, K, pre] {
-                                       cpu_stage(layer, r, qt.data(), K, pre, *res, Clock::now());
+                                       cpu_stage(layer, r, qt.data(), K, pre, false, *res, Clock::now());
                                      });
       }
     }

@@ -51,6 +51,7 @@ class InfiniGen final : public KvStrategy {
         model_(ctx.model),
         partial_ratio_(p.get_float("partial_ratio")),
         alpha_(p.get_float("alpha")),
+        dry_fetch_ratio_(p.get_float("dry_fetch_ratio")),
         max_kv_ratio_(p.get_float("max_kv_ratio")),
         full_layers_(int(p.get_int("full_layers"))),
         calib_tokens_(int32_t(p.get_int("calib_tokens"))) {
@@ -300,7 +301,9 @@ class InfiniGen final : public KvStrategy {
       be_.group_logits(qp.data(), G, partial_.k(layer, r.seq) + g * partial_.head_stride(r.seq), n, dp_, 1.0f,
                        logits + int64_t(g) * G * n);
     }
-    const int32_t count = infinigen_fetch_count(logits, H, n, alpha_, max_kv_ratio_);
+    // Dry runs compute no logits: the count is the documented expected fraction instead.
+    const int32_t count = rt_.dry() ? int32_t(std::clamp<int64_t>(std::llround(dry_fetch_ratio_ * double(n)), 1, n))
+                                    : infinigen_fetch_count(logits, H, n, alpha_, max_kv_ratio_);
     auto f = std::make_shared<Fetch>();
     f->n = count;
     // The fetch for `layer` is written while layer − 1 attends over its own (the other parity's
@@ -332,7 +335,7 @@ class InfiniGen final : public KvStrategy {
   Backend& be_;
   Runtime& rt_;
   const Model* model_;
-  double partial_ratio_, alpha_, max_kv_ratio_;
+  double partial_ratio_, alpha_, dry_fetch_ratio_, max_kv_ratio_;
   int full_layers_;
   int32_t calib_tokens_;
   KvShape shape_;
@@ -371,6 +374,12 @@ StrategyInfo infinigen_info() {
         "0.2",
         "ratio",
         "cap on fetched tokens, fraction of the current length",
+        {}},
+       {"dry_fetch_ratio",
+        T::kFloat,
+        "0.2",
+        "ratio",
+        "dry runs only (no logits to apply alpha to): fraction of the current length fetched per step",
         {}},
        {"full_layers", T::kInt, "2", "layers", "first layers that load their full KV", {}},
        {"calib_tokens",

@@ -166,9 +166,13 @@ bool asked_for_help(const std::vector<std::string>& args, const char* help) {
 void print_usage() {
   fmt::print(R"(hgbench — long-context LLM decoding under KV-cache pressure
 
-usage: hgbench <command> [options]     (hgbench <command> --help for details)
+usage: hgbench FILE.yaml [--set K=V]… [--list] [--resume DIR] [--shard I/N]   (run an experiment)
+       hgbench <command> [options]     (hgbench <command> --help for details)
 
 commands:
+  FILE.yaml    run an experiment file (experiments/*.yaml): rows.jsonl, summary.csv, table
+  validate     check an experiment file without running it
+  merge        join shard result directories into one result set
   generate     generate text with a model and report prefill/decode tokens/s
   info         print a model's architecture, shapes, dtype, parameters and tokenizer
   models       list model formats and synthetic presets

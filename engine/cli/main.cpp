@@ -24,6 +24,12 @@ int main(int argc, char** argv) {
     if (cmd == "calibrate") return hg::cli::cmd_calibrate(args);
     if (cmd == "bench") return hg::cli::cmd_bench(args);
     if (cmd == "export") return hg::cli::cmd_export(args);
+    if (cmd == "validate") return hg::cli::cmd_validate(args);
+    if (cmd == "merge") return hg::cli::cmd_merge(args);
+    if (cmd == "run" || cmd.ends_with(".yaml") || cmd.ends_with(".yml")) {
+      if (cmd != "run") args.insert(args.begin(), cmd);
+      return hg::cli::cmd_run(args);
+    }
     fmt::print(stderr, "hgbench: unknown command '{}' (expected generate, info, models, strategies, calibrate, bench, export; see --help)\n", cmd);
     return 2;
   } catch (const hg::InputError& e) {  // bad file, field or argument; unsupported request

@@ -9,6 +9,7 @@
 #include <string_view>
 
 #include "engine/core/error.h"
+#include "engine/core/phantom.h"
 
 namespace hg {
 
@@ -42,6 +43,20 @@ AlignedBuffer::AlignedBuffer(size_t bytes) : bytes_(bytes) {
   if (!ptr_) throw OutOfMemoryError(fmt::format("host allocation of {} bytes failed", bytes));
 }
 
+AlignedBuffer AlignedBuffer::phantom(size_t bytes) {
+  AlignedBuffer b;
+  b.bytes_ = bytes;
+  if (bytes == 0) return b;
+  b.ptr_ = std::unique_ptr<void, AlignedFree>(phantom_alloc(bytes), AlignedFree{bytes});
+  if (!b.ptr_) throw OutOfMemoryError(fmt::format("phantom mapping of {} bytes failed", bytes));
+  return b;
+}
+
+void AlignedFree::operator()(void* p) const {
+  if (phantom_bytes) phantom_free(p, phantom_bytes);
+  else std::free(p);
+}
+
 int64_t Weight::numel() const {
   int64_t n = shape.empty() ? 0 : 1;
   for (auto d : shape) n *= d;
@@ -53,11 +68,12 @@ const float* Weight::f32() const {
   return static_cast<const float*>(buf.data());
 }
 
-Weight make_weight(DType t, std::vector<int64_t> shape) {
+Weight make_weight(DType t, std::vector<int64_t> shape, bool phantom) {
   Weight w;
   w.dtype = t;
   w.shape = std::move(shape);
-  w.buf = AlignedBuffer(size_t(w.numel()) * dtype_size(t));
+  const size_t bytes = size_t(w.numel()) * dtype_size(t);
+  w.buf = phantom ? AlignedBuffer::phantom(bytes) : AlignedBuffer(bytes);
   return w;
 }
 

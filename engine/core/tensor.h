@@ -25,20 +25,25 @@ bool huge_pages_advised();
 // allocators (libnuma). Advice only: where THP is off the call changes nothing.
 void advise_huge_pages(void* p, size_t bytes);
 
+// Frees an AlignedBuffer's memory: std::free, or the phantom range it is.
+struct AlignedFree {
+  size_t phantom_bytes = 0;  // nonzero: a phantom range of this size
+  void operator()(void* p) const;
+};
+
 class AlignedBuffer {
  public:
   AlignedBuffer() = default;
   explicit AlignedBuffer(size_t bytes);
+  // A buffer of `bytes` in phantom memory (engine/core/phantom.h): dry runs' weights.
+  static AlignedBuffer phantom(size_t bytes);
   void* data() { return ptr_.get(); }
   const void* data() const { return ptr_.get(); }
   size_t bytes() const { return bytes_; }
   bool empty() const { return bytes_ == 0; }
 
  private:
-  struct Free {
-    void operator()(void* p) const { std::free(p); }
-  };
-  std::unique_ptr<void, Free> ptr_;
+  std::unique_ptr<void, AlignedFree> ptr_;
   size_t bytes_ = 0;
 };
 
@@ -57,8 +62,8 @@ struct Weight {
   size_t bytes() const { return buf.bytes(); }
 };
 
-// Allocates a weight of the given type and shape (uninitialised).
-Weight make_weight(DType t, std::vector<int64_t> shape);
+// Allocates a weight of the given type and shape (uninitialised; in phantom memory when `phantom`).
+Weight make_weight(DType t, std::vector<int64_t> shape, bool phantom = false);
 // Copies n values of `from` into a new weight converted to `to`.
 Weight convert_weight(DType from, const void* src, DType to, std::vector<int64_t> shape);
 std::string shape_str(const std::vector<int64_t>& shape);

@@ -13,6 +13,9 @@ namespace hg {
 
 struct LoadOptions {
   std::optional<DType> weight_dtype;  // engine type for matrices; default depends on the source
+  // Shapes only (dry runs): synthetic presets place their weights in phantom memory, unfilled.
+  // Other formats load as usual (their weights are mapped or read).
+  bool phantom_weights = false;
 };
 
 // "path?key=value&key2=value2" → path and options; keys are checked by the loader.

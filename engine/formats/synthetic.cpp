@@ -137,7 +137,8 @@ Model load(const ModelSpec& spec, const LoadOptions& opts) {
   auto make = [&](auto slot, Weight& w) {
     const auto sh = slot_shape(slot, m.hp);
     const bool matrix = slot_is_matrix(slot);
-    w = make_weight(matrix ? dt : DType::kF32, sh);
+    w = make_weight(matrix ? dt : DType::kF32, sh, opts.phantom_weights);
+    if (opts.phantom_weights) return;
     const std::string_view name = slot_name(slot);
     float scale = 0.1f, offset = 0.0f;
     if (name.find("norm") != std::string_view::npos && name.find("bias") == std::string_view::npos) offset = 1.0f;

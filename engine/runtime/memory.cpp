@@ -10,6 +10,7 @@
 #include <cstdlib>
 
 #include "engine/core/error.h"
+#include "engine/core/phantom.h"
 #include "engine/core/tensor.h"
 
 namespace hg {
@@ -124,13 +125,33 @@ MemorySystem::MemorySystem(const TierConfig& cfg, std::optional<DeviceAllocator>
   ledger_.set_capacity(Tier::kGpu, cfg.gpu_memory_bytes > 0 ? cfg.gpu_memory_bytes : dev);
 }
 
-MemorySystem::~MemorySystem() = default;
+MemorySystem::~MemorySystem() {
+  for (auto& [p, n] : slabs_) phantom_free(p, n);
+}
+
+void* MemorySystem::phantom_carve(size_t bytes) {
+  constexpr size_t kSlab = size_t(1) << 30, kAlign = 64;
+  bytes = (std::max<size_t>(bytes, 1) + kAlign - 1) / kAlign * kAlign;
+  std::lock_guard<std::mutex> l(slab_mu_);
+  if (slabs_.empty() || slab_used_ + bytes > slabs_.back().second) {
+    const size_t n = std::max(kSlab, bytes);
+    char* p = static_cast<char*>(phantom_alloc(n));
+    if (!p) return nullptr;
+    slabs_.emplace_back(p, n);
+    slab_used_ = 0;
+  }
+  void* r = slabs_.back().first + slab_used_;
+  slab_used_ += bytes;
+  return r;
+}
 
 std::variant<Allocation, OutOfMemory> MemorySystem::try_allocate(Tier t, int64_t bytes) {
   if (auto oom = ledger_.reserve(t, bytes)) return *oom;
   void* p = nullptr;
   const size_t n = size_t(std::max<int64_t>(bytes, 1));
-  if (t == Tier::kGpu && device_) {
+  if (cfg_.phantom) {
+    p = phantom_carve(n);
+  } else if (t == Tier::kGpu && device_) {
     p = device_->alloc(n);
   } else if (t == Tier::kDram && cfg_.pinned_dram && device_ && device_->host_alloc) {
     p = device_->host_alloc(n);
@@ -164,7 +185,8 @@ Allocation MemorySystem::allocate(Tier t, int64_t bytes) {
 void MemorySystem::free(Allocation& a) {
   if (!a.ptr_) return;
   const size_t n = size_t(std::max<int64_t>(a.bytes_, 1));
-  if (a.tier_ == Tier::kGpu && device_) device_->free(a.ptr_);
+  if (cfg_.phantom) {}  // the slabs go with the memory system
+  else if (a.tier_ == Tier::kGpu && device_) device_->free(a.ptr_);
   else if (a.tier_ == Tier::kDram && cfg_.pinned_dram && device_ && device_->host_free) device_->host_free(a.ptr_);
   else if (a.tier_ == Tier::kFar && numa_) numa_free(a.ptr_, n);
   else if (a.tier_ == Tier::kDram && numa_ && !cfg_.pinned_dram) numa_free(a.ptr_, n);

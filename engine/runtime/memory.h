@@ -13,6 +13,7 @@
 #include <optional>
 #include <string>
 #include <variant>
+#include <vector>
 
 namespace hg {
 
@@ -60,6 +61,9 @@ struct TierConfig {
   int64_t far_bytes = 0;         // 0: the far node's memory
   int far_node = -1;             // NUMA node of `far`; -1: the highest-numbered node other than local
   bool pinned_dram = false;      // cudaHostAlloc for dram (set when a CUDA device drives the run)
+  // Dry runs: every tier's bytes are phantom memory (engine/core/phantom.h), counted by the ledger
+  // against the capacities above as real ones are, so "does not fit" is still a result.
+  bool phantom = false;
 };
 
 class MemorySystem;
@@ -121,6 +125,11 @@ class MemorySystem {
   int local_node_ = 0;
   int far_node_ = 0;
   bool numa_ = false;
+  // Phantom slabs (dry runs): allocations are carved from them and returned all at once.
+  std::mutex slab_mu_;
+  std::vector<std::pair<char*, size_t>> slabs_;
+  size_t slab_used_ = 0;
+  void* phantom_carve(size_t bytes);
   std::string far_note_;
 };
 

@@ -26,9 +26,23 @@ struct AccelSegments {
   double start_s = 0;
   int64_t waited_for = -1;
   StageWork extra;  // add_accel_work()
+  StageWork base;   // the work the task was submitted with
 };
 thread_local AccelSegments* tl_accel = nullptr;
 }  // namespace
+
+StageWork current_accel_work() {
+  StageWork w;
+  if (const AccelSegments* seg = tl_accel) {
+    w = seg->base;
+    w.flops += seg->extra.flops;
+    for (size_t i = 0; i < w.bytes.size(); ++i) {
+      w.bytes[i] += seg->extra.bytes[i];
+      w.rows[i] += seg->extra.rows[i];
+    }
+  }
+  return w;
+}
 
 void add_accel_work(const StageWork& w) {
   if (AccelSegments* seg = tl_accel) {
@@ -141,6 +155,7 @@ void Queue::run() {
         segments.log = log_;
         segments.id = t.ev.stage_id();
         segments.start_s = rec.start_s;
+        segments.base = t.work;
         tl_accel = &segments;
       }
       try {

@@ -91,5 +91,8 @@ class Queue {
 // (HybridGen projecting its speculative queries there), so that the modeled clock charges it.
 // No effect on any other thread.
 void add_accel_work(const StageWork& w);
+// The work of the accelerator-compute task whose body the calling thread is running so far (its
+// submitted work plus add_accel_work()); empty on any other thread.
+StageWork current_accel_work();
 
 }  // namespace hg

@@ -42,8 +42,17 @@ Runtime::Runtime(const RuntimeConfig& cfg) {
   } else {
     input_error("unknown device '{}' (expected auto, emulated, cuda or cpu)", cfg.device);
   }
+  dry_ = cfg.dry;
+  stage_clock_ = cfg.stage_clock;
+  if (dry_ && !stage_clock_) input_error("dry execution needs a modeled clock (clock: modeled:<platform>)");
+  if (dry_ && kind_ == DeviceKind::kCuda) input_error("dry execution runs on the emulated device, not cuda");
   std::optional<MemorySystem::DeviceAllocator> device_memory;
   TierConfig tiers = cfg.tiers;
+  tiers.phantom = tiers.phantom || dry_;
+  if (dry_) {
+    accel_be_ = make_null_backend();
+    description_ = "dry (null backends, phantom memory; times are modeled)";
+  }
   if (kind_ == DeviceKind::kCuda) {
     // The GPU: its own backend (device memory), one host thread driving its stream.
     accel_be_ = make_backend("cuda");
@@ -92,9 +101,18 @@ Runtime::Runtime(const RuntimeConfig& cfg) {
   accel_ = std::make_unique<Queue>("accel", StageKind::kAccelCompute, 0, &log_, accel_threads_);
   copy_ = std::make_unique<Queue>("copy", StageKind::kTransfer, 1, &log_, 1);
   cpu_ = std::make_unique<Queue>("cpu", StageKind::kCpuCompute, 2, &log_, cpu_threads_);
+  if (dry_) copy_fn = [](void*, const void*, size_t, Tier, Tier) {};
   xfer_ = std::make_unique<TransferEngine>(*copy_, std::move(copy_fn), std::move(before_submit));
   if (!accel_be_) accel_be_ = make_cpu_backend();
-  cpu_be_ = make_cpu_backend();
+  cpu_be_ = dry_ ? make_null_backend() : make_cpu_backend();
+}
+
+double Runtime::stage_seconds(StageKind kind, const StageWork& work, double measured_s) const {
+  if (!stage_clock_) return measured_s;
+  StageRecord r;
+  r.kind = kind;
+  r.work = work;
+  return modeled_stage_seconds(r, *stage_clock_);
 }
 
 Runtime::~Runtime() {

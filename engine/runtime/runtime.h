@@ -6,6 +6,7 @@
 #pragma once
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 
 #include "engine/backend/backend.h"
@@ -28,6 +29,12 @@ struct RuntimeConfig {
   // memory of its own (host_memory() false) is set up as a GPU is: the gpu tier on its alloc and
   // transfers through its upload/download (tests: a backend that checks the device-memory contract).
   std::function<std::unique_ptr<Backend>()> device_backend;
+  // Dry execution: both backends are `null` (no math), every tier is phantom memory (counted, not
+  // backed) and copies are logged and counted but move nothing. Needs stage_clock.
+  bool dry = false;
+  // When set, strategies that time their own stages to steer themselves (HybridGen's scheduler)
+  // take each stage's modeled time on this profile instead of its wall time. Dry runs need it.
+  std::optional<PlatformProfile> stage_clock;
 };
 
 // The emulated accelerator's default thread count: half the machine, at least 1.
@@ -50,6 +57,11 @@ class Runtime {
   Backend& accel_backend() { return *accel_be_; }  // the accelerator's math (runs on accel())
   Backend& cpu_backend() { return *cpu_be_; }      // strategy CPU work (runs on cpu())
   int accel_threads() const { return accel_threads_; }
+  bool dry() const { return dry_; }
+  const PlatformProfile* stage_clock() const { return stage_clock_ ? &*stage_clock_ : nullptr; }
+  // A stage's time for a strategy's own steering: its modeled time on stage_clock() when there is
+  // one, else `measured_s`.
+  double stage_seconds(StageKind kind, const StageWork& work, double measured_s) const;
   int cpu_threads() const { return cpu_threads_; }
 
  private:
@@ -61,6 +73,8 @@ class Runtime {
   std::unique_ptr<TransferEngine> xfer_;
   std::unique_ptr<Backend> accel_be_, cpu_be_;
   int accel_threads_ = 1, cpu_threads_ = 1;
+  bool dry_ = false;
+  std::optional<PlatformProfile> stage_clock_;
 };
 
 // Machine measurements for `hgbench calibrate` (profile `this-machine`): read bandwidth of dram

@@ -1,7 +1,8 @@
-// The `null` backend: every op returns at once without reading or writing its buffers (embed
-// still checks ids). With the `null` strategy it leaves only the engine's own work — the decoder's
+// The `null` backend: every op, copies included, returns at once without reading or writing its
+// buffers (embed still checks ids). With the `null` strategy it leaves only the engine's own work — the decoder's
 // layer loop, strategy dispatch, logits handling, sampling — so `hgbench bench` can measure the
-// harness's per-step overhead against a real step. Its outputs are meaningless by design.
+// harness's per-step overhead against a real step; dry runs use it for all math. Its outputs are
+// meaningless by design.
 #include "engine/backend/backend.h"
 #include "engine/core/error.h"
 
@@ -27,6 +28,14 @@ class NullBackend final : public Backend {
   void group_logits(const float*, int, const float*, int64_t, int, float, float*) override {}
   void softmax_rows(float*, int64_t, int64_t) override {}
   void group_weighted_v(const float*, int, const float*, int64_t, int, float*) override {}
+  void group_logit_max(const float*, int, const float*, int64_t, int, float, float*) override {}
+  void merged_attention(const MergedAttention&) override {}
+  void write_kv(const float*, int64_t, int, int, const int32_t*, void*, int64_t, DType) override {}
+  void upload(void*, const void*, size_t) override {}
+  void download(void*, const void*, size_t) override {}
+  void copy(void*, const void*, size_t) override {}
+  void upload_2d(void*, size_t, const void*, size_t, size_t, size_t) override {}
+  void download_2d(void*, size_t, const void*, size_t, size_t, size_t) override {}
 };
 
 }  // namespace

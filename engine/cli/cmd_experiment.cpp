@@ -1,0 +1,196 @@
+// `hgbench FILE.yaml` (run an experiment), `hgbench validate FILE`, `hgbench merge DIR…`.
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <csignal>
+#include <filesystem>
+
+#include <CLI/CLI.hpp>
+#include <fmt/format.h>
+
+#include "engine/backend/backend.h"
+#include "engine/cli/commands.h"
+#include "engine/core/error.h"
+#include "experiments/runner/recorder.h"
+#include "experiments/runner/runner.h"
+#include "experiments/runner/spec.h"
+
+namespace hg::cli {
+namespace {
+
+volatile std::sig_atomic_t g_interrupted = 0;
+void on_sigint(int) { g_interrupted = 1; }
+
+std::string hms(double s) {
+  const int t = int(s + 0.5);
+  return t >= 3600 ? fmt::format("{}:{:02}:{:02}", t / 3600, t / 60 % 60, t % 60) : fmt::format("{:02}:{:02}", t / 60, t % 60);
+}
+
+std::vector<std::string> labels_of(const ExperimentSpec& s) {
+  std::vector<std::string> l;
+  for (auto& e : s.strategies) l.push_back(e.label);
+  return l;
+}
+
+std::string describe(const Point& p) {
+  std::string s = p.model;
+  if (s.rfind("synthetic:", 0) == 0) s = s.substr(10);
+  s += fmt::format(" prompt={} decode={} batch={}", p.prompt_tokens, p.decode_tokens, p.batch);
+  if (!p.placement.empty()) s += " placement=" + p.placement;
+  if (p.gpu_memory_bytes) s += fmt::format(" gpu_memory_bytes={}", p.gpu_memory_bytes);
+  if (!p.platform.empty()) s += " platform=" + p.platform;
+  for (auto& [st, kv] : p.strategy_params)
+    for (auto& [k, v] : kv) s += fmt::format(" {}.{}={}", st, k, v);
+  return s;
+}
+
+// "I/N" → (I, N) with 0 <= I < N.
+std::pair<int, int> parse_shard(const std::string& s) {
+  const size_t slash = s.find('/');
+  try {
+    if (slash != std::string::npos) {
+      const int i = std::stoi(s.substr(0, slash)), n = std::stoi(s.substr(slash + 1));
+      if (n >= 1 && i >= 0 && i < n) return {i, n};
+    }
+  } catch (...) {
+  }
+  input_error("--shard '{}': expected I/N with 0 <= I < N (e.g. 0/4)", s);
+}
+
+}  // namespace
+
+int cmd_run(const std::vector<std::string>& args) {
+  CLI::App app{"Runs an experiment file: every point of its sweep through every strategy, rows to a result directory.",
+               "hgbench FILE.yaml"};
+  std::string file, output, resume, shard;
+  std::vector<std::string> sets;
+  bool list = false, force = false;
+  app.add_option("file", file, "experiment YAML (experiments/*.yaml)")->required();
+  app.add_option("--set", sets, "override any key: KEY=VALUE, nested with dots (sweep.prompt_tokens=[2048,4096])");
+  app.add_flag("--list", list, "print the expanded points and exit");
+  app.add_option("--output,-o", output, "result directory (default: the file's `output`, else results/<name>)");
+  app.add_option("--resume", resume, "continue the result directory DIR: finished rows are kept and skipped");
+  app.add_flag("--force", force, "replace a non-empty output directory");
+  app.add_option("--shard", shard, "run every N-th point starting at I (I/N, 0-based) into the same layout");
+  if (int rc = parse_cli(app, "hgbench", args); rc >= 0) return rc;
+
+  ExperimentSpec spec = load_experiment(file, sets);
+  const std::string how = resolve_execute(spec, cuda_device_count_or_zero() > 0);
+  const std::vector<Point> points = expand(spec);
+  const auto [shard_i, shard_n] = shard.empty() ? std::pair{0, 1} : parse_shard(shard);
+  std::vector<const Point*> mine;
+  for (auto& p : points)
+    if (p.index % shard_n == shard_i) mine.push_back(&p);
+  const bool modeled = spec.clock != "measured";
+  const std::string mode = spec.execute == "dry"  ? "dry execution, MODELED on a platform profile (nothing measured)"
+                           : modeled              ? "real execution, measured, also MODELED on a platform profile"
+                                                  : "real execution, measured";
+  fmt::print("hgbench: {} — {} ({} points × {} strategies × {} repeats{})\n", spec.name, mode, mine.size(),
+             spec.strategies.size(), spec.repeats, shard.empty() ? "" : ", shard " + shard);
+  if (!how.empty()) fmt::print("hgbench: {}\n", how);
+  std::fflush(stdout);
+  if (list) {
+    for (const Point* p : mine) fmt::print("{:>4} {}  {}\n", p->index, p->id, describe(*p));
+    return 0;
+  }
+  std::string dir = !resume.empty() ? resume : !output.empty() ? output : spec.output;
+  ResultDir out(dir, spec, !resume.empty(), force, shard);
+  if (out.resumed_rows()) fmt::print("hgbench: resuming {}: {} rows already recorded\n", dir, out.resumed_rows());
+
+  struct sigaction sa {};
+  sa.sa_handler = on_sigint;
+  sa.sa_flags = SA_RESETHAND;  // a second Ctrl-C ends the process at once
+  sigaction(SIGINT, &sa, nullptr);
+  g_interrupted = 0;
+
+  Runner runner(spec);
+  const bool tty = isatty(STDERR_FILENO);
+  const size_t total = mine.size() * spec.strategies.size();
+  size_t done = 0, ran = 0, failed = 0;
+  const auto t0 = std::chrono::steady_clock::now();
+  for (const Point* p : mine) {
+    for (auto& e : spec.strategies) {
+      if (g_interrupted) break;
+      const double el = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      const std::string eta = ran ? hms(el / double(ran) * double(total - done)) : "?";
+      const std::string line = fmt::format("[{}/{}] {} {} | {} elapsed, ETA {}", done + 1, total, e.label, describe(*p),
+                                           hms(el), eta);
+      if (tty) fmt::print(stderr, "\r\033[K{}", line);
+      else fmt::print(stderr, "{}\n", line);
+      const std::vector<int> skip = out.done(p->id, e.label);
+      const bool fresh = int(skip.size()) < spec.repeats;
+      runner.run(*p, e, skip, [&](nlohmann::ordered_json row) {
+        if (row.value("status", "") != "ok") {
+          ++failed;
+          if (tty) fmt::print(stderr, "\n");
+          fmt::print(stderr, "  point {} {} failed: {}\n", p->id, e.label, row.value("reason", ""));
+        }
+        out.append(row);
+      });
+      ++done;
+      ran += fresh;
+    }
+    if (g_interrupted) break;
+  }
+  if (tty) fmt::print(stderr, "\n");
+  const auto rows = read_rows(dir);
+  for (auto& r : rows) failed += 0 * r.size();
+  size_t failed_rows = 0;
+  for (auto& r : rows) failed_rows += r.value("status", "") != "ok";
+  const std::string table = write_summary(dir, rows, spec.baseline, labels_of(spec));
+  fmt::print("{}", table);
+  fmt::print("results: {} ({} rows{}; summary.csv, table.txt; plots: scripts/plot {})\n", dir, rows.size(),
+             failed_rows ? fmt::format(", {} failed", failed_rows) : "", dir);
+  if (g_interrupted) {
+    fmt::print(stderr, "hgbench: interrupted after {} of {} runs; continue with --resume {}\n", done, total, dir);
+    return 130;
+  }
+  return failed_rows ? 1 : 0;
+}
+
+int cmd_validate(const std::vector<std::string>& args) {
+  CLI::App app{"Checks an experiment file against the schema without running it.", "hgbench validate"};
+  std::string file;
+  std::vector<std::string> sets;
+  app.add_option("file", file, "experiment YAML")->required();
+  app.add_option("--set", sets, "override a key first: KEY=VALUE");
+  if (int rc = parse_cli(app, "validate", args); rc >= 0) return rc;
+  ExperimentSpec spec = load_experiment(file, sets);
+  const auto points = expand(spec);
+  fmt::print("{}: ok — {} points × {} strategies × {} repeats = {} rows (execute {}, clock {})\n", file, points.size(),
+             spec.strategies.size(), spec.repeats, points.size() * spec.strategies.size() * size_t(spec.repeats),
+             spec.execute, spec.clock);
+  return 0;
+}
+
+int cmd_merge(const std::vector<std::string>& args) {
+  CLI::App app{"Joins shard result directories into one result set with its summary.", "hgbench merge"};
+  std::vector<std::string> dirs;
+  std::string out;
+  app.add_option("dirs", dirs, "shard directories")->required();
+  app.add_option("--out,-o", out, "merged result directory")->required();
+  if (int rc = parse_cli(app, "merge", args); rc >= 0) return rc;
+  std::string table;
+  const size_t n = merge_results(dirs, out, &table);
+  fmt::print("{}merged {} directories: {} rows into {}\n", table, dirs.size(), n, out);
+  return 0;
+}
+
+int parse_cli(CLI::App& app, const std::string& name, const std::vector<std::string>& args) {
+  std::vector<std::string> argv_s = {name};
+  argv_s.insert(argv_s.end(), args.begin(), args.end());
+  std::vector<const char*> argv;
+  for (auto& s : argv_s) argv.push_back(s.c_str());
+  try {
+    app.parse(int(argv.size()), argv.data());
+  } catch (const CLI::CallForHelp&) {
+    fmt::print("{}", app.help());
+    return 0;
+  } catch (const CLI::ParseError& e) {
+    throw InputError(fmt::format("{}: {} (see --help)", name, e.what()));
+  }
+  return -1;
+}
+
+}  // namespace hg::cli

@@ -1,0 +1,306 @@
+// Result directories, summaries and merges.
+#include "experiments/runner/recorder.h"
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <csv.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <sstream>
+
+#include "engine/core/error.h"
+
+namespace hg {
+namespace fs = std::filesystem;
+using Json = nlohmann::ordered_json;
+
+namespace {
+
+const char* kRows = "rows.jsonl";
+
+void write_config(const std::string& dir, const ExperimentSpec& spec, const std::string& shard) {
+  YAML::Emitter e;
+  e << spec.effective;
+  std::ofstream out(dir + "/config.yaml");
+  out << "# effective experiment after overrides, from " << spec.file << (shard.empty() ? "" : ", shard " + shard)
+      << "\n"
+      << e.c_str() << "\n";
+  if (!out) input_error("{}/config.yaml: cannot write", dir);
+}
+
+double median_of(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  const size_t n = v.size();
+  return n == 0 ? NAN : n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+// One CSV record through libcsv's quoting.
+void csv_row(FILE* f, const std::vector<std::string>& fields) {
+  for (size_t i = 0; i < fields.size(); ++i) {
+    if (i) std::fputc(',', f);
+    csv_fwrite(f, fields[i].data(), fields[i].size());
+  }
+  std::fputc('\n', f);
+}
+
+std::string num(double v) { return std::isfinite(v) ? fmt::format("{:.6g}", v) : ""; }
+
+std::string json_str(const Json& j) { return j.is_string() ? j.get<std::string>() : j.is_null() ? "" : j.dump(); }
+
+}  // namespace
+
+ResultDir::ResultDir(const std::string& dir, const ExperimentSpec& spec, bool resume, bool force, const std::string& shard)
+    : dir_(dir) {
+  std::error_code ec;
+  const bool exists = fs::exists(dir, ec);
+  if (exists && fs::is_symlink(fs::symlink_status(dir)))
+    input_error("{}: the output directory is a symbolic link; give a real directory", dir);
+  if (exists && !fs::is_directory(dir)) input_error("{}: exists and is not a directory", dir);
+  const bool non_empty = exists && !fs::is_empty(dir);
+  if (resume) {
+    if (!exists) input_error("{}: --resume needs an existing result directory", dir);
+  } else if (non_empty) {
+    if (!force)
+      input_error("{}: the output directory is not empty (--resume to continue it, --force to replace it)", dir);
+    fs::remove_all(dir);
+  }
+  fs::create_directories(dir, ec);
+  if (ec) input_error("{}: cannot create the output directory ({})", dir, ec.message());
+  const std::string rows = dir + "/" + kRows;
+  if (resume && fs::exists(rows)) {
+    // Cut a torn last line (a kill mid-write) before appending after it.
+    std::ifstream in(rows, std::ios::binary);
+    std::string all((std::istreambuf_iterator<char>(in)), {});
+    const size_t keep = all.rfind('\n') == std::string::npos ? 0 : all.rfind('\n') + 1;
+    if (keep != all.size()) fs::resize_file(rows, keep);
+    for (auto& r : read_rows(dir)) {
+      done_.emplace(r.value("point_id", ""), r.value("label", ""), r.value("repeat", -1));
+      ++resumed_;
+    }
+  }
+  write_config(dir, spec, shard);
+  fd_ = ::open(rows.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC | O_NOFOLLOW, 0644);
+  if (fd_ < 0) input_error("{}: cannot open for appending", rows);
+}
+
+ResultDir::~ResultDir() {
+  if (fd_ >= 0) ::close(fd_);
+}
+
+std::vector<int> ResultDir::done(const std::string& point_id, const std::string& label) const {
+  std::vector<int> r;
+  for (auto& [p, l, rep] : done_)
+    if (p == point_id && l == label) r.push_back(rep);
+  return r;
+}
+
+void ResultDir::append(const Json& row) {
+  const std::string line = row.dump() + "\n";
+  const ssize_t n = ::write(fd_, line.data(), line.size());
+  if (n != ssize_t(line.size())) {
+    // Undo a partial line so that the rows already written stay valid.
+    const off_t end = ::lseek(fd_, 0, SEEK_END);
+    if (n > 0 && end >= n && ::ftruncate(fd_, end - n) != 0) {}
+    throw std::runtime_error(fmt::format("{}/{}: write failed (disk full?); the rows before it are intact", dir_, kRows));
+  }
+  ::fdatasync(fd_);
+  done_.emplace(row.value("point_id", ""), row.value("label", ""), row.value("repeat", -1));
+}
+
+std::vector<Json> read_rows(const std::string& dir, bool* torn) {
+  std::vector<Json> rows;
+  std::ifstream in(dir + "/" + kRows, std::ios::binary);
+  if (!in) input_error("{}: no {} (not a result directory)", dir, kRows);
+  std::string all((std::istreambuf_iterator<char>(in)), {});
+  if (torn) *torn = !all.empty() && all.back() != '\n';
+  size_t pos = 0, line_no = 0;
+  while (pos < all.size()) {
+    const size_t nl = all.find('\n', pos);
+    ++line_no;
+    if (nl == std::string::npos) break;  // torn last line
+    const std::string line = all.substr(pos, nl - pos);
+    pos = nl + 1;
+    if (line.empty()) continue;
+    try {
+      rows.push_back(Json::parse(line));
+    } catch (const nlohmann::json::exception& e) {
+      input_error("{}/{}:{}: not a JSON row ({})", dir, kRows, line_no, e.what());
+    }
+  }
+  return rows;
+}
+
+std::string write_summary(const std::string& dir, const std::vector<Json>& rows, const std::string& baseline,
+                          const std::vector<std::string>& labels) {
+  // (point index, label) → times of ok repeats; point index → the row's point and id.
+  std::map<int, Json> points;
+  std::map<std::pair<int, std::string>, std::vector<const Json*>> cells;
+  bool modeled = false, dry = false;
+  for (auto& r : rows) {
+    const int pi = r.value("point_index", -1);
+    points[pi] = r["point"];
+    points[pi]["id"] = r.value("point_id", "");
+    cells[{pi, r.value("label", "")}].push_back(&r);
+    if (r.value("status", "") == "ok") {
+      const std::string tb = r.value("time_basis", "");
+      modeled = modeled || tb.rfind("modeled", 0) == 0;
+      dry = dry || tb == "modeled (dry)";
+    }
+  }
+  auto times = [&](int pi, const std::string& label) {
+    std::vector<double> t;
+    for (const Json* r : cells[{pi, label}])
+      if (r->value("status", "") == "ok") t.push_back((*r)["figures"].value("time_s", NAN));
+    return t;
+  };
+  // Axes that vary between points name them in the table.
+  std::vector<std::string> varying;
+  if (!points.empty())
+    for (auto& [k, v] : points.begin()->second.items()) {
+      if (k == "id") continue;
+      for (auto& [pi, pj] : points)
+        if (pj[k] != v) {
+          varying.push_back(k);
+          break;
+        }
+    }
+  auto point_name = [&](const Json& pj) {
+    std::string s;
+    for (auto& k : varying) {
+      std::string v = json_str(pj[k]);
+      if (k == "model" && v.rfind("synthetic:", 0) == 0) v = v.substr(10, v.find('?') - 10);
+      s += (s.empty() ? "" : "/") + v;
+    }
+    return s.empty() ? json_str(pj["id"]) : s;
+  };
+
+  const std::string csv_path = dir + "/summary.csv";
+  FILE* f = std::fopen(csv_path.c_str(), "w");
+  if (!f) input_error("{}: cannot write", csv_path);
+  std::vector<std::string> head = {"point_id", "point_index", "model", "prompt_tokens", "decode_tokens", "batch",
+                                   "placement", "gpu_memory_bytes", "platform", "label", "strategy", "status",
+                                   "repeats_ok", "time_basis", "time_s_median", "time_s_min", "time_s_max",
+                                   "decode_token_s_median", "normalized_time", "speedup_vs_baseline",
+                                   "h2d_bytes_per_step", "reason"};
+  csv_row(f, head);
+  std::map<std::string, std::vector<double>> norm_by_label;
+  for (auto& [pi, pj] : points) {
+    const double base = median_of(times(pi, baseline));
+    for (auto& label : labels) {
+      const auto& rs = cells[{pi, label}];
+      if (rs.empty()) continue;
+      const std::vector<double> t = times(pi, label);
+      const Json* ok = nullptr;
+      std::string reason, strategy = rs.front()->value("strategy", "");
+      std::vector<double> tok;
+      double h2d = 0;
+      for (const Json* r : rs) {
+        if (r->value("status", "") == "ok") {
+          ok = r;
+          tok.push_back((*r)["figures"].value("decode_token_s", NAN));
+          for (auto& [k, v] : (*r)["link_bytes_per_step"].items())
+            if (k.size() > 5 && k.substr(k.size() - 5) == "->gpu") h2d += v.get<double>() / double(t.size());
+        } else {
+          reason = r->value("reason", "");
+        }
+      }
+      const double med = median_of(t), nt = med / base;
+      if (std::isfinite(nt)) norm_by_label[label].push_back(nt);
+      csv_row(f, {json_str(pj["id"]), std::to_string(pi), json_str(pj["model"]), json_str(pj["prompt_tokens"]),
+                  json_str(pj["decode_tokens"]), json_str(pj["batch"]), json_str(pj["placement"]),
+                  json_str(pj["gpu_memory_bytes"]), json_str(pj["platform"]), label, strategy,
+                  ok ? (t.size() == rs.size() ? "ok" : "partial") : "failed", std::to_string(t.size()),
+                  ok ? ok->value("time_basis", "") : "", num(med), t.empty() ? "" : num(*std::min_element(t.begin(), t.end())),
+                  t.empty() ? "" : num(*std::max_element(t.begin(), t.end())), num(median_of(tok)), num(nt),
+                  num(base / med), num(h2d), reason});
+    }
+  }
+  std::fclose(f);
+
+  // The table: strategies down, points across, geometric mean last (the paper's Figs. 15-19).
+  std::string out = fmt::format("time normalised to {} per point ({}){}\n", baseline,
+                                modeled ? (dry ? "MODELED, dry execution" : "MODELED") : "measured",
+                                modeled ? " — modeled on a platform profile, not measured" : "");
+  std::vector<std::string> names;
+  size_t w0 = 16;
+  for (auto& l : labels) w0 = std::max(w0, l.size() + 1);
+  for (auto& [pi, pj] : points) names.push_back(point_name(pj));
+  std::vector<size_t> widths;
+  out += fmt::format("{:<{}}", "strategy", w0);
+  for (auto& n : names) {
+    widths.push_back(std::max<size_t>(8, n.size() + 1));
+    out += fmt::format("{:>{}}", n, widths.back());
+  }
+  out += fmt::format("{:>9}\n", "geomean");
+  for (auto& label : labels) {
+    out += fmt::format("{:<{}}", label, w0);
+    size_t i = 0;
+    double logsum = 0;
+    int n = 0;
+    for (auto& [pi, pj] : points) {
+      const double base = median_of(times(pi, baseline)), med = median_of(times(pi, label));
+      const double nt = med / base;
+      const bool any = !cells[{pi, label}].empty();
+      out += fmt::format("{:>{}}", !any ? "-" : std::isfinite(nt) ? fmt::format("{:.2f}", nt) : "failed", widths[i++]);
+      if (std::isfinite(nt) && nt > 0) logsum += std::log(nt), ++n;
+    }
+    out += fmt::format("{:>9}\n", n ? fmt::format("{:.2f}", std::exp(logsum / n)) : "-");
+  }
+  std::ofstream(dir + "/table.txt") << out;
+  return out;
+}
+
+size_t merge_results(const std::vector<std::string>& dirs, const std::string& out, std::string* table) {
+  if (dirs.empty()) input_error("merge: give the shard directories to join");
+  std::vector<Json> all;
+  std::set<std::tuple<std::string, std::string, int>> seen;
+  std::string experiment, config_text;
+  std::map<std::string, int> label_order;
+  std::string baseline;
+  for (auto& d : dirs) {
+    std::ifstream cfg(d + "/config.yaml");
+    if (!cfg) input_error("{}: no config.yaml (not a result directory)", d);
+    const YAML::Node y = YAML::LoadFile(d + "/config.yaml");
+    const std::string name = y["name"] ? y["name"].as<std::string>() : "";
+    if (experiment.empty()) experiment = name;
+    else if (name != experiment)
+      input_error("{}: experiment '{}' does not match '{}' of {}", d, name, experiment, dirs.front());
+    if (baseline.empty()) {
+      ExperimentSpec s = parse_experiment(YAML::Dump(y), d + "/config.yaml");
+      baseline = s.baseline;
+      for (auto& e : s.strategies) label_order.emplace(e.label, int(label_order.size()));
+    }
+    for (auto& r : read_rows(d)) {
+      auto key = std::make_tuple(r.value("point_id", ""), r.value("label", ""), r.value("repeat", -1));
+      if (!seen.insert(key).second) continue;  // the same row in two shards (a resubmitted shard)
+      all.push_back(std::move(r));
+    }
+  }
+  std::stable_sort(all.begin(), all.end(), [&](const Json& a, const Json& b) {
+    return std::make_tuple(a.value("point_index", 0), label_order[a.value("label", "")], a.value("repeat", 0)) <
+           std::make_tuple(b.value("point_index", 0), label_order[b.value("label", "")], b.value("repeat", 0));
+  });
+  std::error_code ec;
+  if (fs::exists(out) && !fs::is_empty(out)) input_error("{}: the merge output directory is not empty", out);
+  fs::create_directories(out, ec);
+  if (ec) input_error("{}: cannot create ({})", out, ec.message());
+  fs::copy_file(dirs.front() + "/config.yaml", out + "/config.yaml", fs::copy_options::overwrite_existing);
+  {
+    std::ofstream o(out + "/" + kRows);
+    for (auto& r : all) o << r.dump() << "\n";
+    if (!o) input_error("{}/{}: write failed", out, kRows);
+  }
+  std::vector<std::string> labels(label_order.size());
+  for (auto& [l, i] : label_order) labels[size_t(i)] = l;
+  const std::string t = write_summary(out, all, baseline, labels);
+  if (table) *table = t;
+  return all.size();
+}
+
+}  // namespace hg

@@ -1,0 +1,52 @@
+// The Recorder: one result directory per run — config.yaml (the effective experiment),
+// rows.jsonl (one row per point × strategy × repeat, each appended and flushed whole when it
+// finishes), summary.csv and table.txt (times normalised to the baseline, with a geometric mean).
+// Resume reads the rows back (a torn last line from a kill is cut off) and skips what is there;
+// merge joins shard directories into one result set.
+#pragma once
+#include <set>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "experiments/runner/spec.h"
+
+namespace hg {
+
+class ResultDir {
+ public:
+  // A new directory (an existing non-empty one needs resume or force: force empties it), or with
+  // resume an existing one whose rows are kept.
+  ResultDir(const std::string& dir, const ExperimentSpec& spec, bool resume, bool force, const std::string& shard);
+  ~ResultDir();
+  ResultDir(const ResultDir&) = delete;
+  ResultDir& operator=(const ResultDir&) = delete;
+  // Repeats of (point, label) already recorded.
+  std::vector<int> done(const std::string& point_id, const std::string& label) const;
+  // Appends one row as one write of one line, then syncs it to disk.
+  void append(const nlohmann::ordered_json& row);
+  const std::string& path() const { return dir_; }
+  size_t resumed_rows() const { return resumed_; }
+
+ private:
+  std::string dir_;
+  int fd_ = -1;
+  std::set<std::tuple<std::string, std::string, int>> done_;
+  size_t resumed_ = 0;
+};
+
+// Every complete row of DIR/rows.jsonl (a torn last line is skipped; `torn` says whether there was one).
+std::vector<nlohmann::ordered_json> read_rows(const std::string& dir, bool* torn = nullptr);
+
+// Writes DIR/summary.csv and DIR/table.txt from `rows`; returns the table (times normalised to
+// `baseline` per point, geometric mean last). `labels` orders the strategies.
+std::string write_summary(const std::string& dir, const std::vector<nlohmann::ordered_json>& rows,
+                          const std::string& baseline, const std::vector<std::string>& labels);
+
+// Joins shard directories (each with config.yaml and rows.jsonl of the same experiment) into
+// `out`; returns the number of rows. Errors name the directory that does not fit.
+size_t merge_results(const std::vector<std::string>& dirs, const std::string& out, std::string* table);
+
+}  // namespace hg

@@ -1,0 +1,371 @@
+// The measured generation loop, its figures, and the experiment Runner.
+#include "experiments/runner/runner.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <fstream>
+#include <random>
+
+#include "baselines/registry.h"
+#include "engine/core/error.h"
+#include "engine/formats/formats.h"
+#include "engine/tokenizer/tokenizer.h"
+
+namespace hg {
+namespace {
+
+using Json = nlohmann::ordered_json;
+
+double median_of(std::vector<double> v) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  const size_t n = v.size();
+  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+std::string link_name(int s, int d) {
+  return fmt::format("{}->{}", tier_name(Tier(s)), tier_name(Tier(d)));
+}
+
+std::string run_command(const std::string& cmd) {
+  std::string out;
+  if (FILE* f = popen(cmd.c_str(), "r")) {
+    char buf[256];
+    while (fgets(buf, sizeof buf, f)) out += buf;
+    pclose(f);
+  }
+  while (!out.empty() && (out.back() == '\n' || out.back() == ' ')) out.pop_back();
+  return out;
+}
+
+std::string cpu_model() {
+  std::ifstream in("/proc/cpuinfo");
+  std::string line;
+  while (std::getline(in, line))
+    if (line.rfind("model name", 0) == 0) return line.substr(line.find(':') + 2);
+  return "unknown";
+}
+
+}  // namespace
+
+Measurement measure_generation(Runtime* rt, const Model& model, Backend& backend, KvStrategy& kv,
+                               const std::vector<std::vector<int32_t>>& prompts, const GenerateOptions& opts,
+                               const std::function<void(int, int32_t)>& on_token) {
+  using Clock = std::chrono::steady_clock;
+  Measurement m;
+  if (rt) {
+    rt->log().clear();
+    rt->transfers().reset_totals();
+    rt->memory().ledger().reset_peaks();
+  }
+  bool first = true;
+  Clock::time_point last;
+  m.gen = generate(model, backend, kv, prompts, opts, [&](int seq, int32_t id) {
+    if (on_token) on_token(seq, id);
+    if (seq != 0) return;
+    const auto now = Clock::now();
+    if (first) {
+      first = false;
+      if (rt) m.prefill_xfer = rt->transfers().totals();
+    } else {
+      m.step_s.push_back(std::chrono::duration<double>(now - last).count());
+      m.step_stats.push_back(kv.step_stats());
+    }
+    last = now;
+  });
+  if (rt) {
+    rt->accel().synchronize();
+    rt->copy().synchronize();
+    rt->cpu().synchronize();
+    m.log = rt->log().snapshot();
+    const TransferTotals all = rt->transfers().totals();
+    for (int s = 0; s < kNumTiers; ++s)
+      for (int d = 0; d < kNumTiers; ++d) {
+        m.decode_xfer.bytes[size_t(s)][size_t(d)] = all.bytes[size_t(s)][size_t(d)] - m.prefill_xfer.bytes[size_t(s)][size_t(d)];
+        m.decode_xfer.count[size_t(s)][size_t(d)] = all.count[size_t(s)][size_t(d)] - m.prefill_xfer.count[size_t(s)][size_t(d)];
+      }
+    for (int t = 0; t < kNumTiers; ++t) m.tiers[size_t(t)] = rt->memory().ledger().usage(Tier(t));
+  }
+  return m;
+}
+
+Figures figures(const Measurement& m, const PlatformProfile* profile) {
+  Figures f;
+  f.prefill_s = m.gen.prefill_s;
+  f.decode_s = m.gen.decode_s;
+  f.prefill_tokens = m.gen.prefill_tokens;
+  f.decode_tokens = m.gen.decode_tokens;
+  f.decode_steps = int64_t(m.step_s.size());
+  f.decode_token_s = median_of(m.step_s);
+  if (!m.step_s.empty()) {
+    f.decode_token_min_s = *std::min_element(m.step_s.begin(), m.step_s.end());
+    f.decode_token_max_s = *std::max_element(m.step_s.begin(), m.step_s.end());
+  }
+  f.end_to_end_s = f.prefill_s + f.decode_s;
+  f.pipeline = pipeline_summary(m.log);
+  std::map<int64_t, std::vector<StageRecord>> by_step;
+  for (auto& r : m.log)
+    if (r.step >= 0) by_step[r.step].push_back(r);
+  const double steps = double(std::max<int64_t>(1, f.decode_steps));
+  for (auto& [st, recs] : by_step) {
+    if (st < 1) continue;
+    for (auto& r : recs) {
+      f.flops_per_step[size_t(r.kind)] += r.work.flops / steps;
+      for (int t = 0; t < kNumTiers; ++t) f.bytes_per_step[size_t(r.kind)][size_t(t)] += double(r.work.bytes[size_t(t)]) / steps;
+    }
+  }
+  for (int s = 0; s < kNumTiers; ++s)
+    for (int d = 0; d < kNumTiers; ++d) {
+      f.link_bytes_per_step[size_t(s)][size_t(d)] = double(m.decode_xfer.bytes[size_t(s)][size_t(d)]) / steps;
+      f.link_bytes_prefill[size_t(s)][size_t(d)] = double(m.prefill_xfer.bytes[size_t(s)][size_t(d)]);
+    }
+  if (profile) {
+    f.modeled = true;
+    f.platform = profile->name;
+    std::vector<double> dec;
+    for (auto& [st, recs] : by_step) {
+      const StepTiming t = modeled_timing(recs, *profile);
+      if (st == 0) {
+        f.m_prefill_s += t.critical_path_s;
+        continue;
+      }
+      dec.push_back(t.critical_path_s);
+      f.m_accel_s += t.accel_s / steps;
+      f.m_cpu_s += t.cpu_s / steps;
+      f.m_transfer_s += t.transfer_s / steps;
+      f.m_critical_s += t.critical_path_s / steps;
+      f.m_serial_s += t.sum_stages_s / steps;
+    }
+    f.m_decode_token_s = median_of(dec);
+    double sum = 0;
+    for (double d : dec) sum += d;
+    f.m_end_to_end_s = f.m_prefill_s + sum;
+  }
+  if (!m.step_stats.empty()) {
+    f.stats_last = m.step_stats.back();
+    std::map<std::string, int> n;
+    for (auto& s : m.step_stats)
+      for (auto& [k, v] : s) f.stats_mean[k] += v, n[k]++;
+    for (auto& [k, v] : f.stats_mean) v /= n[k];
+  }
+  return f;
+}
+
+Json provenance() {
+  static const Json p = [] {
+    Json j;
+    const std::string src = HG_SOURCE_DIR;
+    const std::string commit = run_command("git -C '" + src + "' rev-parse HEAD 2>/dev/null");
+    j["commit"] = commit.empty() ? "unknown" : commit;
+    j["dirty"] = commit.empty() ? Json() : Json(!run_command("git -C '" + src + "' status --porcelain --untracked-files=no 2>/dev/null").empty());
+    j["build_type"] = HG_BUILD_TYPE;
+    j["compiler"] = "g++ " __VERSION__;
+    j["cpu"] = cpu_model();
+    j["host_threads"] = std::thread::hardware_concurrency();
+    const int gpus = cuda_device_count_or_zero();
+    j["gpu"] = gpus > 0 ? Json(make_backend("cuda")->device_name()) : Json();
+    j["cuda_compiled"] = cuda_compiled();
+    return j;
+  }();
+  return p;
+}
+
+Json failed_row(const ExperimentSpec& spec, const Point& p, const StrategyEntry& e, int repeat,
+                const std::string& error_class, const std::string& reason) {
+  Json r;
+  r["experiment"] = spec.name;
+  r["point_id"] = p.id;
+  r["point_index"] = p.index;
+  r["label"] = e.label;
+  r["strategy"] = e.name;
+  r["repeat"] = repeat;
+  r["status"] = "failed";
+  r["error"] = error_class;
+  r["reason"] = reason;
+  r["execute"] = spec.execute;
+  r["point"] = p.values;
+  r["provenance"] = provenance();
+  return r;
+}
+
+Runner::Runner(const ExperimentSpec& spec) : spec_(spec) {}
+Runner::~Runner() = default;
+
+const Model& Runner::model_for(const std::string& spec) {
+  const bool dry = spec_.execute == "dry";
+  const std::string key = spec + (dry ? "#dry" : "");
+  if (!model_ || key != model_key_) {
+    model_.reset();
+    LoadOptions lo;
+    lo.phantom_weights = dry;
+    model_ = std::make_unique<Model>(load_model(spec, lo));
+    model_key_ = key;
+  }
+  return *model_;
+}
+
+Json Runner::run_once(const Point& p, const StrategyEntry& entry, int repeat, bool record) {
+  const bool dry = spec_.execute == "dry";
+  std::optional<PlatformProfile> prof;
+  if (!p.platform.empty()) prof = load_platform(p.platform, std::string(HG_SOURCE_DIR) + "/experiments/platforms");
+  RuntimeConfig rc;
+  rc.device = spec_.device;
+  rc.dry = dry;
+  constexpr double kGiB = double(int64_t(1) << 30);
+  if (dry) {
+    rc.stage_clock = prof;
+    rc.tiers.gpu_memory_bytes = int64_t(prof->gpu_mem_gib * kGiB);
+    rc.tiers.dram_bytes = int64_t(prof->dram_gib * kGiB);
+    rc.tiers.far_bytes = int64_t(prof->far_gib * kGiB);
+  }
+  if (p.gpu_memory_bytes > 0) rc.tiers.gpu_memory_bytes = p.gpu_memory_bytes;
+  Runtime rt(rc);
+  const Model& model = model_for(p.model);
+  // The weights live on the accelerator: a gpu tier too small for them is a result.
+  if (auto oom = rt.memory().ledger().reserve(Tier::kGpu, model.weight_bytes()))
+    throw OutOfMemoryError("model weights: " + oom->message());
+  std::map<std::string, std::string> params = entry.params;
+  if (auto it = p.strategy_params.find(entry.name); it != p.strategy_params.end())
+    for (auto& [k, v] : it->second) params[k] = v;
+  const StrategyInfo& info = strategy_info(entry.name);
+  const bool has_placement =
+      std::any_of(info.params.begin(), info.params.end(), [](const ParamSpec& s) { return s.name == "placement"; });
+  if (!p.placement.empty() && has_placement) params["placement"] = p.placement;
+  const StrategyParams effective(entry.name, info.params, params);
+  auto kv = make_strategy(entry.name, StrategyContext{rt.accel_backend(), &rt, &model}, params);
+
+  // The prompt: BOS and seeded uniform token ids, the same for every strategy and repeat.
+  std::mt19937_64 g(spec_.seed);
+  std::vector<int32_t> ids = {model.tokenizer->bos_id >= 0 ? model.tokenizer->bos_id : 0};
+  for (int i = 1; i < p.prompt_tokens; ++i) ids.push_back(int32_t(3 + g() % uint64_t(model.hp.n_vocab - 3)));
+  const std::vector<std::vector<int32_t>> prompts(size_t(p.batch), ids);
+  GenerateOptions go;
+  go.runtime = &rt;
+  go.n_new = p.decode_tokens;
+  go.stop_at_eos = false;
+  go.sampler.greedy = true;
+  const Measurement m = measure_generation(&rt, model, rt.accel_backend(), *kv, prompts, go);
+  if (!record) return {};
+  const Figures f = figures(m, prof && (dry || spec_.clock != "measured") ? &*prof : nullptr);
+
+  Json r;
+  r["experiment"] = spec_.name;
+  r["point_id"] = p.id;
+  r["point_index"] = p.index;
+  r["label"] = entry.label;
+  r["strategy"] = entry.name;
+  r["repeat"] = repeat;
+  r["status"] = "ok";
+  r["execute"] = spec_.execute;
+  r["time_basis"] = f.modeled ? (dry ? "modeled (dry)" : "modeled") : "measured";
+  r["point"] = p.values;
+  Json par;
+  for (auto& [k, v] : effective.all()) par[k] = v;
+  r["params"] = par;
+  if (!p.placement.empty() && !has_placement) r["placement_note"] = entry.name + " has no placement parameter";
+  Json fig;
+  fig["time_s"] = f.time_s();
+  fig["decode_token_s"] = f.token_s();
+  fig["prefill_tokens"] = f.prefill_tokens;
+  fig["decode_tokens"] = f.decode_tokens;
+  fig["decode_steps"] = f.decode_steps;
+  Json meas;
+  meas["prefill_s"] = f.prefill_s;
+  meas["decode_s"] = f.decode_s;
+  meas["decode_token_s_median"] = f.decode_token_s;
+  meas["decode_token_s_min"] = f.decode_token_min_s;
+  meas["decode_token_s_max"] = f.decode_token_max_s;
+  meas["end_to_end_s"] = f.end_to_end_s;
+  meas["pipeline"] = {{"accel_s", f.pipeline.accel_s},       {"cpu_s", f.pipeline.cpu_s},
+                      {"transfer_s", f.pipeline.transfer_s}, {"cpu_hidden_frac", f.pipeline.hidden_frac},
+                      {"critical_s", f.pipeline.critical_s}, {"serial_s", f.pipeline.serial_s}};
+  fig["measured"] = meas;
+  if (f.modeled) {
+    Json md;
+    md["platform"] = f.platform;
+    md["prefill_s"] = f.m_prefill_s;
+    md["decode_token_s_median"] = f.m_decode_token_s;
+    md["end_to_end_s"] = f.m_end_to_end_s;
+    md["pipeline"] = {{"accel_s", f.m_accel_s},       {"cpu_s", f.m_cpu_s},           {"transfer_s", f.m_transfer_s},
+                      {"critical_s", f.m_critical_s}, {"serial_s", f.m_serial_s}};
+    fig["modeled"] = md;
+  }
+  r["figures"] = fig;
+  Json work;
+  for (int k = 0; k < 3; ++k) {
+    Json kj;
+    kj["flops"] = f.flops_per_step[size_t(k)];
+    for (int t = 0; t < kNumTiers; ++t) kj[std::string(tier_name(Tier(t))) + "_bytes"] = f.bytes_per_step[size_t(k)][size_t(t)];
+    work[std::string(stage_kind_name(StageKind(k)))] = kj;
+  }
+  r["work_per_step"] = work;
+  Json links, links_pf;
+  for (int s = 0; s < kNumTiers; ++s)
+    for (int d = 0; d < kNumTiers; ++d) {
+      if (f.link_bytes_per_step[size_t(s)][size_t(d)] > 0) links[link_name(s, d)] = f.link_bytes_per_step[size_t(s)][size_t(d)];
+      if (f.link_bytes_prefill[size_t(s)][size_t(d)] > 0) links_pf[link_name(s, d)] = f.link_bytes_prefill[size_t(s)][size_t(d)];
+    }
+  r["link_bytes_per_step"] = links.is_null() ? Json::object() : links;
+  r["link_bytes_prefill"] = links_pf.is_null() ? Json::object() : links_pf;
+  Json tiers;
+  for (int t = 0; t < kNumTiers; ++t)
+    tiers[std::string(tier_name(Tier(t)))] = {{"peak_bytes", m.tiers[size_t(t)].peak},
+                                              {"capacity_bytes", m.tiers[size_t(t)].capacity}};
+  r["tiers"] = tiers;
+  r["strategy_stats"] = {{"last", f.stats_last}, {"mean", f.stats_mean}};
+  // Requested against effective where the strategy clamped a setting.
+  Json rve = Json::object();
+  if (f.stats_last.count("K")) {
+    const int64_t req = effective.all().count("k") && effective.get("k") == "fixed" ? effective.get_int("k_fixed")
+                                                                                     : -1;
+    const double eff = f.stats_last.at("K");
+    const double off = f.stats_last.count("tokens_offloaded") ? f.stats_last.at("tokens_offloaded") : eff;
+    if (req > 0 && (req != int64_t(eff) || off < double(req)))
+      rve["K"] = {{"requested", req}, {"effective", std::min(eff, off)}};
+  }
+  r["requested_vs_effective"] = rve;
+  Json dev;
+  dev["device"] = rt.device_description();
+  dev["far_note"] = rt.memory().far_note();
+  r["runtime"] = dev;
+  r["provenance"] = provenance();
+  return r;
+}
+
+void Runner::run(const Point& p, const StrategyEntry& entry, const std::vector<int>& skip,
+                 const std::function<void(Json)>& on_row) {
+  auto attempt = [&](int repeat, bool record) -> std::optional<Json> {
+    try {
+      return run_once(p, entry, repeat, record);
+    } catch (const OutOfMemoryError& e) {
+      return failed_row(spec_, p, entry, repeat, "out_of_memory", e.what());
+    } catch (const UnsupportedError& e) {
+      return failed_row(spec_, p, entry, repeat, "unsupported", e.what());
+    } catch (const InputError& e) {
+      return failed_row(spec_, p, entry, repeat, "bad_input", e.what());
+    } catch (const std::exception& e) {
+      return failed_row(spec_, p, entry, repeat, "internal", e.what());
+    }
+  };
+  bool all_done = true;
+  for (int r = 0; r < spec_.repeats; ++r) all_done = all_done && std::count(skip.begin(), skip.end(), r);
+  if (all_done) return;
+  for (int w = 0; w < spec_.warmup; ++w) {
+    auto row = attempt(-1, false);
+    if (row && !row->is_null() && (*row)["status"] == "failed") {  // the warm-up's failure is the point's
+      for (int r = 0; r < spec_.repeats; ++r) {
+        if (std::count(skip.begin(), skip.end(), r)) continue;
+        (*row)["repeat"] = r;
+        on_row(*row);
+      }
+      return;
+    }
+  }
+  for (int r = 0; r < spec_.repeats; ++r) {
+    if (std::count(skip.begin(), skip.end(), r)) continue;
+    on_row(*attempt(r, true));
+  }
+}
+
+}  // namespace hg

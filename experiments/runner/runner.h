@@ -1,0 +1,96 @@
+// The Runner: the measured generation loop every command goes through (warm-up, repeats, prefill,
+// decode steps, the stage log, clocks, the pipeline summary), and the figures it yields. The
+// Recorder (recorder.h) turns each finished run into a result row.
+#pragma once
+#include <array>
+#include <functional>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "engine/core/model.h"
+#include "engine/decoder/generate.h"
+#include "engine/runtime/clock.h"
+#include "engine/runtime/event_log.h"
+#include "engine/runtime/runtime.h"
+#include "engine/runtime/transfer.h"
+#include "experiments/runner/spec.h"
+
+namespace hg {
+
+class KvStrategy;
+
+// What one generation left behind: the result, measured step times, the stage log, traffic per
+// link, tier peaks and the strategy's per-step records.
+struct Measurement {
+  GenerateResult gen;
+  std::vector<double> step_s;  // measured wall time of each decode step
+  std::vector<StageRecord> log;
+  TransferTotals prefill_xfer, decode_xfer;
+  std::array<TierUsage, kNumTiers> tiers{};
+  std::vector<std::map<std::string, double>> step_stats;  // per decode step (sequence 0)
+};
+
+// Runs one generation (prefill, then decode steps) and collects the Measurement. `rt` may be null
+// (cpu device: no stage log). on_token as for generate(); called before the Measurement's own hook.
+Measurement measure_generation(Runtime* rt, const Model& model, Backend& backend, KvStrategy& kv,
+                               const std::vector<std::vector<int32_t>>& prompts, const GenerateOptions& opts,
+                               const std::function<void(int, int32_t)>& on_token = {});
+
+// The figures of one Measurement; every printed or recorded figure is defined here once.
+struct Figures {
+  double prefill_s = 0;          // measured
+  double decode_s = 0;           // measured, all decode steps
+  double decode_token_s = 0;     // measured median per decode step
+  double decode_token_min_s = 0, decode_token_max_s = 0;
+  double end_to_end_s = 0;       // prefill + decode, measured
+  int64_t prefill_tokens = 0, decode_tokens = 0, decode_steps = 0;
+  PipelineSummary pipeline;      // measured, from the stage log
+  // Modeled on a platform (set when a profile is given): the same stages' work replayed.
+  bool modeled = false;
+  std::string platform;
+  double m_prefill_s = 0, m_decode_token_s = 0, m_end_to_end_s = 0;
+  double m_accel_s = 0, m_cpu_s = 0, m_transfer_s = 0, m_critical_s = 0, m_serial_s = 0;  // per decode step
+  // Work per decode step, from the stage log: FLOPs per stage kind, bytes per tier per stage kind.
+  std::array<double, 3> flops_per_step{};                       // [StageKind]
+  std::array<std::array<double, kNumTiers>, 3> bytes_per_step{};  // [StageKind][Tier]
+  // Bytes per decode step over each link [src][dst], and in the prefill.
+  std::array<std::array<double, kNumTiers>, kNumTiers> link_bytes_per_step{}, link_bytes_prefill{};
+  std::map<std::string, double> stats_last, stats_mean;
+  // The time rows are compared by: modeled when modeled, else measured.
+  double time_s() const { return modeled ? m_end_to_end_s : end_to_end_s; }
+  double token_s() const { return modeled ? m_decode_token_s : decode_token_s; }
+};
+Figures figures(const Measurement& m, const PlatformProfile* profile);
+
+// Runs experiment points: one (point, strategy entry) at a time, each repeat a fresh runtime and
+// strategy over the same prompt and model (the model is kept between runs with the same spec).
+class Runner {
+ public:
+  explicit Runner(const ExperimentSpec& spec);
+  ~Runner();
+  // Runs warm-up then repeats of `entry` at `p`; on_row(row) for each repeat not in `skip` (the
+  // finished ones of a resumed run). A failure becomes a row with status "failed" and its reason.
+  void run(const Point& p, const StrategyEntry& entry, const std::vector<int>& skip,
+           const std::function<void(nlohmann::ordered_json)>& on_row);
+
+ private:
+  const Model& model_for(const std::string& spec);
+  nlohmann::ordered_json run_once(const Point& p, const StrategyEntry& entry, int repeat, bool record);
+  const ExperimentSpec& spec_;
+  std::string model_key_;
+  std::unique_ptr<Model> model_;
+};
+
+// Provenance of this build and machine (commit and dirty flag, build type, compiler, CPU, GPU).
+nlohmann::ordered_json provenance();
+
+// The row of a failed run.
+nlohmann::ordered_json failed_row(const ExperimentSpec& spec, const Point& p, const StrategyEntry& e, int repeat,
+                                  const std::string& error_class, const std::string& reason);
+
+}  // namespace hg

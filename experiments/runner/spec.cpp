@@ -1,0 +1,389 @@
+// Experiment spec: strict parsing, overrides, expansion.
+#include "experiments/runner/spec.h"
+
+#include <algorithm>
+#include <charconv>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include "baselines/registry.h"
+#include "engine/core/error.h"
+#include "engine/core/yaml_util.h"
+#include "engine/runtime/clock.h"
+
+namespace hg {
+namespace {
+
+const std::vector<std::string> kTopKeys = {"name",  "description", "models", "strategies", "baseline", "sweep", "device",
+                                           "clock", "execute",     "repeats", "warmup",    "seed",     "output"};
+
+// "file:line" of a node, or "file (--set)" for a node an override made (it has no line).
+std::string where(const std::string& file, const YAML::Node& n) {
+  const int line = n.Mark().line;
+  return line >= 0 && !n.Mark().is_null() ? fmt::format("{}:{}", file, line + 1) : fmt::format("{} (--set)", file);
+}
+
+[[noreturn]] void fail(const std::string& file, const YAML::Node& n, const std::string& msg) {
+  throw InputError(where(file, n) + ": " + msg);
+}
+
+std::string scalar(const std::string& file, const YAML::Node& n, const std::string& key) {
+  if (!n.IsScalar()) fail(file, n, fmt::format("'{}' must be a single value (a string or number)", key));
+  return n.Scalar();
+}
+
+int64_t integer(const std::string& file, const YAML::Node& n, const std::string& key, int64_t lo) {
+  const std::string s = scalar(file, n, key);
+  int64_t v = 0;
+  auto [p, ec] = std::from_chars(s.data(), s.data() + s.size(), v);
+  if (ec != std::errc() || p != s.data() + s.size()) {
+    // A number followed by letters is a unit where the key's name already says the unit.
+    size_t digits = 0;
+    while (digits < s.size() && (std::isdigit(static_cast<unsigned char>(s[digits])) || s[digits] == '.')) ++digits;
+    if (digits > 0 && digits < s.size())
+      fail(file, n, fmt::format("'{}' value '{}' has a unit; the unit is in the key's name, give a plain number", key, s));
+    fail(file, n, fmt::format("'{}' must be an integer, got '{}'", key, s));
+  }
+  if (v < lo) fail(file, n, fmt::format("'{}' must be >= {}, got {}", key, lo, v));
+  return v;
+}
+
+std::vector<std::string> split(const std::string& s, char c) {
+  std::vector<std::string> out;
+  std::string cur;
+  std::istringstream in(s);
+  while (std::getline(in, cur, c)) out.push_back(cur);
+  return out;
+}
+
+// Applies one "path=value" override to the document. Paths are dot-separated keys (sequence items
+// by index); under `sweep` the rest of the path is one key, so `sweep.hybridgen.k_min=[128,256]`
+// sets the axis `hybridgen.k_min`.
+void apply_set(YAML::Node root, const std::string& file, const std::string& set) {
+  const size_t eq = set.find('=');
+  if (eq == std::string::npos || eq == 0) input_error("--set '{}': expected KEY=VALUE (e.g. execute=dry)", set);
+  std::vector<std::string> path = split(set.substr(0, eq), '.');
+  if (path.size() > 2 && path[0] == "sweep") {
+    std::string rest = path[1];
+    for (size_t i = 2; i < path.size(); ++i) rest += "." + path[i];
+    path = {"sweep", rest};
+  }
+  YAML::Node value;
+  try {
+    value = YAML::Load(set.substr(eq + 1));
+  } catch (const YAML::Exception& e) {
+    input_error("--set '{}': the value is not YAML ({})", set, e.msg);
+  }
+  if (std::find(kTopKeys.begin(), kTopKeys.end(), path[0]) == kTopKeys.end())
+    input_error("{}: --set '{}': unknown key '{}' (did you mean '{}'?)", file, set, path[0], nearest_key(path[0], kTopKeys));
+  std::vector<YAML::Node> chain = {root};
+  for (size_t i = 0; i + 1 < path.size(); ++i) {
+    YAML::Node cur = chain.back();
+    YAML::Node next;
+    if (cur.IsSequence()) {
+      size_t idx = 0;
+      auto [p, ec] = std::from_chars(path[i + 0].data(), path[i].data() + path[i].size(), idx);
+      if (ec != std::errc() || idx >= cur.size())
+        input_error("--set '{}': '{}' is not an index of the list (0..{})", set, path[i], cur.size() - 1);
+      next = cur[idx];
+    } else {
+      next = cur[path[i]];
+      if (!next.IsDefined() || next.IsNull() || next.IsScalar()) {
+        cur[path[i]] = YAML::Node(YAML::NodeType::Map);
+        next = cur[path[i]];
+      }
+    }
+    chain.push_back(next);
+  }
+  YAML::Node last = chain.back();
+  if (last.IsSequence()) {
+    size_t idx = 0;
+    auto [p, ec] = std::from_chars(path.back().data(), path.back().data() + path.back().size(), idx);
+    if (ec != std::errc() || idx >= last.size())
+      input_error("--set '{}': '{}' is not an index of the list", set, path.back());
+    last[idx] = value;
+  } else {
+    last[path.back()] = value;
+  }
+}
+
+// A sweep axis' values: a non-empty list, or one scalar.
+std::vector<YAML::Node> axis_values(const std::string& file, const YAML::Node& n, const std::string& key) {
+  std::vector<YAML::Node> v;
+  if (n.IsSequence()) {
+    for (auto x : n) v.push_back(x);
+    if (v.empty()) fail(file, n, fmt::format("sweep '{}' is empty (give at least one value)", key));
+  } else if (n.IsScalar()) {
+    v.push_back(n);
+  } else {
+    fail(file, n, fmt::format("sweep '{}' must be a list of values", key));
+  }
+  return v;
+}
+
+// Checks a strategy parameter value against the strategy's schema; the error names the line.
+void check_param(const std::string& file, const YAML::Node& at, const std::string& strategy, const std::string& param,
+                 const std::string& value) {
+  try {
+    StrategyParams(strategy, strategy_info(strategy).params, {{param, value}});
+  } catch (const InputError& e) {
+    fail(file, at, e.what());
+  }
+}
+
+uint64_t fnv1a(const std::string& s) {
+  uint64_t h = 0xcbf29ce484222325ull;
+  for (unsigned char c : s) h = (h ^ c) * 0x100000001b3ull;
+  return h;
+}
+
+ExperimentSpec parse_node(YAML::Node y, const std::string& file) {
+  ExperimentSpec s;
+  s.file = file;
+  check_keys(y, kTopKeys, file, "");
+  auto str_key = [&](const char* key, std::string& out) {
+    if (y[key]) out = scalar(file, y[key], key);
+  };
+  if (!y["name"]) input_error("{}: missing key 'name'", file);
+  str_key("name", s.name);
+  str_key("description", s.description);
+  str_key("device", s.device);
+  str_key("clock", s.clock);
+  str_key("execute", s.execute);
+  str_key("output", s.output);
+  if (y["repeats"]) s.repeats = int(integer(file, y["repeats"], "repeats", 1));
+  if (y["warmup"]) s.warmup = int(integer(file, y["warmup"], "warmup", 0));
+  if (y["seed"]) s.seed = uint64_t(integer(file, y["seed"], "seed", 0));
+  if (s.device != "emulated" && s.device != "cuda" && s.device != "auto")
+    fail(file, y["device"], fmt::format("device '{}' (expected emulated, cuda or auto)", s.device));
+  if (s.execute != "real" && s.execute != "dry" && s.execute != "auto")
+    fail(file, y["execute"], fmt::format("execute '{}' (expected real, dry or auto)", s.execute));
+  if (s.clock != "measured" && s.clock != "modeled" && s.clock.rfind("modeled:", 0) != 0)
+    fail(file, y["clock"], fmt::format("clock '{}' (expected measured, modeled or modeled:<platform>)", s.clock));
+  if (s.execute != "real" && s.clock == "measured")
+    fail(file, y["execute"] ? y["execute"] : y, "execute: dry computes nothing to measure; it needs clock: modeled:<platform>");
+  if (s.execute == "dry" && s.device == "cuda")
+    fail(file, y["device"], "execute: dry runs on the emulated device (it computes nothing); use device: emulated");
+
+  // models
+  const YAML::Node models = y["models"];
+  if (!models) input_error("{}: missing key 'models'", file);
+  if (models.IsScalar()) s.models.push_back(models.Scalar());
+  else if (models.IsSequence())
+    for (auto m : models) s.models.push_back(scalar(file, m, "models"));
+  else fail(file, models, "'models' must be a list of model specs (paths or synthetic:<preset>)");
+  if (s.models.empty()) fail(file, models, "'models' is empty");
+
+  // strategies
+  const YAML::Node strats = y["strategies"];
+  if (!strats) input_error("{}: missing key 'strategies'", file);
+  if (!strats.IsSequence() || strats.size() == 0) fail(file, strats, "'strategies' must be a non-empty list");
+  for (auto e : strats) {
+    StrategyEntry se;
+    YAML::Node params;
+    if (e.IsScalar()) {
+      se.name = e.Scalar();
+    } else if (e.IsMap()) {
+      check_keys(e, {"name", "label", "params"}, file, "strategies[]");
+      if (!e["name"]) fail(file, e, "a strategy entry needs 'name'");
+      se.name = scalar(file, e["name"], "name");
+      if (e["label"]) se.label = scalar(file, e["label"], "label");
+      params = e["params"];
+    } else {
+      fail(file, e, "a strategy entry is a name or a mapping with name, label, params");
+    }
+    try {
+      strategy_info(se.name);
+    } catch (const InputError& err) {
+      fail(file, e.IsMap() ? e["name"] : e, err.what());
+    }
+    if (params.IsDefined() && !params.IsNull()) {
+      if (!params.IsMap()) fail(file, params, "'params' must be a mapping of parameter: value");
+      std::vector<std::string> names;
+      for (auto& p : strategy_info(se.name).params) names.push_back(p.name);
+      check_keys(params, names, file, se.name + ".params");
+      for (auto it = params.begin(); it != params.end(); ++it) {
+        const std::string k = it->first.Scalar(), v = scalar(file, it->second, k);
+        check_param(file, it->second, se.name, k, v);
+        se.params[k] = v;
+      }
+    }
+    if (se.label.empty()) se.label = se.name;
+    for (auto& other : s.strategies)
+      if (other.label == se.label)
+        fail(file, e, fmt::format("label '{}' appears twice (give each entry its own label)", se.label));
+    s.strategies.push_back(std::move(se));
+  }
+  s.baseline = s.strategies.front().label;
+  if (y["baseline"]) {
+    s.baseline = scalar(file, y["baseline"], "baseline");
+    std::vector<std::string> labels;
+    for (auto& e : s.strategies) labels.push_back(e.label);
+    if (std::find(labels.begin(), labels.end(), s.baseline) == labels.end())
+      fail(file, y["baseline"], fmt::format("baseline '{}' is not a strategy label (did you mean '{}'?)", s.baseline,
+                                            nearest_key(s.baseline, labels)));
+  }
+
+  // sweep
+  std::vector<std::string> valid = sweep_keys();
+  for (auto& e : s.strategies)
+    for (auto& p : strategy_info(e.name).params) {
+      const std::string k = e.name + "." + p.name;
+      if (std::find(valid.begin(), valid.end(), k) == valid.end()) valid.push_back(k);
+    }
+  bool swept_platform = false;
+  if (const YAML::Node sw = y["sweep"]) {
+    if (!sw.IsMap()) fail(file, sw, "'sweep' must be a mapping of axis: [values]");
+    check_keys(sw, valid, file, "sweep");
+    for (auto it = sw.begin(); it != sw.end(); ++it) {
+      const std::string key = it->first.Scalar();
+      std::vector<std::string> vals;
+      for (const YAML::Node& v : axis_values(file, it->second, key)) {
+        if (key == "prompt_tokens" || key == "decode_tokens" || key == "batch") {
+          vals.push_back(std::to_string(integer(file, v, key, key == "decode_tokens" ? 0 : 1)));
+        } else if (key == "gpu_memory_bytes") {
+          vals.push_back(std::to_string(integer(file, v, key, 0)));
+        } else if (key == "platform") {
+          const std::string p = scalar(file, v, key);
+          try {
+            load_platform(p, std::string(HG_SOURCE_DIR) + "/experiments/platforms");
+          } catch (const InputError& err) {
+            fail(file, v, err.what());
+          }
+          vals.push_back(p);
+        } else if (key == "placement") {
+          const std::string p = scalar(file, v, key);
+          if (p != "semantic" && p != "interleave")
+            fail(file, v, fmt::format("placement '{}' (expected semantic or interleave)", p));
+          vals.push_back(p);
+        } else {  // strategy.param
+          const size_t dot = key.find('.');
+          const std::string val = scalar(file, v, key);
+          check_param(file, v, key.substr(0, dot), key.substr(dot + 1), val);
+          vals.push_back(val);
+        }
+      }
+      swept_platform = swept_platform || key == "platform";
+      s.sweep.emplace_back(key, std::move(vals));
+    }
+  }
+  if (swept_platform && s.clock == "measured")
+    fail(file, y["sweep"]["platform"], "sweep 'platform' needs clock: modeled (each point is replayed on its platform)");
+  if (s.clock == "modeled" && !swept_platform)
+    fail(file, y["clock"], "clock: modeled needs a platform (clock: modeled:<platform>, or sweep: {platform: [...]})");
+  if (s.clock.rfind("modeled:", 0) == 0) {
+    if (swept_platform) fail(file, y["clock"], "give the platform once: clock: modeled:<platform> or sweep.platform");
+    try {
+      load_platform(s.clock.substr(8), std::string(HG_SOURCE_DIR) + "/experiments/platforms");
+    } catch (const InputError& err) {
+      fail(file, y["clock"], err.what());
+    }
+  }
+  if (s.output.empty()) s.output = "results/" + s.name;
+  s.effective = y;
+  return s;
+}
+
+}  // namespace
+
+std::string resolve_execute(ExperimentSpec& s, bool have_gpu) {
+  if (s.execute != "auto") return "";
+  if (have_gpu) {
+    s.execute = "real";
+    s.device = "cuda";
+    s.clock = "measured";
+    s.effective["execute"] = "real";
+    s.effective["device"] = "cuda";
+    s.effective["clock"] = "measured";
+    return "execute: auto → real on the CUDA device (measured)";
+  }
+  s.execute = "dry";
+  s.device = "emulated";
+  s.effective["execute"] = "dry";
+  s.effective["device"] = "emulated";
+  return "execute: auto → dry: no CUDA device here, so the paper's shapes run as a MODELED projection on " +
+         (s.clock.rfind("modeled:", 0) == 0 ? s.clock.substr(8) : std::string("the swept platforms")) +
+         " (nothing is measured; give --set execute=real on a machine with a GPU)";
+}
+
+namespace {
+
+}  // namespace
+
+const std::vector<std::string>& sweep_keys() {
+  static const std::vector<std::string> k = {"prompt_tokens", "decode_tokens", "batch",
+                                             "placement",     "gpu_memory_bytes", "platform"};
+  return k;
+}
+
+ExperimentSpec parse_experiment(const std::string& yaml, const std::string& file, const std::vector<std::string>& sets) {
+  YAML::Node y;
+  try {
+    y = YAML::Load(yaml);
+  } catch (const YAML::ParserException& e) {
+    input_error("{}:{}: YAML syntax error: {}", file, e.mark.line + 1, e.msg);
+  }
+  if (!y.IsMap()) input_error("{}: an experiment file is a mapping (name, models, strategies, sweep, …)", file);
+  for (auto& set : sets) apply_set(y, file, set);
+  return parse_node(y, file);
+}
+
+ExperimentSpec load_experiment(const std::string& file, const std::vector<std::string>& sets) {
+  std::ifstream in(file);
+  if (!in) input_error("{}: cannot read the experiment file", file);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return parse_experiment(ss.str(), file, sets);
+}
+
+std::vector<Point> expand(const ExperimentSpec& spec) {
+  // Axes: models first, then the sweep in file order; the last varies fastest.
+  std::vector<std::pair<std::string, std::vector<std::string>>> axes = {{"model", spec.models}};
+  for (auto& a : spec.sweep) axes.push_back(a);
+  size_t total = 1;
+  for (auto& a : axes) total *= a.second.size();
+  std::vector<Point> pts;
+  pts.reserve(total);
+  std::vector<size_t> idx(axes.size(), 0);
+  for (size_t n = 0; n < total; ++n) {
+    Point p;
+    p.index = int(n);
+    if (spec.clock.rfind("modeled:", 0) == 0) p.platform = spec.clock.substr(8);
+    for (size_t a = 0; a < axes.size(); ++a) {
+      const std::string& k = axes[a].first;
+      const std::string& v = axes[a].second[idx[a]];
+      if (k == "model") p.model = v;
+      else if (k == "prompt_tokens") p.prompt_tokens = std::stoi(v);
+      else if (k == "decode_tokens") p.decode_tokens = std::stoi(v);
+      else if (k == "batch") p.batch = std::stoi(v);
+      else if (k == "placement") p.placement = v;
+      else if (k == "gpu_memory_bytes") p.gpu_memory_bytes = std::stoll(v);
+      else if (k == "platform") p.platform = v;
+      else p.strategy_params[k.substr(0, k.find('.'))][k.substr(k.find('.') + 1)] = v;
+    }
+    nlohmann::ordered_json j;
+    j["model"] = p.model;
+    j["prompt_tokens"] = p.prompt_tokens;
+    j["decode_tokens"] = p.decode_tokens;
+    j["batch"] = p.batch;
+    j["placement"] = p.placement.empty() ? nlohmann::ordered_json() : nlohmann::ordered_json(p.placement);
+    j["gpu_memory_bytes"] = p.gpu_memory_bytes;
+    j["platform"] = p.platform.empty() ? nlohmann::ordered_json() : nlohmann::ordered_json(p.platform);
+    j["device"] = spec.device;
+    j["clock"] = spec.clock.rfind("modeled", 0) == 0 ? "modeled" : "measured";
+    j["execute"] = spec.execute;
+    j["seed"] = spec.seed;
+    j["strategy_params"] = p.strategy_params;
+    p.values = j;
+    p.id = fmt::format("{:016x}", fnv1a(j.dump())).substr(0, 12);
+    pts.push_back(std::move(p));
+    for (size_t a = axes.size(); a-- > 0;) {
+      if (++idx[a] < axes[a].second.size()) break;
+      idx[a] = 0;
+    }
+  }
+  return pts;
+}
+
+}  // namespace hg

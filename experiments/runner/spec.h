@@ -1,0 +1,70 @@
+// Experiment files: a strict YAML schema (unknown keys name file:line and the nearest valid key),
+// `--set key=value` overrides on any key, and the Cartesian expansion into points with stable ids.
+#pragma once
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+#include <yaml-cpp/yaml.h>
+
+namespace hg {
+
+// One entry of `strategies`: a registered strategy, its parameters and the label rows carry.
+struct StrategyEntry {
+  std::string name;
+  std::string label;  // defaults to name; unique within a file
+  std::map<std::string, std::string> params;
+};
+
+struct ExperimentSpec {
+  std::string file;  // where it came from ("" for specs built in code)
+  std::string name, description;
+  std::vector<std::string> models;
+  std::vector<StrategyEntry> strategies;
+  std::string baseline;  // a label of `strategies`; every time is normalised to it
+  // Sweep axes in file order: key → values as strings (numbers printed plainly).
+  std::vector<std::pair<std::string, std::vector<std::string>>> sweep;
+  std::string device = "emulated";  // emulated | cuda | auto
+  std::string clock = "measured";   // measured | modeled | modeled:<platform>
+  std::string execute = "real";     // real | dry | auto (resolve_execute)
+  int repeats = 1;
+  int warmup = 0;
+  uint64_t seed = 1;
+  std::string output;     // result directory ("" → results/<name>)
+  YAML::Node effective;   // the document after overrides, as run
+};
+
+// One point of the sweep: everything but the strategy. Rows are point × strategy × repeat.
+struct Point {
+  int index = 0;                // position in the expansion
+  std::string id;               // hash of `values` (stable across runs, files and machines)
+  std::string model;
+  int prompt_tokens = 1024;
+  int decode_tokens = 16;
+  int batch = 1;
+  std::string placement;        // "" → the strategies' defaults
+  int64_t gpu_memory_bytes = 0; // 0 → the platform's (dry) or the device's
+  std::string platform;         // "" with a measured clock
+  // Strategy parameters swept as `strategy.param`: strategy name → param → value.
+  std::map<std::string, std::map<std::string, std::string>> strategy_params;
+  nlohmann::ordered_json values;  // the effective point as recorded in rows
+};
+
+// Loads and validates FILE, applying `sets` ("a.b=value", value parsed as YAML) first.
+ExperimentSpec load_experiment(const std::string& file, const std::vector<std::string>& sets = {});
+// The same from YAML text (tests); `file` names it in errors.
+ExperimentSpec parse_experiment(const std::string& yaml, const std::string& file, const std::vector<std::string>& sets = {});
+
+// The Cartesian product of models × sweep axes, in file order (the last axis varies fastest).
+std::vector<Point> expand(const ExperimentSpec& spec);
+
+// `execute: auto` becomes real on a CUDA device (device cuda, clock measured) or dry without one
+// (device emulated, the file's modeled clock); returns the line saying which ("" when not auto).
+std::string resolve_execute(ExperimentSpec& spec, bool have_gpu);
+
+// The keys `sweep` accepts besides `strategy.param`.
+const std::vector<std::string>& sweep_keys();
+
+}  // namespace hg
