@@ -161,7 +161,8 @@ void EvictingStrategy::attend(int layer, std::span<const TokenRow> rows, const f
     a.probs_out = taps() & kProbs ? probs_.data() : nullptr;
     a.tap_ld = ld;
     be_.attention(a);
-    if (taps() != 0)
+    // Dry runs have no values to score: which tokens are evicted does not change the counts.
+    if (taps() != 0 && !rt_.dry())
       for (size_t i = 0; i < nb; ++i) {
         const TokenRow r = rows[b0 + i];
         const size_t off = (i * size_t(H)) * size_t(ld);

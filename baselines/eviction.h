@@ -55,6 +55,14 @@ class EvictingStrategy : public KvStrategy {
     std::sort(slots.begin(), slots.end(), before);
   }
   int32_t prompt_len(int seq) const { return prompt_[size_t(seq)]; }
+
+ public:
+  // Prefill attends every visible key; a decode row the budget plus itself.
+  int64_t accel_attention_keys(const TokenRow& r) const override {
+    return r.pos < prompt_len(r.seq) ? int64_t(r.pos) + 1 : std::min<int64_t>(r.pos + 1, int64_t(budget(r.seq)) + 1);
+  }
+
+ protected:
   int32_t n_new(int seq) const { return capacity_[size_t(seq)] - prompt_[size_t(seq)]; }
   const KvShape& shape() const { return shape_; }
   int group() const { return shape_.H / shape_.H_kv; }

@@ -73,6 +73,13 @@ class HybridGen final : public KvStrategy {
     if (speculative_ && !model_) input_error("strategy hybridgen: speculative_query needs the model's weights");
   }
   std::string_view name() const override { return "hybridgen"; }
+  // Prefill: every visible key. Decode: the resident ring and the K selected offloaded tokens
+  // (their logits come from the CPU; their V rows are read on the accelerator).
+  int64_t accel_attention_keys(const TokenRow& r) const override {
+    if (r.pos < prompt_[size_t(r.seq)]) return int64_t(r.pos) + 1;
+    const int64_t resident = std::min<int64_t>(r.pos + 1, int64_t(R_) + 1);
+    return resident + std::min<int64_t>(sched_.k(), std::max<int64_t>(0, r.pos + 1 - resident));
+  }
 
   static SchedulerConfig config(const StrategyParams& p) {
     SchedulerConfig c;

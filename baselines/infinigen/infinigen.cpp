@@ -68,6 +68,13 @@ class InfiniGen final : public KvStrategy {
     }
   }
   std::string_view name() const override { return "infinigen"; }
+  // Prefill: every visible key. Decode: the full layers' keys, the fetched share of the others'
+  // (the last fetch's fraction of the length).
+  int64_t accel_attention_keys(const TokenRow& r) const override {
+    if (r.pos < prompt_[size_t(r.seq)]) return int64_t(r.pos) + 1;
+    const double L = double(shape_.n_layers), full = std::min(double(full_layers_), L);
+    return int64_t(std::llround(double(r.pos + 1) * (full + (L - full) * last_fetch_frac_) / L));
+  }
 
   void begin(const KvShape& shape, std::span<const int32_t> capacity, std::span<const int32_t> prompt_len) override {
     wait_fetches();  // a fetch still in flight writes into the kept buffers
@@ -306,6 +313,7 @@ class InfiniGen final : public KvStrategy {
                                     : infinigen_fetch_count(logits, H, n, alpha_, max_kv_ratio_);
     auto f = std::make_shared<Fetch>();
     f->n = count;
+    last_fetch_frac_ = n > 0 ? double(count) / double(n) : 1.0;
     // The fetch for `layer` is written while layer − 1 attends over its own (the other parity's
     // buffers) and read when `layer` attends; the last reader of this parity's was layer − 2.
     Buffers& fb = fetch_pool_[size_t(layer % 2) * size_t(B_) + size_t(r.seq)];
@@ -336,6 +344,7 @@ class InfiniGen final : public KvStrategy {
   Runtime& rt_;
   const Model* model_;
   double partial_ratio_, alpha_, dry_fetch_ratio_, max_kv_ratio_;
+  double last_fetch_frac_ = 1.0;  // the last fetch's count over the length (forward_work's estimate)
   int full_layers_;
   int32_t calib_tokens_;
   KvShape shape_;

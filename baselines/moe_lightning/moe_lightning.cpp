@@ -18,6 +18,8 @@ class MoeLightning final : public KvStrategy {
     if (mb_ < 1) input_error("strategy moe_lightning: micro_batches must be >= 1");
   }
   std::string_view name() const override { return "moe_lightning"; }
+  // Attention runs on the CPU over dram: the accelerator reads no K or V.
+  int64_t accel_attention_keys(const TokenRow&) const override { return 0; }
 
   void begin(const KvShape& shape, std::span<const int32_t> capacity, std::span<const int32_t>) override {
     shape_ = shape;

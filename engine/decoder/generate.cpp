@@ -2,6 +2,7 @@
 #include "engine/decoder/generate.h"
 
 #include <chrono>
+#include <map>
 
 #include "engine/core/error.h"
 #include "engine/runtime/runtime.h"
@@ -9,10 +10,16 @@
 
 namespace hg {
 
-StageWork forward_work(const Model& m, std::span<const TokenRow> rows) {
+StageWork forward_work(const Model& m, std::span<const TokenRow> rows, const KvStrategy* kv) {
   const HParams& hp = m.hp;
-  int64_t keys = 0;
-  for (auto& r : rows) keys += r.pos + 1;
+  int64_t keys = 0, read_keys = 0;
+  std::map<int32_t, int64_t> per_seq;  // keys read once per sequence
+  for (auto& r : rows) {
+    const int64_t n = kv ? kv->accel_attention_keys(r) : int64_t(r.pos) + 1;
+    keys += n;
+    per_seq[r.seq] = std::max(per_seq[r.seq], n);
+  }
+  for (auto& [s, n] : per_seq) read_keys += n;
   const double mat_params = double(m.n_params()) - double(m[GlobalSlot::kTokEmbd].numel()) +
                             (hp.tie_embeddings ? double(m[GlobalSlot::kTokEmbd].numel()) : 0.0);
   StageWork w;
@@ -21,7 +28,7 @@ StageWork forward_work(const Model& m, std::span<const TokenRow> rows) {
   const int64_t embd = hp.tie_embeddings ? 0 : int64_t(m[GlobalSlot::kTokEmbd].bytes());
   w.bytes[size_t(Tier::kGpu)] = m.weight_bytes() - embd +
                                 int64_t(rows.size()) * hp.d_model * int64_t(dtype_size(m.weight_dtype)) +
-                                int64_t(2) * hp.n_layers * hp.n_kv_heads * hp.head_dim * 4 * keys;
+                                int64_t(2) * hp.n_layers * hp.n_kv_heads * hp.head_dim * 4 * read_keys;
   return w;
 }
 
@@ -49,7 +56,7 @@ GenerateResult generate(const Model& model, Backend& backend, KvStrategy& kv,
   auto forward = [&](std::span<const int32_t> t, std::span<const TokenRow> r, std::span<const int32_t> w, float* lg) {
     if (!rt) return dec.forward(t, r, w, lg);
     rt->log().set_step(step++);
-    rt->accel().submit(step == 1 ? "prefill" : "decode", forward_work(model, r), {}, [&] { dec.forward(t, r, w, lg); }).wait();
+    rt->accel().submit(step == 1 ? "prefill" : "decode", forward_work(model, r, &kv), {}, [&] { dec.forward(t, r, w, lg); }).wait();
   };
   kv.begin(dec.kv_shape(), capacity, prompt_len);
 

@@ -32,9 +32,11 @@ struct GenerateResult {
 };
 
 // Work of one forward over `rows` (for the event log and the modeled clock): 2 FLOPs per weight
-// per row, attention 4·H·D FLOPs per visible key; bytes read on the accelerator: all weights once
-// plus K and V of every visible key (F32 cache).
-StageWork forward_work(const Model& m, std::span<const TokenRow> rows);
+// per row, attention 4·H·D FLOPs per key each row attends on the accelerator (`kv`'s
+// accel_attention_keys; every visible key without one); bytes read on the accelerator: all weights
+// once plus K and V (F32 cache) of each sequence's keys once per forward, as a fused attention
+// kernel reads a block of keys once for all query rows of the chunk.
+StageWork forward_work(const Model& m, std::span<const TokenRow> rows, const KvStrategy* kv = nullptr);
 
 // on_token(seq, id) is called as tokens are produced (may be empty).
 GenerateResult generate(const Model& model, Backend& backend, KvStrategy& kv,

@@ -52,6 +52,10 @@ class KvStrategy {
   // from the prompt's queries): a cache filled through append() alone, as `bench` fills it, would
   // not reach the state a real prompt leaves, so such a strategy is filled by a real prefill.
   virtual bool needs_prompt_attention() const { return false; }
+  // Keys whose K and V the accelerator reads for row r's attention in the coming forward (the
+  // modeled clock's attention work, forward_work()): every visible key unless the strategy keeps
+  // or computes fewer there (eviction budgets, attention on the CPU, selected tokens).
+  virtual int64_t accel_attention_keys(const TokenRow& r) const { return int64_t(r.pos) + 1; }
 };
 
 }  // namespace hg

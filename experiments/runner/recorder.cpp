@@ -224,7 +224,7 @@ std::string write_summary(const std::string& dir, const std::vector<Json>& rows,
   std::fclose(f);
 
   // The table: strategies down, points across, geometric mean last (the paper's Figs. 15-19).
-  std::string out = fmt::format("time normalised to {} per point ({}){}\n", baseline,
+  std::string out = fmt::format("decode time normalised to {} per point ({}){}\n", baseline,
                                 modeled ? (dry ? "MODELED, dry execution" : "MODELED") : "measured",
                                 modeled ? " — modeled on a platform profile, not measured" : "");
   std::vector<std::string> names;
