@@ -326,7 +326,14 @@ ExperimentSpec parse_experiment(const std::string& yaml, const std::string& file
   }
   if (!y.IsMap()) input_error("{}: an experiment file is a mapping (name, models, strategies, sweep, …)", file);
   for (auto& set : sets) apply_set(y, file, set);
-  return parse_node(y, file);
+  if (sets.empty()) return parse_node(y, file);
+  try {
+    return parse_node(y, file);
+  } catch (const InputError& e) {  // the value may come from an override, which has no line of its own
+    std::string all;
+    for (auto& s : sets) all += (all.empty() ? "" : ", ") + s;
+    throw InputError(std::string(e.what()) + " [after --set " + all + "]");
+  }
 }
 
 ExperimentSpec load_experiment(const std::string& file, const std::vector<std::string>& sets) {

@@ -1,0 +1,270 @@
+// Experiment files, the Runner and the Recorder: schema errors name the line, expansion, --set,
+// failed points, resume after SIGKILL, shard merge, and dry against real execution.
+#include <gtest/gtest.h>
+
+#include <signal.h>
+#include <fcntl.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <filesystem>
+#include <fstream>
+#include <set>
+#include <thread>
+
+#include "engine/core/error.h"
+#include "experiments/runner/recorder.h"
+#include "experiments/runner/runner.h"
+#include "experiments/runner/spec.h"
+
+namespace hg {
+namespace {
+namespace fs = std::filesystem;
+using Json = nlohmann::ordered_json;
+
+std::string error_of(const std::string& yaml, const std::vector<std::string>& sets = {}) {
+  try {
+    parse_experiment(yaml, "t.yaml", sets);
+  } catch (const InputError& e) {
+    return e.what();
+  }
+  return "";
+}
+
+const char* kBase = R"(name: t
+models: ["synthetic:tiny-llama"]
+strategies: [full, flexgen]
+sweep:
+  prompt_tokens: [16, 32]
+)";
+
+TEST(ExperimentSpec, UnknownKeyNamesLineAndNearestKey) {
+  const std::string e = error_of(std::string(kBase) + "repeat: 3\n");
+  EXPECT_NE(e.find("t.yaml:6"), std::string::npos) << e;
+  EXPECT_NE(e.find("did you mean 'repeats'"), std::string::npos) << e;
+  const std::string s = error_of(std::string(kBase) + "  promt_tokens: [1]\n");
+  EXPECT_NE(s.find("t.yaml:6"), std::string::npos) << s;
+  EXPECT_NE(s.find("sweep.prompt_tokens"), std::string::npos) << s;
+}
+
+TEST(ExperimentSpec, WrongTypeBadUnitAndEmptySweepNameTheLine) {
+  std::string e = error_of(std::string(kBase) + "repeats: two\n");
+  EXPECT_NE(e.find("t.yaml:6"), std::string::npos) << e;
+  EXPECT_NE(e.find("integer"), std::string::npos) << e;
+  e = error_of(std::string(kBase) + "  gpu_memory_bytes: [2GiB]\n");
+  EXPECT_NE(e.find("t.yaml:6"), std::string::npos) << e;
+  EXPECT_NE(e.find("unit"), std::string::npos) << e;
+  e = error_of(std::string(kBase) + "  batch: []\n");
+  EXPECT_NE(e.find("t.yaml:6"), std::string::npos) << e;
+  EXPECT_NE(e.find("empty"), std::string::npos) << e;
+  e = error_of(std::string(kBase) + "  flexgen.overlap: [maybe]\n");
+  EXPECT_NE(e.find("t.yaml:6"), std::string::npos) << e;
+  e = error_of(std::string(kBase) + "execute: dry\n");
+  EXPECT_NE(e.find("modeled"), std::string::npos) << e;
+}
+
+TEST(ExperimentSpec, ExpansionCountsAndStableIds) {
+  const std::string y = R"(name: t
+models: ["synthetic:tiny-llama", "synthetic:tiny-qwen2"]
+strategies: [full, {name: hybridgen, label: hg-pre, params: {mode: pre}}, {name: hybridgen, label: hg-post}]
+sweep:
+  prompt_tokens: [16, 32, 64]
+  batch: [1, 2]
+  hybridgen.k_min: [4, 8]
+)";
+  const ExperimentSpec s = parse_experiment(y, "t.yaml");
+  const auto pts = expand(s);
+  ASSERT_EQ(pts.size(), 2u * 3 * 2 * 2);
+  EXPECT_EQ(s.strategies.size(), 3u);
+  std::set<std::string> ids;
+  for (auto& p : pts) ids.insert(p.id);
+  EXPECT_EQ(ids.size(), pts.size());
+  EXPECT_EQ(expand(parse_experiment(y, "other.yaml"))[5].id, pts[5].id);  // stable across files and runs
+  EXPECT_EQ(pts.back().strategy_params.at("hybridgen").at("k_min"), "8");
+  EXPECT_EQ(pts[1].strategy_params.at("hybridgen").at("k_min"), "8");  // the last axis varies fastest
+  EXPECT_NE(expand(parse_experiment(y, "t.yaml", {"seed=2"}))[0].id, pts[0].id);
+}
+
+TEST(ExperimentSpec, SetOverridesNestedKeys) {
+  const ExperimentSpec s = parse_experiment(
+      kBase, "t.yaml", {"sweep.prompt_tokens=[8,16,24]", "strategies.1={name: flexgen, params: {overlap: false}}",
+                        "sweep.flexgen.overlap=[true,false]", "repeats=3"});
+  EXPECT_EQ(expand(s).size(), 6u);
+  EXPECT_EQ(s.strategies[1].params.at("overlap"), "false");
+  EXPECT_EQ(s.repeats, 3);
+  const std::string e = error_of(kBase, {"sweep.prompt_tokens=[]"});
+  EXPECT_NE(e.find("--set sweep.prompt_tokens=[]"), std::string::npos) << e;
+  EXPECT_NE(e.find("empty"), std::string::npos) << e;
+  EXPECT_NE(error_of(kBase, {"repeatz=2"}).find("did you mean 'repeats'"), std::string::npos);
+}
+
+std::string tmp_dir(const std::string& name) {
+  const fs::path p = fs::temp_directory_path() / ("hg_exp_" + std::to_string(getpid()) + "_" + name);
+  fs::remove_all(p);
+  return p.string();
+}
+
+struct Proc {
+  int status;
+  std::string out;
+};
+Proc run_cli(const std::string& args) {
+  Proc r{-1, ""};
+  FILE* p = popen((std::string(HG_BINARY) + " " + args + " 2>&1").c_str(), "r");
+  char buf[4096];
+  size_t n;
+  while ((n = fread(buf, 1, sizeof buf, p)) > 0) r.out.append(buf, n);
+  const int st = pclose(p);
+  r.status = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+  return r;
+}
+
+std::string write_file(const std::string& dir, const std::string& name, const std::string& text) {
+  fs::create_directories(dir);
+  std::ofstream(dir + "/" + name) << text;
+  return dir + "/" + name;
+}
+
+std::set<std::tuple<std::string, std::string, int>> keys_of(const std::vector<Json>& rows) {
+  std::set<std::tuple<std::string, std::string, int>> k;
+  for (auto& r : rows) k.emplace(r["point_id"], r["label"], r["repeat"]);
+  return k;
+}
+
+TEST(ExperimentRun, FailedPointIsARowAndTheSweepGoesOn) {
+  const std::string d = tmp_dir("fail");
+  const std::string f = write_file(d, "e.yaml", R"(name: f
+models: ["synthetic:tiny-llama"]
+strategies: [flexgen]
+sweep:
+  prompt_tokens: [16]
+  decode_tokens: [2]
+  gpu_memory_bytes: [1000, 0]
+)");
+  const Proc p = run_cli(f + " -o " + d + "/out");
+  EXPECT_EQ(p.status, 1) << p.out;  // some point failed
+  const auto rows = read_rows(d + "/out");
+  ASSERT_EQ(rows.size(), 2u) << p.out;
+  EXPECT_EQ(rows[0]["status"], "failed");
+  EXPECT_EQ(rows[0]["error"], "out_of_memory");
+  EXPECT_NE(rows[0]["reason"].get<std::string>().find("gpu"), std::string::npos);
+  EXPECT_EQ(rows[1]["status"], "ok");
+  EXPECT_TRUE(fs::exists(d + "/out/summary.csv"));
+  // The directory is never overwritten without --resume or --force.
+  EXPECT_EQ(run_cli(f + " -o " + d + "/out").status, 2);
+  fs::remove_all(d);
+}
+
+TEST(ExperimentRun, SigkillThenResumeYieldsTheRowsOfAnUninterruptedRun) {
+  const std::string d = tmp_dir("resume");
+  const std::string f = write_file(d, "e.yaml", R"(name: r
+models: ["synthetic:tiny-llama"]
+strategies: [full, flexgen, hybridgen]
+sweep:
+  prompt_tokens: [32, 48, 64, 80]
+  decode_tokens: [24]
+  hybridgen.gpu_kv_tokens: [8]
+repeats: 2
+)");
+  ASSERT_EQ(run_cli(f + " -o " + d + "/whole").status, 0);
+  const auto whole = read_rows(d + "/whole");
+  ASSERT_EQ(whole.size(), 4u * 3 * 2);
+
+  const pid_t pid = fork();
+  if (pid == 0) {
+    const int fd = ::open("/dev/null", O_WRONLY);
+    dup2(fd, 1), dup2(fd, 2);
+    execl(HG_BINARY, HG_BINARY, f.c_str(), "-o", (d + "/killed").c_str(), (char*)nullptr);
+    _exit(127);
+  }
+  // Kill it once a few rows are down (mid-sweep).
+  for (int i = 0; i < 2000; ++i) {
+    std::ifstream in(d + "/killed/rows.jsonl");
+    const std::string all((std::istreambuf_iterator<char>(in)), {});
+    if (std::count(all.begin(), all.end(), '\n') >= 5) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  kill(pid, SIGKILL);
+  int st = 0;
+  waitpid(pid, &st, 0);
+  ASSERT_TRUE(WIFSIGNALED(st)) << "the run finished before it was killed";
+  const size_t before = read_rows(d + "/killed").size();
+  EXPECT_LT(before, whole.size());
+  // Simulate a torn line as a kill mid-write leaves it.
+  std::ofstream(d + "/killed/rows.jsonl", std::ios::app) << R"({"point_id": "torn)";
+  const Proc p = run_cli(f + " --resume " + d + "/killed");
+  ASSERT_EQ(p.status, 0) << p.out;
+  bool torn = true;
+  const auto resumed = read_rows(d + "/killed", &torn);
+  EXPECT_FALSE(torn);
+  EXPECT_EQ(resumed.size(), whole.size());
+  EXPECT_EQ(keys_of(resumed), keys_of(whole));  // no duplicate, none missing
+  fs::remove_all(d);
+}
+
+const char* kDry = R"(name: m
+models: ["synthetic:tiny-llama"]
+strategies: [flexgen, moe_lightning, {name: hybridgen, params: {k: fixed, mode: post, k_fixed: 8, gpu_kv_tokens: 16}}]
+baseline: flexgen
+sweep:
+  prompt_tokens: [40, 64, 96]
+  decode_tokens: [6]
+device: emulated
+clock: modeled:machine-a
+execute: dry
+)";
+
+TEST(ExperimentRun, MergeOfTwoShardsEqualsTheUnshardedRun) {
+  const std::string d = tmp_dir("merge");
+  const std::string f = write_file(d, "e.yaml", kDry);
+  ASSERT_EQ(run_cli(f + " -o " + d + "/all").status, 0);
+  ASSERT_EQ(run_cli(f + " --shard 0/2 -o " + d + "/s0").status, 0);
+  ASSERT_EQ(run_cli(f + " --shard 1/2 -o " + d + "/s1").status, 0);
+  const Proc m = run_cli("merge " + d + "/s1 " + d + "/s0 --out " + d + "/merged");
+  ASSERT_EQ(m.status, 0) << m.out;
+  const auto all = read_rows(d + "/all"), merged = read_rows(d + "/merged");
+  ASSERT_EQ(merged.size(), all.size());
+  EXPECT_EQ(keys_of(merged), keys_of(all));
+  for (size_t i = 0; i < all.size(); ++i) {  // in the same order, with the same points, work and traffic
+    EXPECT_EQ(merged[i]["point_id"], all[i]["point_id"]);
+    EXPECT_EQ(merged[i]["label"], all[i]["label"]);
+    EXPECT_EQ(merged[i]["point"], all[i]["point"]);
+    EXPECT_EQ(merged[i]["link_bytes_per_step"], all[i]["link_bytes_per_step"]);
+  }
+  auto lines = [](const std::string& p) {
+    std::ifstream in(p);
+    std::string all((std::istreambuf_iterator<char>(in)), {});
+    return std::count(all.begin(), all.end(), '\n');
+  };
+  EXPECT_EQ(lines(d + "/merged/summary.csv"), lines(d + "/all/summary.csv"));
+  fs::remove_all(d);
+}
+
+TEST(ExperimentRun, DryAndRealAgreeOnBytesPerLinkAndFlopsPerStage) {
+  // Strategies whose token counts do not depend on values (InfiniGen's do: it is left out).
+  ExperimentSpec dry = parse_experiment(kDry, "t.yaml");
+  ExperimentSpec real = parse_experiment(kDry, "t.yaml", {"execute=real"});
+  const auto pts = expand(dry), rpts = expand(real);
+  Runner rd(dry), rr(real);
+  for (size_t i = 0; i < pts.size(); ++i)
+    for (size_t s = 0; s < dry.strategies.size(); ++s) {
+      Json a, b;
+      rd.run(pts[i], dry.strategies[s], {}, [&](Json r) { a = r; });
+      rr.run(rpts[i], real.strategies[s], {}, [&](Json r) { b = r; });
+      ASSERT_EQ(a["status"], "ok") << a.dump();
+      ASSERT_EQ(b["status"], "ok") << b.dump();
+      EXPECT_EQ(a["time_basis"], "modeled (dry)");
+      EXPECT_EQ(b["time_basis"], "modeled");
+      const std::string what = dry.strategies[s].label + " at " + std::to_string(pts[i].prompt_tokens);
+      EXPECT_EQ(a["link_bytes_per_step"], b["link_bytes_per_step"]) << what;
+      EXPECT_EQ(a["link_bytes_prefill"], b["link_bytes_prefill"]) << what;
+      for (const char* k : {"accel", "cpu", "transfer"})
+        EXPECT_DOUBLE_EQ(a["work_per_step"][k]["flops"].get<double>(), b["work_per_step"][k]["flops"].get<double>())
+            << what << " " << k;
+      EXPECT_EQ(a["tiers"]["gpu"]["peak_bytes"] > 0, true);
+    }
+}
+
+}  // namespace
+}  // namespace hg
