@@ -1,7 +1,6 @@
 // `hgbench FILE.yaml` (run an experiment), `hgbench validate FILE`, `hgbench merge DIR…`.
 #include <unistd.h>
 
-#include <atomic>
 #include <chrono>
 #include <csignal>
 #include <filesystem>
@@ -107,7 +106,7 @@ int cmd_run(const std::vector<std::string>& args) {
   Runner runner(spec);
   const bool tty = isatty(STDERR_FILENO);
   const size_t total = mine.size() * spec.strategies.size();
-  size_t done = 0, ran = 0, failed = 0;
+  size_t done = 0, ran = 0;
   const auto t0 = std::chrono::steady_clock::now();
   for (const Point* p : mine) {
     for (auto& e : spec.strategies) {
@@ -122,7 +121,6 @@ int cmd_run(const std::vector<std::string>& args) {
       const bool fresh = int(skip.size()) < spec.repeats;
       runner.run(*p, e, skip, [&](nlohmann::ordered_json row) {
         if (row.value("status", "") != "ok") {
-          ++failed;
           if (tty) fmt::print(stderr, "\n");
           fmt::print(stderr, "  point {} {} failed: {}\n", p->id, e.label, row.value("reason", ""));
         }
@@ -135,7 +133,6 @@ int cmd_run(const std::vector<std::string>& args) {
   }
   if (tty) fmt::print(stderr, "\n");
   const auto rows = read_rows(dir);
-  for (auto& r : rows) failed += 0 * r.size();
   size_t failed_rows = 0;
   for (auto& r : rows) failed_rows += r.value("status", "") != "ok";
   const std::string table = write_summary(dir, rows, spec.baseline, labels_of(spec));

@@ -15,6 +15,7 @@
 #include <sstream>
 
 #include "engine/core/error.h"
+#include "engine/runtime/bandwidth.h"
 
 namespace hg {
 namespace fs = std::filesystem;
@@ -34,11 +35,8 @@ void write_config(const std::string& dir, const ExperimentSpec& spec, const std:
   if (!out) input_error("{}/config.yaml: cannot write", dir);
 }
 
-double median_of(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  const size_t n = v.size();
-  return n == 0 ? NAN : n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
+// The median, NaN when there is nothing (a strategy with no finished repeat at a point).
+double median_of(const std::vector<double>& v) { return v.empty() ? NAN : median(v); }
 
 // One CSV record through libcsv's quoting.
 void csv_row(FILE* f, const std::vector<std::string>& fields) {

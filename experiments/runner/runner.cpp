@@ -10,19 +10,13 @@
 #include "baselines/registry.h"
 #include "engine/core/error.h"
 #include "engine/formats/formats.h"
+#include "engine/runtime/bandwidth.h"
 #include "engine/tokenizer/tokenizer.h"
 
 namespace hg {
 namespace {
 
 using Json = nlohmann::ordered_json;
-
-double median_of(std::vector<double> v) {
-  if (v.empty()) return 0;
-  std::sort(v.begin(), v.end());
-  const size_t n = v.size();
-  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
 
 std::string link_name(int s, int d) {
   return fmt::format("{}->{}", tier_name(Tier(s)), tier_name(Tier(d)));
@@ -97,7 +91,7 @@ Figures figures(const Measurement& m, const PlatformProfile* profile) {
   f.prefill_tokens = m.gen.prefill_tokens;
   f.decode_tokens = m.gen.decode_tokens;
   f.decode_steps = int64_t(m.step_s.size());
-  f.decode_token_s = median_of(m.step_s);
+  f.decode_token_s = median(m.step_s);
   if (!m.step_s.empty()) {
     f.decode_token_min_s = *std::min_element(m.step_s.begin(), m.step_s.end());
     f.decode_token_max_s = *std::max_element(m.step_s.begin(), m.step_s.end());
@@ -137,7 +131,7 @@ Figures figures(const Measurement& m, const PlatformProfile* profile) {
       f.m_critical_s += t.critical_path_s / steps;
       f.m_serial_s += t.sum_stages_s / steps;
     }
-    f.m_decode_token_s = median_of(dec);
+    f.m_decode_token_s = median(dec);
     double sum = 0;
     for (double d : dec) sum += d;
     f.m_end_to_end_s = f.m_prefill_s + sum;
@@ -171,8 +165,9 @@ Json provenance() {
   return p;
 }
 
-Json failed_row(const ExperimentSpec& spec, const Point& p, const StrategyEntry& e, int repeat,
-                const std::string& error_class, const std::string& reason) {
+namespace {
+// The keys every row starts with: which experiment, point, strategy and repeat, and its status.
+Json row_head(const ExperimentSpec& spec, const Point& p, const StrategyEntry& e, int repeat, const char* status) {
   Json r;
   r["experiment"] = spec.name;
   r["point_id"] = p.id;
@@ -180,7 +175,14 @@ Json failed_row(const ExperimentSpec& spec, const Point& p, const StrategyEntry&
   r["label"] = e.label;
   r["strategy"] = e.name;
   r["repeat"] = repeat;
-  r["status"] = "failed";
+  r["status"] = status;
+  return r;
+}
+}  // namespace
+
+Json failed_row(const ExperimentSpec& spec, const Point& p, const StrategyEntry& e, int repeat,
+                const std::string& error_class, const std::string& reason) {
+  Json r = row_head(spec, p, e, repeat, "failed");
   r["error"] = error_class;
   r["reason"] = reason;
   r["execute"] = spec.execute;
@@ -208,7 +210,12 @@ const Model& Runner::model_for(const std::string& spec) {
 Json Runner::run_once(const Point& p, const StrategyEntry& entry, int repeat, bool record) {
   const bool dry = spec_.execute == "dry";
   std::optional<PlatformProfile> prof;
-  if (!p.platform.empty()) prof = load_platform(p.platform, std::string(HG_SOURCE_DIR) + "/experiments/platforms");
+  if (!p.platform.empty()) {
+    auto it = profiles_.find(p.platform);
+    if (it == profiles_.end())
+      it = profiles_.emplace(p.platform, load_platform(p.platform, std::string(HG_SOURCE_DIR) + "/experiments/platforms")).first;
+    prof = it->second;
+  }
   RuntimeConfig rc;
   rc.device = spec_.device;
   rc.dry = dry;
@@ -249,14 +256,7 @@ Json Runner::run_once(const Point& p, const StrategyEntry& entry, int repeat, bo
   if (!record) return {};
   const Figures f = figures(m, prof && (dry || spec_.clock != "measured") ? &*prof : nullptr);
 
-  Json r;
-  r["experiment"] = spec_.name;
-  r["point_id"] = p.id;
-  r["point_index"] = p.index;
-  r["label"] = entry.label;
-  r["strategy"] = entry.name;
-  r["repeat"] = repeat;
-  r["status"] = "ok";
+  Json r = row_head(spec_, p, entry, repeat, "ok");
   r["execute"] = spec_.execute;
   r["time_basis"] = f.modeled ? (dry ? "modeled (dry)" : "modeled") : "measured";
   r["point"] = p.values;

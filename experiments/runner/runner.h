@@ -85,6 +85,7 @@ class Runner {
   const ExperimentSpec& spec_;
   std::string model_key_;
   std::unique_ptr<Model> model_;
+  std::map<std::string, PlatformProfile> profiles_;  // loaded once per platform name
 };
 
 // Provenance of this build and machine (commit and dirty flag, build type, compiler, CPU, GPU).

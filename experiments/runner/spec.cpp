@@ -77,16 +77,20 @@ void apply_set(YAML::Node root, const std::string& file, const std::string& set)
   }
   if (std::find(kTopKeys.begin(), kTopKeys.end(), path[0]) == kTopKeys.end())
     input_error("{}: --set '{}': unknown key '{}' (did you mean '{}'?)", file, set, path[0], nearest_key(path[0], kTopKeys));
+  // A path segment inside a list: its index.
+  auto index = [&](const YAML::Node& list, const std::string& seg) {
+    size_t idx = 0;
+    auto [p, ec] = std::from_chars(seg.data(), seg.data() + seg.size(), idx);
+    if (ec != std::errc() || p != seg.data() + seg.size() || idx >= list.size())
+      input_error("--set '{}': '{}' is not an index of the list (0..{})", set, seg, list.size() - 1);
+    return idx;
+  };
   std::vector<YAML::Node> chain = {root};
   for (size_t i = 0; i + 1 < path.size(); ++i) {
     YAML::Node cur = chain.back();
     YAML::Node next;
     if (cur.IsSequence()) {
-      size_t idx = 0;
-      auto [p, ec] = std::from_chars(path[i + 0].data(), path[i].data() + path[i].size(), idx);
-      if (ec != std::errc() || idx >= cur.size())
-        input_error("--set '{}': '{}' is not an index of the list (0..{})", set, path[i], cur.size() - 1);
-      next = cur[idx];
+      next = cur[index(cur, path[i])];
     } else {
       next = cur[path[i]];
       if (!next.IsDefined() || next.IsNull() || next.IsScalar()) {
@@ -98,11 +102,7 @@ void apply_set(YAML::Node root, const std::string& file, const std::string& set)
   }
   YAML::Node last = chain.back();
   if (last.IsSequence()) {
-    size_t idx = 0;
-    auto [p, ec] = std::from_chars(path.back().data(), path.back().data() + path.back().size(), idx);
-    if (ec != std::errc() || idx >= last.size())
-      input_error("--set '{}': '{}' is not an index of the list", set, path.back());
-    last[idx] = value;
+    last[index(last, path.back())] = value;
   } else {
     last[path.back()] = value;
   }
