@@ -407,7 +407,7 @@ bandwidth limit (weight bytes + KV bytes per token). Each decode step is paired 
 right after it (same threads, a 512 MiB buffer read in turn); the ratio is the median over steps
 of the step's bytes/s over its pass's GB/s, with the range beside it. The pass reads eight
 prefetched streams per thread, the best read of the machine; `1-stream` is the same ratio against
-a second pass of one plain stream per thread (a weaker reference, the kind issue 5's figures used;
+a second pass of one plain stream per thread (a weaker reference;
 host only). Then the harness overhead:
 the same decode loop with the null backend and the null strategy, as a share of the first
 context's step. The `full` strategy. With --backend cuda (F32 KV) the weights, activations and KV

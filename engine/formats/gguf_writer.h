@@ -1,5 +1,5 @@
 // GGUF v3 writer for `hgbench export`: one random-weights file that both hgbench and llama.cpp
-// load, so the two engines can be compared on the same bytes (issue 5). Llama-architecture models
+// load, so the two engines can be compared on the same bytes. Llama-architecture models
 // only; matrices in the model's weight type (F32, F16, BF16), norms F32. RoPE follows llama.cpp's
 // convention: rotate-half models get their q/k rows permuted to interleaved pairs, and Llama-3
 // scaling is written as rope_freqs.weight. The vocabulary is a generated SentencePiece-style one

@@ -13,8 +13,8 @@
 namespace hg {
 
 // How a reference pass reads: cpu::sum's eight prefetched streams per thread (the best read this
-// machine does: the references' default), or cpu::sum_one_stream's plain reduction (issue 5's
-// reference figures; reported beside the default as a weaker yardstick).
+// machine does: the references' default), or cpu::sum_one_stream's plain reduction (one
+// plain stream per thread; reported beside the default as a weaker yardstick).
 enum class ReadPass { kEightStreams, kOneStream };
 
 // One read-only pass (per chunk of p, the current thread count) over p[0, n): GB/s.

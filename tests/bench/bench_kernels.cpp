@@ -49,8 +49,7 @@ constexpr int64_t kMinPassBytes = int64_t(64) << 20;
 // kernel GB/s / that pass's GB/s: the kernel and its reference see the same moment of this
 // shared machine. x_bw_peak is against BM_SetReference's best-of-5 at the start of the run
 // (the best moment of the run: the conservative ratio). x_bw_1s pairs each call with a second,
-// weaker pass as well: one plain stream per thread (cpu::sum_one_stream), the kind of reduction
-// issue 5's reference figures came from. A kernel whose output is large gives its bytes as
+// weaker pass as well: one plain stream per thread (cpu::sum_one_stream), a plain reduction. A kernel whose output is large gives its bytes as
 // `written`: x_traffic then counts them twice (their write-allocate read and their write-back, the
 // output being out of cache again by the next call) on top of the bytes read, for the memory
 // traffic the kernel makes; x_bw, the ratio the targets name, counts the reads only.
@@ -354,7 +353,7 @@ BENCHMARK(BM_GroupLogits)->ArgNames({"N", "threads"})->Args({262144, 1})->Args({
 // head reuses (cpu_stage's thread_local scratch): written over the previous head's (512 KiB at
 // 32K), so their write-allocate reads may hit the cache. BM_GroupLogits above writes a 4 MiB
 // logits array that every pass evicts: the worst case for its stores.
-// max 1: group_logit_max, `post` mode's scores since the twelfth session: the max over the G heads
+// max 1: group_logit_max, `post` mode's scores: the max over the G heads
 // of each key's logits, one float per key written instead of G.
 void BM_GroupLogitsStage(benchmark::State& st) {
   set_num_threads(int(st.range(1)));
@@ -387,8 +386,8 @@ BENCHMARK(BM_GroupLogitsStage)
 
 // HybridGen's whole `post` selection per KV head of the 8B shape: K = 128 of N offloaded keys by
 // the group's max logit, and the G logits of the selected. method 0: group_logits over all N keys
-// into [G, N], logit_top_k over the G rows, the selected logits picked out (before the twelfth
-// session); 1: group_logit_max (one score per key), logit_top_k over the scores, then the K
+// into [G, N], logit_top_k over the G rows, the selected logits picked out (the earlier
+// method); 1: group_logit_max (one score per key), logit_top_k over the scores, then the K
 // selected rows gathered and their logits computed again (as cpu_stage runs now). Bytes read: the
 // keys.
 void BM_PostSelection(benchmark::State& st) {
@@ -518,8 +517,7 @@ void BM_Gemv(benchmark::State& st) {
   auto be = make_cpu_backend();
   st.SetLabel(std::string(dtype_name(t)));
   // Each iteration reads all copies back to back, as a model reads its layers. Timed alone after
-  // each reference pass, one call of a small shape read 10-15 % less (512 × 2048 F16, one thread:
-  // 0.58-0.63 so, 0.66-0.73 back to back; twelfth session).
+  // each reference pass, one call of a small shape read 10-15 % less (docs/performance.md).
   run_paired(st, double(n_mats) * double(N * K) * double(dtype_size(t)), int(st.range(3)), [&] {
     for (const Weight& w : ws) be->matmul(x.data(), 1, w, nullptr, y.data());
   });

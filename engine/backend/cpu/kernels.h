@@ -14,8 +14,7 @@ float dot(const float* a, const float* b, int64_t n);
 // hg_bench) read.
 float sum(const float* p, int64_t n);
 // Σ p[0, n) read front to back as one stream, four independent AVX-512 partial sums, no software
-// prefetch: the plain read-only reduction that issue 5's reference figures were measured with
-// (a second, weaker reference beside sum's).
+// prefetch: the plain read-only reduction, a second, weaker reference beside sum's.
 float sum_one_stream(const float* p, int64_t n);
 // y = x * rsqrt(mean(x²) + eps) * w.
 void rms_norm_row(const float* x, const float* w, int64_t n, float eps, float* y);

@@ -1,5 +1,5 @@
 // CUDA device discovery for the backend registry. Compiled whenever nvcc is found (CI included);
-// the kernels of the CUDA backend build on this file (issue 3).
+// the CUDA backend's kernels (cuda_kernels.cu) are built beside it.
 #include <cuda_runtime.h>
 
 namespace hg {
