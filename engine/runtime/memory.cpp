@@ -4,6 +4,8 @@
 #include "engine/runtime/memory.h"
 
 #include <numa.h>
+
+#include <algorithm>
 #include <sched.h>
 #include <unistd.h>
 
@@ -130,19 +132,19 @@ MemorySystem::~MemorySystem() {
 }
 
 void* MemorySystem::phantom_carve(size_t bytes) {
-  constexpr size_t kSlab = size_t(1) << 30, kAlign = 64;
-  bytes = (std::max<size_t>(bytes, 1) + kAlign - 1) / kAlign * kAlign;
+  // Every allocation starts at the base of the largest slab: phantom values are meaningless, so
+  // buffers may alias, and a strategy that allocates per page or per prefill chunk maps nothing
+  // new (a slab per allocation would run into the kernel's limit on mappings at long contexts).
+  // A larger request maps a slab twice the size; older slabs stay for the pointers into them.
+  constexpr size_t kSlab = size_t(1) << 30;
   std::lock_guard<std::mutex> l(slab_mu_);
-  if (slabs_.empty() || slab_used_ + bytes > slabs_.back().second) {
-    const size_t n = std::max(kSlab, bytes);
+  if (slabs_.empty() || bytes > slabs_.back().second) {
+    const size_t n = std::max({kSlab, bytes, slabs_.empty() ? size_t(0) : 2 * slabs_.back().second});
     char* p = static_cast<char*>(phantom_alloc(n));
     if (!p) return nullptr;
     slabs_.emplace_back(p, n);
-    slab_used_ = 0;
   }
-  void* r = slabs_.back().first + slab_used_;
-  slab_used_ += bytes;
-  return r;
+  return slabs_.back().first;
 }
 
 std::variant<Allocation, OutOfMemory> MemorySystem::try_allocate(Tier t, int64_t bytes) {

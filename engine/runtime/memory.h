@@ -125,10 +125,9 @@ class MemorySystem {
   int local_node_ = 0;
   int far_node_ = 0;
   bool numa_ = false;
-  // Phantom slabs (dry runs): allocations are carved from them and returned all at once.
+  // Phantom slabs (dry runs), returned all at once with the memory system.
   std::mutex slab_mu_;
   std::vector<std::pair<char*, size_t>> slabs_;
-  size_t slab_used_ = 0;
   void* phantom_carve(size_t bytes);
   std::string far_note_;
 };
