@@ -154,7 +154,7 @@ double measure_read_gbs(MemorySystem& mem, Tier tier, int64_t bytes, double seco
   return best_rate_g(3, 50, seconds, double(n) * 4, [&](int) { return read_pass_gbs(p, n); });
 }
 
-double measure_row_ns(MemorySystem& mem, Tier tier, int64_t bytes, double stream_gbs, double seconds) {
+double measure_row_ns(MemorySystem& mem, Tier tier, int64_t bytes, double seconds) {
   constexpr int64_t kRowFloats = 128;  // 512 B: one F32 K/V row of head dim 128
   const int64_t rows = bytes / (kRowFloats * 4), n = std::min<int64_t>(16384, rows / 8);
   Allocation a = filled_floats(mem, tier, rows * kRowFloats);
@@ -167,8 +167,15 @@ double measure_row_ns(MemorySystem& mem, Tier tier, int64_t bytes, double stream
     for (auto& i : s) i = int32_t(g() % uint64_t(rows));
     std::sort(s.begin(), s.end());
   }
+  // Each rows pass is paired with a stream pass over the same buffer right after it, and the best
+  // of each is compared: both then come from the same stretch of a shared machine's bandwidth.
+  // The stream passes read 64 MiB windows of the buffer in turn (more than any cache holds).
+  const int64_t window = std::min<int64_t>(rows * kRowFloats, int64_t(16) << 20), windows = rows * kRowFloats / window;
+  double stream_gbs = 0;
   const double best = best_rate_g(8, 200, seconds, double(n * kRowFloats * 4), [&](int rep) {
-    return rows_read_pass_gbs(p, kRowFloats, sets[size_t(rep) % sets.size()].data(), n);
+    const double g = rows_read_pass_gbs(p, kRowFloats, sets[size_t(rep) % sets.size()].data(), n);
+    stream_gbs = std::max(stream_gbs, read_pass_gbs(p + (rep % windows) * window, window));
+    return g;
   });
   // GB/s is bytes per ns: the row's time at the random-row rate minus its time in a stream.
   return std::max(0.0, double(kRowFloats * 4) / best - double(kRowFloats * 4) / stream_gbs);
@@ -267,8 +274,8 @@ PlatformProfile calibrate(const CalibrateOptions& o, std::string* notes) {
   p.name = "this-machine";
   p.dram_gbs = measure_read_gbs(mem, Tier::kDram, o.buffer_bytes, o.seconds_per_measure);
   p.far_gbs = measure_read_gbs(mem, Tier::kFar, o.buffer_bytes, o.seconds_per_measure);
-  p.dram_row_ns = measure_row_ns(mem, Tier::kDram, o.buffer_bytes, p.dram_gbs, o.seconds_per_measure);
-  p.far_row_ns = measure_row_ns(mem, Tier::kFar, o.buffer_bytes, p.far_gbs, o.seconds_per_measure);
+  p.dram_row_ns = measure_row_ns(mem, Tier::kDram, o.buffer_bytes, o.seconds_per_measure);
+  p.far_row_ns = measure_row_ns(mem, Tier::kFar, o.buffer_bytes, o.seconds_per_measure);
   p.cpu_flops = measure_cpu_flops(o.seconds_per_measure);
   p.dram_gib = double(mem.ledger().usage(Tier::kDram).capacity) / double(1 << 30);
   p.far_gib = double(mem.ledger().usage(Tier::kFar).capacity) / double(1 << 30);

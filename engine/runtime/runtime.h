@@ -88,7 +88,8 @@ PlatformProfile calibrate(const CalibrateOptions& o, std::string* notes);
 double measure_read_gbs(MemorySystem& mem, Tier tier, int64_t bytes, double seconds);
 // The profile's row cost: extra ns per random 512 B row read from a buffer on `tier` (16K sorted
 // random rows, prefetched as cpu::gather_rows does, all threads, best of several passes) over the
-// same bytes at stream_gbs. 0 when random rows read as fast as the stream.
-double measure_row_ns(MemorySystem& mem, Tier tier, int64_t bytes, double stream_gbs, double seconds);
+// same bytes at the best rate of stream passes over the buffer interleaved with them. 0 when
+// random rows read as fast as the stream.
+double measure_row_ns(MemorySystem& mem, Tier tier, int64_t bytes, double seconds);
 
 }  // namespace hg
