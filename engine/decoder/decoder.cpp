@@ -4,6 +4,7 @@
 #include <cmath>
 
 #include "engine/core/error.h"
+#include "engine/runtime/queue.h"
 
 namespace hg {
 
@@ -36,8 +37,10 @@ void Decoder::forward(std::span<const int32_t> tokens, std::span<const TokenRow>
   const HParams& hp = model_.hp;
   const int64_t d = hp.d_model, V = hp.n_vocab;
   size_t next_logit = 0;
+  const double chunks = double((rows.size() + size_t(max_rows_) - 1) / size_t(max_rows_));
   for (size_t c0 = 0; c0 < rows.size(); c0 += size_t(max_rows_)) {
     const int M = int(std::min(rows.size() - c0, size_t(max_rows_)));
+    progress_ = {double(c0 / size_t(max_rows_)) / chunks, 1.0 / chunks};
     forward_chunk(tokens.data() + c0, rows.data() + c0, M);
     // Final norm and LM head only for requested rows of this chunk.
     int n_out = 0;
@@ -95,6 +98,8 @@ void Decoder::forward_chunk(const int32_t* tokens, const TokenRow* rows, int M) 
 
   for (int l = 0; l < hp.n_layers; ++l) {
     const LayerWeights& w = model_.layers[size_t(l)];
+    // How far the forward is, for the event log's replay (a no-op off an accelerator queue).
+    set_accel_progress(progress_.first + progress_.second * double(l) / double(hp.n_layers));
     // Speculation for the next layer reads this layer's input (the residual stream, pre-norm).
     if (l + 1 < hp.n_layers) kv_.prepare(l + 1, row_span, x_.data());
     norm(w[Slot::kAttnNorm], w[Slot::kAttnNormB], h_.data());

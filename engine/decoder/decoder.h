@@ -5,6 +5,7 @@
 // backend's memory; logits arrive in host memory.
 #pragma once
 #include <span>
+#include <utility>
 #include <vector>
 
 #include "engine/backend/backend.h"
@@ -29,6 +30,7 @@ class Decoder {
   Backend& be_;
   KvStrategy& kv_;
   int max_rows_;
+  std::pair<double, double> progress_{0, 1};  // the current chunk's start and share of the forward
   RopeTable rope_;
   // Activations live in the backend's memory (device memory for cuda).
   BackendArray<float> x_, h_, q_, k_, v_, att_, f1_, f2_, o_;

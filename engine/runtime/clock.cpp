@@ -139,7 +139,7 @@ StepTiming modeled_timing(const std::vector<StageRecord>& recs, const PlatformPr
   std::map<int, double> queue_free;
   std::map<int64_t, double> end_of;
   struct Span {
-    double measured_start, measured_end, modeled_start, modeled_end;
+    double measured_start, measured_end, modeled_start, modeled_end, progress0, progress1;
   };
   std::map<int64_t, Span> span;  // for stages submitted from inside another (StageRecord::within)
   for (auto& s : r) {
@@ -148,9 +148,12 @@ StepTiming modeled_timing(const std::vector<StageRecord>& recs, const PlatformPr
       if (end_of.count(d)) start = std::max(start, end_of[d]);
     if (auto it = span.find(s.within); it != span.end()) {
       // Submitted part-way through an accelerator segment: no earlier than the same share of it.
+      // Share by reported progress when the segment has it, else by measured time.
       const Span& w = it->second;
-      const double len = w.measured_end - w.measured_start;
-      const double f = len > 0 ? std::clamp((s.submit_s - w.measured_start) / len, 0.0, 1.0) : 0.0;
+      const bool by_progress = s.submit_progress >= 0 && w.progress0 >= 0 && w.progress1 > w.progress0;
+      const double len = by_progress ? w.progress1 - w.progress0 : w.measured_end - w.measured_start;
+      const double at = by_progress ? s.submit_progress - w.progress0 : s.submit_s - w.measured_start;
+      const double f = len > 0 ? std::clamp(at / len, 0.0, 1.0) : 0.0;
       start = std::max(start, w.modeled_start + f * (w.modeled_end - w.modeled_start));
     }
     const double m0 = s.start_s, m1 = s.end_s;
@@ -158,7 +161,8 @@ StepTiming modeled_timing(const std::vector<StageRecord>& recs, const PlatformPr
     s.end_s = start + modeled_stage_seconds(s, p);
     queue_free[s.queue] = s.end_s;
     end_of[s.id] = s.end_s;
-    if (s.kind == StageKind::kAccelCompute) span[s.id] = Span{m0, m1, s.start_s, s.end_s};
+    if (s.kind == StageKind::kAccelCompute)
+      span[s.id] = Span{m0, m1, s.start_s, s.end_s, s.progress0, s.progress1};
   }
   return summarize(r);
 }

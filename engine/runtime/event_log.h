@@ -45,6 +45,11 @@ struct StageRecord {
   // time (the data it needs was produced up to there). -1: not submitted from an accelerator.
   int64_t within = -1;
   double submit_s = 0;
+  // Where the body reported its progress (set_accel_progress): the share of its task's work done
+  // at this segment's start and end, and, for a stage submitted from a segment, when it was
+  // submitted. The replay uses these instead of measured times, so it does not depend on the
+  // host's timing (dry runs). -1: not reported.
+  double progress0 = -1, progress1 = -1, submit_progress = -1;
 };
 
 class EventLog {

@@ -3,6 +3,8 @@
 
 #include <omp.h>
 
+#include <algorithm>
+
 namespace hg {
 
 bool Event::done() const {
@@ -20,10 +22,13 @@ struct AccelSegments {
     int64_t id;
     double start_s, end_s;
     int64_t waited_for;  // the stage whose end this segment waited for (-1: the first segment)
+    double p0, p1;       // reported progress at its start and end (-1: none)
   };
   std::vector<Segment> done;
   int64_t id = -1;  // the current segment
   double start_s = 0;
+  double progress = -1, p0 = -1;  // reported progress now and at the current segment's start
+  bool progress_broken = false;    // it went backwards (a body running several forwards): unused
   int64_t waited_for = -1;
   StageWork extra;  // add_accel_work()
   StageWork base;   // the work the task was submitted with
@@ -44,6 +49,14 @@ StageWork current_accel_work() {
   return w;
 }
 
+void set_accel_progress(double fraction) {
+  if (AccelSegments* seg = tl_accel) {
+    if (seg->p0 < 0) seg->p0 = 0;  // the segment began before the first report: at the start
+    if (fraction < seg->progress) seg->progress_broken = true;
+    seg->progress = std::clamp(fraction, 0.0, 1.0);
+  }
+}
+
 void add_accel_work(const StageWork& w) {
   if (AccelSegments* seg = tl_accel) {
     seg->extra.flops += w.flops;
@@ -58,7 +71,7 @@ void Event::wait() const {
   if (!st_) return;
   AccelSegments* seg = tl_accel;
   if (seg && st_->id >= 0) {  // the current segment ends here; the next begins after the wait
-    seg->done.push_back({seg->id, seg->start_s, seg->log->now(), seg->waited_for});
+    seg->done.push_back({seg->id, seg->start_s, seg->log->now(), seg->waited_for, seg->p0, seg->progress});
     tl_accel = nullptr;  // waits inside the wait's own machinery do not split again
   }
   {
@@ -69,6 +82,7 @@ void Event::wait() const {
     seg->id = seg->log->reserve_id();  // after the awaited stage's id: the replay runs it after
     seg->start_s = seg->log->now();
     seg->waited_for = st_->id;
+    seg->p0 = seg->progress;
     tl_accel = seg;
   }
   if (st_->error) std::rethrow_exception(st_->error);
@@ -103,7 +117,8 @@ Event Queue::submit(std::string name, StageWork work, std::vector<Event> deps, s
   {
     std::lock_guard<std::mutex> l(mu_);
     tasks_.push_back(Task{std::move(name), work, std::move(deps), std::move(fn), ev, tl_running_stage,
-                          tl_accel ? tl_accel->id : -1, tl_accel ? log_->now() : 0.0});
+                          tl_accel ? tl_accel->id : -1, tl_accel ? log_->now() : 0.0,
+                          tl_accel ? tl_accel->progress : -1.0});
     last_ = ev;
   }
   cv_.notify_one();
@@ -147,6 +162,7 @@ void Queue::run() {
     if (t.parent >= 0) rec.deps.push_back(t.parent);  // logged for the modeled replay, not waited for
     rec.within = t.within;
     rec.submit_s = t.submit_s;
+    rec.submit_progress = t.submit_progress;
     rec.start_s = log_->now();
     AccelSegments segments;
     if (!err) {
@@ -178,18 +194,22 @@ void Queue::run() {
       rec.work.bytes[i] += segments.extra.bytes[i];
       rec.work.rows[i] += segments.extra.rows[i];
     }
+    const bool progress = segments.progress >= 0 && !segments.progress_broken;
     if (segments.done.empty()) {
+      if (progress) rec.progress0 = 0, rec.progress1 = 1;
       log_->record(std::move(rec));
     } else {
       // Segments: the first keeps the stage's id and dependencies; each later one follows the
-      // stage it waited for; the work is shared in proportion to the measured time.
-      segments.done.push_back({segments.id, segments.start_s, rec.end_s, segments.waited_for});
+      // stage it waited for; the work is shared by reported progress, else by measured time.
+      segments.done.push_back({segments.id, segments.start_s, rec.end_s, segments.waited_for, segments.p0, 1.0});
       double busy = 0;
       for (auto& g : segments.done) busy += g.end_s - g.start_s;
       const double n = double(segments.done.size());
       for (size_t k = 0; k < segments.done.size(); ++k) {
         const auto& g = segments.done[k];
-        const double f = busy > 0 ? (g.end_s - g.start_s) / busy : 1.0 / n;
+        const double f = progress ? std::max(0.0, g.p1 - std::max(0.0, g.p0))
+                         : busy > 0 ? (g.end_s - g.start_s) / busy
+                                    : 1.0 / n;
         StageRecord part = rec;
         part.id = g.id;
         if (k > 0) {
@@ -199,6 +219,7 @@ void Queue::run() {
         }
         part.start_s = g.start_s;
         part.end_s = g.end_s;
+        if (progress) part.progress0 = std::max(0.0, g.p0), part.progress1 = g.p1;
         part.work.flops = rec.work.flops * f;
         for (size_t i = 0; i < part.work.bytes.size(); ++i) {
           part.work.bytes[i] = int64_t(double(rec.work.bytes[i]) * f);

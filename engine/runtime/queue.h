@@ -71,6 +71,7 @@ class Queue {
     // The accelerator segment whose body submitted this one, and when (StageRecord::within).
     int64_t within = -1;
     double submit_s = 0;
+    double submit_progress = -1;  // the submitting segment's reported progress (-1: none)
   };
   void run();
   std::string name_;
@@ -91,6 +92,13 @@ class Queue {
 // (HybridGen projecting its speculative queries there), so that the modeled clock charges it.
 // No effect on any other thread.
 void add_accel_work(const StageWork& w);
+// The share (0..1) of its work that the accelerator-compute task the calling thread runs has done,
+// reported by a body that knows it (the decoder: per chunk and layer). Once reported, the task's
+// segments share its work by progress instead of by measured time, and stages its body submits
+// are placed by progress (StageRecord::progress0/1, submit_progress). A task whose progress goes
+// back (a body running several forwards) falls back to measured time. No effect on other threads.
+void set_accel_progress(double fraction);
+
 // The work of the accelerator-compute task whose body the calling thread is running so far (its
 // submitted work plus add_accel_work()); empty on any other thread.
 StageWork current_accel_work();
