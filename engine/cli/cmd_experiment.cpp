@@ -9,7 +9,7 @@
 #include <fmt/format.h>
 
 #include "engine/backend/backend.h"
-#include "engine/cli/commands.h"
+#include "engine/cli/cli.h"
 #include "engine/core/error.h"
 #include "experiments/runner/recorder.h"
 #include "experiments/runner/runner.h"
@@ -172,22 +172,6 @@ int cmd_merge(const std::vector<std::string>& args) {
   const size_t n = merge_results(dirs, out, &table);
   fmt::print("{}merged {} directories: {} rows into {}\n", table, dirs.size(), n, out);
   return 0;
-}
-
-int parse_cli(CLI::App& app, const std::string& name, const std::vector<std::string>& args) {
-  std::vector<std::string> argv_s = {name};
-  argv_s.insert(argv_s.end(), args.begin(), args.end());
-  std::vector<const char*> argv;
-  for (auto& s : argv_s) argv.push_back(s.c_str());
-  try {
-    app.parse(int(argv.size()), argv.data());
-  } catch (const CLI::CallForHelp&) {
-    fmt::print("{}", app.help());
-    return 0;
-  } catch (const CLI::ParseError& e) {
-    throw InputError(fmt::format("{}: {} (see --help)", name, e.what()));
-  }
-  return -1;
 }
 
 }  // namespace hg::cli

@@ -1,11 +1,12 @@
-// hgbench entry point: dispatches subcommands; maps errors to exit statuses
-// (0 ok, 1 runtime failure, 2 bad input or unsupported request).
+// hgbench entry point: dispatches to the command table (engine/cli/commands.cpp); a file argument
+// ending in .yaml/.yml runs that experiment. Exit statuses: 0 ok, 1 runtime failure (or a failed
+// experiment point), 2 bad input or unsupported request, 130 interrupted.
 #include <cstdio>
 #include <exception>
 
 #include <fmt/format.h>
 
-#include "engine/cli/commands.h"
+#include "engine/cli/cli.h"
 #include "engine/core/error.h"
 
 int main(int argc, char** argv) {
@@ -14,23 +15,16 @@ int main(int argc, char** argv) {
     hg::cli::print_usage();
     return args.empty() ? 2 : 0;
   }
-  const std::string cmd = args[0];
-  args.erase(args.begin());
+  std::string cmd = args[0];
+  if (cmd.ends_with(".yaml") || cmd.ends_with(".yml")) cmd = "run";
+  else args.erase(args.begin());
   try {
-    if (cmd == "generate") return hg::cli::cmd_generate(args);
-    if (cmd == "info") return hg::cli::cmd_info(args);
-    if (cmd == "strategies") return hg::cli::cmd_strategies(args);
-    if (cmd == "models") return hg::cli::cmd_models(args);
-    if (cmd == "calibrate") return hg::cli::cmd_calibrate(args);
-    if (cmd == "bench") return hg::cli::cmd_bench(args);
-    if (cmd == "export") return hg::cli::cmd_export(args);
-    if (cmd == "validate") return hg::cli::cmd_validate(args);
-    if (cmd == "merge") return hg::cli::cmd_merge(args);
-    if (cmd == "run" || cmd.ends_with(".yaml") || cmd.ends_with(".yml")) {
-      if (cmd != "run") args.insert(args.begin(), cmd);
-      return hg::cli::cmd_run(args);
+    std::string names;
+    for (auto& c : hg::cli::commands()) {
+      if (cmd == c.name) return c.run(args);
+      names += (names.empty() ? "" : ", ") + std::string(c.name);
     }
-    fmt::print(stderr, "hgbench: unknown command '{}' (expected generate, info, models, strategies, calibrate, bench, export; see --help)\n", cmd);
+    fmt::print(stderr, "hgbench: unknown command '{}' (expected FILE.yaml or one of {}; see --help)\n", cmd, names);
     return 2;
   } catch (const hg::InputError& e) {  // bad file, field or argument; unsupported request
     fmt::print(stderr, "hgbench: error: {}\n", e.what());

@@ -3,6 +3,7 @@
 
 #include <chrono>
 #include <map>
+#include <random>
 
 #include "engine/core/error.h"
 #include "engine/runtime/runtime.h"
@@ -32,19 +33,55 @@ StageWork forward_work(const Model& m, std::span<const TokenRow> rows, const KvS
   return w;
 }
 
+namespace {
+
+// Writes positions [0, len_b − 1) of every sequence b and layer through kv.append with seeded
+// rows in the backend's memory (512 positions per call, as prefill chunks arrive).
+void seeded_fill(Backend& be, KvStrategy& kv, const KvShape& shape, const std::vector<std::vector<int32_t>>& prompts,
+                 uint64_t seed) {
+  constexpr int kChunk = 512;
+  const size_t n = size_t(kChunk) * size_t(shape.H_kv) * size_t(shape.D);
+  BackendArray<float> k(be, n), v(be, n);
+  std::mt19937_64 g(seed);
+  std::uniform_real_distribution<float> u(-1, 1);
+  std::vector<float> h(n);
+  for (BackendArray<float>* a : {&k, &v}) {
+    for (auto& x : h) x = u(g);
+    be.upload(a->data(), h.data(), n * 4);
+  }
+  std::vector<TokenRow> rows;
+  for (size_t b = 0; b < prompts.size(); ++b) {
+    const int32_t len = int32_t(prompts[b].size()) - 1;
+    for (int32_t p0 = 0; p0 < len; p0 += kChunk) {
+      rows.clear();
+      for (int32_t p = p0; p < std::min(len, p0 + kChunk); ++p) rows.push_back({int32_t(b), p});
+      for (int l = 0; l < shape.n_layers; ++l) kv.append(l, rows, k.data(), v.data());
+    }
+  }
+  kv.end_step();
+  be.synchronize();
+}
+
+}  // namespace
+
 GenerateResult generate(const Model& model, Backend& backend, KvStrategy& kv,
                         const std::vector<std::vector<int32_t>>& prompts, const GenerateOptions& opts,
                         const std::function<void(int, int32_t)>& on_token) {
   using clock = std::chrono::steady_clock;
+  auto secs = [](clock::time_point t0) { return std::chrono::duration<double>(clock::now() - t0).count(); };
   const int B = int(prompts.size());
   if (B == 0) input_error("generate: no prompts");
   if (opts.n_new < 0) input_error("generate: -n must be non-negative");
+  const bool seeded = opts.fill == PromptFill::kSeeded;
+  if (seeded && kv.needs_prompt_attention())
+    input_error("generate: strategy {} needs the prompt's attention; it cannot start from seeded rows", kv.name());
   const int64_t V = model.hp.n_vocab;
   std::vector<int32_t> capacity(static_cast<size_t>(B)), prompt_len(static_cast<size_t>(B));
   for (int b = 0; b < B; ++b) {
     if (prompts[size_t(b)].empty()) input_error("generate: prompt {} is empty (no BOS and no text)", b);
     capacity[size_t(b)] = int32_t(prompts[size_t(b)].size()) + std::max(opts.n_new, 1);
-    prompt_len[size_t(b)] = int32_t(prompts[size_t(b)].size());
+    // Seeded rows stand for a prompt of len − 1 tokens; decode starts at its last token.
+    prompt_len[size_t(b)] = int32_t(prompts[size_t(b)].size()) - (seeded ? 1 : 0);
     if (model.traits.pos == PosKind::kLearned && capacity[size_t(b)] > model.hp.max_pos)
       input_error("generate: sequence {} needs {} positions but the model has {} learned positions", b,
                   capacity[size_t(b)], model.hp.max_pos);
@@ -52,11 +89,15 @@ GenerateResult generate(const Model& model, Backend& backend, KvStrategy& kv,
   Decoder dec(model, backend, kv, opts.max_rows);
   Runtime* rt = opts.runtime && opts.runtime->device() != DeviceKind::kCpu ? opts.runtime : nullptr;
   int64_t step = 0;
-  // Runs one forward, on the accelerator queue when there is one.
+  // Runs fn as the step's stage on the accelerator queue when there is one (step 0: the prompt).
+  auto on_accel = [&](const char* name, const StageWork& w, const std::function<void()>& fn) {
+    if (!rt) return fn();
+    rt->log().set_step(step);
+    rt->accel().submit(name, w, {}, fn).wait();
+  };
   auto forward = [&](std::span<const int32_t> t, std::span<const TokenRow> r, std::span<const int32_t> w, float* lg) {
-    if (!rt) return dec.forward(t, r, w, lg);
-    rt->log().set_step(step++);
-    rt->accel().submit(step == 1 ? "prefill" : "decode", forward_work(model, r, &kv), {}, [&] { dec.forward(t, r, w, lg); }).wait();
+    on_accel(step == 0 ? "prefill" : "decode", forward_work(model, r, &kv), [&] { dec.forward(t, r, w, lg); });
+    ++step;
   };
   kv.begin(dec.kv_shape(), capacity, prompt_len);
 
@@ -64,28 +105,8 @@ GenerateResult generate(const Model& model, Backend& backend, KvStrategy& kv,
   res.tokens.resize(size_t(B));
   std::vector<Sampler> samplers;
   for (int b = 0; b < B; ++b) samplers.emplace_back(opts.sampler, uint64_t(b));
-
-  // Prefill: all prompt tokens as one ragged batch; logits of each prompt's last token.
-  std::vector<int32_t> toks;
-  std::vector<TokenRow> rows;
-  std::vector<int32_t> want;
-  for (int b = 0; b < B; ++b) {
-    for (size_t i = 0; i < prompts[size_t(b)].size(); ++i) {
-      toks.push_back(prompts[size_t(b)][i]);
-      rows.push_back({b, int32_t(i)});
-    }
-    want.push_back(int32_t(rows.size()) - 1);
-  }
-  std::vector<float> logits(size_t(B) * size_t(V));
-  auto t0 = clock::now();
-  forward(toks, rows, want, logits.data());
-  res.prefill_s = std::chrono::duration<double>(clock::now() - t0).count();
-  res.prefill_tokens = int64_t(toks.size());
-  if (opts.n_new == 0) return res;
-
   std::vector<bool> live(size_t(B), true);
   std::vector<int32_t> last(static_cast<size_t>(B));
-  std::vector<int32_t> row_seq;
   auto take = [&](int b, const float* lg) {
     const int32_t id = samplers[size_t(b)].sample(std::span<const float>(lg, size_t(V)));
     res.tokens[size_t(b)].push_back(id);
@@ -94,9 +115,40 @@ GenerateResult generate(const Model& model, Backend& backend, KvStrategy& kv,
     if ((opts.stop_at_eos && id == model.tokenizer->eos_id) || int(res.tokens[size_t(b)].size()) >= opts.n_new)
       live[size_t(b)] = false;
   };
-  for (int b = 0; b < B; ++b) take(b, logits.data() + int64_t(b) * V);
+  auto length = [&](int b) {  // tokens in sequence b so far
+    return int32_t(prompts[size_t(b)].size() + res.tokens[size_t(b)].size()) - (seeded ? 1 : 0);
+  };
 
-  t0 = clock::now();
+  std::vector<int32_t> toks;
+  std::vector<TokenRow> rows;
+  std::vector<int32_t> want;
+  std::vector<float> logits(size_t(B) * size_t(V));
+  auto t0 = clock::now();
+  if (seeded) {
+    on_accel("fill", {}, [&] { seeded_fill(backend, kv, dec.kv_shape(), prompts, opts.fill_seed); });
+    ++step;
+    res.prefill_s = secs(t0);
+    if (opts.after_step) opts.after_step(0);
+    for (int b = 0; b < B; ++b) last[size_t(b)] = prompts[size_t(b)].back();
+    if (opts.n_new == 0) return res;
+  } else {
+    // Prefill: all prompt tokens as one ragged batch; logits of each prompt's last token.
+    for (int b = 0; b < B; ++b) {
+      for (size_t i = 0; i < prompts[size_t(b)].size(); ++i) {
+        toks.push_back(prompts[size_t(b)][i]);
+        rows.push_back({b, int32_t(i)});
+      }
+      want.push_back(int32_t(rows.size()) - 1);
+    }
+    forward(toks, rows, want, logits.data());
+    res.prefill_s = secs(t0);
+    res.prefill_tokens = int64_t(toks.size());
+    if (opts.after_step) opts.after_step(0);
+    if (opts.n_new == 0) return res;
+    for (int b = 0; b < B; ++b) take(b, logits.data() + int64_t(b) * V);
+  }
+
+  std::vector<int32_t> row_seq;
   for (;;) {
     toks.clear();
     rows.clear();
@@ -105,16 +157,19 @@ GenerateResult generate(const Model& model, Backend& backend, KvStrategy& kv,
     for (int b = 0; b < B; ++b) {
       if (!live[size_t(b)]) continue;
       toks.push_back(last[size_t(b)]);
-      rows.push_back({b, int32_t(prompts[size_t(b)].size() + res.tokens[size_t(b)].size()) - 1});
+      rows.push_back({b, length(b) - 1});
       want.push_back(int32_t(want.size()));
       row_seq.push_back(b);
     }
     if (rows.empty()) break;
+    t0 = clock::now();
     forward(toks, rows, want, logits.data());
     res.decode_tokens += int64_t(rows.size());
     for (size_t i = 0; i < row_seq.size(); ++i) take(row_seq[i], logits.data() + int64_t(i) * V);
+    res.step_s.push_back(secs(t0));
+    res.decode_s += res.step_s.back();
+    if (opts.after_step) opts.after_step(int64_t(res.step_s.size()));
   }
-  res.decode_s = std::chrono::duration<double>(clock::now() - t0).count();
   return res;
 }
 

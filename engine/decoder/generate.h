@@ -12,6 +12,12 @@ namespace hg {
 
 class Runtime;
 
+// How the prompt reaches the KV cache: a prefill forward (its logits give the first token), or
+// seeded rows written through the strategy's append() at positions [0, len − 1) of every layer,
+// after which decode starts from the prompt's last token (for decode measurements at long
+// contexts without an O(n²) prefill; the values do not change a step's cost).
+enum class PromptFill { kPrefill, kSeeded };
+
 struct GenerateOptions {
   // With a runtime whose device is an accelerator (emulated or CUDA), every forward runs as a
   // stage on its accelerator queue, logged with its work; the backend passed to generate() must
@@ -21,14 +27,20 @@ struct GenerateOptions {
   bool stop_at_eos = true;
   int max_rows = 512;             // prefill chunk (rows per forward chunk)
   SamplerOptions sampler;
+  PromptFill fill = PromptFill::kPrefill;
+  uint64_t fill_seed = 1;         // seeded rows' values
+  // Runs after the prompt (step 0) and after each decode step (1, 2, …), outside their timing
+  // (e.g. a paired bandwidth reference pass, a snapshot of the transfer totals).
+  std::function<void(int64_t step)> after_step;
 };
 
 struct GenerateResult {
   std::vector<std::vector<int32_t>> tokens;  // generated ids per sequence (prompt excluded)
   int64_t prefill_tokens = 0;
   int64_t decode_tokens = 0;  // tokens produced by decode steps (first token comes from prefill)
-  double prefill_s = 0;
-  double decode_s = 0;
+  double prefill_s = 0;  // the prefill forward, or the seeded fill
+  double decode_s = 0;   // Σ step_s
+  std::vector<double> step_s;  // each decode step: its forward and sampling
 };
 
 // Work of one forward over `rows` (for the event log and the modeled clock): 2 FLOPs per weight

@@ -45,39 +45,35 @@ std::string cpu_model() {
 
 Measurement measure_generation(Runtime* rt, const Model& model, Backend& backend, KvStrategy& kv,
                                const std::vector<std::vector<int32_t>>& prompts, const GenerateOptions& opts,
-                               const std::function<void(int, int32_t)>& on_token) {
-  using Clock = std::chrono::steady_clock;
+                               int warmup_steps, const std::function<void(int, int32_t)>& on_token) {
   Measurement m;
   if (rt) {
     rt->log().clear();
     rt->transfers().reset_totals();
     rt->memory().ledger().reset_peaks();
   }
-  bool first = true;
-  Clock::time_point last;
-  m.gen = generate(model, backend, kv, prompts, opts, [&](int seq, int32_t id) {
-    if (on_token) on_token(seq, id);
-    if (seq != 0) return;
-    const auto now = Clock::now();
-    if (first) {
-      first = false;
-      if (rt) m.prefill_xfer = rt->transfers().totals();
-    } else {
-      m.step_s.push_back(std::chrono::duration<double>(now - last).count());
-      m.step_stats.push_back(kv.step_stats());
-    }
-    last = now;
-  });
+  TransferTotals base;  // totals when the measured decode steps begin
+  GenerateOptions o = opts;
+  o.after_step = [&](int64_t step) {
+    if (rt && step == 0) m.prefill_xfer = rt->transfers().totals();
+    if (rt && step == warmup_steps) base = rt->transfers().totals();
+    if (step > warmup_steps) m.step_stats.push_back(kv.step_stats());
+    if (opts.after_step) opts.after_step(step);
+  };
+  m.gen = generate(model, backend, kv, prompts, o, on_token);
+  for (size_t i = size_t(std::min<int64_t>(warmup_steps, int64_t(m.gen.step_s.size()))); i < m.gen.step_s.size(); ++i)
+    m.step_s.push_back(m.gen.step_s[i]);
   if (rt) {
     rt->accel().synchronize();
     rt->copy().synchronize();
     rt->cpu().synchronize();
-    m.log = rt->log().snapshot();
+    for (auto& r : rt->log().snapshot())
+      if (r.step <= 0 || r.step > warmup_steps) m.log.push_back(std::move(r));
     const TransferTotals all = rt->transfers().totals();
     for (int s = 0; s < kNumTiers; ++s)
       for (int d = 0; d < kNumTiers; ++d) {
-        m.decode_xfer.bytes[size_t(s)][size_t(d)] = all.bytes[size_t(s)][size_t(d)] - m.prefill_xfer.bytes[size_t(s)][size_t(d)];
-        m.decode_xfer.count[size_t(s)][size_t(d)] = all.count[size_t(s)][size_t(d)] - m.prefill_xfer.count[size_t(s)][size_t(d)];
+        m.decode_xfer.bytes[size_t(s)][size_t(d)] = all.bytes[size_t(s)][size_t(d)] - base.bytes[size_t(s)][size_t(d)];
+        m.decode_xfer.count[size_t(s)][size_t(d)] = all.count[size_t(s)][size_t(d)] - base.count[size_t(s)][size_t(d)];
       }
     for (int t = 0; t < kNumTiers; ++t) m.tiers[size_t(t)] = rt->memory().ledger().usage(Tier(t));
   }
@@ -87,10 +83,10 @@ Measurement measure_generation(Runtime* rt, const Model& model, Backend& backend
 Figures figures(const Measurement& m, const PlatformProfile* profile) {
   Figures f;
   f.prefill_s = m.gen.prefill_s;
-  f.decode_s = m.gen.decode_s;
+  for (double s : m.step_s) f.decode_s += s;
   f.prefill_tokens = m.gen.prefill_tokens;
-  f.decode_tokens = m.gen.decode_tokens;
   f.decode_steps = int64_t(m.step_s.size());
+  f.decode_tokens = m.gen.step_s.empty() ? 0 : m.gen.decode_tokens * f.decode_steps / int64_t(m.gen.step_s.size());
   f.decode_token_s = median(m.step_s);
   if (!m.step_s.empty()) {
     f.decode_token_min_s = *std::min_element(m.step_s.begin(), m.step_s.end());

@@ -28,18 +28,20 @@ class KvStrategy;
 // link, tier peaks and the strategy's per-step records.
 struct Measurement {
   GenerateResult gen;
-  std::vector<double> step_s;  // measured wall time of each decode step
+  std::vector<double> step_s;  // measured wall time of each decode step after the warm-up
   std::vector<StageRecord> log;
   TransferTotals prefill_xfer, decode_xfer;
   std::array<TierUsage, kNumTiers> tiers{};
-  std::vector<std::map<std::string, double>> step_stats;  // per decode step (sequence 0)
+  std::vector<std::map<std::string, double>> step_stats;  // per decode step after the warm-up
 };
 
-// Runs one generation (prefill, then decode steps) and collects the Measurement. `rt` may be null
-// (cpu device: no stage log). on_token as for generate(); called before the Measurement's own hook.
+// Runs one generation (the prompt, then decode steps) and collects the Measurement; the first
+// `warmup_steps` decode steps run but are left out of it (times, stage log, traffic, records).
+// `rt` may be null (no accelerator: no stage log). on_token and opts.after_step are called as
+// generate() calls them.
 Measurement measure_generation(Runtime* rt, const Model& model, Backend& backend, KvStrategy& kv,
                                const std::vector<std::vector<int32_t>>& prompts, const GenerateOptions& opts,
-                               const std::function<void(int, int32_t)>& on_token = {});
+                               int warmup_steps = 0, const std::function<void(int, int32_t)>& on_token = {});
 
 // The figures of one Measurement; every printed or recorded figure is defined here once.
 struct Figures {
