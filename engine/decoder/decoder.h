@@ -23,6 +23,8 @@ class Decoder {
   void forward(std::span<const int32_t> tokens, std::span<const TokenRow> rows, std::span<const int32_t> logit_rows,
                float* logits);
   const Model& model() const { return model_; }
+  const KvStrategy& kv() const { return kv_; }
+  const Backend& backend() const { return be_; }
 
  private:
   void forward_chunk(const int32_t* tokens, const TokenRow* rows, int M);

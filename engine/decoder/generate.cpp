@@ -3,6 +3,7 @@
 
 #include <chrono>
 #include <map>
+#include <optional>
 #include <random>
 
 #include "engine/core/error.h"
@@ -86,7 +87,11 @@ GenerateResult generate(const Model& model, Backend& backend, KvStrategy& kv,
       input_error("generate: sequence {} needs {} positions but the model has {} learned positions", b,
                   capacity[size_t(b)], model.hp.max_pos);
   }
-  Decoder dec(model, backend, kv, opts.max_rows);
+  std::optional<Decoder> own;
+  if (!opts.decoder) own.emplace(model, backend, kv, opts.max_rows);
+  Decoder& dec = opts.decoder ? *opts.decoder : *own;
+  if (&dec.model() != &model || &dec.kv() != &kv || &dec.backend() != &backend)
+    input_error("generate: the decoder given is for another model, strategy or backend");
   Runtime* rt = opts.runtime && opts.runtime->device() != DeviceKind::kCpu ? opts.runtime : nullptr;
   int64_t step = 0;
   // Runs fn as the step's stage on the accelerator queue when there is one (step 0: the prompt).

@@ -29,6 +29,9 @@ struct GenerateOptions {
   SamplerOptions sampler;
   PromptFill fill = PromptFill::kPrefill;
   uint64_t fill_seed = 1;         // seeded rows' values
+  // A decoder over the same model, backend and strategy to reuse, so that its scratch is warm
+  // between requests as a server's is (null: a fresh one per call).
+  Decoder* decoder = nullptr;
   // Runs after the prompt (step 0) and after each decode step (1, 2, …), outside their timing
   // (e.g. a paired bandwidth reference pass, a snapshot of the transfer totals).
   std::function<void(int64_t step)> after_step;
