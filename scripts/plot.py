@@ -59,7 +59,7 @@ def main(d):
             norm[(pi, l)] = t / b if b == b and t == t and b > 0 else float("nan")
     groups = [name(points[pi]) for pi in points] + ["Geo."]
     width = 0.8 / max(1, len(labels))
-    fig, ax = plt.subplots(figsize=(max(6, 1.1 * len(groups) * max(1, len(labels)) * 0.35), 4))
+    fig, ax = plt.subplots(figsize=(min(16, max(6, 0.12 * len(groups) * len(labels) + 2)), 4.5))
     for j, l in enumerate(labels):
         vals = [norm[(pi, l)] for pi in points]
         finite = [v for v in vals if v == v and v > 0]
@@ -69,8 +69,8 @@ def main(d):
     ax.set_xticks([i + width * (len(labels) - 1) / 2 for i in range(len(groups))])
     ax.set_xticklabels(groups, rotation=30, ha="right")
     ax.set_ylabel(f"decode time / {baseline} (ratio)")
-    ax.set_title(title, fontsize=9)
-    ax.legend(fontsize=7, ncol=min(4, len(labels)))
+    ax.set_title(title, fontsize=9, pad=28)
+    ax.legend(fontsize=7, ncol=min(8, len(labels)), loc="lower center", bbox_to_anchor=(0.5, 1.0), frameon=False)
     fig.tight_layout()
     for ext in ("png", "svg"):
         fig.savefig(os.path.join(d, f"normalized.{ext}"))
@@ -88,9 +88,14 @@ def main(d):
                     continue
                 n = norm[(pi, l)]
                 series[(key, l)].append((p["prompt_tokens"], 1 / n if n == n and n > 0 else float("nan")))
+        # Colour by strategy, line style by the other axes (the model).
+        colours = {l: f"C{i % 10}" for i, l in enumerate(labels)}
+        keys = sorted({key for key, _ in series})
+        styles = {k: ["-", "--", ":", "-."][i % 4] for i, k in enumerate(keys)}
         for (key, l), pts in series.items():
             pts.sort()
-            ax.plot([x for x, _ in pts], [y for _, y in pts], marker="o", label=f"{l} {key}".strip())
+            ax.plot([x for x, _ in pts], [y for _, y in pts], marker="o", color=colours[l], linestyle=styles[key],
+                    label=f"{l} {key}".strip())
         ax.set_xscale("log", base=2)
         ax.set_xlabel("sequence length (prompt tokens)")
         ax.set_ylabel(f"speedup over {baseline} (×)")
