@@ -307,10 +307,6 @@ std::string resolve_execute(ExperimentSpec& s, bool have_gpu) {
          " (nothing is measured; give --set execute=real on a machine with a GPU)";
 }
 
-namespace {
-
-}  // namespace
-
 const std::vector<std::string>& sweep_keys() {
   static const std::vector<std::string> k = {"prompt_tokens", "decode_tokens", "batch",
                                              "placement",     "gpu_memory_bytes", "platform"};
