@@ -8,6 +8,7 @@
 
 #include "engine/formats/formats.h"
 #include "engine/runtime/clock.h"
+#include "experiments/runner/spec.h"
 
 namespace CLI {
 class App;
@@ -43,6 +44,10 @@ std::optional<PlatformProfile> clock_profile(const std::string& clock, const std
 // "128,4096" → positive integers.
 std::vector<int> int_list(const std::string& s, const std::string& what, const std::string& cmd);
 
+// Runs an experiment spec into a result directory (the body of `hgbench FILE.yaml`); the exit status.
+int run_experiment(ExperimentSpec spec, const std::string& output, const std::string& resume, bool force,
+                   const std::string& shard, bool list);
+
 int cmd_generate(const std::vector<std::string>& args);
 int cmd_info(const std::vector<std::string>& args);
 int cmd_models(const std::vector<std::string>& args);
@@ -51,6 +56,8 @@ int cmd_calibrate(const std::vector<std::string>& args);
 int cmd_bench(const std::vector<std::string>& args);
 int cmd_export(const std::vector<std::string>& args);
 int cmd_run(const std::vector<std::string>& args);
+int cmd_eval(const std::vector<std::string>& args);
+int cmd_tokenize(const std::vector<std::string>& args);
 int cmd_validate(const std::vector<std::string>& args);
 int cmd_merge(const std::vector<std::string>& args);
 

@@ -35,6 +35,13 @@ std::vector<std::string> labels_of(const ExperimentSpec& s) {
 std::string describe(const Point& p) {
   std::string s = p.model;
   if (s.rfind("synthetic:", 0) == 0) s = s.substr(10);
+  if (!p.task.empty()) {
+    s += fmt::format(" task={} shots={} context={}", p.task, p.shots, p.context);
+    if (p.limit) s += fmt::format(" limit={}", p.limit);
+    for (auto& [st, kv] : p.strategy_params)
+      for (auto& [k, v] : kv) s += fmt::format(" {}.{}={}", st, k, v);
+    return s;
+  }
   s += fmt::format(" prompt={} decode={} batch={}", p.prompt_tokens, p.decode_tokens, p.batch);
   if (!p.placement.empty()) s += " placement=" + p.placement;
   if (p.gpu_memory_bytes) s += fmt::format(" gpu_memory_bytes={}", p.gpu_memory_bytes);
@@ -74,7 +81,11 @@ int cmd_run(const std::vector<std::string>& args) {
   app.add_option("--shard", shard, "run every N-th point starting at I (I/N, 0-based) into the same layout");
   if (int rc = parse_cli(app, "hgbench", args); rc >= 0) return rc;
 
-  ExperimentSpec spec = load_experiment(file, sets);
+  return run_experiment(load_experiment(file, sets), output, resume, force, shard, list);
+}
+
+int run_experiment(ExperimentSpec spec, const std::string& output, const std::string& resume, bool force,
+                   const std::string& shard, bool list) {
   const std::string how = resolve_execute(spec, cuda_device_count_or_zero() > 0);
   const std::vector<Point> points = expand(spec);
   const auto [shard_i, shard_n] = shard.empty() ? std::pair{0, 1} : parse_shard(shard);
@@ -104,7 +115,16 @@ int cmd_run(const std::vector<std::string>& args) {
   g_interrupted = 0;
 
   Runner runner(spec);
+  runner.items_dir = dir + "/items";
   const bool tty = isatty(STDERR_FILENO);
+  std::string line;
+  auto item_start = std::chrono::steady_clock::now();
+  runner.on_items = [&](int i, int n) {
+    const double el = std::chrono::duration<double>(std::chrono::steady_clock::now() - item_start).count();
+    const std::string eta = hms(el / i * (n - i));
+    if (tty) fmt::print(stderr, "\r\033[K{} | items {}/{}, ETA {}", line, i, n, eta);
+    else if (i == n || i % std::max(1, n / 4) == 0) fmt::print(stderr, "  items {}/{} ({} elapsed, ETA {})\n", i, n, hms(el), eta);
+  };
   const size_t total = mine.size() * spec.strategies.size();
   size_t done = 0, ran = 0;
   const auto t0 = std::chrono::steady_clock::now();
@@ -113,8 +133,8 @@ int cmd_run(const std::vector<std::string>& args) {
       if (g_interrupted) break;
       const double el = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
       const std::string eta = ran ? hms(el / double(ran) * double(total - done)) : "?";
-      const std::string line = fmt::format("[{}/{}] {} {} | {} elapsed, ETA {}", done + 1, total, e.label, describe(*p),
-                                           hms(el), eta);
+      line = fmt::format("[{}/{}] {} {} | {} elapsed, ETA {}", done + 1, total, e.label, describe(*p), hms(el), eta);
+      item_start = std::chrono::steady_clock::now();
       if (tty) fmt::print(stderr, "\r\033[K{}", line);
       else fmt::print(stderr, "{}\n", line);
       const std::vector<int> skip = out.done(p->id, e.label);

@@ -15,6 +15,8 @@ const std::vector<Command>& commands() {
       {"run", "run an experiment file (also: hgbench FILE.yaml): rows.jsonl, summary.csv, a table", cmd_run},
       {"validate", "check an experiment file against the schema without running it", cmd_validate},
       {"merge", "join shard result directories into one result set", cmd_merge},
+      {"eval", "score PIQA, OpenBookQA, COPA, RTE through KV strategies (lm-eval 0.4 requests)", cmd_eval},
+      {"tokenize", "print the token ids of a text with a model's tokenizer", cmd_tokenize},
       {"generate", "generate text with a model and report prefill/decode tokens/s", cmd_generate},
       {"bench", "decode tok/s at given context lengths and prefill tok/s, against the bandwidth limit", cmd_bench},
       {"info", "print a model's architecture, shapes, dtype, parameters and tokenizer", cmd_info},

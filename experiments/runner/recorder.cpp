@@ -51,6 +51,116 @@ std::string num(double v) { return std::isfinite(v) ? fmt::format("{:.6g}", v) :
 
 std::string json_str(const Json& j) { return j.is_string() ? j.get<std::string>() : j.is_null() ? "" : j.dump(); }
 
+// Accuracy rows: summary.csv per (point, label) and a table of acc per task with the mean over
+// tasks (the paper's Figs. 14, 20, 22), then the fidelity against the reference.
+std::string write_accuracy_summary(const std::string& dir, const std::vector<Json>& rows,
+                                   const std::vector<std::string>& labels) {
+  std::map<int, Json> points;
+  std::map<std::pair<int, std::string>, const Json*> cell;  // the first ok repeat (scoring is deterministic)
+  std::map<std::pair<int, std::string>, std::string> reason;
+  for (auto& r : rows) {
+    const int pi = r.value("point_index", -1);
+    points[pi] = r["point"];
+    points[pi]["id"] = r.value("point_id", "");
+    const auto key = std::make_pair(pi, r.value("label", ""));
+    if (r.value("status", "") == "ok" && !cell.count(key)) cell[key] = &r;
+    else if (r.value("status", "") != "ok") reason[key] = r.value("reason", "");
+  }
+  const std::string csv_path = dir + "/summary.csv";
+  FILE* f = std::fopen(csv_path.c_str(), "w");
+  if (!f) input_error("{}: cannot write", csv_path);
+  csv_row(f, {"point_id", "point_index", "model", "task", "shots", "context", "limit", "label", "strategy", "status", "n",
+              "acc", "acc_stderr", "acc_norm", "acc_norm_stderr", "agreement", "mean_abs_ll_diff", "mean_kl", "reason"});
+  for (auto& [pi, pj] : points)
+    for (auto& label : labels) {
+      const auto key = std::make_pair(pi, label);
+      const Json* r = cell.count(key) ? cell[key] : nullptr;
+      if (!r && !reason.count(key)) continue;
+      const Json acc = r ? (*r)["accuracy"] : Json::object();
+      const Json fid = r && (*r)["fidelity"].is_object() ? (*r)["fidelity"] : Json::object();
+      auto g = [](const Json& j, const char* k) { return j.contains(k) ? num(j[k].get<double>()) : std::string(); };
+      csv_row(f, {json_str(pj["id"]), std::to_string(pi), json_str(pj["model"]), json_str(pj["task"]), json_str(pj["shots"]),
+                  json_str(pj["context"]), json_str(pj["limit"]), label, r ? r->value("strategy", "") : "",
+                  r ? "ok" : "failed", r ? json_str(acc["n"]) : "", g(acc, "acc"), g(acc, "acc_stderr"), g(acc, "acc_norm"),
+                  g(acc, "acc_norm_stderr"), g(fid, "agreement"), g(fid, "mean_abs_ll_diff"), g(fid, "mean_kl"),
+                  reason.count(key) ? reason[key] : ""});
+    }
+  std::fclose(f);
+
+  // Point names: the axes that vary (task first).
+  std::vector<std::string> varying;
+  if (!points.empty())
+    for (auto& [k, v] : points.begin()->second.items()) {
+      if (k == "id") continue;
+      for (auto& [pi, pj] : points)
+        if (pj[k] != v) {
+          varying.push_back(k);
+          break;
+        }
+    }
+  std::vector<std::string> names;
+  for (auto& [pi, pj] : points) {
+    std::string n;
+    for (auto& k : varying) {
+      std::string v = json_str(pj[k]);
+      if (k == "model" && v.rfind("synthetic:", 0) == 0) v = v.substr(10, v.find('?') - 10);
+      if (k == "model") v = fs::path(v).filename().string();
+      if (k == "strategy_params") v = "params" + std::to_string(pi);
+      n += (n.empty() ? "" : "/") + v;
+    }
+    names.push_back(n.empty() ? json_str(pj["task"]) : n);
+  }
+  size_t w0 = 16;
+  for (auto& l : labels) w0 = std::max(w0, l.size() + 1);
+  std::vector<size_t> widths;
+  for (auto& n : names) widths.push_back(std::max<size_t>(13, n.size() + 1));
+  auto table = [&](const std::string& title, auto&& cell_text, auto&& value) {
+    std::string out = title + "\n" + fmt::format("{:<{}}", "strategy", w0);
+    for (size_t i = 0; i < names.size(); ++i) out += fmt::format("{:>{}}", names[i], widths[i]);
+    out += fmt::format("{:>9}\n", "mean");
+    for (auto& label : labels) {
+      out += fmt::format("{:<{}}", label, w0);
+      size_t i = 0;
+      double sum = 0;
+      int n = 0;
+      for (auto& [pi, pj] : points) {
+        const auto key = std::make_pair(pi, label);
+        const Json* r = cell.count(key) ? cell[key] : nullptr;
+        out += fmt::format("{:>{}}", r ? cell_text(*r) : reason.count(key) ? "failed" : "-", widths[i++]);
+        const double v = r ? value(*r) : NAN;
+        if (std::isfinite(v)) sum += v, ++n;
+      }
+      out += fmt::format("{:>9}\n", n ? fmt::format("{:.3f}", sum / n) : "-");
+    }
+    return out;
+  };
+  std::string out = table(
+      "accuracy (acc ± standard error) per point",
+      [](const Json& r) { return fmt::format("{:.3f}±{:.3f}", r["accuracy"]["acc"].get<double>(),
+                                             r["accuracy"]["acc_stderr"].get<double>()); },
+      [](const Json& r) { return r["accuracy"]["acc"].get<double>(); });
+  bool any_fid = false;
+  for (auto& [k, r] : cell) any_fid = any_fid || (*r)["fidelity"].is_object();
+  if (any_fid) {
+    std::string ref;
+    for (auto& [k, r] : cell)
+      if ((*r)["fidelity"].is_object()) ref = (*r)["fidelity"].value("reference", "");
+    auto fid = [](const Json& r, const char* k) {
+      return r["fidelity"].is_object() ? r["fidelity"][k].get<double>() : NAN;
+    };
+    out += "\n" + table(
+        "agreement with " + ref + " (fraction of items with the same answer)",
+        [&](const Json& r) { const double v = fid(r, "agreement"); return std::isfinite(v) ? fmt::format("{:.3f}", v) : std::string("ref"); },
+        [&](const Json& r) { return fid(r, "agreement"); });
+    out += "\n" + table(
+        "mean KL(" + ref + " ‖ strategy) per scored token, nats",
+        [&](const Json& r) { const double v = fid(r, "mean_kl"); return std::isfinite(v) ? fmt::format("{:.2e}", v) : std::string("ref"); },
+        [&](const Json& r) { return fid(r, "mean_kl"); });
+  }
+  std::ofstream(dir + "/table.txt") << out;
+  return out;
+}
+
 }  // namespace
 
 ResultDir::ResultDir(const std::string& dir, const ExperimentSpec& spec, bool resume, bool force, const std::string& shard)
@@ -136,6 +246,8 @@ std::vector<Json> read_rows(const std::string& dir, bool* torn) {
 
 std::string write_summary(const std::string& dir, const std::vector<Json>& rows, const std::string& baseline,
                           const std::vector<std::string>& labels) {
+  if (std::any_of(rows.begin(), rows.end(), [](const Json& r) { return r.contains("accuracy") || (r.contains("point") && r["point"].contains("task")); }))
+    return write_accuracy_summary(dir, rows, labels);
   // (point index, label) → times of ok repeats; point index → the row's point and id.
   std::map<int, Json> points;
   std::map<std::pair<int, std::string>, std::vector<const Json*>> cells;

@@ -12,6 +12,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "datasets/tasks.h"
 #include "engine/core/model.h"
 #include "engine/decoder/generate.h"
 #include "engine/runtime/clock.h"
@@ -80,14 +81,20 @@ class Runner {
   // finished ones of a resumed run). A failure becomes a row with status "failed" and its reason.
   void run(const Point& p, const StrategyEntry& entry, const std::vector<int>& skip,
            const std::function<void(nlohmann::ordered_json)>& on_row);
+  // Accuracy points: per-item records go to items_dir/<point id>.<label>.r<repeat>.jsonl when set;
+  // on_items(done, total) reports scoring progress.
+  std::string items_dir;
+  std::function<void(int done, int total)> on_items;
 
  private:
   const Model& model_for(const std::string& spec);
   nlohmann::ordered_json run_once(const Point& p, const StrategyEntry& entry, int repeat, bool record);
+  nlohmann::ordered_json run_eval_once(const Point& p, const StrategyEntry& entry, int repeat);
   const ExperimentSpec& spec_;
   std::string model_key_;
   std::unique_ptr<Model> model_;
   std::map<std::string, PlatformProfile> profiles_;  // loaded once per platform name
+  std::map<std::string, TaskData> tasks_;            // loaded once per task
 };
 
 // Provenance of this build and machine (commit and dirty flag, build type, compiler, CPU, GPU).

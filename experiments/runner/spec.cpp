@@ -8,6 +8,7 @@
 #include <sstream>
 
 #include "baselines/registry.h"
+#include "datasets/tasks.h"
 #include "engine/core/error.h"
 #include "engine/core/yaml_util.h"
 #include "engine/runtime/clock.h"
@@ -16,7 +17,8 @@ namespace hg {
 namespace {
 
 const std::vector<std::string> kTopKeys = {"name",  "description", "models", "strategies", "baseline", "sweep", "device",
-                                           "clock", "execute",     "repeats", "warmup",    "seed",     "output"};
+                                           "clock", "execute",     "repeats", "warmup",    "seed",     "output",
+                                           "eval"};
 
 // "file:line" of a node, or "file (--set)" for a node an override made (it has no line).
 std::string where(const std::string& file, const YAML::Node& n) {
@@ -225,8 +227,57 @@ ExperimentSpec parse_node(YAML::Node y, const std::string& file) {
                                             nearest_key(s.baseline, labels)));
   }
 
+  // eval
+  if (const YAML::Node ev = y["eval"]) {
+    if (!ev.IsMap()) fail(file, ev, "'eval' must be a mapping (tasks, shots, limit, context, data_dir, …)");
+    check_keys(ev, {"tasks", "shots", "limit", "context", "data_dir", "fewshot_seed", "add_bos", "reference"}, file, "eval");
+    EvalSpec& e = s.eval;
+    e.enabled = true;
+    const YAML::Node t = ev["tasks"];
+    if (!t) fail(file, ev, "'eval' needs 'tasks' (a list of piqa, openbookqa, copa, rte)");
+    std::vector<YAML::Node> tv;
+    if (t.IsSequence()) for (auto x : t) tv.push_back(x);
+    else tv.push_back(t);
+    if (tv.empty()) fail(file, t, "'eval.tasks' is empty");
+    for (auto& x : tv) {
+      const std::string name = scalar(file, x, "tasks");
+      if (std::find(task_names().begin(), task_names().end(), name) == task_names().end())
+        fail(file, x, fmt::format("unknown task '{}' (did you mean '{}'?)", name, nearest_key(name, task_names())));
+      e.tasks.push_back(name);
+    }
+    if (ev["shots"]) e.shots = int(integer(file, ev["shots"], "shots", 0));
+    if (ev["limit"]) e.limit = int(integer(file, ev["limit"], "limit", 0));
+    if (ev["context"]) {
+      e.context = scalar(file, ev["context"], "context");
+      if (e.context != "prefill" && e.context != "stream")
+        fail(file, ev["context"], fmt::format("context '{}' (expected prefill or stream)", e.context));
+    }
+    if (ev["data_dir"]) e.data_dir = scalar(file, ev["data_dir"], "data_dir");
+    if (ev["fewshot_seed"]) e.fewshot_seed = uint64_t(integer(file, ev["fewshot_seed"], "fewshot_seed", 0));
+    if (ev["add_bos"]) {
+      const std::string b = scalar(file, ev["add_bos"], "add_bos");
+      if (b != "true" && b != "false") fail(file, ev["add_bos"], fmt::format("add_bos '{}' (expected true or false)", b));
+      e.add_bos = b == "true";
+    }
+    if (ev["reference"]) {
+      e.reference = scalar(file, ev["reference"], "reference");
+      if (e.reference != "none") {
+        try {
+          strategy_info(e.reference);
+        } catch (const InputError& err) {
+          fail(file, ev["reference"], std::string(err.what()) + " (or none)");
+        }
+      }
+    }
+    if (s.clock != "measured")
+      fail(file, y["clock"], "an accuracy experiment (eval) scores items; it has no modeled clock (use clock: measured)");
+    if (s.execute == "dry")
+      fail(file, y["execute"], "an accuracy experiment (eval) computes log-likelihoods; it cannot run dry (use execute: real)");
+  }
+
   // sweep
   std::vector<std::string> valid = sweep_keys();
+  if (s.eval.enabled) valid = {"shots", "context", "limit"};
   for (auto& e : s.strategies)
     for (auto& p : strategy_info(e.name).params) {
       const std::string k = e.name + "." + p.name;
@@ -240,7 +291,13 @@ ExperimentSpec parse_node(YAML::Node y, const std::string& file) {
       const std::string key = it->first.Scalar();
       std::vector<std::string> vals;
       for (const YAML::Node& v : axis_values(file, it->second, key)) {
-        if (key == "prompt_tokens" || key == "decode_tokens" || key == "batch") {
+        if (key == "shots" || key == "limit") {
+          vals.push_back(std::to_string(integer(file, v, key, 0)));
+        } else if (key == "context") {
+          const std::string c = scalar(file, v, key);
+          if (c != "prefill" && c != "stream") fail(file, v, fmt::format("context '{}' (expected prefill or stream)", c));
+          vals.push_back(c);
+        } else if (key == "prompt_tokens" || key == "decode_tokens" || key == "batch") {
           vals.push_back(std::to_string(integer(file, v, key, key == "decode_tokens" ? 0 : 1)));
         } else if (key == "gpu_memory_bytes") {
           vals.push_back(std::to_string(integer(file, v, key, 0)));
@@ -289,6 +346,14 @@ ExperimentSpec parse_node(YAML::Node y, const std::string& file) {
 
 std::string resolve_execute(ExperimentSpec& s, bool have_gpu) {
   if (s.execute != "auto") return "";
+  if (s.eval.enabled) {  // scoring always computes; auto picks the device
+    s.execute = "real";
+    s.device = have_gpu ? "cuda" : "emulated";
+    s.effective["execute"] = "real";
+    s.effective["device"] = s.device;
+    return have_gpu ? "execute: auto → real on the CUDA device"
+                    : "execute: auto → real on the emulated accelerator (no CUDA device here)";
+  }
   if (have_gpu) {
     s.execute = "real";
     s.device = "cuda";
@@ -343,6 +408,7 @@ ExperimentSpec load_experiment(const std::string& file, const std::vector<std::s
 std::vector<Point> expand(const ExperimentSpec& spec) {
   // Axes: models first, then the sweep in file order; the last varies fastest.
   std::vector<std::pair<std::string, std::vector<std::string>>> axes = {{"model", spec.models}};
+  if (spec.eval.enabled) axes.push_back({"task", spec.eval.tasks});
   for (auto& a : spec.sweep) axes.push_back(a);
   size_t total = 1;
   for (auto& a : axes) total *= a.second.size();
@@ -352,11 +418,16 @@ std::vector<Point> expand(const ExperimentSpec& spec) {
   for (size_t n = 0; n < total; ++n) {
     Point p;
     p.index = int(n);
+    if (spec.eval.enabled) p.shots = spec.eval.shots, p.limit = spec.eval.limit, p.context = spec.eval.context;
     if (spec.clock.rfind("modeled:", 0) == 0) p.platform = spec.clock.substr(8);
     for (size_t a = 0; a < axes.size(); ++a) {
       const std::string& k = axes[a].first;
       const std::string& v = axes[a].second[idx[a]];
       if (k == "model") p.model = v;
+      else if (k == "task") p.task = v;
+      else if (k == "shots") p.shots = std::stoi(v);
+      else if (k == "limit") p.limit = std::stoi(v);
+      else if (k == "context") p.context = v;
       else if (k == "prompt_tokens") p.prompt_tokens = std::stoi(v);
       else if (k == "decode_tokens") p.decode_tokens = std::stoi(v);
       else if (k == "batch") p.batch = std::stoi(v);
@@ -367,6 +438,23 @@ std::vector<Point> expand(const ExperimentSpec& spec) {
     }
     nlohmann::ordered_json j;
     j["model"] = p.model;
+    if (spec.eval.enabled) {
+      j["task"] = p.task;
+      j["shots"] = p.shots;
+      j["context"] = p.context;
+      j["limit"] = p.limit;
+      j["device"] = spec.device;
+      j["execute"] = spec.execute;
+      j["strategy_params"] = p.strategy_params;
+      p.values = j;
+      p.id = fmt::format("{:016x}", fnv1a(j.dump())).substr(0, 12);
+      pts.push_back(std::move(p));
+      for (size_t a = axes.size(); a-- > 0;) {
+        if (++idx[a] < axes[a].second.size()) break;
+        idx[a] = 0;
+      }
+      continue;
+    }
     j["prompt_tokens"] = p.prompt_tokens;
     j["decode_tokens"] = p.decode_tokens;
     j["batch"] = p.batch;

@@ -18,6 +18,20 @@ struct StrategyEntry {
   std::map<std::string, std::string> params;
 };
 
+// An accuracy experiment's `eval` block: its points are model × task × sweep, each scored on the
+// task's items instead of timed on generated tokens.
+struct EvalSpec {
+  bool enabled = false;
+  std::vector<std::string> tasks;  // piqa, openbookqa, copa, rte
+  int shots = 3;
+  int limit = 0;                   // items per task (0: all)
+  std::string context = "prefill"; // prefill | stream
+  std::string data_dir;            // "" → --data-dir / HG_DATA_DIR / ../shared/datasets
+  uint64_t fewshot_seed = 1234;
+  bool add_bos = false;            // lm-eval's HF default: no BOS
+  std::string reference = "full";  // fidelity against this strategy ("none": no fidelity)
+};
+
 struct ExperimentSpec {
   std::string file;  // where it came from ("" for specs built in code)
   std::string name, description;
@@ -33,6 +47,7 @@ struct ExperimentSpec {
   int warmup = 0;
   uint64_t seed = 1;
   std::string output;     // result directory ("" → results/<name>)
+  EvalSpec eval;
   YAML::Node effective;   // the document after overrides, as run
 };
 
@@ -47,6 +62,10 @@ struct Point {
   std::string placement;        // "" → the strategies' defaults
   int64_t gpu_memory_bytes = 0; // 0 → the platform's (dry) or the device's
   std::string platform;         // "" with a measured clock
+  // Accuracy points (spec.eval.enabled).
+  std::string task;
+  int shots = 0, limit = 0;
+  std::string context;
   // Strategy parameters swept as `strategy.param`: strategy name → param → value.
   std::map<std::string, std::map<std::string, std::string>> strategy_params;
   nlohmann::ordered_json values;  // the effective point as recorded in rows

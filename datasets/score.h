@@ -1,0 +1,99 @@
+// Log-likelihood scoring of multiple-choice requests through a KV strategy, lm-eval style: each
+// choice's continuation tokens are scored given the context; acc (argmax log-likelihood) and
+// acc_norm (log-likelihood over the choice's length in characters), each with its standard error;
+// and the fidelity of a strategy against a reference (`full`) on the same items.
+#pragma once
+#include <span>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "datasets/tasks.h"
+#include "engine/core/model.h"
+#include "engine/decoder/decoder.h"
+
+namespace hg {
+
+class Runtime;
+class Tokenizer;
+
+// prefill: the context is prefilled (exact attention for every strategy), then each choice's
+// tokens are teacher-forced as decode steps with the strategy active. stream: every token, the
+// context included, is a decode step after a one-token prompt, so the strategy shapes the whole
+// sequence.
+enum class ContextMode { kPrefill, kStream };
+ContextMode parse_context_mode(const std::string& s, const std::string& where);
+const char* context_mode_name(ContextMode m);
+
+// lm-eval's _encode_pair: trailing whitespace of the context moves to the continuation; the
+// continuation's tokens are those of encode(context + continuation) after len(encode(context)).
+// BOS is prepended to the context when add_bos (lm-eval's HF models: only with add_bos_token).
+struct EncodedRequest {
+  std::vector<int32_t> context;
+  std::vector<std::vector<int32_t>> continuations;
+};
+EncodedRequest encode_request(const Tokenizer& tok, const Request& r, bool add_bos);
+
+struct ItemScore {
+  int index = 0, gold = 0;
+  int pred = 0, pred_norm = 0;   // argmax of ll, of ll / length in characters
+  int context_tokens = 0;
+  std::vector<double> ll;        // per choice: Σ log p(continuation token)
+  std::vector<int> tokens;       // per choice: continuation tokens
+  std::vector<bool> greedy;      // per choice: every token was the argmax
+  nlohmann::ordered_json json() const;
+};
+
+// Scores requests with one strategy. The choices of an item run as one batch of sequences over the
+// same context tokens (each sequence holds its own copy of the context's KV, as a strategy keeps
+// per-sequence state); a runtime with an accelerator runs each forward on its queue.
+class Scorer {
+ public:
+  Scorer(const Model& model, Backend& backend, KvStrategy& kv, Runtime* rt, ContextMode mode, bool add_bos);
+  // logprobs, when given, receives the log-softmax over the vocabulary at every scored position:
+  // [choice][token][V].
+  ItemScore score(const Request& r, std::vector<std::vector<std::vector<float>>>* logprobs = nullptr);
+
+ private:
+  void forward(std::span<const int32_t> t, std::span<const TokenRow> rows, std::span<const int32_t> want, float* lg);
+  const Model& model_;
+  Backend& be_;
+  KvStrategy& kv_;
+  Runtime* rt_;
+  ContextMode mode_;
+  bool add_bos_;
+  Decoder dec_;
+  int64_t step_ = 0;
+};
+
+struct TaskMetrics {
+  int n = 0;
+  double acc = 0, acc_stderr = 0, acc_norm = 0, acc_norm_stderr = 0;
+  nlohmann::ordered_json json() const;
+};
+// lm-eval's acc / acc_norm with the sample standard error of the mean.
+TaskMetrics task_metrics(const std::vector<ItemScore>& items, const std::vector<Request>& reqs);
+
+// A strategy's scores against a reference's on the same items.
+struct Fidelity {
+  int items = 0;
+  int64_t tokens = 0;          // scored positions
+  double agreement = 0;        // fraction of items where the chosen answer (acc) matches
+  double mean_abs_ll_diff = 0; // per choice, |ll − ll_ref|
+  double mean_kl = 0;          // per scored token, KL(reference ‖ strategy) in nats
+  nlohmann::ordered_json json() const;
+};
+class FidelityAccumulator {
+ public:
+  void add(const ItemScore& ref, const ItemScore& s, const std::vector<std::vector<std::vector<float>>>& ref_lp,
+           const std::vector<std::vector<std::vector<float>>>& s_lp);
+  Fidelity result() const;
+
+ private:
+  int items_ = 0, agree_ = 0, choices_ = 0;
+  int64_t tokens_ = 0;
+  double abs_ll_ = 0, kl_ = 0;
+};
+
+}  // namespace hg

@@ -1,0 +1,57 @@
+// The four multiple-choice tasks as lm-evaluation-harness 0.4 defines them (piqa, openbookqa,
+// super_glue copa, glue rte): loaders for the files ../shared/datasets/README.md describes, and the
+// requests lm-eval builds from them (few-shot context, continuations, gold).
+#pragma once
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+namespace hg {
+
+// One document as the task's doc_to_text / doc_to_choice / doc_to_target see it.
+struct Doc {
+  std::string text;                  // doc_to_text
+  std::vector<std::string> choices;  // doc_to_choice
+  int gold = 0;                      // index into choices
+  std::string target;                // the few-shot target string (doc_to_target, rendered)
+  bool operator==(const Doc&) const = default;
+};
+
+struct TaskData {
+  std::string name;              // piqa | openbookqa | copa | rte
+  std::string eval_file, fewshot_file;
+  std::vector<Doc> eval;         // the split lm-eval scores
+  std::vector<Doc> fewshot;      // the split its few-shot examples come from
+  // lm-eval draws one extra few-shot document (and drops the scored one) when the task's
+  // fewshot_split equals its test_split: true for piqa, copa and rte (both unset), false for
+  // openbookqa (test_split: test).
+  bool draws_extra = true;
+};
+
+// One loglikelihood request group: the context and one continuation per choice.
+struct Request {
+  std::string task;
+  int index = 0;                            // document index in the eval split
+  std::string context;                      // few-shot examples + doc_to_text
+  std::vector<std::string> continuations;   // target_delimiter + choice
+  std::vector<std::string> choices;         // doc_to_choice (acc_norm divides by their lengths)
+  int gold = 0;
+};
+
+// piqa, openbookqa, copa, rte.
+const std::vector<std::string>& task_names();
+// The data directory: `flag` when given, else $HG_DATA_DIR, else ../shared/datasets beside the
+// source tree when it exists; "" when none.
+std::string resolve_data_dir(const std::string& flag);
+// Loads a task's eval and few-shot splits; a missing or malformed file is an InputError naming the
+// file, the line and the field.
+TaskData load_task(const std::string& name, const std::string& data_dir);
+// Requests for the first `limit` documents (0: all) with `shots` few-shot examples drawn by
+// random.Random(seed).sample over the few-shot split, one draw per document in order.
+std::vector<Request> build_requests(const TaskData& task, int shots, int limit, uint64_t seed = 1234);
+// {"task","index","context","choices" (the continuations, with their leading delimiter),"gold"}.
+nlohmann::ordered_json request_json(const Request& r);
+
+}  // namespace hg
