@@ -17,8 +17,9 @@ void EvictingStrategy::begin(const KvShape& shape, std::span<const int32_t> capa
   shape_ = shape;
   prompt_.assign(prompt_len.begin(), prompt_len.end());
   capacity_.assign(capacity.begin(), capacity.end());
+  context_.assign(prompt_.begin(), prompt_.end());
   std::vector<int32_t> slots(prompt_.size());
-  for (size_t b = 0; b < prompt_.size(); ++b) slots[b] = std::max(prompt_[b], budget(int(b))) + 1;
+  for (size_t b = 0; b < prompt_.size(); ++b) slots[b] = std::max(prompt_[b], budget(int(b), capacity_[b])) + 1;
   store_.reset(shape, slots, rt_.memory(), Tier::kGpu);
   scores_.assign(size_t(shape.n_layers) * prompt_.size() * size_t(shape.H_kv), {});
   for (size_t i = 0; i < scores_.size(); ++i) scores_[i].assign(size_t(slots[(i / size_t(shape.H_kv)) % prompt_.size()]), 0.0);
@@ -56,7 +57,10 @@ void EvictingStrategy::append(int layer, std::span<const TokenRow> rows, const f
   for (size_t i = 0; i < rows.size(); ++i) {
     const TokenRow r = rows[i];
     // Prefill selection: the first decode step prunes the prompt to the budget.
-    if (r.pos == prompt_len(r.seq) && r.pos > 0) evict_to(layer, r.seq, budget(r.seq));
+    if (r.pos == prompt_len(r.seq) && r.pos > 0) {
+      context_[size_t(r.seq)] = r.pos;
+      evict_to(layer, r.seq, budget(r.seq, r.pos));
+    }
     for (int g = 0; g < Hkv; ++g) {
       const float* krow = k + (int64_t(i) * Hkv + g) * D;
       if (cache_positions() && shape_.rope) {  // store pre-RoPE: rotate back by the original position
@@ -175,7 +179,10 @@ void EvictingStrategy::attend(int layer, std::span<const TokenRow> rows, const f
   }
   // Decode rows: back to the budget.
   for (auto& r : rows)
-    if (r.pos >= prompt_len(r.seq)) evict_to(layer, r.seq, budget(r.seq));
+    if (r.pos >= prompt_len(r.seq)) {
+      context_[size_t(r.seq)] = r.pos;
+      evict_to(layer, r.seq, budget(r.seq, r.pos));
+    }
 }
 
 void EvictingStrategy::lowest_non_recent(int layer, int seq, int g, int32_t recent, int32_t count,

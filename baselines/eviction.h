@@ -22,8 +22,9 @@ class EvictingStrategy : public KvStrategy {
   void attend(int layer, std::span<const TokenRow> rows, const float* q, float scale, float* out) override;
   std::map<std::string, double> step_stats() const override;
   const SlotStore& store() const { return store_; }
-  // Tokens the policy keeps after each step for sequence b.
-  virtual int32_t budget(int seq) const = 0;
+  // Tokens the policy keeps for sequence `seq` once it holds `context` tokens (ratio budgets are a
+  // fraction of the current context; at the first decode step that is the prompt).
+  virtual int32_t budget(int seq, int32_t context) const = 0;
 
  protected:
   // Scores of the retained tokens of (layer, seq, g), per slot.
@@ -55,11 +56,14 @@ class EvictingStrategy : public KvStrategy {
     std::sort(slots.begin(), slots.end(), before);
   }
   int32_t prompt_len(int seq) const { return prompt_[size_t(seq)]; }
+  // The context the current eviction of `seq` is sized for (tokens before the decode row).
+  int32_t context(int seq) const { return context_[size_t(seq)]; }
 
  public:
   // Prefill attends every visible key; a decode row the budget plus itself.
   int64_t accel_attention_keys(const TokenRow& r) const override {
-    return r.pos < prompt_len(r.seq) ? int64_t(r.pos) + 1 : std::min<int64_t>(r.pos + 1, int64_t(budget(r.seq)) + 1);
+    return r.pos < prompt_len(r.seq) ? int64_t(r.pos) + 1
+                                     : std::min<int64_t>(r.pos + 1, int64_t(budget(r.seq, r.pos)) + 1);
   }
 
  protected:
@@ -76,7 +80,7 @@ class EvictingStrategy : public KvStrategy {
   Runtime& rt_;
   KvShape shape_;
   SlotStore store_;
-  std::vector<int32_t> prompt_, capacity_;
+  std::vector<int32_t> prompt_, capacity_, context_;
   std::vector<std::vector<double>> scores_;
   std::vector<float> logits_, probs_, krot_, qrot_, tmp_;
   std::vector<AttnRow> attn_rows_;

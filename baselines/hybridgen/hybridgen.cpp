@@ -68,7 +68,9 @@ class HybridGen final : public KvStrategy {
         placement_(make_placement(p.get("placement"), p.get_float("interleave_dram_ratio"))),
         dram_kv_bytes_(p.get_int("dram_kv_bytes")),
         sched_cfg_(config(p)),
-        sched_(sched_cfg_) {
+        sched_(sched_cfg_),
+        k_min_ratio_(p.get_float("kv_ratio")) {
+    if (k_min_ratio_ < 0 || k_min_ratio_ > 1) input_error("strategy hybridgen: kv_ratio must be in [0, 1]");
     if (R_ < 1 || page_ < 1) input_error("strategy hybridgen: gpu_kv_tokens and page_tokens must be >= 1");
     if (speculative_ && !model_) input_error("strategy hybridgen: speculative_query needs the model's weights");
   }
@@ -127,6 +129,10 @@ class HybridGen final : public KvStrategy {
     offloaded_.assign(pending_.size(), 0);
     last_pos_.assign(pending_.size(), -1);
     sched_ = FeedbackScheduler(sched_cfg_);
+    if (k_min_ratio_ > 0) {
+      const int32_t p0 = prompt_len.empty() ? 1 : *std::max_element(prompt_len.begin(), prompt_len.end());
+      sched_.set_k_min(int64_t(std::floor(k_min_ratio_ * p0)));
+    }
     t_cpu_ = t_tx_ = t_query_ = waited_ = 0;
     seen_pos_max_ = 0;
     in_step_ = false;
@@ -280,6 +286,7 @@ class HybridGen final : public KvStrategy {
              {"t_cpu_ms", t_cpu * 1e3},        {"t_tx_ms", t_tx * 1e3},
              {"t_gpu_ms", t_gpu * 1e3},        {"wait_ms", waited_ * 1e3},
              {"cpu_hidden_pct", 100 * hidden}, {"t_query_ms", t_query * 1e3}};
+    if (k_min_ratio_ > 0) sched_.set_k_min(int64_t(std::floor(k_min_ratio_ * double(seen_pos_max_ + 1))));
     sched_.update(t_cpu, t_tx, t_gpu, n_off);
     waited_ = 0;
     last_["tokens_gpu"] = double(std::min<int64_t>(R_, seen_pos_max_ + 1));
@@ -772,6 +779,7 @@ class HybridGen final : public KvStrategy {
   BackendArray<float> spec_x_, spec_h_, spec_q_;  // prepare() with query_on=accelerator: its scratch
   std::vector<int32_t> offloaded_, last_pos_;  // per (layer, seq): tokens on the CPU side; newest position
   int32_t seen_pos_max_ = 0;
+  double k_min_ratio_ = 0;  // > 0: k_min is this fraction of the current context
   bool in_step_ = false;
   Clock::time_point step_start_;
   std::mutex mu_;
@@ -800,6 +808,7 @@ StrategyInfo hybridgen_info() {
            {"k", T::kEnum, "adaptive", "", "token count K: adapted by the scheduler or fixed", {"adaptive", "fixed"}},
            {"mode", T::kEnum, "adaptive", "", "selection: switched by the scheduler, or fixed post/pre", {"adaptive", "post", "pre"}},
            {"k_min", T::kInt, "128", "tokens", "lower bound of K (accuracy threshold)", {}},
+           {"kv_ratio", T::kFloat, "0", "ratio", "instead of k_min: K_min is this fraction of the current context (0: k_min)", {}},
            {"k_max", T::kInt, "4096", "tokens", "upper bound of K", {}},
            {"k_fixed", T::kInt, "128", "tokens", "K when k=fixed", {}},
            {"k_growth", T::kFloat, "2.0", "", "factor by which the scheduler raises or lowers K", {}},

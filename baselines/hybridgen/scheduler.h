@@ -26,6 +26,9 @@ class FeedbackScheduler {
  public:
   explicit FeedbackScheduler(const SchedulerConfig& c);
   int64_t k() const { return k_; }
+  // Moves the lower bound of K (a k_min given as a fraction of the growing context): adaptive K is
+  // raised to it where it is below; a fixed K becomes it.
+  void set_k_min(int64_t k_min);
   bool pre() const { return pre_; }
   // Feeds one step's stage times (seconds) and the number of offloaded tokens scored in post mode.
   void update(double t_cpu, double t_tx, double t_gpu, int64_t n_offloaded);

@@ -2,7 +2,7 @@
 // softmax((x + g)/τ) with g ~ Gumbel(0, 1) from a seeded generator, accumulated per head (summed
 // over a KV group's query heads); τ rises linearly from tau_init to tau_end over the generation
 // (τ = tau_init + step·(tau_end − tau_init)/n_new, step 0 at the prompt). Budget: kv_ratio of the
-// prompt, of which recent_ratio is a recent window (Keyformer's split: recent = kv·recent_ratio)
+// current context (or kv_tokens), of which recent_ratio is a recent window (Keyformer's split: recent = kv·recent_ratio)
 // and the rest key tokens by score. Attention itself uses the normal softmax. Follows the
 // authors' decode path (attention.py); their lm-eval path cannot accumulate (see BASELINES.md).
 // The noise of (layer, seq, step, head, position) is a pure function of the seed (keyformer_gumbel).
@@ -119,14 +119,19 @@ class Keyformer : public EvictingStrategy {
  public:
   Keyformer(const StrategyContext& ctx, const StrategyParams& p)
       : EvictingStrategy(ctx, "keyformer"), kv_ratio_(p.get_float("kv_ratio")), recent_ratio_(p.get_float("recent_ratio")),
-        tau_init_(p.get_float("tau_init")), tau_end_(p.get_float("tau_end")), seed_(uint64_t(p.get_int("seed"))) {
+        tau_init_(p.get_float("tau_init")), tau_end_(p.get_float("tau_end")), seed_(uint64_t(p.get_int("seed"))),
+        kv_tokens_(int32_t(p.get_int("kv_tokens"))) {
+    if (kv_tokens_ < 0) input_error("strategy keyformer: kv_tokens must be >= 0");
     if (!(kv_ratio_ > 0) || recent_ratio_ < 0 || recent_ratio_ > 1 || !(tau_init_ > 0) || !(tau_end_ > 0))
       input_error("strategy keyformer: need kv_ratio > 0, 0 <= recent_ratio <= 1, tau_init and tau_end > 0");
   }
   std::string_view name() const override { return "keyformer"; }
-  int32_t budget(int seq) const override { return std::max(2, int32_t(std::lround(kv_ratio_ * prompt_len(seq)))); }
-  int32_t recent(int seq) const {
-    return std::clamp(int32_t(std::lround(recent_ratio_ * budget(seq))), 1, budget(seq) - 1);
+  int32_t budget(int, int32_t n) const override {
+    return kv_tokens_ > 0 ? std::max(2, kv_tokens_) : std::max(2, int32_t(std::lround(kv_ratio_ * n)));
+  }
+  int32_t recent(int32_t n) const {
+    const int32_t b = budget(0, n);
+    return std::clamp(int32_t(std::lround(recent_ratio_ * b)), 1, b - 1);
   }
   double tau(int seq, int step) const {
     return tau_init_ + double(step) * (tau_end_ - tau_init_) / double(std::max(1, n_new(seq)));
@@ -160,7 +165,7 @@ class Keyformer : public EvictingStrategy {
     }
   }
   void victims(int layer, int seq, int g, int32_t count, std::vector<int32_t>& slots) override {
-    lowest_non_recent(layer, seq, g, recent(seq), count, slots);
+    lowest_non_recent(layer, seq, g, recent(context(seq)), count, slots);
   }
 
  private:
@@ -187,6 +192,7 @@ class Keyformer : public EvictingStrategy {
 
   double kv_ratio_, recent_ratio_, tau_init_, tau_end_;
   uint64_t seed_;
+  int32_t kv_tokens_;
   int noise_layer_ = -1, noise_seq_ = -1;
   std::vector<int32_t> noise_filled_;       // per head: positions [0, filled) drawn
   std::vector<std::vector<double>> noise_;  // per head, by position
@@ -197,7 +203,8 @@ class Keyformer : public EvictingStrategy {
 
 StrategyInfo keyformer_info() {
   return {"keyformer", "key tokens by accumulated Gumbel-softmax score + recent window (Keyformer)",
-          {{"kv_ratio", ParamSpec::Type::kFloat, "0.6", "ratio", "KV budget, fraction of the prompt", {}},
+          {{"kv_ratio", ParamSpec::Type::kFloat, "0.6", "ratio", "KV budget, fraction of the current context", {}},
+           {"kv_tokens", ParamSpec::Type::kInt, "0", "tokens", "KV budget in tokens (0: kv_ratio)", {}},
            {"recent_ratio", ParamSpec::Type::kFloat, "0.3", "ratio", "recent window, fraction of the budget", {}},
            {"tau_init", ParamSpec::Type::kFloat, "1.0", "", "Gumbel-softmax temperature at the prompt", {}},
            {"tau_end", ParamSpec::Type::kFloat, "2.0", "", "temperature at the last generated token", {}},

@@ -16,11 +16,15 @@ class StreamingLlm final : public EvictingStrategy {
  public:
   StreamingLlm(const StrategyContext& ctx, const StrategyParams& p)
       : EvictingStrategy(ctx, "streamingllm"), sinks_(int32_t(p.get_int("sinks"))), window_(int32_t(p.get_int("window"))),
-        cache_pos_(p.get("positions") == "cache") {
+        cache_pos_(p.get("positions") == "cache"), kv_ratio_(p.get_float("kv_ratio")) {
     if (sinks_ < 0 || window_ < 1) input_error("strategy streamingllm: sinks must be >= 0 and window >= 1");
+    if (kv_ratio_ < 0 || kv_ratio_ > 1) input_error("strategy streamingllm: kv_ratio must be in [0, 1]");
   }
   std::string_view name() const override { return "streamingllm"; }
-  int32_t budget(int) const override { return sinks_ + window_; }
+  // With kv_ratio, the window is the rest of kv_ratio·n after the sinks (at least one token).
+  int32_t budget(int, int32_t n) const override {
+    return kv_ratio_ > 0 ? sinks_ + std::max(1, int32_t(std::floor(kv_ratio_ * n)) - sinks_) : sinks_ + window_;
+  }
 
  protected:
   bool cache_positions() const override { return cache_pos_; }
@@ -41,6 +45,7 @@ class StreamingLlm final : public EvictingStrategy {
  private:
   int32_t sinks_, window_;
   bool cache_pos_;
+  double kv_ratio_;
 };
 
 }  // namespace
@@ -49,6 +54,8 @@ StrategyInfo streamingllm_info() {
   return {"streamingllm", "attention sinks + sliding window of the newest tokens (StreamingLLM)",
           {{"sinks", ParamSpec::Type::kInt, "4", "tokens", "first tokens always kept", {}},
            {"window", ParamSpec::Type::kInt, "1024", "tokens", "newest tokens kept", {}},
+           {"kv_ratio", ParamSpec::Type::kFloat, "0", "ratio",
+            "instead of window: sinks + window = this fraction of the current context (0: window)", {}},
            {"positions", ParamSpec::Type::kEnum, "cache", "", "RoPE positions of kept keys", {"cache", "original"}}},
           [](const StrategyContext& c, const StrategyParams& p) { return std::make_unique<StreamingLlm>(c, p); }};
 }

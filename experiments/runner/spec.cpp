@@ -163,7 +163,7 @@ ExperimentSpec parse_node(YAML::Node y, const std::string& file) {
     fail(file, y["execute"], fmt::format("execute '{}' (expected real, dry or auto)", s.execute));
   if (s.clock != "measured" && s.clock != "modeled" && s.clock.rfind("modeled:", 0) != 0)
     fail(file, y["clock"], fmt::format("clock '{}' (expected measured, modeled or modeled:<platform>)", s.clock));
-  if (s.execute != "real" && s.clock == "measured")
+  if (s.execute != "real" && s.clock == "measured" && !y["eval"])
     fail(file, y["execute"] ? y["execute"] : y, "execute: dry computes nothing to measure; it needs clock: modeled:<platform>");
   if (s.execute == "dry" && s.device == "cuda")
     fail(file, y["device"], "execute: dry runs on the emulated device (it computes nothing); use device: emulated");
@@ -277,7 +277,7 @@ ExperimentSpec parse_node(YAML::Node y, const std::string& file) {
 
   // sweep
   std::vector<std::string> valid = sweep_keys();
-  if (s.eval.enabled) valid = {"shots", "context", "limit"};
+  if (s.eval.enabled) valid = {"shots", "context", "limit", "kv_ratio"};
   for (auto& e : s.strategies)
     for (auto& p : strategy_info(e.name).params) {
       const std::string k = e.name + "." + p.name;
@@ -291,7 +291,15 @@ ExperimentSpec parse_node(YAML::Node y, const std::string& file) {
       const std::string key = it->first.Scalar();
       std::vector<std::string> vals;
       for (const YAML::Node& v : axis_values(file, it->second, key)) {
-        if (key == "shots" || key == "limit") {
+        if (key == "kv_ratio") {
+          const std::string r = scalar(file, v, key);
+          bool any = false;
+          for (auto& e : s.strategies)
+            for (auto& ps : strategy_info(e.name).params)
+              if (ps.name == "kv_ratio") check_param(file, v, e.name, "kv_ratio", r), any = true;
+          if (!any) fail(file, v, "sweep 'kv_ratio': no strategy of this file has a kv_ratio parameter");
+          vals.push_back(r);
+        } else if (key == "shots" || key == "limit") {
           vals.push_back(std::to_string(integer(file, v, key, 0)));
         } else if (key == "context") {
           const std::string c = scalar(file, v, key);
@@ -428,6 +436,11 @@ std::vector<Point> expand(const ExperimentSpec& spec) {
       else if (k == "shots") p.shots = std::stoi(v);
       else if (k == "limit") p.limit = std::stoi(v);
       else if (k == "context") p.context = v;
+      else if (k == "kv_ratio") {  // every strategy with a kv_ratio parameter
+        for (auto& e : spec.strategies)
+          for (auto& ps : strategy_info(e.name).params)
+            if (ps.name == "kv_ratio") p.strategy_params[e.name]["kv_ratio"] = v;
+      }
       else if (k == "prompt_tokens") p.prompt_tokens = std::stoi(v);
       else if (k == "decode_tokens") p.decode_tokens = std::stoi(v);
       else if (k == "batch") p.batch = std::stoi(v);

@@ -5,6 +5,7 @@
 #include <cmath>
 #include <cstring>
 #include <filesystem>
+#include <functional>
 #include <limits>
 #include <numbers>
 #include <numeric>
@@ -154,7 +155,7 @@ std::set<int32_t> held(const SlotStore& st, int l, int g) {
 struct BudgetCase {
   std::string strategy;
   std::map<std::string, std::string> params;
-  int32_t budget;  // for a 40-token prompt
+  std::function<int32_t(int32_t)> budget;  // tokens kept once the context holds n tokens
 };
 
 class BudgetedStrategies : public ::testing::TestWithParam<BudgetCase> {};
@@ -170,18 +171,25 @@ TEST_P(BudgetedStrategies, HoldExactlyTheirBudgetEveryStep) {
   ASSERT_NE(ev, nullptr);
   const int prompt = 40;
   const auto toks = token_stream(prompt + 30, m.hp.n_vocab, 3);
+  std::vector<int32_t> expect(size_t(m.hp.n_layers * m.hp.n_kv_heads));
   rt.accel().submit("run", {}, {}, [&] {
     step_logits(m, rt.accel_backend(), *kv, toks, prompt, [&](int step) {
       const int32_t tokens = prompt + step;
       for (int l = 0; l < m.hp.n_layers; ++l)
         for (int g = 0; g < m.hp.n_kv_heads; ++g) {
           const int32_t n = ev->store().count(l, 0, g);
-          // After the prefill all prompt tokens are held; after each decode step, exactly the budget.
-          EXPECT_EQ(n, step == 0 ? tokens : std::min(c.budget, tokens)) << c.strategy << " step " << step;
+          // After the prefill all prompt tokens are held; after each decode step, exactly the budget
+          // for the context that step's row saw (tokens − 1 before it).
+          // Evicted tokens never return: a budget that grows by more than one token per step is
+          // reached one token per step.
+          const int32_t budget = c.budget(tokens - 1);
+          int32_t& want_n = expect[size_t(l * m.hp.n_kv_heads + g)];
+          want_n = step == 0 ? tokens : std::min(budget, want_n + 1);
+          EXPECT_EQ(n, want_n) << c.strategy << " step " << step;
           if (c.strategy == "streamingllm" && step > 0) {
             std::set<int32_t> want;
             for (int32_t p = 0; p < 4; ++p) want.insert(p);
-            for (int32_t p = tokens - (c.budget - 4); p < tokens; ++p) want.insert(p);
+            for (int32_t p = tokens - (budget - 4); p < tokens; ++p) want.insert(p);
             EXPECT_EQ(held(ev->store(), l, g), want) << "step " << step;
           }
         }
@@ -190,11 +198,17 @@ TEST_P(BudgetedStrategies, HoldExactlyTheirBudgetEveryStep) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Strategies, BudgetedStrategies,
-                         ::testing::Values(BudgetCase{"h2o", {}, 4 + 4},  // floor(0.1·40) heavy + 4 recent
-                                           BudgetCase{"h2o", {{"heavy_ratio", "0.2"}, {"recent_ratio", "0.05"}}, 8 + 2},
-                                           BudgetCase{"keyformer", {}, 24},  // round(0.6·40)
-                                           BudgetCase{"streamingllm", {{"window", "12"}}, 16},
-                                           BudgetCase{"streamingllm", {{"window", "12"}, {"positions", "original"}}, 16}),
+                         ::testing::Values(
+                             // floor(0.1·n) heavy + floor(0.1·n) recent: 4 + 4 at the 40-token prompt
+                             BudgetCase{"h2o", {}, [](int32_t n) { return 2 * (n / 10); }},
+                             BudgetCase{"h2o", {{"heavy_ratio", "0.2"}, {"recent_ratio", "0.05"}},
+                                        [](int32_t n) { return n / 5 + std::max(1, n / 20); }},
+                             BudgetCase{"h2o", {{"heavy_tokens", "6"}, {"recent_tokens", "3"}}, [](int32_t) { return 9; }},
+                             BudgetCase{"keyformer", {}, [](int32_t n) { return int32_t(std::lround(0.6 * n)); }},
+                             BudgetCase{"keyformer", {{"kv_tokens", "17"}}, [](int32_t) { return 17; }},
+                             BudgetCase{"streamingllm", {{"window", "12"}}, [](int32_t) { return 16; }},
+                             BudgetCase{"streamingllm", {{"window", "12"}, {"positions", "original"}}, [](int32_t) { return 16; }},
+                             BudgetCase{"streamingllm", {{"kv_ratio", "0.5"}}, [](int32_t n) { return 4 + std::max(1, n / 2 - 4); }}),
                          [](const auto& i) {
                            std::string s = i.param.strategy;
                            for (auto& [k, v] : i.param.params) s += "_" + k + v;
@@ -229,10 +243,18 @@ void brute_force_check(const std::string& name, const std::map<std::string, std:
   // freed one) would hold them: the strategy picks all of a step's victims at once and must end
   // with the same slots.
   std::vector<std::vector<int32_t>> layout(Hkv);
-  const int32_t budget = ev->budget(0);
-  int32_t heavy_recent = 0;
-  if (name == "h2o") heavy_recent = std::max(1, int32_t(std::floor(std::stod(params.at("recent_ratio")) * P)));
-  else heavy_recent = std::clamp(int32_t(std::lround(0.3 * budget)), 1, budget - 1);
+  // Budgets are fractions of the current context n (the tokens before the decode row).
+  auto budget_of = [&](int32_t n) {
+    if (name == "h2o")
+      return int32_t(std::floor(std::stod(params.at("heavy_ratio")) * n)) +
+             std::max(1, int32_t(std::floor(std::stod(params.at("recent_ratio")) * n)));
+    return std::max(2, int32_t(std::lround(0.6 * n)));
+  };
+  auto recent_of = [&](int32_t n) {
+    if (name == "h2o") return std::max(1, int32_t(std::floor(std::stod(params.at("recent_ratio")) * n)));
+    return std::clamp(int32_t(std::lround(0.3 * budget_of(n))), 1, budget_of(n) - 1);
+  };
+  int32_t budget = 0, heavy_recent = 0;
   auto logit = [&](int t, int h, int32_t key) {
     double s = 0;
     for (int d = 0; d < D; ++d) s += double(Q[size_t((t * H + h) * D + d)]) * K[size_t((key * Hkv + h / G) * D + d)];
@@ -254,6 +276,8 @@ void brute_force_check(const std::string& name, const std::map<std::string, std:
   };
   for (int t = 0; t < n; ++t) {
     const TokenRow r{0, t};
+    budget = budget_of(t), heavy_recent = recent_of(t);
+    EXPECT_EQ(ev->budget(0, t), budget) << name << " token " << t;
     if (t == P)
       for (int g = 0; g < Hkv; ++g) evict(g);
     for (int g = 0; g < Hkv; ++g)
