@@ -1,0 +1,401 @@
+// The accuracy harness: CPython's sampler, the loaders (item counts and label distributions of
+// ../shared/datasets), lm-eval 0.4 request strings (golden hashes from an independent Python
+// build with CPython's random), malformed files, lm-eval's tokenization of a request, acc /
+// acc_norm / stderr, and scoring through strategies in both context modes: CPU equals ref, the
+// exact strategies agree, a budget beyond the sequence equals full and a small one does not; an
+// accuracy experiment file runs unchanged on a user's HF directory.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <map>
+
+#include "baselines/registry.h"
+#include "datasets/pyrandom.h"
+#include "datasets/score.h"
+#include "datasets/tasks.h"
+#include "engine/core/error.h"
+#include "engine/formats/formats.h"
+#include "engine/runtime/runtime.h"
+#include "engine/tokenizer/tokenizer.h"
+#include "experiments/runner/runner.h"
+#include "experiments/runner/spec.h"
+#include "hf_writer.h"
+#include "test_util.h"
+
+namespace hg {
+namespace {
+namespace fs = std::filesystem;
+
+uint64_t fnv1a(const std::string& s) {
+  uint64_t h = 0xcbf29ce484222325ull;
+  for (unsigned char c : s) h = (h ^ c) * 0x100000001b3ull;
+  return h;
+}
+
+TEST(PyRandom, MatchesCPython) {
+  // python3: r = random.Random(1234); [r.getrandbits(32) for _ in range(3)], r.sample(range(n), k)
+  PyRandom a(1234);
+  EXPECT_EQ(a.next_u32(), 4150886329u);
+  EXPECT_EQ(a.next_u32(), 3342196574u);
+  EXPECT_EQ(a.next_u32(), 1892932127u);
+  PyRandom b(1234);  // set-based selection (n > setsize), two draws in a row
+  EXPECT_EQ(b.sample(16113, 4), (std::vector<uint32_t>{15834, 12749, 7220, 1914}));
+  EXPECT_EQ(b.sample(16113, 4), (std::vector<uint32_t>{122, 1485, 14925, 15442}));
+  PyRandom c(1234);  // pool-based selection (n <= setsize)
+  EXPECT_EQ(c.sample(10, 4), (std::vector<uint32_t>{7, 1, 0, 9}));
+  PyRandom d(1234);
+  EXPECT_EQ(d.sample(4957, 3), (std::vector<uint32_t>{3610, 957, 61}));
+}
+
+std::string data_dir() { return test::shared_path("datasets"); }
+
+TEST(Tasks, LoadersCountItemsAndLabels) {
+  HG_REQUIRE_SHARED("datasets/piqa/valid.jsonl");
+  struct Want {
+    const char* task;
+    size_t items;
+    std::vector<int> gold_counts;
+  };
+  for (const Want& w : {Want{"piqa", 1838, {910, 928}}, Want{"openbookqa", 500, {138, 126, 132, 104}},
+                        Want{"copa", 100, {55, 45}}, Want{"rte", 277, {146, 131}}}) {
+    const TaskData t = load_task(w.task, data_dir());
+    ASSERT_EQ(t.eval.size(), w.items) << w.task;
+    std::vector<int> counts(w.gold_counts.size());
+    for (auto& d : t.eval) counts[size_t(d.gold)]++;
+    EXPECT_EQ(counts, w.gold_counts) << w.task;
+  }
+  EXPECT_EQ(load_task("piqa", data_dir()).fewshot.size(), 16113u);
+  EXPECT_EQ(load_task("openbookqa", data_dir()).fewshot.size(), 4957u);
+  EXPECT_EQ(load_task("copa", data_dir()).fewshot.size(), 400u);
+  EXPECT_EQ(load_task("rte", data_dir()).fewshot.size(), 2490u);
+}
+
+// FNV-1a of the context, its UTF-8 length and FNV-1a of the continuations joined by '|', from an
+// independent Python build of lm-eval 0.4's formatting with CPython's random.Random(1234).
+struct Golden {
+  const char* task;
+  int shots, index;
+  uint64_t context_hash;
+  size_t context_bytes;
+  uint64_t continuations_hash;
+  int gold;
+};
+const Golden kGolden[] = {
+    {"piqa", 0, 0, 0xbc295c17fe0b1dffull, 74, 0x485912c62198c74aull, 0},
+    {"piqa", 0, 7, 0x890add3636b94639ull, 64, 0xc59a819292b64595ull, 0},
+    {"piqa", 3, 0, 0xa13b46bd47c2f9fdull, 587, 0x485912c62198c74aull, 0},
+    {"piqa", 3, 7, 0xeece0927b79d0349ull, 385, 0xc59a819292b64595ull, 0},
+    {"openbookqa", 0, 0, 0xfcebe3138f5108f2ull, 191, 0x33d1b6f72521b9f9ull, 1},
+    {"openbookqa", 0, 7, 0x139fed9151634e9cull, 104, 0xdad7df97e66d7b0full, 1},
+    {"openbookqa", 3, 0, 0xe17a3e3ce4560521ull, 448, 0x33d1b6f72521b9f9ull, 1},
+    {"openbookqa", 3, 7, 0x8f76b2acd1652383ull, 321, 0xdad7df97e66d7b0full, 1},
+    {"copa", 0, 0, 0xddcfff7d337f0aa8ull, 38, 0x511b51e04c621c08ull, 1},
+    {"copa", 0, 7, 0xc98acb34fc2cb236ull, 36, 0x894adcf472c7a532ull, 0},
+    {"copa", 3, 0, 0x0e00d584c52487afull, 245, 0x511b51e04c621c08ull, 1},
+    {"copa", 3, 7, 0xd791f8dd543c718aull, 265, 0x894adcf472c7a532ull, 0},
+    {"rte", 0, 0, 0x7ec478da0e1173e2ull, 203, 0x03ee6d9024cb5d26ull, 1},
+    {"rte", 0, 7, 0x1837feeb65a2aae5ull, 283, 0x03ee6d9024cb5d26ull, 0},
+    {"rte", 3, 0, 0xe80a73c10f7239c2ull, 1845, 0x03ee6d9024cb5d26ull, 1},
+    {"rte", 3, 7, 0xbbdefc074846721full, 1472, 0x03ee6d9024cb5d26ull, 0},
+};
+
+TEST(Tasks, GoldenRequestsMatchLmEval) {
+  HG_REQUIRE_SHARED("datasets/piqa/valid.jsonl");
+  std::map<std::string, TaskData> tasks;
+  for (auto& n : task_names()) tasks.emplace(n, load_task(n, data_dir()));
+  for (const Golden& g : kGolden) {
+    // The draws are sequential over documents: item 7 sees the sampler after items 0..6.
+    const auto reqs = build_requests(tasks.at(g.task), g.shots, 8);
+    const Request& r = reqs[size_t(g.index)];
+    std::string joined;
+    for (auto& c : r.continuations) joined += (joined.empty() ? "" : "|") + c;
+    EXPECT_EQ(r.context.size(), g.context_bytes) << g.task << " " << g.shots << "-shot item " << g.index << ":\n" << r.context;
+    EXPECT_EQ(fnv1a(r.context), g.context_hash) << g.task << " " << g.shots << "-shot item " << g.index << ":\n" << r.context;
+    EXPECT_EQ(fnv1a(joined), g.continuations_hash) << g.task << " item " << g.index << ": " << joined;
+    EXPECT_EQ(r.gold, g.gold) << g.task << " item " << g.index;
+    // Shape: examples joined by blank lines, each `text + " " + target`.
+    size_t blank = 0;
+    for (size_t p = r.context.find("\n\n"); p != std::string::npos; p = r.context.find("\n\n", p + 2)) ++blank;
+    if (g.shots == 3 && std::string(g.task) != "rte") EXPECT_EQ(blank, 3u) << g.task;
+  }
+  // Known strings: the continuations carry the target delimiter (COPA's choices their own space too).
+  const auto rte = build_requests(tasks.at("rte"), 0, 1);
+  EXPECT_EQ(rte[0].continuations, (std::vector<std::string>{" True", " False"}));
+  EXPECT_EQ(rte[0].context.substr(rte[0].context.size() - 23), " True or False?\nAnswer:");
+  const auto piqa = build_requests(tasks.at("piqa"), 0, 1);
+  EXPECT_EQ(piqa[0].context.rfind("Question: ", 0), 0u);
+  const auto copa = build_requests(tasks.at("copa"), 0, 1);
+  EXPECT_EQ(copa[0].context, "The man turned on the faucet therefore");
+  EXPECT_EQ(copa[0].continuations[1], "  water flowed from the spout.");
+  // --write-requests' record.
+  const auto j = request_json(copa[0]);
+  EXPECT_EQ(j["task"], "copa");
+  EXPECT_EQ(j["choices"][0], "  the toilet filled with water.");
+}
+
+// A data directory written here, for malformed-file errors and the HF-directory run.
+std::string write_copa_dir(const std::string& name, const std::string& val_text) {
+  const std::string d = test::temp_path(name);
+  fs::remove_all(d);
+  fs::create_directories(d + "/copa");
+  test::write_file(d + "/copa/val.jsonl", val_text);
+  std::string train;
+  for (int i = 0; i < 6; ++i)
+    train += fmt::format(R"({{"premise": "The pot boiled number {}.", "choice1": "Steam rose.", "choice2": "Ice formed.", )"
+                         R"("question": "effect", "label": 0, "idx": {}}})" "\n", i, i);
+  test::write_file(d + "/copa/train-from-copa-dev-1-400.jsonl", train);
+  return d;
+}
+
+std::string error_of(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const InputError& e) {
+    return e.what();
+  }
+  return "";
+}
+
+TEST(Tasks, MalformedFilesNameFileLineAndField) {
+  const std::string good = R"({"premise": "It rained.", "choice1": "The grass got wet.", "choice2": "The sun set.", "question": "effect", "label": 0})";
+  std::string d = write_copa_dir("copa_bad1", good + "\n" + R"({"choice1": "a", "choice2": "b", "question": "cause", "label": 1})" + "\n");
+  std::string e = error_of([&] { load_task("copa", d); });
+  EXPECT_NE(e.find("copa/val.jsonl:2: field 'premise' missing"), std::string::npos) << e;
+  d = write_copa_dir("copa_bad2", good + "\nnot json\n");
+  e = error_of([&] { load_task("copa", d); });
+  EXPECT_NE(e.find("copa/val.jsonl:2: not a JSON object"), std::string::npos) << e;
+  d = write_copa_dir("copa_bad3", R"({"premise": "x.", "choice1": "a", "choice2": "b", "question": "why", "label": 0})");
+  e = error_of([&] { load_task("copa", d); });
+  EXPECT_NE(e.find("copa/val.jsonl:1: field 'question' is 'why'"), std::string::npos) << e;
+  e = error_of([&] { load_task("rte", d); });
+  EXPECT_NE(e.find("rte/glue/dev.tsv: cannot read"), std::string::npos) << e;
+  e = error_of([&] { load_task("mmlu", d); });
+  EXPECT_NE(e.find("unknown task 'mmlu'"), std::string::npos) << e;
+  fs::create_directories(d + "/rte/glue");
+  test::write_file(d + "/rte/glue/dev.tsv", "index\tsentence1\tsentence2\tlabel\n0\ta\tb\tmaybe\n");
+  e = error_of([&] { load_task("rte", d); });
+  EXPECT_NE(e.find("rte/glue/dev.tsv:2: field 'label' is 'maybe'"), std::string::npos) << e;
+  fs::create_directories(d + "/piqa");
+  test::write_file(d + "/piqa/valid.jsonl", R"({"goal": "g", "sol1": "a", "sol2": "b"})" "\n");
+  test::write_file(d + "/piqa/valid-labels.lst", "0\n1\n");
+  e = error_of([&] { load_task("piqa", d); });
+  EXPECT_NE(e.find("2 labels for 1 items"), std::string::npos) << e;
+}
+
+// Requests over a synthetic model's byte tokenizer.
+std::vector<Request> synthetic_requests() {
+  std::vector<Request> out;
+  const std::vector<std::tuple<std::string, std::vector<std::string>, int>> items = {
+      {"Question: Where does the cat like to sleep at night?\nAnswer:", {"on the warm mat", "in the cold rain"}, 0},
+      {"The glass fell off the table therefore", {" it shattered.", " it sang a song.", " it flew away."}, 0},
+      {"Tom planted seeds in the spring. In the summer the garden was", {"full of flowers", "empty", "on the moon"}, 0},
+  };
+  for (size_t i = 0; i < items.size(); ++i) {
+    Request r;
+    r.task = "synthetic";
+    r.index = int(i);
+    r.context = std::get<0>(items[i]);
+    r.choices = std::get<1>(items[i]);
+    for (auto& c : r.choices) r.continuations.push_back(" " + c);
+    r.gold = std::get<2>(items[i]);
+    out.push_back(r);
+  }
+  return out;
+}
+
+struct Scored {
+  std::vector<ItemScore> items;
+};
+
+Scored score_with(const Model& m, const std::string& strategy, const std::map<std::string, std::string>& params,
+                  ContextMode mode, bool ref_backend = false) {
+  RuntimeConfig rc;
+  rc.device = "emulated";
+  Runtime rt(rc);
+  std::unique_ptr<Backend> ref;
+  if (ref_backend) ref = make_ref_backend();
+  Backend& be = ref_backend ? *ref : rt.accel_backend();
+  auto kv = make_strategy(strategy, StrategyContext{be, &rt, &m}, params);
+  Scorer s(m, be, *kv, ref_backend ? nullptr : &rt, mode, false);
+  Scored out;
+  for (auto& r : synthetic_requests()) out.items.push_back(s.score(r));
+  return out;
+}
+
+void expect_same(const Scored& a, const Scored& b, double tol, const std::string& what) {
+  ASSERT_EQ(a.items.size(), b.items.size());
+  for (size_t i = 0; i < a.items.size(); ++i) {
+    EXPECT_EQ(a.items[i].pred, b.items[i].pred) << what << " item " << i;
+    EXPECT_EQ(a.items[i].tokens, b.items[i].tokens) << what << " item " << i;
+    for (size_t c = 0; c < a.items[i].ll.size(); ++c)
+      EXPECT_NEAR(a.items[i].ll[c], b.items[i].ll[c], tol * (1 + std::abs(b.items[i].ll[c]))) << what << " item " << i << " choice " << c;
+  }
+}
+
+double max_diff(const Scored& a, const Scored& b) {
+  double d = 0;
+  for (size_t i = 0; i < a.items.size(); ++i)
+    for (size_t c = 0; c < a.items[i].ll.size(); ++c) d = std::max(d, std::abs(a.items[i].ll[c] - b.items[i].ll[c]));
+  return d;
+}
+
+TEST(Scorer, EncodesAsLmEvalDoes) {
+  Model m = load_model("synthetic:tiny-llama");
+  const Tokenizer& tok = *m.tokenizer;
+  Request r;
+  r.task = "t";
+  r.context = "ab ";  // trailing space moves to the continuation
+  r.continuations = {" c", "de"};
+  r.choices = {"c", "de"};
+  const EncodedRequest e = encode_request(tok, r, false);
+  EXPECT_EQ(e.context, tok.encode("ab"));
+  EXPECT_EQ(e.continuations[0], tok.encode("  c"));
+  EXPECT_EQ(e.continuations[1], tok.encode(" de"));
+  const EncodedRequest b = encode_request(tok, r, true);
+  ASSERT_FALSE(b.context.empty());
+  EXPECT_EQ(b.context[0], tok.bos_id);
+  EXPECT_EQ(b.continuations, e.continuations);
+}
+
+TEST(Scorer, CpuEqualsRefInBothModes) {
+  Model m = load_model("synthetic:tiny-llama");
+  for (ContextMode mode : {ContextMode::kPrefill, ContextMode::kStream})
+    expect_same(score_with(m, "full", {}, mode), score_with(m, "full", {}, mode, true), 1e-4,
+                std::string("cpu vs ref, ") + context_mode_name(mode));
+}
+
+TEST(Scorer, ExactStrategiesAgreeInBothModes) {
+  Model m = load_model("synthetic:tiny-llama");
+  for (ContextMode mode : {ContextMode::kPrefill, ContextMode::kStream}) {
+    const Scored full = score_with(m, "full", {}, mode);
+    for (const char* s : {"flexgen", "moe_lightning"})
+      expect_same(score_with(m, s, {}, mode), full, 1e-5, std::string(s) + " " + context_mode_name(mode));
+  }
+  // Prefilling the context or decoding it token by token is the same computation for full.
+  expect_same(score_with(m, "full", {}, ContextMode::kStream), score_with(m, "full", {}, ContextMode::kPrefill), 1e-4,
+              "full stream vs prefill");
+}
+
+TEST(Scorer, BudgetBeyondTheSequenceEqualsFullAndASmallOneDiffers) {
+  Model m = load_model("synthetic:tiny-llama");
+  const Scored full = score_with(m, "full", {}, ContextMode::kStream);
+  expect_same(score_with(m, "h2o", {{"kv_ratio", "1.0"}, {"recent_tokens", "1000"}}, ContextMode::kStream), full, 1e-5,
+              "h2o, budget beyond the sequence");
+  expect_same(score_with(m, "streamingllm", {{"window", "4096"}}, ContextMode::kStream), full, 1e-5,
+              "streamingllm, window beyond the sequence");
+  EXPECT_GT(max_diff(score_with(m, "h2o", {{"heavy_tokens", "2"}, {"recent_tokens", "2"}}, ContextMode::kStream), full), 1e-3);
+  EXPECT_GT(max_diff(score_with(m, "streamingllm", {{"sinks", "1"}, {"window", "3"}}, ContextMode::kStream), full), 1e-3);
+  // In prefill mode the context is exact for every strategy; only the choices' steps are budgeted.
+  EXPECT_GT(max_diff(score_with(m, "streamingllm", {{"sinks", "1"}, {"window", "3"}}, ContextMode::kPrefill), full), 1e-3);
+}
+
+TEST(Metrics, AccAccNormAndStandardErrors) {
+  std::vector<ItemScore> items(4);
+  std::vector<Request> reqs(4);
+  const int preds[4] = {0, 1, 0, 0}, norm[4] = {0, 0, 0, 1}, gold[4] = {0, 1, 1, 1};
+  for (int i = 0; i < 4; ++i) items[size_t(i)].pred = preds[i], items[size_t(i)].pred_norm = norm[i], items[size_t(i)].gold = gold[i];
+  const TaskMetrics t = task_metrics(items, reqs);
+  EXPECT_EQ(t.n, 4);
+  EXPECT_DOUBLE_EQ(t.acc, 0.5);
+  EXPECT_DOUBLE_EQ(t.acc_norm, 0.5);
+  // Sample standard deviation of {1,1,0,0} is sqrt(1/3); the standard error divides by sqrt(4).
+  EXPECT_NEAR(t.acc_stderr, std::sqrt(1.0 / 3.0) / 2.0, 1e-12);
+}
+
+TEST(Metrics, AccNormDividesByCharacters) {
+  Model m = load_model("synthetic:tiny-llama");
+  RuntimeConfig rc;
+  rc.device = "emulated";
+  Runtime rt(rc);
+  auto kv = make_strategy("full", StrategyContext{rt.accel_backend(), &rt, &m}, {});
+  Scorer s(m, rt.accel_backend(), *kv, &rt, ContextMode::kPrefill, false);
+  const Request r = synthetic_requests()[2];
+  const ItemScore x = s.score(r);
+  std::vector<double> norm;
+  for (size_t c = 0; c < x.ll.size(); ++c) norm.push_back(x.ll[c] / double(r.choices[c].size()));
+  EXPECT_EQ(x.pred_norm, int(std::max_element(norm.begin(), norm.end()) - norm.begin()));
+  EXPECT_EQ(x.pred, int(std::max_element(x.ll.begin(), x.ll.end()) - x.ll.begin()));
+}
+
+TEST(Fidelity, ZeroForTheSameScoresAndPositiveOtherwise) {
+  ItemScore a, b;
+  a.ll = {-1.0, -2.0}, b.ll = {-1.5, -1.0};
+  a.pred = 0, b.pred = 1;
+  const std::vector<std::vector<std::vector<float>>> p = {{{std::log(0.5f), std::log(0.5f)}}, {{std::log(0.9f), std::log(0.1f)}}};
+  const std::vector<std::vector<std::vector<float>>> q = {{{std::log(0.9f), std::log(0.1f)}}, {{std::log(0.9f), std::log(0.1f)}}};
+  FidelityAccumulator same, diff;
+  same.add(a, a, p, p);
+  diff.add(a, b, p, q);
+  EXPECT_EQ(same.result().agreement, 1.0);
+  EXPECT_NEAR(same.result().mean_kl, 0.0, 1e-12);
+  EXPECT_EQ(diff.result().agreement, 0.0);
+  EXPECT_NEAR(diff.result().mean_abs_ll_diff, (0.5 + 1.0) / 2, 1e-12);
+  // KL(0.5,0.5 ‖ 0.9,0.1) over two scored tokens, the second identical.
+  const double kl = 0.5 * std::log(0.5 / 0.9) + 0.5 * std::log(0.5 / 0.1);
+  EXPECT_NEAR(diff.result().mean_kl, kl / 2, 1e-6);
+}
+
+// experiments/accuracy.yaml, unchanged but for the model (a user's HF directory), the data and the
+// item count: every strategy scores, rows carry accuracy and fidelity.
+TEST(Experiments, AccuracyFileRunsOnAUserHfDirectory) {
+  Model syn = load_model("synthetic:tiny-llama");
+  const std::string hf = test::write_hf(syn, "hf_accuracy", 1);
+  std::string val;
+  for (int i = 0; i < 3; ++i)
+    val += fmt::format(R"({{"premise": "The child dropped cup {}.", "choice1": "It broke.", "choice2": "It sang.", )"
+                       R"("question": "effect", "label": {}, "idx": {}}})" "\n", i, i % 2, i);
+  const std::string data = write_copa_dir("copa_hf_run", val);
+  ExperimentSpec spec = load_experiment(std::string(HG_SOURCE_DIR) + "/experiments/accuracy.yaml",
+                                        {"models=[" + hf + "]", "eval.data_dir=" + data, "eval.tasks=[copa]",
+                                         "eval.limit=2", "execute=real"});
+  const auto points = expand(spec);
+  ASSERT_EQ(points.size(), 1u);
+  Runner runner(spec);
+  int rows = 0;
+  for (auto& e : spec.strategies)
+    runner.run(points[0], e, {}, [&](nlohmann::ordered_json r) {
+      ++rows;
+      ASSERT_EQ(r["status"], "ok") << e.label << ": " << r.value("reason", "");
+      EXPECT_EQ(r["accuracy"]["n"], 2) << e.label;
+      EXPECT_EQ(r["accuracy"]["task"], "copa");
+      if (e.name != "full") EXPECT_TRUE(r["fidelity"].is_object()) << e.label;
+      if (e.name == "flexgen" || e.name == "moe_lightning") {
+        EXPECT_EQ(r["fidelity"]["agreement"], 1.0) << e.label;
+        EXPECT_LT(r["fidelity"]["mean_kl"].get<double>(), 1e-6) << e.label;
+      }
+    });
+  EXPECT_EQ(rows, int(spec.strategies.size()));
+}
+
+TEST(Experiments, EvalBlockErrorsNameTheLine) {
+  auto err = [](const std::string& y) {
+    try {
+      parse_experiment(y, "a.yaml");
+    } catch (const InputError& e) {
+      return std::string(e.what());
+    }
+    return std::string();
+  };
+  const std::string head = "name: a\nmodels: [synthetic:tiny-llama]\nstrategies: [full]\n";
+  EXPECT_NE(err(head + "eval:\n  tasks: [piqa, mmlu]\n").find("a.yaml:5: unknown task 'mmlu'"), std::string::npos)
+      << err(head + "eval:\n  tasks: [piqa, mmlu]\n");
+  EXPECT_NE(err(head + "eval:\n  tasks: [copa]\n  context: batch\n").find("a.yaml:6: context 'batch'"), std::string::npos);
+  EXPECT_NE(err(head + "eval:\n  tasks: [copa]\n  shot: 3\n").find("shot"), std::string::npos);
+  EXPECT_NE(err(head + "eval:\n  tasks: [copa]\nexecute: dry\nclock: modeled:machine-a\n").find("no modeled clock"),
+            std::string::npos);
+  // kv_ratio sweeps every strategy that has the parameter.
+  const ExperimentSpec s = parse_experiment(
+      "name: a\nmodels: [synthetic:tiny-llama]\nstrategies: [full, h2o, hybridgen]\neval: {tasks: [copa]}\n"
+      "sweep: {kv_ratio: [0.5, 0.1]}\n", "a.yaml");
+  const auto pts = expand(s);
+  ASSERT_EQ(pts.size(), 2u);
+  EXPECT_EQ(pts[1].strategy_params.at("h2o").at("kv_ratio"), "0.1");
+  EXPECT_EQ(pts[1].strategy_params.at("hybridgen").at("kv_ratio"), "0.1");
+  EXPECT_EQ(pts[1].strategy_params.count("full"), 0u);
+  EXPECT_NE(pts[0].id, pts[1].id);
+}
+
+}  // namespace
+}  // namespace hg
