@@ -18,6 +18,39 @@ def median(v):
     return float("nan") if n == 0 else v[n // 2] if n % 2 else 0.5 * (v[n // 2 - 1] + v[n // 2])
 
 
+def plot_accuracy(d, cfg, rows, labels, points, varying):
+    """Accuracy runs: acc per point (task) and strategy with its standard error, mean last."""
+    cell = {}
+    for r in rows:
+        if r.get("status") == "ok" and "accuracy" in r:
+            cell.setdefault((r["point_index"], r["label"]), r["accuracy"])
+    names = []
+    for pi, p in points.items():
+        parts = [str(p[k]).replace("synthetic:", "").split("?")[0].split("/")[-1] for k in varying if k != "strategy_params"]
+        names.append("/".join(parts) or p.get("task", "point"))
+    groups = names + ["mean"]
+    width = 0.8 / max(1, len(labels))
+    fig, ax = plt.subplots(figsize=(min(16, max(6, 0.15 * len(groups) * len(labels) + 2)), 4.5))
+    for j, l in enumerate(labels):
+        vals = [cell.get((pi, l), {}).get("acc", float("nan")) for pi in points]
+        errs = [cell.get((pi, l), {}).get("acc_stderr", 0.0) for pi in points]
+        finite = [v for v in vals if v == v]
+        mean = sum(finite) / len(finite) if finite else float("nan")
+        xs = [i + j * width for i in range(len(groups))]
+        ax.bar(xs, vals + [mean], width, yerr=errs + [0.0], capsize=1.5, label=l)
+    ax.set_xticks([i + width * (len(labels) - 1) / 2 for i in range(len(groups))])
+    ax.set_xticklabels(groups, rotation=30, ha="right")
+    ax.set_ylabel("accuracy (acc, ± standard error)")
+    ax.set_ylim(0, 1)
+    ax.set_title(f"{cfg['name']}: accuracy — measured", fontsize=9, pad=28)
+    ax.legend(fontsize=7, ncol=min(8, len(labels)), loc="lower center", bbox_to_anchor=(0.5, 1.0), frameon=False)
+    fig.tight_layout()
+    for ext in ("png", "svg"):
+        fig.savefig(os.path.join(d, f"accuracy.{ext}"))
+    plt.close(fig)
+    print(f"wrote accuracy.png/svg in {d}")
+
+
 def main(d):
     rows = [json.loads(l) for l in open(os.path.join(d, "rows.jsonl")) if l.strip()]
     with open(os.path.join(d, "config.yaml")) as f:
@@ -39,6 +72,9 @@ def main(d):
         dry |= r.get("time_basis", "") == "modeled (dry)"
     keys = list(next(iter(points.values())).keys()) if points else []
     varying = [k for k in keys if len({json.dumps(p.get(k)) for p in points.values()}) > 1]
+    if acc:
+        plot_accuracy(d, cfg, rows, labels, points, varying)
+        return
 
     def name(p):
         parts = []
@@ -107,19 +143,6 @@ def main(d):
         written.append("speedup_seqlen.png/svg")
         plt.close(fig)
 
-    if acc:
-        fig, ax = plt.subplots(figsize=(6, 4))
-        xs = list(range(len(labels)))
-        ax.bar(xs, [median([v for (pi, l), vs in acc.items() if l == lab for v in vs]) for lab in labels])
-        ax.set_xticks(xs)
-        ax.set_xticklabels(labels, rotation=30, ha="right")
-        ax.set_ylabel("accuracy (fraction correct)")
-        ax.set_title(f"{cfg['name']}: accuracy", fontsize=9)
-        fig.tight_layout()
-        for ext in ("png", "svg"):
-            fig.savefig(os.path.join(d, f"accuracy.{ext}"))
-        written.append("accuracy.png/svg")
-        plt.close(fig)
     print(f"wrote {', '.join(written)} in {d}")
 
 
