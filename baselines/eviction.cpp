@@ -94,6 +94,7 @@ void EvictingStrategy::attend(int layer, std::span<const TokenRow> rows, const f
   const float* qa = q;
   rotated_.clear();
   krot_used_ = 0;
+  rot_off_.resize(rows.size());
   if (rerotate) {
     qrot_.assign(q, q + rows.size() * size_t(H) * size_t(D));
     qa = qrot_.data();
@@ -150,12 +151,17 @@ void EvictingStrategy::attend(int layer, std::span<const TokenRow> rows, const f
       }
       const int32_t delta = (n - 1) - r.pos;  // current token's cache position minus its position
       if (delta != 0) be_.rope(qrot_.data() + i * size_t(H) * size_t(D), 1, H, D, &delta, *shape_.rope);
-      ar.k = krot_.data() + it->second;
-      ar.v = tmp_.data() + it->second;
       ar.head_stride = ld * D;
+      rot_off_[i] = it->second;
     }
     attn_rows_[i] = ar;
   }
+  // The rotated copies' addresses once every sequence's copy exists (a later one may grow them).
+  if (rerotate)
+    for (size_t i = 0; i < rows.size(); ++i) {
+      attn_rows_[i].k = krot_.data() + rot_off_[i];
+      attn_rows_[i].v = tmp_.data() + rot_off_[i];
+    }
   for (size_t b0 = 0; b0 < rows.size(); b0 += block) {
     const size_t nb = std::min(block, rows.size() - b0);
     const size_t qoff = b0 * size_t(H) * size_t(D);

@@ -88,6 +88,7 @@ class EvictingStrategy : public KvStrategy {
   std::vector<float> kstage_;               // attend(): keys being re-rotated, [rank][head][D]
   std::vector<int32_t> ranks_;              // 0, 1, 2, …
   std::map<int32_t, size_t> rotated_;  // seq → offset of its rotated K/V copy in this call
+  std::vector<size_t> rot_off_;        // per row of the call: its sequence's offset
   size_t krot_used_ = 0;
   int64_t evicted_ = 0;
 };

@@ -18,7 +18,7 @@ namespace {
 
 const std::vector<std::string> kTopKeys = {"name",  "description", "models", "strategies", "baseline", "sweep", "device",
                                            "clock", "execute",     "repeats", "warmup",    "seed",     "output",
-                                           "eval"};
+                                           "eval",  "limit"};
 
 // "file:line" of a node, or "file (--set)" for a node an override made (it has no line).
 std::string where(const std::string& file, const YAML::Node& n) {
@@ -269,11 +269,14 @@ ExperimentSpec parse_node(YAML::Node y, const std::string& file) {
         }
       }
     }
+    if (y["limit"]) e.limit = int(integer(file, y["limit"], "limit", 0));  // the shorthand wins: --set limit=20
     if (s.clock != "measured")
       fail(file, y["clock"], "an accuracy experiment (eval) scores items; it has no modeled clock (use clock: measured)");
     if (s.execute == "dry")
       fail(file, y["execute"], "an accuracy experiment (eval) computes log-likelihoods; it cannot run dry (use execute: real)");
   }
+
+  if (y["limit"] && !s.eval.enabled) fail(file, y["limit"], "'limit' (items per task) needs an 'eval' block");
 
   // sweep
   std::vector<std::string> valid = sweep_keys();

@@ -17,6 +17,7 @@
 #include "baselines/full/full.h"
 #include "baselines/registry.h"
 #include "engine/decoder/decoder.h"
+#include "engine/decoder/generate.h"
 #include "engine/formats/formats.h"
 #include "engine/runtime/runtime.h"
 #include "test_util.h"
@@ -316,6 +317,30 @@ void brute_force_check(const std::string& name, const std::map<std::string, std:
 // StreamingLLM with `positions: cache` (pos-shift): after evictions, each kept key is rotated at its
 // rank among the kept tokens and the query at the current token's rank. Checked against attention
 // recomputed in double from the pre-RoPE rows, for every prompt row and decode step.
+// A batch whose sequences each need a re-rotated copy of their keys: every row must read its own
+// sequence's copy even when a later sequence's copy grows the staging buffer. The batch's tokens
+// equal each sequence generated alone.
+TEST(StreamingLlm, CachePositionsInABatchEqualEachSequenceAlone) {
+  Model m = load_model("synthetic:tiny-llama");
+  const std::vector<std::vector<int32_t>> prompts = {token_stream(9, m.hp.n_vocab, 1), token_stream(23, m.hp.n_vocab, 2),
+                                                     token_stream(40, m.hp.n_vocab, 3)};
+  auto run = [&](const std::vector<std::vector<int32_t>>& ps) {
+    RuntimeConfig rc;
+    rc.device = "emulated";
+    Runtime rt(rc);
+    auto kv = make_strategy("streamingllm", StrategyContext{rt.accel_backend(), &rt, &m},
+                            {{"sinks", "2"}, {"window", "4096"}});
+    GenerateOptions go;
+    go.runtime = &rt;
+    go.n_new = 12;
+    go.stop_at_eos = false;
+    go.sampler.greedy = true;
+    return generate(m, rt.accel_backend(), *kv, ps, go).tokens;
+  };
+  const auto batch = run(prompts);
+  for (size_t b = 0; b < prompts.size(); ++b) EXPECT_EQ(batch[b], run({prompts[b]})[0]) << "sequence " << b;
+}
+
 TEST(StreamingLlm, CachePositionsRotateKeysAtTheirRank) {
   const int H = 4, Hkv = 2, D = 8, G = H / Hkv, P = 12, steps = 10, sinks = 2, window = 5;
   RuntimeConfig rc;
