@@ -185,12 +185,26 @@ int cmd_merge(const std::vector<std::string>& args) {
   CLI::App app{"Joins shard result directories into one result set with its summary.", "hgbench merge"};
   std::vector<std::string> dirs;
   std::string out;
+  MergeOptions mo;
   app.add_option("dirs", dirs, "shard directories")->required();
   app.add_option("--out,-o", out, "merged result directory")->required();
+  app.add_option("--shards", mo.shards,
+                 "the set is shards 0..N-1 of N: report each shard that is absent or incomplete, by number, and "
+                 "write nothing until all are there");
+  app.add_flag("--force", mo.force, "replace a non-empty output directory");
   if (int rc = parse_cli(app, "merge", args); rc >= 0) return rc;
-  std::string table;
-  const size_t n = merge_results(dirs, out, &table);
-  fmt::print("{}merged {} directories: {} rows into {}\n", table, dirs.size(), n, out);
+  if (mo.shards < 0) input_error("merge: --shards must be positive");
+  const MergeReport rep = merge_results(dirs, out, mo);
+  if (!rep.missing.empty()) {
+    for (auto& m : rep.missing) fmt::print(stderr, "merge: {}\n", m);
+    std::string nums;
+    for (int i : rep.missing_shards) nums += (nums.empty() ? "" : ",") + std::to_string(i);
+    fmt::print(stderr, "merge: {} of {} shards missing ({}); nothing written to {} (rerun them, e.g. hgbench submit FILE "
+                       "--shards {} --only {})\n",
+               rep.missing_shards.size(), mo.shards, nums, out, mo.shards, nums);
+    return 1;
+  }
+  fmt::print("{}merged {} directories: {} rows into {}\n", rep.table, dirs.size(), rep.rows, out);
   return 0;
 }
 

@@ -15,6 +15,7 @@ const std::vector<Command>& commands() {
       {"run", "run an experiment file (also: hgbench FILE.yaml): rows.jsonl, summary.csv, a table", cmd_run},
       {"validate", "check an experiment file against the schema without running it", cmd_validate},
       {"merge", "join shard result directories into one result set", cmd_merge},
+      {"submit", "run an experiment on Slurm: a job array of shards and a merge job", cmd_submit},
       {"eval", "score PIQA, OpenBookQA, COPA, RTE through KV strategies (lm-eval 0.4 requests)", cmd_eval},
       {"tokenize", "print the token ids of a text with a model's tokenizer", cmd_tokenize},
       {"generate", "generate text with a model and report prefill/decode tokens/s", cmd_generate},

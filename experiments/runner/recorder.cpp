@@ -12,6 +12,7 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <optional>
 #include <sstream>
 
 #include "engine/core/error.h"
@@ -26,6 +27,11 @@ namespace {
 const char* kRows = "rows.jsonl";
 
 void write_config(const std::string& dir, const ExperimentSpec& spec, const std::string& shard) {
+  if (!shard.empty()) {
+    std::ofstream sh(dir + "/shard.txt");
+    sh << shard << "\n";
+    if (!sh) input_error("{}/shard.txt: cannot write", dir);
+  }
   YAML::Emitter e;
   e << spec.effective;
   std::ofstream out(dir + "/config.yaml");
@@ -366,25 +372,40 @@ std::string write_summary(const std::string& dir, const std::vector<Json>& rows,
   return out;
 }
 
-size_t merge_results(const std::vector<std::string>& dirs, const std::string& out, std::string* table) {
+MergeReport merge_results(const std::vector<std::string>& dirs, const std::string& out, const MergeOptions& opts) {
   if (dirs.empty()) input_error("merge: give the shard directories to join");
+  MergeReport rep;
   std::vector<Json> all;
   std::set<std::tuple<std::string, std::string, int>> seen;
-  std::string experiment, config_text;
+  std::string experiment;
+  std::string first_dir;
   std::map<std::string, int> label_order;
   std::string baseline;
+  std::optional<ExperimentSpec> spec;
+  std::map<int, std::string> shard_dir;  // shard number → its directory
   for (auto& d : dirs) {
+    if (opts.shards > 0 && !fs::exists(d + "/config.yaml")) continue;  // a shard that has not run
     std::ifstream cfg(d + "/config.yaml");
     if (!cfg) input_error("{}: no config.yaml (not a result directory)", d);
     const YAML::Node y = YAML::LoadFile(d + "/config.yaml");
     const std::string name = y["name"] ? y["name"].as<std::string>() : "";
-    if (experiment.empty()) experiment = name;
+    if (experiment.empty()) experiment = name, first_dir = d;
     else if (name != experiment)
-      input_error("{}: experiment '{}' does not match '{}' of {}", d, name, experiment, dirs.front());
-    if (baseline.empty()) {
-      ExperimentSpec s = parse_experiment(YAML::Dump(y), d + "/config.yaml");
-      baseline = s.baseline;
-      for (auto& e : s.strategies) label_order.emplace(e.label, int(label_order.size()));
+      input_error("{}: experiment '{}' does not match '{}' of {}", d, name, experiment, first_dir);
+    if (!spec) {
+      spec = parse_experiment(YAML::Dump(y), d + "/config.yaml");
+      baseline = spec->baseline;
+      for (auto& e : spec->strategies) label_order.emplace(e.label, int(label_order.size()));
+    }
+    if (opts.shards > 0) {
+      std::ifstream sh(d + "/shard.txt");
+      std::string s;
+      if (!(sh >> s)) input_error("{}: no shard.txt (not a shard directory of `hgbench FILE --shard I/N`)", d);
+      const size_t slash = s.find('/');
+      const int i = std::atoi(s.substr(0, slash).c_str()), n = slash == std::string::npos ? 0 : std::atoi(s.substr(slash + 1).c_str());
+      if (n != opts.shards) input_error("{}: holds shard {}, not one of {} shards", d, s, opts.shards);
+      if (shard_dir.count(i)) input_error("{}: shard {} appears twice (also {})", d, s, shard_dir[i]);
+      shard_dir[i] = d;
     }
     for (auto& r : read_rows(d)) {
       auto key = std::make_tuple(r.value("point_id", ""), r.value("label", ""), r.value("repeat", -1));
@@ -392,15 +413,43 @@ size_t merge_results(const std::vector<std::string>& dirs, const std::string& ou
       all.push_back(std::move(r));
     }
   }
+  if (!spec) input_error("merge: none of the {} shard directories has run yet ({} …)", dirs.size(), dirs.front());
+  if (opts.shards > 0) {
+    // What each shard owes: its points (index % N == i) × strategies × repeats.
+    const std::vector<Point> points = expand(*spec);
+    for (int i = 0; i < opts.shards; ++i) {
+      size_t owed = 0, have = 0;
+      for (auto& p : points) {
+        if (p.index % opts.shards != i) continue;
+        for (auto& e : spec->strategies)
+          for (int r = 0; r < spec->repeats; ++r) {
+            ++owed;
+            have += seen.count({p.id, e.label, r});
+          }
+      }
+      if (!shard_dir.count(i))
+        rep.missing.push_back(fmt::format("shard {} of {}: missing (no result directory)", i, opts.shards));
+      else if (have < owed)
+        rep.missing.push_back(
+            fmt::format("shard {} of {}: incomplete, {} of {} rows missing ({})", i, opts.shards, owed - have, owed, shard_dir[i]));
+      else
+        continue;
+      rep.missing_shards.push_back(i);
+    }
+    if (!rep.missing.empty()) return rep;
+  }
   std::stable_sort(all.begin(), all.end(), [&](const Json& a, const Json& b) {
     return std::make_tuple(a.value("point_index", 0), label_order[a.value("label", "")], a.value("repeat", 0)) <
            std::make_tuple(b.value("point_index", 0), label_order[b.value("label", "")], b.value("repeat", 0));
   });
   std::error_code ec;
-  if (fs::exists(out) && !fs::is_empty(out)) input_error("{}: the merge output directory is not empty", out);
+  if (fs::exists(out) && !fs::is_empty(out)) {
+    if (!opts.force) input_error("{}: the merge output directory is not empty (--force to replace it)", out);
+    fs::remove_all(out);
+  }
   fs::create_directories(out, ec);
   if (ec) input_error("{}: cannot create ({})", out, ec.message());
-  fs::copy_file(dirs.front() + "/config.yaml", out + "/config.yaml", fs::copy_options::overwrite_existing);
+  fs::copy_file(first_dir + "/config.yaml", out + "/config.yaml", fs::copy_options::overwrite_existing);
   {
     std::ofstream o(out + "/" + kRows);
     for (auto& r : all) o << r.dump() << "\n";
@@ -408,9 +457,9 @@ size_t merge_results(const std::vector<std::string>& dirs, const std::string& ou
   }
   std::vector<std::string> labels(label_order.size());
   for (auto& [l, i] : label_order) labels[size_t(i)] = l;
-  const std::string t = write_summary(out, all, baseline, labels);
-  if (table) *table = t;
-  return all.size();
+  rep.table = write_summary(out, all, baseline, labels);
+  rep.rows = all.size();
+  return rep;
 }
 
 }  // namespace hg

@@ -45,8 +45,21 @@ std::vector<nlohmann::ordered_json> read_rows(const std::string& dir, bool* torn
 std::string write_summary(const std::string& dir, const std::vector<nlohmann::ordered_json>& rows,
                           const std::string& baseline, const std::vector<std::string>& labels);
 
+struct MergeOptions {
+  // When > 0: the set is shards 0..N-1 of N (each directory says which shard it holds); every
+  // row each shard owes must be there, else nothing is written and `missing` names the shards.
+  int shards = 0;
+  bool force = false;  // replace a non-empty `out`
+};
+struct MergeReport {
+  size_t rows = 0;
+  std::vector<std::string> missing;  // one line per shard that is absent or incomplete
+  std::vector<int> missing_shards;
+  std::string table;
+};
 // Joins shard directories (each with config.yaml and rows.jsonl of the same experiment) into
-// `out`; returns the number of rows. Errors name the directory that does not fit.
-size_t merge_results(const std::vector<std::string>& dirs, const std::string& out, std::string* table);
+// `out`. Errors name the directory that does not fit. With opts.shards, directories that do not
+// exist are shards not yet run.
+MergeReport merge_results(const std::vector<std::string>& dirs, const std::string& out, const MergeOptions& opts = {});
 
 }  // namespace hg

@@ -8,6 +8,8 @@
 #include <fstream>
 #include <random>
 
+#include <unistd.h>
+
 #include "baselines/registry.h"
 #include "datasets/score.h"
 #include "engine/core/error.h"
@@ -158,6 +160,18 @@ Json provenance() {
     const int gpus = cuda_device_count_or_zero();
     j["gpu"] = gpus > 0 ? Json(make_backend("cuda")->device_name()) : Json();
     j["cuda_compiled"] = cuda_compiled();
+    char host[256] = {};
+    if (gethostname(host, sizeof host - 1) == 0) j["host"] = host;
+    // Under Slurm: the job, the array job and task, the node and cluster of this run.
+    if (const char* job = std::getenv("SLURM_JOB_ID")) {
+      Json s;
+      s["job_id"] = job;
+      for (auto [key, env] : {std::pair{"array_job_id", "SLURM_ARRAY_JOB_ID"}, std::pair{"array_task_id", "SLURM_ARRAY_TASK_ID"},
+                              std::pair{"node", "SLURMD_NODENAME"}, std::pair{"cluster", "SLURM_CLUSTER_NAME"},
+                              std::pair{"partition", "SLURM_JOB_PARTITION"}})
+        if (const char* v = std::getenv(env)) s[key] = v;
+      j["slurm"] = s;
+    }
     return j;
   }();
   return p;

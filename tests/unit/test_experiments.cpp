@@ -243,6 +243,61 @@ TEST(ExperimentRun, MergeOfTwoShardsEqualsTheUnshardedRun) {
   fs::remove_all(d);
 }
 
+// `merge --shards N` names each shard that is absent or incomplete by number and writes nothing;
+// with the missing shard run, the same command completes the set.
+TEST(ExperimentRun, MergeWithShardsReportsMissingShardsByNumber) {
+  const std::string d = tmp_dir("merge_missing");
+  const std::string f = write_file(d, "e.yaml", kDry);
+  ASSERT_EQ(run_cli(f + " --shard 0/3 -o " + d + "/s0").status, 0);
+  ASSERT_EQ(run_cli(f + " --shard 2/3 -o " + d + "/s2").status, 0);
+  // Shard 2 loses its last row (a task killed mid-way).
+  {
+    auto rows = read_rows(d + "/s2");
+    std::ofstream o(d + "/s2/rows.jsonl", std::ios::trunc);
+    for (size_t i = 0; i + 1 < rows.size(); ++i) o << rows[i].dump() << "\n";
+  }
+  const std::string merge = "merge " + d + "/s0 " + d + "/s1 " + d + "/s2 --shards 3 --out " + d + "/merged";
+  Proc m = run_cli(merge);
+  EXPECT_EQ(m.status, 1) << m.out;
+  EXPECT_NE(m.out.find("shard 1 of 3: missing (no result directory)"), std::string::npos) << m.out;
+  EXPECT_NE(m.out.find("shard 2 of 3: incomplete, 1 of 3 rows missing"), std::string::npos) << m.out;
+  EXPECT_EQ(m.out.find("shard 0 of 3"), std::string::npos) << m.out;
+  EXPECT_FALSE(fs::exists(d + "/merged/rows.jsonl"));
+  ASSERT_EQ(run_cli(f + " --shard 1/3 -o " + d + "/s1").status, 0);
+  ASSERT_EQ(run_cli(f + " --shard 2/3 --resume " + d + "/s2").status, 0);
+  m = run_cli(merge);
+  ASSERT_EQ(m.status, 0) << m.out;
+  EXPECT_EQ(read_rows(d + "/merged").size(), 9u);
+  // A directory of another shard count is refused by name.
+  ASSERT_EQ(run_cli(f + " --shard 0/2 -o " + d + "/t0").status, 0);
+  m = run_cli("merge " + d + "/t0 --shards 3 --out " + d + "/m2");
+  EXPECT_EQ(m.status, 2);
+  EXPECT_NE(m.out.find("holds shard 0/2, not one of 3 shards"), std::string::npos) << m.out;
+  fs::remove_all(d);
+}
+
+// `submit --dry-run` prints the array script (one task per shard, each into its own directory,
+// resuming a resubmitted shard) and the merge job's dependency; --only resubmits chosen shards.
+TEST(ExperimentRun, SubmitWritesAnArrayAndAMergeJob) {
+  const std::string d = tmp_dir("submit");
+  const std::string f = write_file(d, "e.yaml", kDry);
+  Proc p = run_cli("submit " + f + " --shards 3 --partition gpu --gres gpu:1 --time 01:00:00 -o " + d + "/r --dry-run");
+  ASSERT_EQ(p.status, 0) << p.out;
+  for (const char* want : {"#SBATCH --array=0,1,2", "#SBATCH --partition=gpu", "#SBATCH --gres=gpu:1",
+                           "#SBATCH --time=01:00:00", "--shard \"$SLURM_ARRAY_TASK_ID/3\"", "/r/shards'/shard-$SLURM_ARRAY_TASK_ID",
+                           "--resume \"$d\"", "merge '", "--shards 3 --out '", "--dependency=afterany:ARRAY_ID"})
+    EXPECT_NE(p.out.find(want), std::string::npos) << want << "\n" << p.out;
+  p = run_cli("submit " + f + " --shards 3 --only 2 -o " + d + "/r --dry-run");
+  EXPECT_NE(p.out.find("#SBATCH --array=2\n"), std::string::npos) << p.out;
+  p = run_cli("submit " + f + " --shards 4 --dry-run");
+  EXPECT_EQ(p.status, 2);
+  EXPECT_NE(p.out.find("4 shards for 3 points"), std::string::npos) << p.out;
+  p = run_cli("submit " + f + " --shards 3 --only 5 --dry-run");
+  EXPECT_EQ(p.status, 2);
+  EXPECT_NE(p.out.find("--only shard 5 is not in 0..2"), std::string::npos) << p.out;
+  fs::remove_all(d);
+}
+
 TEST(ExperimentRun, DryAndRealAgreeOnBytesPerLinkAndFlopsPerStage) {
   // Strategies whose token counts do not depend on values (InfiniGen's do: it is left out).
   ExperimentSpec dry = parse_experiment(kDry, "t.yaml");
