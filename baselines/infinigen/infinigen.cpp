@@ -9,7 +9,7 @@
 // attention input (layer i's norm), layer i+1's W_q (+ bias) and RoPE, skewed and sliced (with
 // RoPE the rotation sits between W_q and A, so the full q is formed and then projected — the same
 // numbers as a pre-multiplied partial W_q without RoPE). Per query head, tokens whose partial
-// logit exceeds max − alpha are counted; the count is averaged over heads and capped at
+// logit, scaled by 1/√D as attention scales it, exceeds max − alpha are counted; the count is averaged over heads and capped at
 // max_kv_ratio of the current length; that many top tokens per KV head (by the group's max partial
 // logit — GQA generalisation) have their K and V rows gathered from dram onto the accelerator,
 // where layer i+1 attends over them plus the current token. Layers 0 and 1 load their full KV, as
@@ -305,8 +305,11 @@ class InfiniGen final : public KvStrategy {
         Eigen::Map<const Eigen::RowVectorXf> qr(q.data() + int64_t(g * G + hh) * D, D);
         for (int c = 0; c < dp_; ++c) qp[size_t(hh) * size_t(dp_) + size_t(c)] = qr.dot(A.col(cols[size_t(c)]));
       }
-      be_.group_logits(qp.data(), G, partial_.k(layer, r.seq) + g * partial_.head_stride(r.seq), n, dp_, 1.0f,
-                       logits + int64_t(g) * G * n);
+      // Scaled by 1/√D as attention scales them: alpha is compared against scaled logits, as in the
+      // authors' code (weight_bias_concat(..., head_dim) on the speedup path, / sqrt(head_dim) on the
+      // accuracy path).
+      be_.group_logits(qp.data(), G, partial_.k(layer, r.seq) + g * partial_.head_stride(r.seq), n, dp_,
+                       1.0f / std::sqrt(float(D)), logits + int64_t(g) * G * n);
     }
     // Dry runs compute no logits: the count is the documented expected fraction instead.
     const int32_t count = rt_.dry() ? int32_t(std::clamp<int64_t>(std::llround(dry_fetch_ratio_ * double(n)), 1, n))

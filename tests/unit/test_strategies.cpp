@@ -750,6 +750,80 @@ TEST(InfiniGen, CalibrationOnAPrefixSelectsAsTheWholePromptDoes) {
   expect_steps_close(run("9"), run("0"), 1e-4, "calib_tokens 9 against the whole prompt");
 }
 
+// Full attention that also records what InfiniGen's speculation for `layer` reads at the last
+// decode row: the residual input of layer − 1 (prepare) and layer's stored keys (append).
+class SpeculationInputs final : public KvStrategy {
+ public:
+  SpeculationInputs(Backend& be, int layer) : full_(be), layer_(layer) {}
+  std::string_view name() const override { return "recorder"; }
+  void begin(const KvShape& s, std::span<const int32_t> cap, std::span<const int32_t> pl) override {
+    shape = s;
+    keys.clear();
+    full_.begin(s, cap, pl);
+  }
+  void append(int layer, std::span<const TokenRow> rows, const float* k, const float* v) override {
+    if (layer == layer_) keys.insert(keys.end(), k, k + rows.size() * size_t(shape.H_kv) * size_t(shape.D));
+    full_.append(layer, rows, k, v);
+  }
+  void attend(int layer, std::span<const TokenRow> rows, const float* q, float scale, float* out) override {
+    full_.attend(layer, rows, q, scale, out);
+  }
+  void prepare(int next_layer, std::span<const TokenRow> rows, const float* x) override {
+    if (next_layer == layer_ && rows.size() == 1) x_last.assign(x, x + d_model), pos_last = rows[0].pos;
+  }
+  KvShape shape;
+  std::vector<float> keys, x_last;  // keys [pos][H_kv][D] in append order (one sequence)
+  int32_t pos_last = -1;
+  int64_t d_model = 0;
+
+ private:
+  FullStrategy full_;
+  int layer_;
+};
+
+// InfiniGen's alpha counts tokens whose partial logit is within alpha of the head's maximum on the
+// 1/√D-scaled logits, as the authors' code scales them. With partial_ratio 1 the partial logits
+// are the true q·k of the speculative query, so the fetch count of the last layer at the last step
+// equals the count recomputed here from the recorded inputs (±1 for a token at the threshold
+// between the emulated CPU backend and the ref backend), and differs from the unscaled rule's.
+TEST(InfiniGen, AlphaIsAppliedToScaledLogits) {
+  Model m = load_model("synthetic:tiny-qwen2");
+  const auto toks = token_stream(48, m.hp.n_vocab, 21);
+  const int prompt = 40, L = m.hp.n_layers - 1;
+  const double alpha = 1.0;
+  double fetched = -1;
+  emulated_step_logits(m, "infinigen",
+                       {{"partial_ratio", "1"}, {"max_kv_ratio", "1"}, {"alpha", "1"}, {"full_layers", "1"},
+                        {"calib_tokens", "0"}},
+                       toks, prompt, [&](Runtime&, KvStrategy& kv) { fetched = kv.step_stats().at("fetched_tokens"); });
+  auto ref = make_ref_backend();
+  SpeculationInputs rec(*ref, L);
+  rec.d_model = m.hp.d_model;
+  step_logits(m, *ref, rec, toks, prompt);
+  ASSERT_EQ(rec.pos_last, int32_t(toks.size()) - 1);
+  const int H = m.hp.n_heads, Hkv = m.hp.n_kv_heads, D = m.hp.head_dim, G = H / Hkv;
+  const int64_t n = rec.pos_last;  // keys stored before the current token
+  std::vector<float> h(size_t(m.hp.d_model)), q(size_t(H) * size_t(D));
+  ref->rms_norm(rec.x_last.data(), m.layers[size_t(L - 1)][Slot::kAttnNorm].f32(), 1, m.hp.d_model, m.hp.norm_eps, h.data());
+  const LayerWeights& w = m.layers[size_t(L)];
+  ref->matmul(h.data(), 1, w[Slot::kWq], w[Slot::kBq].empty() ? nullptr : w[Slot::kBq].f32(), q.data());
+  ref->rope(q.data(), 1, H, D, &rec.pos_last, *rec.shape.rope);
+  auto count = [&](double scale) {
+    std::vector<float> logits(size_t(H) * size_t(n));
+    for (int hh = 0; hh < H; ++hh)
+      for (int64_t t = 0; t < n; ++t) {
+        double dot = 0;
+        for (int d = 0; d < D; ++d)
+          dot += double(q[size_t(hh * D + d)]) * rec.keys[size_t((t * Hkv + hh / G) * D + d)];
+        logits[size_t(hh * n + t)] = float(dot * scale);
+      }
+    return infinigen_fetch_count(logits.data(), H, n, alpha, 1.0);
+  };
+  const int32_t scaled = count(1.0 / std::sqrt(double(D))), unscaled = count(1.0);
+  ASSERT_GE(std::abs(scaled - unscaled), 3) << "the case must tell the two rules apart";
+  EXPECT_NEAR(fetched, double(scaled), 1.0) << "unscaled rule: " << unscaled;
+}
+
 TEST(InfiniGen, FetchCountFollowsTheAlphaRule) {
   // Two heads over 10 tokens: head 0 has 3 tokens within alpha=4 of its max, head 1 has 5.
   std::vector<float> l = {10, 7, 6.5f, 1, 0, 0, 0, 0, 0, 0,   // > 6: 10, 7, 6.5 → 3
