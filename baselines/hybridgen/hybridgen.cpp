@@ -133,7 +133,7 @@ class HybridGen final : public KvStrategy {
       const int32_t p0 = prompt_len.empty() ? 1 : *std::max_element(prompt_len.begin(), prompt_len.end());
       sched_.set_k_min(int64_t(std::floor(k_min_ratio_ * p0)));
     }
-    t_cpu_ = t_tx_ = t_query_ = waited_ = 0;
+    t_cpu_ = t_tx_ = t_query_ = t_fixed_ = waited_ = 0;
     seen_pos_max_ = 0;
     in_step_ = false;
     last_ = {};
@@ -230,8 +230,12 @@ class HybridGen final : public KvStrategy {
               std::vector<float> h(static_cast<size_t>(d));
               q.resize(size_t(shape_.H) * size_t(shape_.D));
               project_query(rt_.cpu_backend(), layer, in.data(), 1, &r.pos, h.data(), q.data());
+              const double measured = since(t0);
               std::lock_guard<std::mutex> l(mu_);
-              t_query_ += since(t0);
+              t_query_ += measured;
+              // The part of the CPU stage that does not scale with the tokens scored (the scheduler's
+              // estimate of post mode from pre), on the stage clock when there is one.
+              t_fixed_ += rt_.stage_seconds(StageKind::kCpuCompute, query_work(layer, 1, Tier::kDram), measured);
             }
             cpu_stage(layer, r, query_on_accel_ ? in.data() : q.data(), K, pre, !query_on_accel_, *res, t0);
           });
@@ -271,13 +275,14 @@ class HybridGen final : public KvStrategy {
                                            : std::max(0.0, since(step_start_) - waited_);
     int64_t n_off = 0;
     for (int b = 0; b < B_; ++b) n_off = std::max<int64_t>(n_off, offloaded_[pidx(0, b)]);
-    double t_cpu, t_tx, t_query;
+    double t_cpu, t_tx, t_query, t_fixed;
     {
       std::lock_guard<std::mutex> l(mu_);
       t_cpu = t_cpu_;
       t_tx = t_tx_;
       t_query = t_query_;
-      t_cpu_ = t_tx_ = t_query_ = 0;
+      t_fixed = t_fixed_;
+      t_cpu_ = t_tx_ = t_query_ = t_fixed_ = 0;
     }
     // The accelerator's stage excludes the time it waited for CPU results; that wait is the part
     // of the CPU stage (plus transfers) the pipeline did not hide.
@@ -287,10 +292,12 @@ class HybridGen final : public KvStrategy {
              {"t_gpu_ms", t_gpu * 1e3},        {"wait_ms", waited_ * 1e3},
              {"cpu_hidden_pct", 100 * hidden}, {"t_query_ms", t_query * 1e3}};
     if (k_min_ratio_ > 0) sched_.set_k_min(int64_t(std::floor(k_min_ratio_ * double(seen_pos_max_ + 1))));
-    sched_.update(t_cpu, t_tx, t_gpu, n_off);
+    sched_.update(t_cpu, t_tx, t_gpu, n_off, t_fixed);
     waited_ = 0;
     last_["tokens_gpu"] = double(std::min<int64_t>(R_, seen_pos_max_ + 1));
     last_["tokens_offloaded"] = double(n_off);
+    // K as the scheduler set it, and the tokens a CPU stage selects with it (no more than offloaded).
+    last_["K_effective"] = double(std::min<int64_t>(int64_t(last_["K"]), n_off));
     last_["v_pages_far"] = double(far_pages_);
   }
 
@@ -783,6 +790,7 @@ class HybridGen final : public KvStrategy {
   bool in_step_ = false;
   Clock::time_point step_start_;
   std::mutex mu_;
+  double t_fixed_ = 0;  // the CPU stages' query projections this step (inside t_cpu_)
   double t_cpu_ = 0, t_tx_ = 0, t_query_ = 0,
          waited_ = 0;  // t_query_: the speculative queries' projections (part of t_cpu_, or with
                        // query_on=accelerator of the accelerator's stage)

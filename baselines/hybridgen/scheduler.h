@@ -1,12 +1,15 @@
 // HybridGen's feedback scheduler (the paper's Algorithm 1), a pure state machine so it can be
 // tested on scripted stage times. After each step it compares the CPU stage (logits + selection)
-// plus transfer time with the accelerator stage time:
-//   post mode, T_cpu + T_tx ≤ T_gpu (slack):  K ← min(k_max, ⌈K·k_growth⌉)             [adaptive K]
-//   post mode, no slack:                      K ← max(k_min, ⌊K/k_growth⌋) while K > k_min;
-//                                             at k_min (or with fixed K): switch to pre  [adaptive mode]
-//   pre mode: return to post when the post-mode CPU time, estimated as T_cpu · n_offloaded / K
-//             (pre scores K tokens, post scores all n_offloaded), plus T_tx fits in T_gpu.
-// K starts at k_min in post (fixed K: at k_fixed). One K for all layers.
+// plus transfer time with the accelerator stage time, in either selection mode:
+//   T_cpu + T_tx ≤ T_gpu (slack):  K ← min(k_max, ⌈K·k_growth⌉), and not above the offloaded
+//                                  tokens (a K beyond them selects nothing more)   [adaptive K]
+//   no slack:                      K ← max(k_min, ⌊K/k_growth⌋) while K > k_min;
+//                                  in post at k_min (or with fixed K): switch to pre [adaptive mode]
+//   pre mode: first, return to post when the post-mode CPU time fits in T_gpu − T_tx, estimated as
+//             T_fixed + (T_cpu − T_fixed) · n_offloaded / min(K, n_offloaded): pre scores K tokens,
+//             post scores all offloaded ones, and the part that does not depend on the token count
+//             (T_fixed: the speculative query's projection) stays as it is.
+// K starts at k_min (fixed K: at k_fixed). One K for all layers.
 #pragma once
 #include <cstdint>
 #include <string>
@@ -30,8 +33,9 @@ class FeedbackScheduler {
   // raised to it where it is below; a fixed K becomes it.
   void set_k_min(int64_t k_min);
   bool pre() const { return pre_; }
-  // Feeds one step's stage times (seconds) and the number of offloaded tokens scored in post mode.
-  void update(double t_cpu, double t_tx, double t_gpu, int64_t n_offloaded);
+  // Feeds one step's stage times (seconds), the number of offloaded tokens (post mode scores all of
+  // them) and the part of t_cpu that does not scale with the tokens scored (t_fixed <= t_cpu).
+  void update(double t_cpu, double t_tx, double t_gpu, int64_t n_offloaded, double t_fixed = 0);
   std::string mode_name() const { return pre_ ? "pre" : "post"; }
 
  private:

@@ -424,12 +424,13 @@ Json Runner::run_once(const Point& p, const StrategyEntry& entry, int repeat, bo
   // Requested against effective where the strategy clamped a setting.
   Json rve = Json::object();
   if (f.stats_last.count("K")) {
-    const int64_t req = effective.all().count("k") && effective.get("k") == "fixed" ? effective.get_int("k_fixed")
-                                                                                     : -1;
-    const double eff = f.stats_last.at("K");
-    const double off = f.stats_last.count("tokens_offloaded") ? f.stats_last.at("tokens_offloaded") : eff;
-    if (req > 0 && (req != int64_t(eff) || off < double(req)))
-      rve["K"] = {{"requested", req}, {"effective", std::min(eff, off)}};
+    // Requested: k_fixed, or the K the scheduler set at the last step; effective: the tokens a CPU
+    // stage selected with it (no more than were offloaded).
+    const bool fixed = effective.all().count("k") && effective.get("k") == "fixed";
+    const double req = fixed ? double(effective.get_int("k_fixed")) : f.stats_last.at("K");
+    const double off = f.stats_last.count("tokens_offloaded") ? f.stats_last.at("tokens_offloaded") : req;
+    const double eff = std::min(f.stats_last.at("K"), off);
+    if (req != eff) rve["K"] = {{"requested", req}, {"effective", eff}};
   }
   r["requested_vs_effective"] = rve;
   Json dev;

@@ -29,13 +29,52 @@ TEST(FeedbackScheduler, FullSchedulerRaisesLowersSwitchesAndReturns) {
   s.update(6, 1, 5, 10000);  // at k_min and still the bottleneck → pre
   EXPECT_TRUE(s.pre());
   EXPECT_EQ(s.k(), 128);
-  // In pre, the CPU scored 128 of 10000 tokens: post would cost 0.1 · 10000/128 ≈ 7.8 > 5 − 1.
+  // In pre, the CPU scored 128 of 10000 tokens: post would cost 0.1 · 10000/128 ≈ 7.8 > 5 − 1, so
+  // it stays in pre, and with slack in pre, K rises as in post (Algorithm 1 in either mode).
   s.update(0.1, 1, 5, 10000);
   EXPECT_TRUE(s.pre());
-  // Offloaded tokens dropped (or the accelerator got slower): 0.1 · 1000/128 ≈ 0.78 + 1 <= 5 → post.
+  EXPECT_EQ(s.k(), 256);
+  // Fewer offloaded tokens (or a slower accelerator): 0.1 · 1000/256 ≈ 0.39 + 1 <= 5 → post.
   s.update(0.1, 1, 5, 1000);
   EXPECT_FALSE(s.pre());
-  EXPECT_EQ(s.k(), 128);
+  EXPECT_EQ(s.k(), 256);
+}
+
+// The estimate of post mode from pre scales only the part of the CPU stage that scores tokens: the
+// speculative query's projection (t_fixed) costs the same in both modes.
+TEST(FeedbackScheduler, ReturnToPostScalesOnlyTheScoringPart) {
+  SchedulerConfig c;
+  c.k_min = 128;
+  FeedbackScheduler s(c);
+  s.update(6, 0, 5, 1280);  // at k_min, no slack → pre
+  ASSERT_TRUE(s.pre());
+  // t_cpu 1.0 of which 0.9 is the projection: post ≈ 0.9 + 0.1 · 1280/128 = 1.9 <= 2 → post.
+  // Scaling the whole stage would give 10 > 2 and keep it in pre.
+  s.update(1.0, 0, 2, 1280, 0.9);
+  EXPECT_FALSE(s.pre());
+  // Without a fixed part the same times keep it in pre.
+  FeedbackScheduler t(c);
+  t.update(6, 0, 5, 1280);
+  t.update(1.0, 0, 2, 1280, 0.0);
+  EXPECT_TRUE(t.pre());
+}
+
+// K never rises above the offloaded tokens (nor k_min's floor): a larger K selects nothing more.
+TEST(FeedbackScheduler, KIsClampedToTheOffloadedTokens) {
+  SchedulerConfig c;
+  c.k_min = 128;
+  c.k_max = 4096;
+  c.mode = SchedulerConfig::Mode::kPost;
+  FeedbackScheduler s(c);
+  for (int i = 0; i < 8; ++i) s.update(1, 0, 5, 300);
+  EXPECT_EQ(s.k(), 300);
+  for (int i = 0; i < 4; ++i) s.update(1, 0, 5, 3086);
+  EXPECT_EQ(s.k(), 3086);  // 300 → 600 → 1200 → 2400 → capped at 3086, not 4800 → 4096
+  s.update(1, 0, 5, 3086);
+  EXPECT_EQ(s.k(), 3086);
+  FeedbackScheduler u(c);  // fewer offloaded tokens than k_min: K stays at k_min
+  u.update(1, 0, 5, 50);
+  EXPECT_EQ(u.k(), 128);
 }
 
 TEST(FeedbackScheduler, SixAblationConfigurations) {
@@ -67,8 +106,10 @@ TEST(FeedbackScheduler, SixAblationConfigurations) {
   EXPECT_EQ(ap[2].first, 800);
   EXPECT_EQ(ap.back().first, 100);
   for (auto [k, pre] : ap) EXPECT_FALSE(pre);
-  // Adaptive-K Pre: K moves, always pre.
-  for (auto [k, pre] : run(true, M::kPre)) EXPECT_TRUE(pre);
+  // Adaptive-K Pre: always pre, and K moves as in Adaptive-K Post.
+  auto apre = run(true, M::kPre);
+  for (auto [k, pre] : apre) EXPECT_TRUE(pre);
+  for (size_t i = 0; i < apre.size(); ++i) EXPECT_EQ(apre[i].first, ap[i].first) << "update " << i;
   // Full scheduler: K up, down to k_min, then pre.
   auto full = run(true, M::kAdaptive);
   EXPECT_EQ(full[2].first, 800);
