@@ -5,12 +5,12 @@
 // current context (or kv_tokens), of which recent_ratio is a recent window (Keyformer's split: recent = kv·recent_ratio)
 // and the rest key tokens by score. Attention itself uses the normal softmax. Follows the
 // authors' decode path (attention.py); their lm-eval path cannot accumulate (see BASELINES.md).
-// The noise of (layer, seq, step, head, position) is a pure function of the seed (keyformer_gumbel).
+// The noise of (layer, seq, query row, head, key position) is a pure function of the seed
+// (keyformer_gumbel): every query row, prompt rows included, has its own draw per key.
 #include <immintrin.h>
 
 #include <algorithm>
 #include <cmath>
-#include <numeric>
 
 #include "baselines/eviction.h"
 #include "engine/backend/cpu/kernels.h"
@@ -31,9 +31,15 @@ constexpr double kTwoPowMinus53 = 1.0 / 9007199254740992.0;
 constexpr double kAtanh[10] = {1.0 / 3,  1.0 / 5,  1.0 / 7,  1.0 / 9,  1.0 / 11,
                                1.0 / 13, 1.0 / 15, 1.0 / 17, 1.0 / 19, 1.0 / 21};
 
-uint64_t noise_base(uint64_t seed, int layer, int seq, int step, int head) {
-  return seed * kMixA ^ (uint64_t(layer) << 48) ^ (uint64_t(seq) << 36) ^ (uint64_t(step) << 20) ^
-         (uint64_t(head) << 12);
+// One stream per (seed, layer, seq, query row, head): each field mixed in by a multiply-xorshift
+// round, so no two tuples share a stream for any field sizes.
+uint64_t noise_base(uint64_t seed, int layer, int seq, int row, int head) {
+  uint64_t x = seed * kMixA;
+  for (uint64_t f : {uint64_t(uint32_t(layer)), uint64_t(uint32_t(seq)), uint64_t(uint32_t(row)), uint64_t(uint32_t(head))}) {
+    x = (x ^ f) * kMixB;
+    x ^= x >> 29;
+  }
+  return x;
 }
 
 // u in (0, 1) from (base, pos): 53 bits of a splitmix-style hash.
@@ -93,15 +99,16 @@ __m512d noise_log8(__m512d x) {
 // The noise's logarithm, for its test against std::log.
 double keyformer_log(double x) { return noise_log(x); }
 
-// g ~ Gumbel(0, 1) for one (seed, layer, seq, step, head, position): −log(−log u).
-double keyformer_gumbel(uint64_t seed, int layer, int seq, int step, int head, int32_t pos) {
-  return -noise_log(-noise_log(noise_u(noise_base(seed, layer, seq, step, head), pos)));
+// g ~ Gumbel(0, 1) for one (seed, layer, seq, query row position, head, key position):
+// −log(−log u). Every query row, prompt rows included, draws its own noise for every key.
+double keyformer_gumbel(uint64_t seed, int layer, int seq, int row, int head, int32_t pos) {
+  return -noise_log(-noise_log(noise_u(noise_base(seed, layer, seq, row, head), pos)));
 }
 
-// out[i] = keyformer_gumbel(seed, layer, seq, step, head, pos[i]) for i < n, 8 at a time.
-void keyformer_gumbel_n(uint64_t seed, int layer, int seq, int step, int head, const int32_t* pos, int32_t n,
+// out[i] = keyformer_gumbel(seed, layer, seq, row, head, pos[i]) for i < n, 8 at a time.
+void keyformer_gumbel_n(uint64_t seed, int layer, int seq, int row, int head, const int32_t* pos, int32_t n,
                         double* out) {
-  const uint64_t base = noise_base(seed, layer, seq, step, head);
+  const uint64_t base = noise_base(seed, layer, seq, row, head);
   int32_t i = 0;
 #if defined(__AVX512F__) && defined(__AVX512DQ__)
   const __m512i vb = _mm512_set1_epi64(int64_t(base));
@@ -149,15 +156,11 @@ class Keyformer : public EvictingStrategy {
     float* z = z_.data();
     for (int h = 0; h < group(); ++h) {
       const int head = g * group() + h;
-      if (step == 0) {
-        // A prompt row: the noise of every position it sees, shared with the chunk's other rows.
-        const double* gn = prompt_noise(layer, seq, head, row_pos);
-        for (int32_t s = 0; s < n; ++s) z[s] = float((double(logits[h * ld + s]) + gn[pos[s]]) / t);
-      } else {
-        gn_.resize(size_t(n));
-        keyformer_gumbel_n(seed_, layer, seq, step, head, pos, n, gn_.data());
-        for (int32_t s = 0; s < n; ++s) z[s] = float((double(logits[h * ld + s]) + gn_[size_t(s)]) / t);
-      }
+      // Independent noise per (query row, key), prompt rows included, as the authors' decode path
+      // draws it over the prompt's [query, key] scores.
+      gn_.resize(size_t(n));
+      keyformer_gumbel_n(seed_, layer, seq, row_pos, head, pos, n, gn_.data());
+      for (int32_t s = 0; s < n; ++s) z[s] = float((double(logits[h * ld + s]) + gn_[size_t(s)]) / t);
       // softmax(z), vectorised in F32 (relative error ~1e-7), accumulated in F64.
       const float mx = n > 0 ? cpu::max_value(z, n) : 0.0f;
       const double inv = 1.0 / double(cpu::exp_shift_sum(z, n, mx));
@@ -169,36 +172,11 @@ class Keyformer : public EvictingStrategy {
   }
 
  private:
-  // keyformer_gumbel(seed, layer, seq, 0, head, p) for p ≤ upto. Prompt rows (step 0) all draw the
-  // same noise for a position, so one prefill chunk's rows share these values: per layer and
-  // chunk they cost one draw per head and position instead of one per row, head and position.
-  const double* prompt_noise(int layer, int seq, int head, int32_t upto) {
-    if (layer != noise_layer_ || seq != noise_seq_) {
-      noise_layer_ = layer, noise_seq_ = seq;
-      noise_filled_.assign(size_t(shape().H), 0);
-      noise_.resize(size_t(shape().H));
-    }
-    auto& v = noise_[size_t(head)];
-    if (v.size() <= size_t(upto)) v.resize(size_t(upto) + 1);
-    int32_t& filled = noise_filled_[size_t(head)];
-    if (filled <= upto) {
-      ids_.resize(size_t(upto - filled + 1));
-      std::iota(ids_.begin(), ids_.end(), filled);
-      keyformer_gumbel_n(seed_, layer, seq, 0, head, ids_.data(), int32_t(ids_.size()), v.data() + filled);
-      filled = upto + 1;
-    }
-    return v.data();
-  }
-
   double kv_ratio_, recent_ratio_, tau_init_, tau_end_;
   uint64_t seed_;
   int32_t kv_tokens_;
-  int noise_layer_ = -1, noise_seq_ = -1;
-  std::vector<int32_t> noise_filled_;       // per head: positions [0, filled) drawn
-  std::vector<std::vector<double>> noise_;  // per head, by position
-  std::vector<float> z_;                    // accumulate()'s scratch
-  std::vector<double> gn_;                  // a decode row's noise, by slot
-  std::vector<int32_t> ids_;                // positions whose prompt noise is drawn
+  std::vector<float> z_;    // accumulate()'s scratch
+  std::vector<double> gn_;  // a row's noise, by slot
 };
 
 StrategyInfo keyformer_info() {

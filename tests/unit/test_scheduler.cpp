@@ -112,6 +112,11 @@ TEST(FeedbackScheduler, SixAblationConfigurations) {
   for (size_t i = 0; i < apre.size(); ++i) EXPECT_EQ(apre[i].first, ap[i].first) << "update " << i;
   // Full scheduler: K up, down to k_min, then pre.
   auto full = run(true, M::kAdaptive);
+  // Six configurations, six different (K, mode) traces.
+  const std::vector<std::vector<std::pair<int64_t, bool>>> all = {
+      run(false, M::kPost), run(false, M::kPre), fa, ap, apre, full};
+  for (size_t i = 0; i < all.size(); ++i)
+    for (size_t j = i + 1; j < all.size(); ++j) EXPECT_NE(all[i], all[j]) << "configurations " << i << " and " << j;
   EXPECT_EQ(full[2].first, 800);
   EXPECT_TRUE(full.back().second);
   EXPECT_EQ(full.back().first, 100);

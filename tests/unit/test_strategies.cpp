@@ -24,12 +24,33 @@
 
 namespace hg {
 
-double keyformer_gumbel(uint64_t seed, int layer, int seq, int step, int head, int32_t pos);
-void keyformer_gumbel_n(uint64_t seed, int layer, int seq, int step, int head, const int32_t* pos, int32_t n,
+double keyformer_gumbel(uint64_t seed, int layer, int seq, int row, int head, int32_t pos);
+void keyformer_gumbel_n(uint64_t seed, int layer, int seq, int row, int head, const int32_t* pos, int32_t n,
                         double* out);
 double keyformer_log(double x);
 
 namespace {
+
+// Keyformer's noise as its header comment specifies it, written here independently (std::log,
+// no vector path): the stream of (seed, layer, seq, query row, head) — each field xored in, times
+// the second constant, then x ^= x >> 29 — then the key position's splitmix-style hash,
+// u = (bits 63..11 + 0.5)·2^-53 and g = −log(−log u).
+double ref_gumbel(uint64_t seed, int layer, int seq, int row, int head, int32_t pos) {
+  const uint64_t A = 0x9e3779b97f4a7c15ull, B = 0xbf58476d1ce4e5b9ull, C = 0x94d049bb133111ebull;
+  uint64_t x = seed * A;
+  for (uint32_t f : {uint32_t(layer), uint32_t(seq), uint32_t(row), uint32_t(head)}) {
+    x = (x ^ f) * B;
+    x ^= x >> 29;
+  }
+  uint64_t y = x ^ uint64_t(uint32_t(pos)) * B;
+  y ^= y >> 31;
+  y *= C;
+  y ^= y >> 29;
+  y *= B;
+  y ^= y >> 32;
+  const double u = (double(y >> 11) + 0.5) / 9007199254740992.0;
+  return -std::log(-std::log(u));
+}
 
 // Teacher-forced run: prefill `prompt` tokens of `toks`, then one decode step per remaining token.
 // Returns the logits of the last prompt row and of every decode step; calls on_step(step) after each.
@@ -296,7 +317,7 @@ void brute_force_check(const std::string& name, const std::map<std::string, std:
           double x = logit(t, h, p);
           if (name == "keyformer") {
             const double tau = 1.0 + double(step) * (2.0 - 1.0) / double(cap - P);
-            x = (x + keyformer_gumbel(0, 0, 0, step, h, p)) / tau;
+            x = (x + ref_gumbel(0, 0, 0, t, h, p)) / tau;  // per (query row, key), prompt rows too
           }
           z.push_back(x);
           mx = std::max(mx, x);
@@ -416,6 +437,21 @@ TEST(Keyformer, EvictionOrderMatchesBruteForce) { brute_force_check("keyformer",
 // Keyformer's noise: the 8-lane path gives the scalar's bits for every position (tails of every
 // length), its logarithm is within 2 ulp of std::log over the range the noise uses, and the draws
 // have Gumbel(0, 1)'s mean (Euler's γ) and variance (π²/6).
+// Each query row draws its own noise for every key (prompt rows included): draws of different rows
+// for the same key are uncorrelated, and the strategy's noise is the specified function.
+TEST(Keyformer, NoiseIsIndependentPerQueryRowAndKey) {
+  const int N = 20000;
+  double sxy = 0, sx = 0, sy = 0, sxx = 0, syy = 0;
+  for (int32_t p = 0; p < N; ++p) {
+    const double a = keyformer_gumbel(3, 1, 0, 100, 2, p), b = keyformer_gumbel(3, 1, 0, 101, 2, p);
+    sx += a, sy += b, sxy += a * b, sxx += a * a, syy += b * b;
+    EXPECT_NEAR(a, ref_gumbel(3, 1, 0, 100, 2, p), 1e-12 * (1 + std::abs(a)));
+  }
+  const double cov = sxy / N - sx / N * sy / N;
+  const double corr = cov / std::sqrt((sxx / N - sx / N * sx / N) * (syy / N - sy / N * sy / N));
+  EXPECT_LT(std::abs(corr), 0.03) << "rows 100 and 101 share their draws";
+}
+
 TEST(Keyformer, NoiseIsOneFunctionOfItsInputsAndGumbelDistributed) {
   std::mt19937_64 r(5);
   for (int32_t n : {0, 1, 7, 8, 9, 100, 1003}) {
