@@ -1,8 +1,9 @@
 // `flexgen` — attention on the accelerator ("AoG") with the whole KV cache on `dram` (FlexGen's
 // policy 100 0 0 100 100 0). Per layer, the layer's K and V for the tokens stored so far are copied
 // to an accelerator staging buffer and attention runs there; new tokens' K/V are written back to
-// dram. `overlap: true` prefetches layer i+1's KV on the copy queue while layer i computes
-// (FlexGen's overlap path); `overlap: false` is the serial path InfiniGen's scripts used.
+// dram. `overlap: true` prefetches layer i+1's KV on the copy queue while layer i computes, and
+// after the last layer, layer 0's for the next step, so that no step waits for a load (FlexGen's
+// overlap path); `overlap: false` is the serial path InfiniGen's scripts used.
 // Exact attention. Generalised beyond the authors' OPT-only code: GQA (K/V per KV head), batches
 // of sequences with different lengths (ragged rows). On a GPU the staging layers are device memory
 // and the copies cudaMemcpy2D from pinned dram (Backend::upload_2d on the copy queue's stream).
@@ -24,6 +25,9 @@ class FlexGen final : public KvStrategy {
     store_.reset(shape, capacity, &rt_.memory(), Tier::kDram);
     loaded_ = {-1, -1};
     prefetch_ = {};
+    next_first_.clear();
+    prefetched_first_.clear();
+    exposed_ = exposed_last_ = 0;
   }
 
   void append(int layer, std::span<const TokenRow> rows, const float* k, const float* v) override {
@@ -42,9 +46,21 @@ class FlexGen final : public KvStrategy {
   void attend(int layer, std::span<const TokenRow> rows, const float* q, float scale, float* out) override {
     const auto first = first_new_position(rows);
     const int slot = layer % 2;
-    if (loaded_[size_t(slot)] == layer && prefetch_[size_t(slot)].valid()) prefetch_[size_t(slot)].wait();
-    else load(layer, first).wait();
-    if (overlap_ && layer + 1 < shape_.n_layers) prefetch_[size_t((layer + 1) % 2)] = load(layer + 1, first);
+    if (loaded_[size_t(slot)] == layer && prefetch_[size_t(slot)].valid() && covers(first)) {
+      prefetch_[size_t(slot)].wait();
+    } else {
+      ++exposed_;  // a load the step waits for
+      load(layer, first).wait();
+    }
+    prefetch_[size_t(slot)] = {};
+    if (overlap_ && layer + 1 < shape_.n_layers) {
+      prefetch_[size_t((layer + 1) % 2)] = load(layer + 1, first);
+      prefetched_first_ = first;
+    }
+    if (layer == shape_.n_layers - 1) {  // where each sequence's next step starts
+      next_first_.clear();
+      for (auto& r : rows) next_first_[r.seq] = std::max(next_first_[r.seq], r.pos + 1);
+    }
     attn_rows_.resize(rows.size());
     for (size_t i = 0; i < rows.size(); ++i)
       attn_rows_[i] = AttnRow{stage_.k(slot, rows[i].seq), stage_.v(slot, rows[i].seq), stage_.head_stride(rows[i].seq),
@@ -52,6 +68,19 @@ class FlexGen final : public KvStrategy {
     be_.attention(attention_args(shape_, attn_rows_, q, scale, out));
     writeback_.wait();  // k, v are the decoder's scratch: done before the next layer reuses it
   }
+
+  // The next step's layer 0: its KV up to the tokens this step stored, prefetched now (the last
+  // layer's attention has been queued; with an odd layer count it used the same staging slot).
+  void end_step() override {
+    exposed_last_ = exposed_;
+    exposed_ = 0;
+    if (!overlap_ || next_first_.empty()) return;
+    if (shape_.n_layers % 2 == 1) be_.synchronize();
+    prefetch_[0] = load(0, next_first_);
+    prefetched_first_ = next_first_;
+    next_first_.clear();
+  }
+  std::map<std::string, double> step_stats() const override { return {{"exposed_loads", double(exposed_last_)}}; }
 
   // Copies tokens [0, first[seq]) of `layer` from dram into staging slot layer % 2.
   Event load(int layer, const std::map<int32_t, int32_t>& first) {
@@ -73,9 +102,20 @@ class FlexGen final : public KvStrategy {
         {writeback_}, "kv load layer " + std::to_string(layer));
   }
 
+  // The prefetch in flight holds at least the tokens `first` asks for, for every sequence.
+  bool covers(const std::map<int32_t, int32_t>& first) const {
+    for (auto& [seq, n] : first) {
+      auto it = prefetched_first_.find(seq);
+      if (it == prefetched_first_.end() || it->second < n) return false;
+    }
+    return true;
+  }
+
   Backend& be_;
   Runtime& rt_;
   bool overlap_;
+  std::map<int32_t, int32_t> next_first_, prefetched_first_;
+  int exposed_ = 0, exposed_last_ = 0;  // loads waited for in this step, in the last one
   KvShape shape_;
   KvStore store_, stage_;  // stage_: 2 layers (double buffer) on the gpu tier
   std::array<int, 2> loaded_{-1, -1};
