@@ -435,7 +435,8 @@ class HybridGen final : public KvStrategy {
     const int32_t R1 = R_ + 1;
     std::map<int32_t, int32_t> last;
     for (auto& r : rows) last[r.seq] = std::max(last[r.seq], r.pos);
-    for (auto& [seq, maxpos] : last) {
+    for (auto& [seq_, maxpos] : last) {
+      const int32_t seq = seq_;  // a plain variable: lambdas below capture it
       const int32_t n = maxpos + 1, n_off = offloaded_[pidx(layer, seq)];
       Allocation kb = rt_.memory().allocate(Tier::kGpu, int64_t(Hkv) * n * D * 4);
       Allocation vb = rt_.memory().allocate(Tier::kGpu, int64_t(Hkv) * n * D * 4);

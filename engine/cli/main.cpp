@@ -1,6 +1,7 @@
 // hgbench entry point: dispatches to the command table (engine/cli/commands.cpp); a file argument
 // ending in .yaml/.yml runs that experiment. Exit statuses: 0 ok, 1 runtime failure (or a failed
 // experiment point), 2 bad input or unsupported request, 130 interrupted.
+#include <csignal>
 #include <cstdio>
 #include <exception>
 
@@ -10,6 +11,8 @@
 #include "engine/core/error.h"
 
 int main(int argc, char** argv) {
+  // A file-size limit makes writes fail with EFBIG (reported with the path) instead of killing us.
+  std::signal(SIGXFSZ, SIG_IGN);
   std::vector<std::string> args(argv + 1, argv + argc);
   if (args.empty() || args[0] == "-h" || args[0] == "--help" || args[0] == "help") {
     hg::cli::print_usage();
@@ -29,6 +32,9 @@ int main(int argc, char** argv) {
   } catch (const hg::InputError& e) {  // bad file, field or argument; unsupported request
     fmt::print(stderr, "hgbench: error: {}\n", e.what());
     return 2;
+  } catch (const hg::IoError& e) {
+    fmt::print(stderr, "hgbench: error: {}\n", e.what());
+    return 1;
   } catch (const hg::OutOfMemoryError& e) {
     fmt::print(stderr, "hgbench: out of memory: {}\n", e.what());
     return 1;

@@ -20,6 +20,13 @@ class OutOfMemoryError : public std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
+// Writing an output failed (a full disk, a file-size limit); the message names the path and says
+// what was kept. The CLI exits 1 for it.
+class IoError : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
 // The request is well-formed but this build or machine cannot do it (e.g. CUDA asked for and
 // not present). An InputError, so the CLI exits 2 for it too.
 class UnsupportedError : public InputError {

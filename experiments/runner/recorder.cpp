@@ -8,7 +8,9 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cerrno>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -216,12 +218,19 @@ std::vector<int> ResultDir::done(const std::string& point_id, const std::string&
 
 void ResultDir::append(const Json& row) {
   const std::string line = row.dump() + "\n";
-  const ssize_t n = ::write(fd_, line.data(), line.size());
+  ssize_t n = ::write(fd_, line.data(), line.size());
+  if (n >= 0 && n < ssize_t(line.size())) {  // a short write: the rest tells why (or completes it)
+    const ssize_t m = ::write(fd_, line.data() + n, line.size() - size_t(n));
+    if (m > 0) n += m;
+  }
   if (n != ssize_t(line.size())) {
+    const int err = errno;
     // Undo a partial line so that the rows already written stay valid.
     const off_t end = ::lseek(fd_, 0, SEEK_END);
     if (n > 0 && end >= n && ::ftruncate(fd_, end - n) != 0) {}
-    throw std::runtime_error(fmt::format("{}/{}: write failed (disk full?); the rows before it are intact", dir_, kRows));
+    throw IoError(fmt::format("{}/{}: cannot append a row ({}); the {} rows before it are intact (continue with "
+                              "--resume {} once there is space)",
+                              dir_, kRows, std::strerror(err), done_.size(), dir_));
   }
   ::fdatasync(fd_);
   done_.emplace(row.value("point_id", ""), row.value("label", ""), row.value("repeat", -1));

@@ -421,8 +421,15 @@ std::vector<Point> expand(const ExperimentSpec& spec) {
   std::vector<std::pair<std::string, std::vector<std::string>>> axes = {{"model", spec.models}};
   if (spec.eval.enabled) axes.push_back({"task", spec.eval.tasks});
   for (auto& a : spec.sweep) axes.push_back(a);
+  // Bounded before anything is allocated: a sweep of a million points is a typo, not a plan.
+  constexpr size_t kMaxPoints = 100000;
   size_t total = 1;
-  for (auto& a : axes) total *= a.second.size();
+  for (auto& a : axes) {
+    total *= a.second.size();
+    if (total > kMaxPoints)
+      input_error("{}: the sweep expands to more than {} points (the product of its axes); split it into files",
+                  spec.file, kMaxPoints);
+  }
   std::vector<Point> pts;
   pts.reserve(total);
   std::vector<size_t> idx(axes.size(), 0);

@@ -118,7 +118,9 @@ TEST(Tasks, GoldenRequestsMatchLmEval) {
     // Shape: examples joined by blank lines, each `text + " " + target`.
     size_t blank = 0;
     for (size_t p = r.context.find("\n\n"); p != std::string::npos; p = r.context.find("\n\n", p + 2)) ++blank;
-    if (g.shots == 3 && std::string(g.task) != "rte") EXPECT_EQ(blank, 3u) << g.task;
+    if (g.shots == 3 && std::string(g.task) != "rte") {
+      EXPECT_EQ(blank, 3u) << g.task;
+    }
   }
   // Known strings: the continuations carry the target delimiter (COPA's choices their own space too).
   const auto rte = build_requests(tasks.at("rte"), 0, 1);
@@ -360,7 +362,9 @@ TEST(Experiments, AccuracyFileRunsOnAUserHfDirectory) {
       ASSERT_EQ(r["status"], "ok") << e.label << ": " << r.value("reason", "");
       EXPECT_EQ(r["accuracy"]["n"], 2) << e.label;
       EXPECT_EQ(r["accuracy"]["task"], "copa");
-      if (e.name != "full") EXPECT_TRUE(r["fidelity"].is_object()) << e.label;
+      if (e.name != "full") {
+        EXPECT_TRUE(r["fidelity"].is_object()) << e.label;
+      }
       if (e.name == "flexgen" || e.name == "moe_lightning") {
         EXPECT_EQ(r["fidelity"]["agreement"], 1.0) << e.label;
         EXPECT_LT(r["fidelity"]["mean_kl"].get<double>(), 1e-6) << e.label;

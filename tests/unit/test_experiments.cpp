@@ -243,6 +243,42 @@ TEST(ExperimentRun, MergeOfTwoShardsEqualsTheUnshardedRun) {
   fs::remove_all(d);
 }
 
+// A write that fails (here a file-size limit, as a full disk would) is one line naming the rows
+// file and the rows kept, exit 1, and the rows already written stay whole and resumable.
+TEST(ExperimentRun, AFailedWriteKeepsTheRowsBeforeIt) {
+  const std::string d = tmp_dir("fsize");
+  const std::string f = write_file(d, "e.yaml", kDry);
+  // Real execution: a dry run's phantom memory is a memfd, which the file-size limit would cap too.
+  const std::string real = " --set execute=real";
+  ASSERT_EQ(run_cli(f + real + " -o " + d + "/all").status, 0);
+  std::ifstream rows_in(d + "/all/rows.jsonl");
+  std::string first, second;
+  std::getline(rows_in, first);
+  std::getline(rows_in, second);
+  const uintmax_t cfg = fs::file_size(d + "/all/config.yaml");
+  // Room for config.yaml, the first row and half of the second (bash counts 1024-byte blocks).
+  const uintmax_t limit_kb = (cfg + first.size() + 1 + second.size() / 2) / 1024 + 1;
+  ASSERT_LT(limit_kb * 1024, cfg + first.size() + second.size() + 2) << "rows too small for the limit";
+  Proc p{-1, ""};
+  FILE* pp = popen(("bash -c 'ulimit -f " + std::to_string(limit_kb) + "; exec " + HG_BINARY + " " + f + real + " -o " + d +
+                    "/cut' 2>&1").c_str(), "r");
+  char buf[4096];
+  size_t n;
+  while ((n = fread(buf, 1, sizeof buf, pp)) > 0) p.out.append(buf, n);
+  const int st = pclose(pp);
+  p.status = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+  EXPECT_EQ(p.status, 1) << p.out;
+  EXPECT_NE(p.out.find(d + "/cut/rows.jsonl: cannot append a row (File too large); the 1 rows before it are intact"),
+            std::string::npos) << p.out;
+  bool torn = true;
+  const auto kept = read_rows(d + "/cut", &torn);
+  EXPECT_FALSE(torn);
+  EXPECT_EQ(kept.size(), 1u);
+  ASSERT_EQ(run_cli(f + real + " --resume " + d + "/cut").status, 0);  // with the limit gone, the rest follows
+  EXPECT_EQ(keys_of(read_rows(d + "/cut")), keys_of(read_rows(d + "/all")));
+  fs::remove_all(d);
+}
+
 // `merge --shards N` names each shard that is absent or incomplete by number and writes nothing;
 // with the missing shard run, the same command completes the set.
 TEST(ExperimentRun, MergeWithShardsReportsMissingShardsByNumber) {

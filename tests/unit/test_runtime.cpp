@@ -212,7 +212,7 @@ void busy_matmul(Backend& be, int reps) {
   for (int i = 0; i < reps; ++i) be.matmul(x.data(), M, w, nullptr, y.data());
 }
 
-TEST(Runtime, CpuPoolWorkOverlapsEmulatedAcceleratorWork) {
+TEST(RuntimeTiming, CpuPoolWorkOverlapsEmulatedAcceleratorWork) {
   RuntimeConfig rc;
   rc.device = "emulated";
   rc.accel_threads = 1;
