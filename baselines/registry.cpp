@@ -1,11 +1,11 @@
 // The one place strategies are registered.
 #include "baselines/registry.h"
 
-#include <set>
 
 #include "baselines/full/full.h"
 #include "baselines/null/null.h"
 #include "engine/core/error.h"
+#include "engine/runtime/runtime.h"
 
 namespace hg {
 
@@ -26,7 +26,8 @@ std::vector<StrategyInfo> register_strategies() {
                  DType t = DType::kF32;
                  parse_dtype(p.get("kv_dtype"), &t);
                  return std::make_unique<FullStrategy>(c.backend, c.runtime, t);
-               }});
+               },
+               /*runs_on_cuda=*/true});
   s.push_back(flexgen_info());
   s.push_back(moe_lightning_info());
   s.push_back(h2o_info());
@@ -45,6 +46,15 @@ const std::vector<StrategyInfo>& strategies() {
   return s;
 }
 
+void check_strategy_device(const StrategyInfo& info, DeviceKind device) {
+  if (device != DeviceKind::kCuda || info.runs_on_cuda) return;
+  std::string on;
+  for (auto& s : strategies())
+    if (s.runs_on_cuda) on += (on.empty() ? "" : ", ") + s.name;
+  throw UnsupportedError(fmt::format("strategy {} does not run on the cuda device yet ({} do); use --device emulated",
+                                     info.name, on));
+}
+
 const StrategyInfo& strategy_info(const std::string& name) {
   std::string names;
   for (auto& s : strategies()) {
@@ -58,20 +68,9 @@ std::unique_ptr<KvStrategy> make_strategy(const std::string& name, const Strateg
                                           const std::map<std::string, std::string>& values) {
   const StrategyInfo& info = strategy_info(name);
   StrategyParams params(name, info.params, values);
-  // On a CUDA device the accelerator's memory is device memory. `full` (F32 KV) and the strategies
-  // that offload KV (flexgen, moe_lightning, hybridgen) keep their accelerator-side buffers behind
-  // the backend's interface (tests/unit/test_device_contract.cpp); the others read and write host
-  // pointers.
-  if (ctx.runtime && ctx.runtime->device() == DeviceKind::kCuda) {
-    static const std::set<std::string> on_device = {"full", "flexgen", "moe_lightning", "hybridgen"};
-    if (!on_device.count(name))
-      throw UnsupportedError(
-          fmt::format("strategy {} does not run on the cuda device yet (full, flexgen, "
-                      "moe_lightning and hybridgen do); use --device emulated",
-                      name));
-    if (name == "full" && params.get("kv_dtype") != "f32")
-      throw UnsupportedError("strategy full on the cuda device: kv_dtype must be f32");
-  }
+  if (ctx.runtime) check_strategy_device(info, ctx.runtime->device());
+  if (ctx.runtime && ctx.runtime->device() == DeviceKind::kCuda && name == "full" && params.get("kv_dtype") != "f32")
+    throw UnsupportedError("strategy full on the cuda device: kv_dtype must be f32");
   return info.make(ctx, std::move(params));
 }
 

@@ -1,5 +1,6 @@
 // KV strategies, registered explicitly in register_strategies() (baselines/registry.cpp).
 #pragma once
+#include <cstdint>
 #include <functional>
 #include <memory>
 #include <string>
@@ -13,6 +14,7 @@
 namespace hg {
 
 class Runtime;
+enum class DeviceKind : uint8_t;
 
 // What a strategy is built with: the accelerator's backend and, when the run has one, the
 // runtime (tiers, queues, transfers). Without a runtime a strategy keeps KV in host memory.
@@ -27,7 +29,13 @@ struct StrategyInfo {
   std::string doc;
   std::vector<ParamSpec> params;
   std::function<std::unique_ptr<KvStrategy>(const StrategyContext&, const StrategyParams&)> make;
+  // Runs on the CUDA device (its accelerator-side buffers behind the backend's interface); every
+  // strategy runs on the cpu and emulated devices.
+  bool runs_on_cuda = false;
 };
+
+// UnsupportedError (exit 2) when `info`'s strategy does not run on `device`, naming those that do.
+void check_strategy_device(const StrategyInfo& info, DeviceKind device);
 
 const std::vector<StrategyInfo>& strategies();
 // Throws InputError naming the known strategies when `name` is not one.

@@ -130,7 +130,8 @@ StrategyInfo flexgen_info() {
   return {"flexgen",
           "attention on the accelerator; all KV on dram, each layer's KV copied over per step (FlexGen)",
           {{"overlap", ParamSpec::Type::kBool, "true", "", "prefetch layer i+1's KV while layer i computes", {}}},
-          [](const StrategyContext& c, const StrategyParams& p) { return std::make_unique<FlexGen>(c, p); }};
+          [](const StrategyContext& c, const StrategyParams& p) { return std::make_unique<FlexGen>(c, p); },
+          /*runs_on_cuda=*/true};
 }
 
 }  // namespace hg

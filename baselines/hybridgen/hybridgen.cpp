@@ -822,7 +822,8 @@ StrategyInfo hybridgen_info() {
            {"k_fixed", T::kInt, "128", "tokens", "K when k=fixed", {}},
            {"k_growth", T::kFloat, "2.0", "", "factor by which the scheduler raises or lowers K", {}},
            {"pre_sinks", T::kInt, "4", "tokens", "pre mode: first tokens always selected (rest: most recent)", {}}},
-          [](const StrategyContext& c, const StrategyParams& p) { return std::make_unique<HybridGen>(c, p); }};
+          [](const StrategyContext& c, const StrategyParams& p) { return std::make_unique<HybridGen>(c, p); },
+          /*runs_on_cuda=*/true};
   // clang-format on
 }
 

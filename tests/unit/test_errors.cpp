@@ -1,0 +1,175 @@
+// The error catalogue (docs/errors.md): the entries no other suite covers, and a check that every
+// test the catalogue names exists, so that the document and the suite cannot drift apart.
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <regex>
+#include <set>
+#include <thread>
+
+#include "baselines/registry.h"
+#include "engine/core/error.h"
+#include "engine/formats/gguf.h"
+#include "engine/runtime/memory.h"
+#include "engine/runtime/runtime.h"
+#include "experiments/runner/recorder.h"
+#include "experiments/runner/spec.h"
+#include "test_util.h"
+
+namespace hg {
+namespace {
+namespace fs = std::filesystem;
+
+std::string message_of(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const InputError& e) {
+    return e.what();
+  }
+  return "";
+}
+
+// A GGUF v3 file with one tensor of ggml type 12 (Q4_K), which hgbench does not read.
+TEST(Errors, UnsupportedTensorTypeNamesTheTensor) {
+  std::string b = "GGUF";
+  auto u32 = [&](uint32_t v) { b.append(reinterpret_cast<const char*>(&v), 4); };
+  auto u64 = [&](uint64_t v) { b.append(reinterpret_cast<const char*>(&v), 8); };
+  u32(3), u64(1), u64(0);       // version, one tensor, no key-values
+  u64(1), b += "w";             // name
+  u32(1), u64(256), u32(12), u64(0);  // 1 dim of 256, type 12, offset 0
+  b.resize((b.size() + 31) / 32 * 32, '\0');
+  b.append(144, '\0');  // one Q4_K block
+  const std::string p = test::temp_path("q4k.gguf");
+  test::write_file(p, b);
+  const std::string e = message_of([&] { GgufFile g(p); });
+  EXPECT_NE(e.find(p + ": tensor 'w' has type ggml type 12 (supported: F32, F16, BF16, Q8_0)"), std::string::npos) << e;
+}
+
+TEST(Errors, StrategyRefusedOnTheCudaDevice) {
+  for (auto& s : strategies()) {
+    EXPECT_NO_THROW(check_strategy_device(s, DeviceKind::kEmulated)) << s.name;
+    EXPECT_NO_THROW(check_strategy_device(s, DeviceKind::kCpu)) << s.name;
+  }
+  try {
+    check_strategy_device(strategy_info("h2o"), DeviceKind::kCuda);
+    ADD_FAILURE() << "h2o was accepted on the cuda device";
+  } catch (const UnsupportedError& e) {
+    EXPECT_STREQ(e.what(), "strategy h2o does not run on the cuda device yet (full, flexgen, moe_lightning, hybridgen "
+                           "do); use --device emulated");
+  }
+  EXPECT_NO_THROW(check_strategy_device(strategy_info("hybridgen"), DeviceKind::kCuda));
+}
+
+TEST(Errors, AbsentNumaNodeIsNamed) {
+  TierConfig c;
+  c.far_node = 4096;
+  const std::string e = message_of([&] { MemorySystem m(c); });
+  EXPECT_NE(e.find("far_node 4096 does not exist (this machine has NUMA nodes 0.."), std::string::npos) << e;
+}
+
+TEST(Errors, OutputDirectoryIsNeverOverwrittenNorFollowed) {
+  const ExperimentSpec spec = parse_experiment("name: e\nmodels: [synthetic:tiny-llama]\nstrategies: [full]\n", "e.yaml");
+  const fs::path d = fs::temp_directory_path() / ("hg_err_out_" + std::to_string(getpid()));
+  fs::remove_all(d);
+  fs::create_directories(d / "full");
+  std::ofstream(d / "full" / "keep.txt") << "mine";
+  std::string e = message_of([&] { ResultDir r((d / "full").string(), spec, false, false, ""); });
+  EXPECT_NE(e.find("the output directory is not empty (--resume to continue it, --force to replace it)"),
+            std::string::npos) << e;
+  EXPECT_TRUE(fs::exists(d / "full" / "keep.txt"));
+  fs::create_directories(d / "elsewhere");
+  fs::create_directory_symlink(d / "elsewhere", d / "link");
+  e = message_of([&] { ResultDir r((d / "link").string(), spec, false, true, ""); });
+  EXPECT_NE(e.find("is a symbolic link; give a real directory"), std::string::npos) << e;
+  EXPECT_TRUE(fs::is_empty(d / "elsewhere"));
+  fs::remove_all(d);
+}
+
+// Ctrl-C: the current run finishes, the summary is written, exit 130, and --resume completes it.
+TEST(Errors, InterruptedRunExits130AndResumes) {
+  const fs::path d = fs::temp_directory_path() / ("hg_err_int_" + std::to_string(getpid()));
+  fs::remove_all(d);
+  fs::create_directories(d);
+  const std::string f = (d / "e.yaml").string();
+  std::ofstream(f) << "name: i\nmodels: [\"synthetic:tiny-llama\"]\nstrategies: [full, flexgen]\n"
+                      "sweep:\n  prompt_tokens: [64, 96, 128, 160, 192, 224]\n  decode_tokens: [48]\nrepeats: 3\n";
+  const std::string out = (d / "out").string(), log = (d / "log.txt").string();
+  const pid_t pid = fork();
+  if (pid == 0) {
+    const int fd = ::open(log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    dup2(fd, 1), dup2(fd, 2);
+    execl(HG_BINARY, HG_BINARY, f.c_str(), "-o", out.c_str(), (char*)nullptr);
+    _exit(127);
+  }
+  for (int i = 0; i < 4000; ++i) {
+    std::ifstream in(out + "/rows.jsonl");
+    const std::string all((std::istreambuf_iterator<char>(in)), {});
+    if (std::count(all.begin(), all.end(), '\n') >= 2) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  kill(pid, SIGINT);
+  int st = 0;
+  waitpid(pid, &st, 0);
+  ASSERT_TRUE(WIFEXITED(st));
+  std::ifstream lin(log);
+  const std::string text((std::istreambuf_iterator<char>(lin)), {});
+  if (WEXITSTATUS(st) == 0) GTEST_SKIP() << "the run finished before the signal arrived";
+  EXPECT_EQ(WEXITSTATUS(st), 130) << text;
+  EXPECT_NE(text.find("hgbench: interrupted after"), std::string::npos) << text;
+  EXPECT_NE(text.find("continue with --resume " + out), std::string::npos) << text;
+  EXPECT_TRUE(fs::exists(out + "/summary.csv"));
+  const size_t kept = read_rows(out).size();
+  EXPECT_LT(kept, 36u);
+  std::string cmd = std::string(HG_BINARY) + " " + f + " --resume " + out + " >/dev/null 2>&1";
+  EXPECT_EQ(std::system(cmd.c_str()), 0);
+  EXPECT_EQ(read_rows(out).size(), 36u);
+  fs::remove_all(d);
+}
+
+TEST(Errors, SweepLimitIsAnError) {
+  std::string y = "name: big\nmodels: [synthetic:tiny-llama]\nstrategies: [full]\nsweep:\n";
+  for (const char* axis : {"prompt_tokens", "decode_tokens", "batch"}) {
+    y += std::string("  ") + axis + ": [";
+    for (int i = 1; i <= 60; ++i) y += std::to_string(i) + (i < 60 ? ", " : "]\n");
+  }
+  const ExperimentSpec s = parse_experiment(y, "big.yaml");
+  const std::string e = message_of([&] { (void)expand(s); });
+  EXPECT_NE(e.find("big.yaml: the sweep expands to more than 100000 points"), std::string::npos) << e;
+}
+
+// Every test docs/errors.md names is a test of this suite (or hg_calibrate_test's), so an entry
+// cannot point at a test that was renamed or removed.
+TEST(Errors, CatalogueNamesExistingTests) {
+  std::ifstream in(std::string(HG_SOURCE_DIR) + "/docs/errors.md");
+  ASSERT_TRUE(in) << "docs/errors.md is missing";
+  const std::string doc((std::istreambuf_iterator<char>(in)), {});
+  std::set<std::string> have;
+  const auto* ut = ::testing::UnitTest::GetInstance();
+  for (int i = 0; i < ut->total_test_suite_count(); ++i) {
+    const auto* s = ut->GetTestSuite(i);
+    for (int j = 0; j < s->total_test_count(); ++j) {
+      std::string suite = s->name(), name = s->GetTestInfo(j)->name();
+      // Parameterised suites appear as Prefix/Suite.Name/param: the catalogue names Suite.Name.
+      if (auto slash = suite.find('/'); slash != std::string::npos) suite = suite.substr(slash + 1);
+      if (auto slash = name.find('/'); slash != std::string::npos) name = name.substr(0, slash);
+      have.insert(suite + "." + name);
+    }
+  }
+  have.insert("Calibrate.ProfileBandwidthWithinTwentyPercentOfStream");
+  const std::regex ref("`([A-Z][A-Za-z0-9]*\\.[A-Z][A-Za-z0-9]*)`");
+  int named = 0;
+  for (std::sregex_iterator it(doc.begin(), doc.end(), ref), end; it != end; ++it) {
+    ++named;
+    EXPECT_TRUE(have.count((*it)[1])) << "docs/errors.md names " << (*it)[1] << ", which is not a test";
+  }
+  EXPECT_GE(named, 15);
+}
+
+}  // namespace
+}  // namespace hg
