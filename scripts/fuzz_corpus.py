@@ -36,7 +36,7 @@ def head_lines(path, n):
 # GGUF: small exported models (llama layout) and real files.
 if hgbench:
     for preset in ("tiny-llama", "tiny-qwen2"):
-        p = os.path.join(out, f"{preset}.gguf.tmp")
+        p = os.path.join(out, f"seed-{preset}.gguf")
         if subprocess.run([hgbench, "export", "--model", f"synthetic:{preset}", "--out", p],
                           capture_output=True).returncode == 0:
             put("gguf", f"{preset}.gguf", read(p))

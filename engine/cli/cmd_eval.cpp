@@ -12,6 +12,7 @@
 #include "datasets/tasks.h"
 #include "engine/cli/cli.h"
 #include "engine/core/error.h"
+#include "engine/core/json_text.h"
 #include "engine/core/thread_pool.h"
 
 namespace hg::cli {
@@ -76,7 +77,7 @@ int cmd_eval(const std::vector<std::string>& args) {
     if (!out) input_error("eval: --write-requests {}: cannot write", write_requests);
     size_t n = 0;
     for (auto& t : task_list)
-      for (auto& r : build_requests(load_task(t, dir), shots, limit, seed)) out << request_json(r).dump() << "\n", ++n;
+      for (auto& r : build_requests(load_task(t, dir), shots, limit, seed)) out << json_text(request_json(r)) << "\n", ++n;
     if (!out.flush()) input_error("eval: --write-requests {}: write failed", write_requests);
     fmt::print("wrote {} requests ({}, {} shots) to {}\n", n, tasks, shots, write_requests);
     if (model.empty()) return 0;

@@ -24,6 +24,10 @@ Model load(const ModelSpec& spec, const LoadOptions& opts) {
   int32_t h[7];
   const char* names[7] = {"dim", "hidden_dim", "n_layers", "n_heads", "n_kv_heads", "vocab_size", "seq_len"};
   for (int i = 0; i < 7; ++i) h[i] = r.read<int32_t>(names[i]);
+  // Checked before use (vocab_size's sign says whether the classifier is shared).
+  for (int i = 0; i < 7; ++i)
+    if (h[i] == 0 || (i != 5 && h[i] < 0) || std::abs(int64_t(h[i])) > (1 << 24))
+      input_error("{}: header field {} = {} is invalid", spec.path, names[i], h[i]);
   Model m;
   m.hp.arch = "llama";
   const Architecture* arch = architectures().by_name("llama");
@@ -43,9 +47,6 @@ Model load(const ModelSpec& spec, const LoadOptions& opts) {
   m.hp.tie_embeddings = shared;
   m.hp.bos_id = 1;
   m.hp.eos_id = 2;
-  for (int i = 0; i < 7; ++i)
-    if (h[i] == 0 || (i != 5 && h[i] < 0) || std::abs(int64_t(h[i])) > (1 << 24))
-      input_error("{}: header field {} = {} is invalid", spec.path, names[i], h[i]);
   validate_hparams(m.hp, spec.path);
   if (m.hp.head_dim * m.hp.n_heads != m.hp.d_model)
     input_error("{}: dim {} is not a multiple of n_heads {}", spec.path, m.hp.d_model, m.hp.n_heads);

@@ -18,6 +18,7 @@
 #include <sstream>
 
 #include "engine/core/error.h"
+#include "engine/core/json_text.h"
 #include "engine/runtime/bandwidth.h"
 
 namespace hg {
@@ -57,7 +58,7 @@ void csv_row(FILE* f, const std::vector<std::string>& fields) {
 
 std::string num(double v) { return std::isfinite(v) ? fmt::format("{:.6g}", v) : ""; }
 
-std::string json_str(const Json& j) { return j.is_string() ? j.get<std::string>() : j.is_null() ? "" : j.dump(); }
+std::string json_str(const Json& j) { return j.is_string() ? j.get<std::string>() : j.is_null() ? "" : json_text(j); }
 
 // Accuracy rows: summary.csv per (point, label) and a table of acc per task with the mean over
 // tasks (the paper's Figs. 14, 20, 22), then the fidelity against the reference.
@@ -217,7 +218,7 @@ std::vector<int> ResultDir::done(const std::string& point_id, const std::string&
 }
 
 void ResultDir::append(const Json& row) {
-  const std::string line = row.dump() + "\n";
+  const std::string line = json_text(row) + "\n";
   ssize_t n = ::write(fd_, line.data(), line.size());
   if (n >= 0 && n < ssize_t(line.size())) {  // a short write: the rest tells why (or completes it)
     const ssize_t m = ::write(fd_, line.data() + n, line.size() - size_t(n));
@@ -461,7 +462,7 @@ MergeReport merge_results(const std::vector<std::string>& dirs, const std::strin
   fs::copy_file(first_dir + "/config.yaml", out + "/config.yaml", fs::copy_options::overwrite_existing);
   {
     std::ofstream o(out + "/" + kRows);
-    for (auto& r : all) o << r.dump() << "\n";
+    for (auto& r : all) o << json_text(r) << "\n";
     if (!o) input_error("{}/{}: write failed", out, kRows);
   }
   std::vector<std::string> labels(label_order.size());

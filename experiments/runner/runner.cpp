@@ -13,6 +13,7 @@
 #include "baselines/registry.h"
 #include "datasets/score.h"
 #include "engine/core/error.h"
+#include "engine/core/json_text.h"
 #include "engine/formats/formats.h"
 #include "engine/runtime/bandwidth.h"
 #include "engine/tokenizer/tokenizer.h"
@@ -272,7 +273,7 @@ Json Runner::run_eval_once(const Point& p, const StrategyEntry& entry, int repea
       rec["ref_pred"] = r.pred;
       rec["ref_ll"] = r.ll;
     }
-    if (items) *items << rec.dump() << "\n";
+    if (items) *items << json_text(rec) << "\n";
     scores.push_back(std::move(s));
     if (on_items) on_items(int(i + 1), int(reqs.size()));
   }

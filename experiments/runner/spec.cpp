@@ -10,6 +10,7 @@
 #include "baselines/registry.h"
 #include "datasets/tasks.h"
 #include "engine/core/error.h"
+#include "engine/core/json_text.h"
 #include "engine/core/yaml_util.h"
 #include "engine/runtime/clock.h"
 
@@ -470,7 +471,7 @@ std::vector<Point> expand(const ExperimentSpec& spec) {
       j["execute"] = spec.execute;
       j["strategy_params"] = p.strategy_params;
       p.values = j;
-      p.id = fmt::format("{:016x}", fnv1a(j.dump())).substr(0, 12);
+      p.id = fmt::format("{:016x}", fnv1a(json_text(j))).substr(0, 12);
       pts.push_back(std::move(p));
       for (size_t a = axes.size(); a-- > 0;) {
         if (++idx[a] < axes[a].second.size()) break;
@@ -490,7 +491,7 @@ std::vector<Point> expand(const ExperimentSpec& spec) {
     j["seed"] = spec.seed;
     j["strategy_params"] = p.strategy_params;
     p.values = j;
-    p.id = fmt::format("{:016x}", fnv1a(j.dump())).substr(0, 12);
+    p.id = fmt::format("{:016x}", fnv1a(json_text(j))).substr(0, 12);
     pts.push_back(std::move(p));
     for (size_t a = axes.size(); a-- > 0;) {
       if (++idx[a] < axes[a].second.size()) break;

@@ -15,6 +15,7 @@
 
 #include "baselines/registry.h"
 #include "engine/core/error.h"
+#include "engine/formats/formats.h"
 #include "engine/formats/gguf.h"
 #include "engine/runtime/memory.h"
 #include "engine/runtime/runtime.h"
@@ -141,6 +142,39 @@ TEST(Errors, SweepLimitIsAnError) {
   const ExperimentSpec s = parse_experiment(y, "big.yaml");
   const std::string e = message_of([&] { (void)expand(s); });
   EXPECT_NE(e.find("big.yaml: the sweep expands to more than 100000 points"), std::string::npos) << e;
+}
+
+// Inputs the fuzzers found (scripts/fuzz), written here by the tests themselves.
+
+// llama2.c header with vocab_size INT32_MIN: its sign was negated before the range check (UB).
+TEST(FuzzRegressions, Llama2cVocabSizeIntMinIsAnError) {
+  const fs::path d = fs::temp_directory_path() / ("hg_fz_l2c_" + std::to_string(getpid()));
+  fs::create_directories(d);
+  const int32_t h[7] = {64, 128, 2, 4, 2, INT32_MIN, 128};
+  test::write_file((d / "m.bin").string(), std::string(reinterpret_cast<const char*>(h), sizeof h));
+  const std::string e = message_of([&] { (void)load_model("llama2c:" + (d / "m.bin").string()); });
+  EXPECT_NE(e.find("header field vocab_size = -2147483648 is invalid"), std::string::npos) << e;
+  fs::remove_all(d);
+}
+
+// A model name that is not UTF-8 made the point id's JSON text throw mid-expansion; such strings
+// now become U+FFFD in ids and rows.
+TEST(FuzzRegressions, NonUtf8StringsInAnExperimentAreKept) {
+  const std::string y = "name: u\nmodels: [\"synthetic:tiny-llama\xf8\"]\nstrategies: [full]\n";
+  const ExperimentSpec s = parse_experiment(y, "u.yaml");
+  std::vector<Point> pts;
+  ASSERT_NO_THROW(pts = expand(s));
+  ASSERT_EQ(pts.size(), 1u);
+  EXPECT_EQ(pts[0].id, expand(s)[0].id);
+  const fs::path d = fs::temp_directory_path() / ("hg_fz_utf_" + std::to_string(getpid()));
+  fs::remove_all(d);
+  {
+    ResultDir out(d.string(), s, false, false, "");
+    nlohmann::ordered_json row = {{"point_id", pts[0].id}, {"label", "full"}, {"repeat", 0}, {"model", pts[0].model}};
+    ASSERT_NO_THROW(out.append(row));
+  }
+  EXPECT_EQ(read_rows(d.string()).size(), 1u);
+  fs::remove_all(d);
 }
 
 // Every test docs/errors.md names is a test of this suite (or hg_calibrate_test's), so an entry
