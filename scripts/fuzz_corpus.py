@@ -11,6 +11,7 @@ import sys
 out, root = sys.argv[1], sys.argv[2]
 hgbench = sys.argv[3] if len(sys.argv) > 3 else None
 shared = os.path.join(root, "..", "shared")
+os.makedirs(out, exist_ok=True)
 
 
 def put(target, name, data):

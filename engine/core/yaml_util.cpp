@@ -36,7 +36,10 @@ void check_keys(const YAML::Node& node, const std::vector<std::string>& allowed,
                 const std::string& path) {
   if (!node.IsMap()) input_error("{}:{}: {} must be a mapping", file, line_of(node), path.empty() ? "the document" : path);
   for (auto it = node.begin(); it != node.end(); ++it) {
-    const std::string k = it->first.as<std::string>();
+    if (!it->first.IsScalar())
+      input_error("{}:{}: a key in {} must be a plain name, not a list or mapping", file, line_of(it->first),
+                  path.empty() ? "the document" : path);
+    const std::string k = it->first.Scalar();
     if (std::find(allowed.begin(), allowed.end(), k) == allowed.end())
       input_error("{}:{}: unknown key '{}' (did you mean '{}'?)", file, line_of(it->first), join(path, k),
                   join(path, nearest_key(k, allowed)));

@@ -53,9 +53,13 @@ Model load(const ModelSpec& spec, const LoadOptions& opts) {
 
   const int64_t d = m.hp.d_model, L = m.hp.n_layers, V = m.hp.n_vocab, ff = m.hp.d_ff,
                 kvd = int64_t(m.hp.n_kv_heads) * m.hp.head_dim, T = m.hp.max_pos, hd = m.hp.head_dim;
-  const int64_t n_floats = V * d + L * d + L * d * d + 2 * L * kvd * d + L * d * d + L * d + 3 * L * ff * d + d +
-                           T * hd + (shared ? 0 : V * d);  // freq_cis real+imag: T * hd/2 each
-  const uint64_t expect = 28 + uint64_t(n_floats) * 4;
+  // In 128 bits: each field is below 2^24, so a product of three is below 2^72.
+  using u128 = unsigned __int128;
+  const u128 n_floats = u128(V) * d + u128(L) * d + u128(L) * d * d + u128(2) * L * kvd * d + u128(L) * d * d +
+                        u128(L) * d + u128(3) * L * ff * d + u128(d) + u128(T) * hd +
+                        (shared ? 0 : u128(V) * d);  // freq_cis real+imag: T * hd/2 each
+  const u128 expect128 = 28 + n_floats * 4;
+  const uint64_t expect = expect128 > u128(UINT64_MAX) ? UINT64_MAX : uint64_t(expect128);
   if (f.size() != expect)
     input_error("{}: file has {} bytes but the header (dim {}, layers {}, vocab {}{}) implies {}", spec.path, f.size(),
                 d, L, V, shared ? ", shared classifier" : "", expect);

@@ -399,9 +399,17 @@ ExperimentSpec parse_experiment(const std::string& yaml, const std::string& file
   }
   if (!y.IsMap()) input_error("{}: an experiment file is a mapping (name, models, strategies, sweep, …)", file);
   for (auto& set : sets) apply_set(y, file, set);
-  if (sets.empty()) return parse_node(y, file);
+  // A conversion yaml-cpp refuses below (a node of an unexpected kind) is the file's error too.
+  auto parse = [&] {
+    try {
+      return parse_node(y, file);
+    } catch (const YAML::Exception& e) {
+      input_error("{}:{}: {}", file, e.mark.line + 1, e.msg);
+    }
+  };
+  if (sets.empty()) return parse();
   try {
-    return parse_node(y, file);
+    return parse();
   } catch (const InputError& e) {  // the value may come from an override, which has no line of its own
     std::string all;
     for (auto& s : sets) all += (all.empty() ? "" : ", ") + s;

@@ -157,6 +157,24 @@ TEST(FuzzRegressions, Llama2cVocabSizeIntMinIsAnError) {
   fs::remove_all(d);
 }
 
+// llama2.c header fields near their limit: the implied file size overflowed 64 bits (UB) before it
+// was compared with the file's.
+TEST(FuzzRegressions, Llama2cHugeHeaderIsAnErrorWithoutOverflow) {
+  const fs::path d = fs::temp_directory_path() / ("hg_fz_l2c2_" + std::to_string(getpid()));
+  fs::create_directories(d);
+  const int32_t h[7] = {1 << 24, 1 << 24, 1 << 24, 1 << 20, 1 << 20, 1 << 24, 1 << 24};
+  test::write_file((d / "m.bin").string(), std::string(reinterpret_cast<const char*>(h), sizeof h));
+  const std::string e = message_of([&] { (void)load_model("llama2c:" + (d / "m.bin").string()); });
+  EXPECT_NE(e.find("m.bin"), std::string::npos) << e;
+  fs::remove_all(d);
+}
+
+// A YAML key that is a list ([a]: 1) threw yaml-cpp's conversion exception out of the parser.
+TEST(FuzzRegressions, NonScalarYamlKeyIsAnError) {
+  const std::string e = message_of([] { (void)parse_experiment("name: k\n[a, b]: 1\n", "k.yaml"); });
+  EXPECT_NE(e.find("k.yaml:2: a key in the document must be a plain name"), std::string::npos) << e;
+}
+
 // A model name that is not UTF-8 made the point id's JSON text throw mid-expansion; such strings
 // now become U+FFFD in ids and rows.
 TEST(FuzzRegressions, NonUtf8StringsInAnExperimentAreKept) {
