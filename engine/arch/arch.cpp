@@ -2,7 +2,6 @@
 #include "engine/arch/arch.h"
 
 #include "engine/core/error.h"
-#include "engine/formats/gguf.h"
 
 namespace hg {
 
@@ -64,7 +63,7 @@ std::string gguf_tensor_name(GlobalSlot s) {
   }
 }
 
-void parse_gguf_llama_family(const GgufFile& f, HParams* hp) {
+void parse_gguf_llama_family(const ModelMetadata& f, HParams* hp) {
   const std::string a = hp->arch + ".";
   hp->d_model = int(f.get_uint(a + "embedding_length"));
   hp->n_layers = int(f.get_uint(a + "block_count"));

@@ -9,10 +9,9 @@
 #include <nlohmann/json.hpp>
 
 #include "engine/core/model.h"
+#include "engine/core/model_metadata.h"
 
 namespace hg {
-
-class GgufFile;
 
 struct Architecture {
   std::string name;                     // "llama", "qwen2", "opt"
@@ -24,7 +23,7 @@ struct Architecture {
   std::string (*hf_name)(Slot s, int layer) = nullptr;
   std::string (*hf_global_name)(GlobalSlot s) = nullptr;
   // GGUF support (nullptr when llama.cpp has no such architecture).
-  void (*parse_gguf)(const GgufFile& f, HParams* hp) = nullptr;
+  void (*parse_gguf)(const ModelMetadata& f, HParams* hp) = nullptr;
 };
 
 class ArchRegistry {
@@ -51,7 +50,7 @@ Architecture opt_architecture();
 std::string gguf_tensor_name(Slot s, int layer);
 std::string gguf_tensor_name(GlobalSlot s);
 // Reads the "<arch>.*" hyperparameters llama-family GGUF files carry.
-void parse_gguf_llama_family(const GgufFile& f, HParams* hp);
+void parse_gguf_llama_family(const ModelMetadata& f, HParams* hp);
 
 // Strict config.json accessors: a missing or mistyped field is an InputError naming file and field.
 int json_int(const nlohmann::json& j, const char* field, const std::string& where);

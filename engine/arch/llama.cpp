@@ -54,7 +54,7 @@ std::string hf_global_name(GlobalSlot s) {
   }
 }
 
-void parse_gguf(const GgufFile& f, HParams* hp) {
+void parse_gguf(const ModelMetadata& f, HParams* hp) {
   parse_gguf_llama_family(f, hp);
   hp->rope_style = RopeStyle::kInterleaved;  // llama.cpp's converter undoes HF's q/k permutation
 }

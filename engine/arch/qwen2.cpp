@@ -18,7 +18,7 @@ void parse_config(const nlohmann::json& cfg, const std::string& where, HParams* 
     input_error("{}: use_sliding_window true is not supported", where);
 }
 
-void parse_gguf(const GgufFile& f, HParams* hp) {
+void parse_gguf(const ModelMetadata& f, HParams* hp) {
   parse_gguf_llama_family(f, hp);
   hp->rope_style = RopeStyle::kHalf;  // llama.cpp runs qwen2 in NEOX (rotate-half) mode
 }

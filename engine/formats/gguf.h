@@ -8,11 +8,12 @@
 #include <vector>
 
 #include "engine/core/mapped_file.h"
+#include "engine/core/model_metadata.h"
 #include "engine/core/tensor.h"
 
 namespace hg {
 
-class GgufFile {
+class GgufFile final : public ModelMetadata {
  public:
   // GGUF value types (gguf spec).
   enum Type : uint32_t { kU8 = 0, kI8, kU16, kI16, kU32, kI32, kF32, kBool, kString, kArray, kU64, kI64, kF64 };
@@ -37,16 +38,16 @@ class GgufFile {
   };
 
   explicit GgufFile(const std::string& path);
-  const std::string& path() const { return file_.path(); }
+  const std::string& path() const override { return file_.path(); }
   uint32_t version() const { return version_; }
 
-  bool has(const std::string& key) const { return kv_.count(key) != 0; }
+  bool has(const std::string& key) const override { return kv_.count(key) != 0; }
   const Value& get(const std::string& key) const;
-  uint64_t get_uint(const std::string& key) const;
-  uint64_t get_uint_or(const std::string& key, uint64_t dflt) const;
-  double get_float_or(const std::string& key, double dflt) const;
+  uint64_t get_uint(const std::string& key) const override;
+  uint64_t get_uint_or(const std::string& key, uint64_t dflt) const override;
+  double get_float_or(const std::string& key, double dflt) const override;
   bool get_bool_or(const std::string& key, bool dflt) const;
-  std::string get_string(const std::string& key) const;
+  std::string get_string(const std::string& key) const override;
   std::string get_string_or(const std::string& key, const std::string& dflt) const;
   std::vector<std::string> get_string_array(const std::string& key) const;
   std::vector<double> get_number_array(const std::string& key) const;

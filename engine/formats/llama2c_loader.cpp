@@ -54,7 +54,7 @@ Model load(const ModelSpec& spec, const LoadOptions& opts) {
   const int64_t d = m.hp.d_model, L = m.hp.n_layers, V = m.hp.n_vocab, ff = m.hp.d_ff,
                 kvd = int64_t(m.hp.n_kv_heads) * m.hp.head_dim, T = m.hp.max_pos, hd = m.hp.head_dim;
   // In 128 bits: each field is below 2^24, so a product of three is below 2^72.
-  using u128 = unsigned __int128;
+  __extension__ typedef unsigned __int128 u128;
   const u128 n_floats = u128(V) * d + u128(L) * d + u128(L) * d * d + u128(2) * L * kvd * d + u128(L) * d * d +
                         u128(L) * d + u128(3) * L * ff * d + u128(d) + u128(T) * hd +
                         (shared ? 0 : u128(V) * d);  // freq_cis real+imag: T * hd/2 each
