@@ -4,7 +4,10 @@
 // `micro_batches: m` splits the rows into m micro-batches so that the CPU attention of one overlaps
 // the transfers of the others (the part of CGOPipe that lives inside one layer; overlapping the
 // accelerator's FFN of other micro-batches needs decoder-level micro-batching, not built yet).
-// Transfers per step: q, k, v and the output only.
+// Transfers per step: q, k, v and the output only. The prefill's attention runs on the accelerator,
+// as the authors' artifact does: a prompt chunk's rows attend over a staging copy of one layer on
+// the `gpu` tier (the chunk's own k, v, plus earlier chunks' loaded back from dram); only decode
+// attention goes to the CPU.
 #include "baselines/common.h"
 #include "engine/decoder/kv_store.h"
 
@@ -14,19 +17,32 @@ namespace {
 class MoeLightning final : public KvStrategy {
  public:
   MoeLightning(const StrategyContext& ctx, const StrategyParams& p)
-      : rt_(require_runtime(ctx, "moe_lightning")), mb_(int(p.get_int("micro_batches"))) {
+      : be_(ctx.backend), rt_(require_runtime(ctx, "moe_lightning")), mb_(int(p.get_int("micro_batches"))) {
     if (mb_ < 1) input_error("strategy moe_lightning: micro_batches must be >= 1");
   }
   std::string_view name() const override { return "moe_lightning"; }
-  // Attention runs on the CPU over dram: the accelerator reads no K or V.
-  int64_t accel_attention_keys(const TokenRow&) const override { return 0; }
+  // Decode attention runs on the CPU over dram: the accelerator reads no K or V then. Prefill rows
+  // attend on the accelerator over every visible key.
+  int64_t accel_attention_keys(const TokenRow& r) const override {
+    return prefill(r) ? int64_t(r.pos) + 1 : 0;
+  }
 
-  void begin(const KvShape& shape, std::span<const int32_t> capacity, std::span<const int32_t>) override {
+  void begin(const KvShape& shape, std::span<const int32_t> capacity, std::span<const int32_t> prompt_len) override {
     shape_ = shape;
+    prompt_.assign(prompt_len.begin(), prompt_len.end());
     store_.reset(shape, capacity, &rt_.memory(), Tier::kDram);
+    // One layer of the prompt on the accelerator (its tokens only; decode needs none).
+    std::vector<int32_t> cap(prompt_.begin(), prompt_.end());
+    for (auto& c : cap) c = std::max(c, 1);
+    stage_.reset(KvShape{1, shape.H, shape.H_kv, shape.D, shape.rope}, cap, &rt_.memory(), Tier::kGpu);
   }
 
   void append(int layer, std::span<const TokenRow> rows, const float* k, const float* v) override {
+    // Prompt rows: the accelerator keeps its own copy for the prefill's attention (rows in order:
+    // a chunk's prompt rows come before any decode row of the same call).
+    size_t np = 0;
+    while (np < rows.size() && prefill(rows[np])) ++np;
+    if (np > 0) stage_.write(0, rows.subspan(0, np), k, v, &be_);
     const size_t n = rows.size() * size_t(shape_.H_kv) * size_t(shape_.D);
     std::vector<TokenRow> r(rows.begin(), rows.end());
     kv_in_ = rt_.transfers().run(
@@ -41,6 +57,16 @@ class MoeLightning final : public KvStrategy {
 
   void attend(int layer, std::span<const TokenRow> rows, const float* q, float scale, float* out) override {
     const int64_t row_floats = int64_t(shape_.H) * shape_.D;
+    size_t np = 0;
+    while (np < rows.size() && prefill(rows[np])) ++np;
+    if (np > 0) attend_prefill(layer, rows.subspan(0, np), q, scale, out);
+    if (np == rows.size()) {
+      kv_in_.wait();  // k, v are the decoder's scratch: written back before the next layer reuses it
+      return;
+    }
+    rows = rows.subspan(np);
+    q += int64_t(np) * row_floats;
+    out += int64_t(np) * row_floats;
     const int64_t need = int64_t(rows.size()) * row_floats * 4;
     if (!qbuf_.data() || qbuf_.bytes() < need) {
       qbuf_ = rt_.memory().allocate(Tier::kDram, need);
@@ -71,6 +97,36 @@ class MoeLightning final : public KvStrategy {
   }
 
  private:
+  bool prefill(const TokenRow& r) const { return r.pos < prompt_[size_t(r.seq)]; }
+
+  // Prompt rows on the accelerator: tokens before this chunk come back from dram into the staging
+  // layer (the chunk's own are there from append()), then exact causal attention.
+  void attend_prefill(int layer, std::span<const TokenRow> rows, const float* q, float scale, float* out) {
+    const auto first = first_new_position(rows);
+    int64_t bytes = 0;
+    for (auto& [seq, n] : first) bytes += int64_t(n) * shape_.H_kv * shape_.D * 4 * 2;
+    if (bytes > 0) {
+      rt_.transfers()
+          .run(
+              Tier::kDram, Tier::kGpu, bytes,
+              [this, layer, &first] {
+                for (auto& [seq, n] : first) {
+                  if (n == 0) continue;
+                  const size_t src = size_t(store_.head_stride(seq)) * 4, dst = size_t(stage_.head_stride(seq)) * 4;
+                  const size_t len = size_t(n) * size_t(shape_.D) * 4;
+                  be_.upload_2d(stage_.k(0, seq), dst, store_.k(layer, seq), src, len, size_t(shape_.H_kv));
+                  be_.upload_2d(stage_.v(0, seq), dst, store_.v(layer, seq), src, len, size_t(shape_.H_kv));
+                }
+              },
+              {kv_in_}, "prompt kv back, layer " + std::to_string(layer))
+          .wait();
+    }
+    std::vector<AttnRow> ar(rows.size());
+    for (size_t i = 0; i < rows.size(); ++i)
+      ar[i] = AttnRow{stage_.k(0, rows[i].seq), stage_.v(0, rows[i].seq), stage_.head_stride(rows[i].seq), rows[i].pos + 1};
+    be_.attention(attention_args(shape_, ar, q, scale, out));
+  }
+
   StageWork work(int layer, const std::vector<TokenRow>& r) const {
     (void)layer;
     StageWork w;
@@ -80,10 +136,12 @@ class MoeLightning final : public KvStrategy {
     w.bytes[size_t(Tier::kDram)] = 2 * keys * shape_.H_kv * shape_.D * 4;
     return w;
   }
+  Backend& be_;
   Runtime& rt_;
   int mb_;
   KvShape shape_;
-  KvStore store_;
+  std::vector<int32_t> prompt_;
+  KvStore store_, stage_;  // stage_: one layer of the prompt on the gpu tier
   Allocation qbuf_, obuf_;
   Event kv_in_;
 };

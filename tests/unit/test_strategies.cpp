@@ -55,8 +55,8 @@ double ref_gumbel(uint64_t seed, int layer, int seq, int row, int head, int32_t 
 // Teacher-forced run: prefill `prompt` tokens of `toks`, then one decode step per remaining token.
 // Returns the logits of the last prompt row and of every decode step; calls on_step(step) after each.
 std::vector<std::vector<float>> step_logits(const Model& m, Backend& be, KvStrategy& kv, const std::vector<int32_t>& toks,
-                                            int prompt, const std::function<void(int)>& on_step = {}) {
-  Decoder dec(m, be, kv);
+                                            int prompt, const std::function<void(int)>& on_step = {}, int max_rows = 512) {
+  Decoder dec(m, be, kv, max_rows);
   const int32_t cap = int32_t(toks.size()) + 1, pl = prompt;
   kv.begin(dec.kv_shape(), std::span<const int32_t>(&cap, 1), std::span<const int32_t>(&pl, 1));
   std::vector<std::vector<float>> out;
@@ -522,6 +522,39 @@ TEST(TransferAccounting, FlexgenAndMoeLightningPerStep) {
         before = now;
       });
     }).wait();
+  }
+}
+
+// MoE-Lightning's prefill attends on the accelerator (no CPU attention stage before the first
+// decode step, also when the prompt arrives in chunks whose earlier K/V come back from dram), with
+// the oracle's logits; decode attention runs on the CPU.
+TEST(MoeLightning, PrefillAttendsOnTheAcceleratorAndDecodeOnTheCpu) {
+  Model m = load_model("synthetic:tiny-qwen2");
+  const int prompt = 23;
+  const auto toks = token_stream(prompt + 5, m.hp.n_vocab, 9);
+  auto ref = make_ref_backend();
+  FullStrategy oracle(*ref);
+  const auto want = step_logits(m, *ref, oracle, toks, prompt);
+  for (int max_rows : {512, 8}) {
+    RuntimeConfig rc;
+    rc.device = "emulated";
+    Runtime rt(rc);
+    auto kv = make_strategy("moe_lightning", StrategyContext{rt.accel_backend(), &rt, &m});
+    auto cpu_attention = [&] {
+      int n = 0;
+      for (auto& r : rt.log().snapshot()) n += r.name.rfind("cpu attention", 0) == 0;
+      return n;
+    };
+    int at_prefill = -1;
+    std::vector<std::vector<float>> got;
+    rt.accel().submit("run", {}, {}, [&] {
+      got = step_logits(m, rt.accel_backend(), *kv, toks, prompt, [&](int step) {
+        if (step == 0) at_prefill = cpu_attention();
+      }, max_rows);
+    }).wait();
+    EXPECT_EQ(at_prefill, 0) << "max_rows " << max_rows;
+    EXPECT_EQ(cpu_attention(), 5 * m.hp.n_layers) << "max_rows " << max_rows;  // one per decode step and layer
+    expect_steps_close(got, want, 1e-4, "moe_lightning, prefill chunks of " + std::to_string(max_rows));
   }
 }
 
