@@ -9,8 +9,15 @@
 
 namespace hg {
 
-EvictingStrategy::EvictingStrategy(const StrategyContext& ctx, const char* name)
-    : be_(ctx.backend), rt_(require_runtime(ctx, name)) {}
+EvictingStrategy::EvictingStrategy(const StrategyContext& ctx, const char* name, const StrategyParams& p)
+    : be_(ctx.backend), rt_(require_runtime(ctx, name)), home_dram_(p.get("kv_home") == "dram") {}
+
+ParamSpec kv_home_param() {
+  return {"kv_home", ParamSpec::Type::kEnum, "dram", "",
+          "where retained KV lives between steps: dram (sent to the accelerator every layer and step, as on the "
+          "FlexGen engine of the paper's baselines) or gpu",
+          {"dram", "gpu"}};
+}
 
 void EvictingStrategy::begin(const KvShape& shape, std::span<const int32_t> capacity,
                              std::span<const int32_t> prompt_len) {
@@ -20,7 +27,8 @@ void EvictingStrategy::begin(const KvShape& shape, std::span<const int32_t> capa
   context_.assign(prompt_.begin(), prompt_.end());
   std::vector<int32_t> slots(prompt_.size());
   for (size_t b = 0; b < prompt_.size(); ++b) slots[b] = std::max(prompt_[b], budget(int(b), capacity_[b])) + 1;
-  store_.reset(shape, slots, rt_.memory(), Tier::kGpu);
+  store_.reset(shape, slots, rt_.memory(), home_dram_ ? Tier::kDram : Tier::kGpu);
+  staged_.clear();
   scores_.assign(size_t(shape.n_layers) * prompt_.size() * size_t(shape.H_kv), {});
   for (size_t i = 0; i < scores_.size(); ++i) scores_[i].assign(size_t(slots[(i / size_t(shape.H_kv)) % prompt_.size()]), 0.0);
   evicted_ = 0;
@@ -53,26 +61,67 @@ void EvictingStrategy::evict_to(int layer, int seq, int32_t keep) {
 
 void EvictingStrategy::append(int layer, std::span<const TokenRow> rows, const float* k, const float* v) {
   const int D = shape_.D, Hkv = shape_.H_kv;
-  std::vector<float> kr(static_cast<size_t>(D));
-  for (size_t i = 0; i < rows.size(); ++i) {
-    const TokenRow r = rows[i];
-    // Prefill selection: the first decode step prunes the prompt to the budget.
+  // Prefill selection: the first decode step prunes the prompt to the budget.
+  for (auto& r : rows)
     if (r.pos == prompt_len(r.seq) && r.pos > 0) {
       context_[size_t(r.seq)] = r.pos;
       evict_to(layer, r.seq, budget(r.seq, r.pos));
     }
-    for (int g = 0; g < Hkv; ++g) {
-      const float* krow = k + (int64_t(i) * Hkv + g) * D;
-      if (cache_positions() && shape_.rope) {  // store pre-RoPE: rotate back by the original position
-        std::copy(krow, krow + D, kr.begin());
-        const int32_t neg = -r.pos;
-        be_.rope(kr.data(), 1, 1, D, &neg, *shape_.rope);
-        krow = kr.data();
-      }
-      const int32_t s = store_.insert(layer, r.seq, g, r.pos, krow, v + (int64_t(i) * Hkv + g) * D);
-      scores(layer, r.seq, g)[size_t(s)] = 0.0;
+  // Keys stored pre-RoPE (rotated back by their original position) where the policy re-rotates.
+  const float* ks = k;
+  if (cache_positions() && shape_.rope) {
+    kin_.assign(k, k + rows.size() * size_t(Hkv) * size_t(D));
+    for (size_t i = 0; i < rows.size(); ++i) {
+      const int32_t neg = -rows[i].pos;
+      be_.rope(kin_.data() + int64_t(i) * Hkv * D, 1, Hkv, D, &neg, *shape_.rope);
     }
+    ks = kin_.data();
   }
+  auto insert = [&] {
+    for (size_t i = 0; i < rows.size(); ++i)
+      for (int g = 0; g < Hkv; ++g) {
+        const int64_t at = (int64_t(i) * Hkv + g) * D;
+        const int32_t s = store_.insert(layer, rows[i].seq, g, rows[i].pos, ks + at, v + at);
+        scores(layer, rows[i].seq, g)[size_t(s)] = 0.0;
+      }
+  };
+  if (!home_dram_) return insert();
+  // The new tokens' K and V, computed on the accelerator, go to their home in dram.
+  rt_.transfers().run(Tier::kGpu, Tier::kDram, int64_t(rows.size()) * Hkv * D * 4 * 2, insert, {}, "kv to dram").wait();
+}
+
+std::map<int32_t, std::pair<const float*, const float*>> EvictingStrategy::kv_on_accelerator(
+    int layer, std::span<const TokenRow> rows) {
+  std::map<int32_t, std::pair<const float*, const float*>> at;
+  for (auto& r : rows) at[r.seq] = {store_.k(layer, r.seq), store_.v(layer, r.seq)};
+  if (!home_dram_) return at;
+  const int D = shape_.D, Hkv = shape_.H_kv;
+  int64_t bytes = 0;
+  for (auto& [seq, kv] : at) {
+    const int64_t stride = store_.head_stride(seq);
+    Allocation& a = staged_[seq];
+    grow_allocation(rt_.memory(), Tier::kGpu, a, int64_t(2) * Hkv * stride * 4, true);
+    for (int g = 0; g < Hkv; ++g) bytes += int64_t(2) * store_.count(layer, seq, g) * D * 4;
+    kv = {a.as<float>(), a.as<float>() + Hkv * stride};
+  }
+  // Each head's retained slots [0, count), K then V, in the store's layout.
+  rt_.transfers()
+      .run(
+          Tier::kDram, Tier::kGpu, bytes,
+          [&] {
+            for (auto& [seq, kv] : at) {
+              const int64_t stride = store_.head_stride(seq);
+              for (int g = 0; g < Hkv; ++g) {
+                const size_t len = size_t(store_.count(layer, seq, g)) * size_t(D) * 4;
+                float* dst = staged_.at(seq).as<float>();
+                be_.upload(dst + g * stride, store_.k(layer, seq) + g * stride, len);
+                be_.upload(dst + (Hkv + g) * stride, store_.v(layer, seq) + g * stride, len);
+              }
+            }
+          },
+          {}, "retained kv to the accelerator")
+      .wait();
+  return at;
 }
 
 void EvictingStrategy::attend(int layer, std::span<const TokenRow> rows, const float* q, float scale, float* out) {
@@ -95,6 +144,7 @@ void EvictingStrategy::attend(int layer, std::span<const TokenRow> rows, const f
   rotated_.clear();
   krot_used_ = 0;
   rot_off_.resize(rows.size());
+  const auto kv = kv_on_accelerator(layer, rows);
   if (rerotate) {
     qrot_.assign(q, q + rows.size() * size_t(H) * size_t(D));
     qa = qrot_.data();
@@ -103,7 +153,7 @@ void EvictingStrategy::attend(int layer, std::span<const TokenRow> rows, const f
     const TokenRow r = rows[i];
     // Slots are in position order during prefill (nothing evicted yet): row at pos p sees p + 1.
     const int32_t n = r.pos < prompt_len(r.seq) ? r.pos + 1 : store_.count(layer, r.seq, 0);
-    AttnRow ar{store_.k(layer, r.seq), store_.v(layer, r.seq), store_.head_stride(r.seq), n};
+    AttnRow ar{kv.at(r.seq).first, kv.at(r.seq).second, store_.head_stride(r.seq), n};
     if (rerotate) {
       // Keys at their rank within the cache (0..n-1), the query at the current token's rank. One
       // rotated copy per sequence and call: during prefill nothing was evicted, so ranks equal
@@ -131,8 +181,8 @@ void EvictingStrategy::attend(int layer, std::span<const TokenRow> rows, const f
           const int32_t* pos = store_.positions(layer, r.seq, g);
           std::iota(order.begin(), order.end(), 0);
           std::sort(order.begin(), order.end(), [&](int32_t a2, int32_t b2) { return pos[a2] < pos[b2]; });
-          const float* ks = store_.k(layer, r.seq) + g * store_.head_stride(r.seq);
-          const float* vs = store_.v(layer, r.seq) + g * store_.head_stride(r.seq);
+          const float* ks = kv.at(r.seq).first + g * store_.head_stride(r.seq);
+          const float* vs = kv.at(r.seq).second + g * store_.head_stride(r.seq);
           for (int32_t j = 0; j < nmax; ++j) {
             const int64_t src = int64_t(order[size_t(j)]) * D;
             std::copy(ks + src, ks + src + D, kstage_.data() + (int64_t(j) * Hkv + g) * D);

@@ -1,5 +1,8 @@
 // Token-eviction strategies (StreamingLLM, H2O, Keyformer) share this engine: retained tokens
-// live in a SlotStore on the accelerator's `gpu` tier; attention runs there over the retained set
+// live in a SlotStore on `dram` (`kv_home: dram`, the default: as on the FlexGen engine the paper's
+// baselines run on, the new token's K and V go to dram and the retained set is sent to the
+// accelerator every layer and step) or on the accelerator's `gpu` tier (`kv_home: gpu`); attention
+// runs on the accelerator over the retained set
 // plus the current token (with logit/probability taps); a policy scores tokens and picks which to
 // drop. Prefill keeps the whole prompt (causal attention over it, scores accumulated); the first
 // decode step prunes to the budget; every decode step then adds one token and evicts down to the
@@ -14,9 +17,12 @@
 
 namespace hg {
 
+// The `kv_home` parameter every evicting strategy declares.
+ParamSpec kv_home_param();
+
 class EvictingStrategy : public KvStrategy {
  public:
-  EvictingStrategy(const StrategyContext& ctx, const char* name);
+  EvictingStrategy(const StrategyContext& ctx, const char* name, const StrategyParams& p);
   void begin(const KvShape& shape, std::span<const int32_t> capacity, std::span<const int32_t> prompt_len) override;
   void append(int layer, std::span<const TokenRow> rows, const float* k, const float* v) override;
   void attend(int layer, std::span<const TokenRow> rows, const float* q, float scale, float* out) override;
@@ -76,6 +82,9 @@ class EvictingStrategy : public KvStrategy {
     return (size_t(layer) * prompt_.size() + size_t(seq)) * size_t(shape_.H_kv) + size_t(g);
   }
   void evict_to(int layer, int seq, int32_t keep);
+  // kv_home dram: the retained K and V of `rows`' sequences in `layer`, sent to the gpu tier; returns
+  // seq → (K, V) in the store's layout (the store itself for kv_home gpu).
+  std::map<int32_t, std::pair<const float*, const float*>> kv_on_accelerator(int layer, std::span<const TokenRow> rows);
   Backend& be_;
   Runtime& rt_;
   KvShape shape_;
@@ -86,9 +95,12 @@ class EvictingStrategy : public KvStrategy {
   std::vector<AttnRow> attn_rows_;
   std::vector<int32_t> victims_, pending_;  // evict_to's scratch
   std::vector<float> kstage_;               // attend(): keys being re-rotated, [rank][head][D]
+  std::vector<float> kin_;                  // append(): new keys rotated back to position 0
   std::vector<int32_t> ranks_;              // 0, 1, 2, …
   std::map<int32_t, size_t> rotated_;  // seq → offset of its rotated K/V copy in this call
   std::vector<size_t> rot_off_;        // per row of the call: its sequence's offset
+  bool home_dram_ = true;              // kv_home: dram
+  std::map<int32_t, Allocation> staged_;  // kv_home dram: each sequence's retained K|V on the gpu tier
   size_t krot_used_ = 0;
   int64_t evicted_ = 0;
 };

@@ -19,7 +19,15 @@ class FlexGen final : public KvStrategy {
       : be_(ctx.backend), rt_(require_runtime(ctx, "flexgen")), overlap_(p.get_bool("overlap")) {}
   std::string_view name() const override { return "flexgen"; }
 
+  ~FlexGen() override {
+    try {
+      settle();
+    } catch (...) {  // a failed load was reported to its reader already, or has none left
+    }
+  }
+
   void begin(const KvShape& shape, std::span<const int32_t> capacity, std::span<const int32_t>) override {
+    settle();  // a prefetch for a step that did not come still writes into the staging layers
     shape_ = shape;
     stage_.reset(KvShape{2, shape.H, shape.H_kv, shape.D, shape.rope}, capacity, &rt_.memory(), Tier::kGpu);
     store_.reset(shape, capacity, &rt_.memory(), Tier::kDram);
@@ -100,6 +108,12 @@ class FlexGen final : public KvStrategy {
           }
         },
         {writeback_}, "kv load layer " + std::to_string(layer));
+  }
+
+  void settle() {
+    for (auto& p : prefetch_)
+      if (p.valid()) p.wait();
+    if (writeback_.valid()) writeback_.wait();
   }
 
   // The prefetch in flight holds at least the tokens `first` asks for, for every sequence.

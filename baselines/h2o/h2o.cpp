@@ -16,7 +16,7 @@ namespace hg {
 class H2o : public EvictingStrategy {
  public:
   H2o(const StrategyContext& ctx, const StrategyParams& p)
-      : EvictingStrategy(ctx, "h2o"), heavy_ratio_(p.get_float("heavy_ratio")), recent_ratio_(p.get_float("recent_ratio")),
+      : EvictingStrategy(ctx, "h2o", p), heavy_ratio_(p.get_float("heavy_ratio")), recent_ratio_(p.get_float("recent_ratio")),
         heavy_tokens_(int32_t(p.get_int("heavy_tokens"))), recent_tokens_(int32_t(p.get_int("recent_tokens"))) {
     // kv_ratio: the whole budget as one fraction, split evenly as the authors' defaults split it.
     if (const double kv = p.get_float("kv_ratio"); kv > 0) heavy_ratio_ = recent_ratio_ = kv / 2;
@@ -55,7 +55,8 @@ StrategyInfo h2o_info() {
            {"kv_ratio", ParamSpec::Type::kFloat, "0", "ratio",
             "whole budget as a fraction of the current context, half heavy and half recent (0: the two ratios)", {}},
            {"heavy_tokens", ParamSpec::Type::kInt, "0", "tokens", "heavy-hitter budget in tokens (0: heavy_ratio)", {}},
-           {"recent_tokens", ParamSpec::Type::kInt, "0", "tokens", "recent-window budget in tokens (0: recent_ratio)", {}}},
+           {"recent_tokens", ParamSpec::Type::kInt, "0", "tokens", "recent-window budget in tokens (0: recent_ratio)", {}},
+           kv_home_param()},
           [](const StrategyContext& c, const StrategyParams& p) { return std::make_unique<H2o>(c, p); }};
 }
 

@@ -125,7 +125,7 @@ void keyformer_gumbel_n(uint64_t seed, int layer, int seq, int row, int head, co
 class Keyformer : public EvictingStrategy {
  public:
   Keyformer(const StrategyContext& ctx, const StrategyParams& p)
-      : EvictingStrategy(ctx, "keyformer"), kv_ratio_(p.get_float("kv_ratio")), recent_ratio_(p.get_float("recent_ratio")),
+      : EvictingStrategy(ctx, "keyformer", p), kv_ratio_(p.get_float("kv_ratio")), recent_ratio_(p.get_float("recent_ratio")),
         tau_init_(p.get_float("tau_init")), tau_end_(p.get_float("tau_end")), seed_(uint64_t(p.get_int("seed"))),
         kv_tokens_(int32_t(p.get_int("kv_tokens"))) {
     if (kv_tokens_ < 0) input_error("strategy keyformer: kv_tokens must be >= 0");
@@ -186,7 +186,8 @@ StrategyInfo keyformer_info() {
            {"recent_ratio", ParamSpec::Type::kFloat, "0.3", "ratio", "recent window, fraction of the budget", {}},
            {"tau_init", ParamSpec::Type::kFloat, "1.0", "", "Gumbel-softmax temperature at the prompt", {}},
            {"tau_end", ParamSpec::Type::kFloat, "2.0", "", "temperature at the last generated token", {}},
-           {"seed", ParamSpec::Type::kInt, "0", "", "Gumbel noise seed", {}}},
+           {"seed", ParamSpec::Type::kInt, "0", "", "Gumbel noise seed", {}},
+           kv_home_param()},
           [](const StrategyContext& c, const StrategyParams& p) { return std::make_unique<Keyformer>(c, p); }};
 }
 

@@ -15,7 +15,7 @@ namespace {
 class StreamingLlm final : public EvictingStrategy {
  public:
   StreamingLlm(const StrategyContext& ctx, const StrategyParams& p)
-      : EvictingStrategy(ctx, "streamingllm"), sinks_(int32_t(p.get_int("sinks"))), window_(int32_t(p.get_int("window"))),
+      : EvictingStrategy(ctx, "streamingllm", p), sinks_(int32_t(p.get_int("sinks"))), window_(int32_t(p.get_int("window"))),
         cache_pos_(p.get("positions") == "cache"), kv_ratio_(p.get_float("kv_ratio")) {
     if (sinks_ < 0 || window_ < 1) input_error("strategy streamingllm: sinks must be >= 0 and window >= 1");
     if (kv_ratio_ < 0 || kv_ratio_ > 1) input_error("strategy streamingllm: kv_ratio must be in [0, 1]");
@@ -56,7 +56,8 @@ StrategyInfo streamingllm_info() {
            {"window", ParamSpec::Type::kInt, "1024", "tokens", "newest tokens kept", {}},
            {"kv_ratio", ParamSpec::Type::kFloat, "0", "ratio",
             "instead of window: sinks + window = this fraction of the current context (0: window)", {}},
-           {"positions", ParamSpec::Type::kEnum, "cache", "", "RoPE positions of kept keys", {"cache", "original"}}},
+           {"positions", ParamSpec::Type::kEnum, "cache", "", "RoPE positions of kept keys", {"cache", "original"}},
+           kv_home_param()},
           [](const StrategyContext& c, const StrategyParams& p) { return std::make_unique<StreamingLlm>(c, p); }};
 }
 

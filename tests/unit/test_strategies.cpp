@@ -525,6 +525,52 @@ TEST(TransferAccounting, FlexgenAndMoeLightningPerStep) {
   }
 }
 
+// H2O, Keyformer and StreamingLLM keep their retained KV in dram by default (the paper's baselines
+// run on the FlexGen engine): each decode step sends the new token's K and V there and the retained
+// set (budget plus the new token) to the accelerator, per layer; `kv_home: gpu` moves nothing. The
+// logits are the same either way.
+TEST(TransferAccounting, EvictionStrategiesSendTheirRetainedKvEveryStep) {
+  Model m = load_model("synthetic:tiny-qwen2");
+  const auto& hp = m.hp;
+  const int prompt = 30;
+  const auto toks = token_stream(prompt + 6, hp.n_vocab, 5);
+  const int64_t row_kv = int64_t(hp.n_kv_heads) * hp.head_dim * 4;
+  for (const char* name : {"h2o", "keyformer", "streamingllm"}) {
+    std::map<std::string, std::vector<std::vector<float>>> logits;
+    for (const char* home : {"dram", "gpu"}) {
+      RuntimeConfig rc;
+      rc.device = "emulated";
+      Runtime rt(rc);
+      std::map<std::string, std::string> params = {{"kv_home", home}};
+      if (std::string(name) == "streamingllm") params["window"] = "12";
+      auto kv = make_strategy(name, StrategyContext{rt.accel_backend(), &rt, &m}, params);
+      auto* ev = dynamic_cast<EvictingStrategy*>(kv.get());
+      TransferTotals before;
+      int32_t held_before = 0;
+      rt.accel().submit("run", {}, {}, [&] {
+        logits[home] = step_logits(m, rt.accel_backend(), *kv, toks, prompt, [&](int step) {
+          const TransferTotals now = rt.transfers().totals();
+          const int64_t h2d = now.bytes_between(Tier::kDram, Tier::kGpu) - before.bytes_between(Tier::kDram, Tier::kGpu);
+          const int64_t d2h = now.bytes_between(Tier::kGpu, Tier::kDram) - before.bytes_between(Tier::kGpu, Tier::kDram);
+          if (step > 0) {
+            if (std::string(home) == "dram") {
+              EXPECT_EQ(d2h, hp.n_layers * 2 * row_kv) << name << " step " << step;
+              // The first decode step prunes the prompt to the budget before it attends.
+              const int32_t held = step == 1 ? std::min(held_before, ev->budget(0, prompt)) : held_before;
+              EXPECT_EQ(h2d, hp.n_layers * 2 * (held + 1) * row_kv) << name << " step " << step;
+            } else {
+              EXPECT_EQ(d2h + h2d, 0) << name << " step " << step;
+            }
+          }
+          held_before = ev->store().count(0, 0, 0);
+          before = now;
+        });
+      }).wait();
+    }
+    expect_steps_close(logits["dram"], logits["gpu"], 1e-6, std::string(name) + " kv_home dram vs gpu");
+  }
+}
+
 // MoE-Lightning's prefill attends on the accelerator (no CPU attention stage before the first
 // decode step, also when the prompt arrives in chunks whose earlier K/V come back from dram), with
 // the oracle's logits; decode attention runs on the CPU.
