@@ -26,8 +26,11 @@ class SpmBpeTokenizer final : public Tokenizer {
     byte_ids_.fill(-1);
     for (size_t i = 0; i < pieces_.size(); ++i) {
       const std::string& p = pieces_[i];
-      if (p.size() == 6 && p.rfind("<0x", 0) == 0 && p[5] == '>') {
-        const int b = std::stoi(p.substr(3, 2), nullptr, 16);
+      // Byte pieces <0xHH>: exactly two hex digits (anything else is an ordinary piece).
+      auto hex = [](char c) { return c >= '0' && c <= '9' ? c - '0' : c >= 'A' && c <= 'F' ? c - 'A' + 10
+                                                                  : c >= 'a' && c <= 'f' ? c - 'a' + 10 : -1; };
+      if (p.size() == 6 && p.rfind("<0x", 0) == 0 && p[5] == '>' && hex(p[3]) >= 0 && hex(p[4]) >= 0) {
+        const int b = hex(p[3]) * 16 + hex(p[4]);
         if (byte_ids_[size_t(b)] < 0) byte_ids_[size_t(b)] = int32_t(i);
         continue;
       }

@@ -19,6 +19,7 @@
 #include "engine/formats/gguf.h"
 #include "engine/runtime/memory.h"
 #include "engine/runtime/runtime.h"
+#include "engine/tokenizer/tokenizer.h"
 #include "experiments/runner/recorder.h"
 #include "experiments/runner/spec.h"
 #include "test_util.h"
@@ -173,6 +174,15 @@ TEST(FuzzRegressions, Llama2cHugeHeaderIsAnErrorWithoutOverflow) {
 TEST(FuzzRegressions, NonScalarYamlKeyIsAnError) {
   const std::string e = message_of([] { (void)parse_experiment("name: k\n[a, b]: 1\n", "k.yaml"); });
   EXPECT_NE(e.find("k.yaml:2: a key in the document must be a plain name"), std::string::npos) << e;
+}
+
+// A SentencePiece-style vocabulary whose piece looks like a byte piece but is not hex (<0xZZ>) made
+// std::stoi throw out of the tokenizer (and <0x-1> would have indexed byte -1).
+TEST(FuzzRegressions, ByteLikePiecesThatAreNotHexAreOrdinaryPieces) {
+  std::vector<std::string> pieces = {"<unk>", "<s>", "</s>", "<0xZZ>", "<0x-1>", "<0x41>", "a"};
+  auto t = make_spm_bpe_tokenizer(pieces, {}, {2, 3, 3, 1, 1, 6, 1}, false);
+  EXPECT_EQ(t->encode("A"), (std::vector<int32_t>{5}));
+  EXPECT_EQ(t->encode("a"), (std::vector<int32_t>{6}));
 }
 
 // A model name that is not UTF-8 made the point id's JSON text throw mid-expansion; such strings
