@@ -362,6 +362,10 @@ std::unique_ptr<Tokenizer> load_tiktoken(const std::string& path, PreSplit pre) 
   return t;
 }
 
+namespace {
+std::unique_ptr<Tokenizer> hf_tokenizer_from_json(const nlohmann::json& j, const std::string& path);
+}  // namespace
+
 std::unique_ptr<Tokenizer> load_hf_tokenizer_json(const std::string& path) {
   nlohmann::json j;
   try {
@@ -369,20 +373,31 @@ std::unique_ptr<Tokenizer> load_hf_tokenizer_json(const std::string& path) {
   } catch (const nlohmann::json::exception& e) {
     input_error("{}: invalid JSON: {}", path, e.what());
   }
-  const auto& model = j["model"];
+  if (!j.is_object()) input_error("{}: expected a JSON object with 'model'", path);
+  // A field of an unexpected JSON type anywhere below is the file's error, named with it.
+  try {
+    return hf_tokenizer_from_json(j, path);
+  } catch (const nlohmann::json::exception& e) {
+    input_error("{}: a field has an unexpected type ({})", path, e.what());
+  }
+}
+
+namespace {
+std::unique_ptr<Tokenizer> hf_tokenizer_from_json(const nlohmann::json& j, const std::string& path) {
+  const auto& model = j.at("model");
   if (!model.is_object() || model.value("type", "") != "BPE")
     input_error("{}: field 'model.type' must be BPE (byte-level BPE tokenizers only)", path);
-  if (!model.contains("vocab") || !model["vocab"].is_object()) input_error("{}: missing field 'model.vocab'", path);
+  if (!model.contains("vocab") || !model.at("vocab").is_object()) input_error("{}: missing field 'model.vocab'", path);
   ByteBpeSpec spec;
-  for (auto& [tok, id] : model["vocab"].items()) {
+  for (auto& [tok, id] : model.at("vocab").items()) {
     if (!id.is_number_integer() || id.get<int64_t>() < 0 || id.get<int64_t>() > (1 << 24))
       input_error("{}: model.vocab id of '{}' is not a valid integer", path, tok);
     const size_t i = size_t(id.get<int64_t>());
     if (spec.tokens.size() <= i) spec.tokens.resize(i + 1);
     spec.tokens[i] = tok;
   }
-  if (model.contains("merges") && model["merges"].is_array()) {
-    for (auto& m : model["merges"]) {
+  if (model.contains("merges") && model.at("merges").is_array()) {
+    for (auto& m : model.at("merges")) {
       if (m.is_string()) spec.merges.push_back(m.get<std::string>());
       else if (m.is_array() && m.size() == 2) spec.merges.push_back(m[0].get<std::string>() + " " + m[1].get<std::string>());
       else input_error("{}: model.merges entries must be 'a b' or [a, b]", path);
@@ -390,8 +405,8 @@ std::unique_ptr<Tokenizer> load_hf_tokenizer_json(const std::string& path) {
   }
   spec.ignore_merges = model.value("ignore_merges", false);
   spec.special.assign(spec.tokens.size(), false);
-  if (j.contains("added_tokens") && j["added_tokens"].is_array()) {
-    for (auto& a : j["added_tokens"]) {
+  if (j.contains("added_tokens") && j.at("added_tokens").is_array()) {
+    for (auto& a : j.at("added_tokens")) {
       const int64_t id = a.value("id", int64_t(-1));
       if (id < 0 || id > (1 << 24)) input_error("{}: added_tokens entry without a valid id", path);
       if (spec.tokens.size() <= size_t(id)) {
@@ -407,15 +422,17 @@ std::unique_ptr<Tokenizer> load_hf_tokenizer_json(const std::string& path) {
   // Pre-tokenizer: the Split regex when present (Llama-3, Qwen2), else GPT-2's (ByteLevel use_regex).
   std::function<void(const nlohmann::json&)> find_split = [&](const nlohmann::json& p) {
     if (!p.is_object()) return;
-    if (p.value("type", "") == "Split" && p.contains("pattern") && p["pattern"].contains("Regex") && spec.regex.empty())
-      spec.regex = p["pattern"]["Regex"].get<std::string>();
-    if (p.contains("pretokenizers"))
-      for (auto& q : p["pretokenizers"]) find_split(q);
+    if (p.value("type", "") == "Split" && p.contains("pattern") && p.at("pattern").is_object() &&
+        p.at("pattern").contains("Regex") && spec.regex.empty())
+      spec.regex = p.at("pattern").at("Regex").get<std::string>();
+    if (p.contains("pretokenizers") && p.at("pretokenizers").is_array())
+      for (auto& q : p.at("pretokenizers")) find_split(q);
   };
-  find_split(j["pre_tokenizer"]);
+  if (j.contains("pre_tokenizer")) find_split(j.at("pre_tokenizer"));
   auto t = make_byte_bpe_tokenizer(std::move(spec), path);
   t->add_bos = false;
   return t;
 }
+}  // namespace
 
 }  // namespace hg

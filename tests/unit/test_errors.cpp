@@ -185,6 +185,22 @@ TEST(FuzzRegressions, ByteLikePiecesThatAreNotHexAreOrdinaryPieces) {
   EXPECT_EQ(t->encode("a"), (std::vector<int32_t>{6}));
 }
 
+// tokenizer.json whose fields have unexpected JSON types (a number for the document, a string for
+// an added token's id) threw nlohmann's type_error out of the loader.
+TEST(FuzzRegressions, TokenizerJsonWithWrongTypesIsAnError) {
+  const std::string p = test::temp_path("bad_tokenizer.json");
+  for (const std::string& text :
+       {std::string("7"), std::string(R"({"model": {"type": "BPE", "vocab": {"a": 0}}, "added_tokens": [{"id": "x"}]})"),
+        std::string(R"({"model": {"type": "BPE", "vocab": {"a": 0}, "merges": [[1, 2]]}})")}) {
+    test::write_file(p, text);
+    const std::string e = message_of([&] { (void)load_hf_tokenizer_json(p)->encode("a"); });
+    EXPECT_NE(e.find(p), std::string::npos) << text << " → " << e;
+  }
+  // A Split pre-tokenizer without a regex object: GPT-2's split, as for a ByteLevel one.
+  test::write_file(p, R"({"model": {"type": "BPE", "vocab": {"a": 0}}, "pre_tokenizer": {"type": "Split", "pattern": 3}})");
+  EXPECT_NO_THROW((void)load_hf_tokenizer_json(p));
+}
+
 // A model name that is not UTF-8 made the point id's JSON text throw mid-expansion; such strings
 // now become U+FFFD in ids and rows.
 TEST(FuzzRegressions, NonUtf8StringsInAnExperimentAreKept) {
