@@ -80,6 +80,8 @@ class FlexGen final : public KvStrategy {
   // The next step's layer 0: its KV up to the tokens this step stored, prefetched now (the last
   // layer's attention has been queued; with an odd layer count it used the same staging slot).
   void end_step() override {
+    // The last writeback reads the caller's k, v (a seeded fill frees them after end_step).
+    if (writeback_.valid()) writeback_.wait();
     exposed_last_ = exposed_;
     exposed_ = 0;
     if (!overlap_ || next_first_.empty()) return;

@@ -238,8 +238,10 @@ class InfiniGen final : public KvStrategy {
           for (int d = 0; d < D; ++d) M(t * (G + 1) + h, d) = qs[size_t((t * shape_.H + g * G + h) * D + d)];
         for (int d = 0; d < D; ++d) M(t * (G + 1) + G, d) = ks[size_t((t * Hkv + g) * D + d)];
       }
-      Eigen::BDCSVD<Eigen::MatrixXf> svd(M, Eigen::ComputeThinV);
-      Eigen::MatrixXf A = svd.matrixV();  // D×D orthogonal
+      // Full V: D×D orthogonal also when the calibration has fewer rows than D (a short prompt),
+      // where the thin V would be D × rows.
+      Eigen::BDCSVD<Eigen::MatrixXf> svd(M, Eigen::ComputeFullV);
+      Eigen::MatrixXf A = svd.matrixV();
       // Columns with the largest Σ|qA| + Σ|kA|.
       const Eigen::MatrixXf S = M * A;
       std::vector<std::pair<float, int>> mag(static_cast<size_t>(D));

@@ -99,6 +99,14 @@ class MoeLightning final : public KvStrategy {
  private:
   bool prefill(const TokenRow& r) const { return r.pos < prompt_[size_t(r.seq)]; }
 
+ public:
+  // The last k, v transfer reads the caller's buffers (a seeded fill frees them after end_step).
+  void end_step() override {
+    if (kv_in_.valid()) kv_in_.wait();
+  }
+
+ private:
+
   // Prompt rows on the accelerator: tokens before this chunk come back from dram into the staging
   // layer (the chunk's own are there from append()), then exact causal attention.
   void attend_prefill(int layer, std::span<const TokenRow> rows, const float* q, float scale, float* out) {

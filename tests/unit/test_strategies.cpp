@@ -872,7 +872,7 @@ TEST(InfiniGen, CalibrationOnAPrefixSelectsAsTheWholePromptDoes) {
 // decode row: the residual input of layer − 1 (prepare) and layer's stored keys (append).
 class SpeculationInputs final : public KvStrategy {
  public:
-  SpeculationInputs(Backend& be, int layer) : full_(be), layer_(layer) {}
+  SpeculationInputs(Backend& be, int layer) : be_(be), full_(be), layer_(layer) {}
   std::string_view name() const override { return "recorder"; }
   void begin(const KvShape& s, std::span<const int32_t> cap, std::span<const int32_t> pl) override {
     shape = s;
@@ -886,15 +886,26 @@ class SpeculationInputs final : public KvStrategy {
   void attend(int layer, std::span<const TokenRow> rows, const float* q, float scale, float* out) override {
     full_.attend(layer, rows, q, scale, out);
   }
+  // The speculative query InfiniGen forms for `layer` from the row: layer − 1's attention norm,
+  // layer's W_q (+ bias), RoPE at the row's position (while the decoder and its RoPE table live).
   void prepare(int next_layer, std::span<const TokenRow> rows, const float* x) override {
-    if (next_layer == layer_ && rows.size() == 1) x_last.assign(x, x + d_model), pos_last = rows[0].pos;
+    if (next_layer != layer_ || rows.size() != 1 || !model) return;
+    const Model& m = *model;
+    std::vector<float> h(size_t(m.hp.d_model));
+    q_last.assign(size_t(m.hp.n_heads) * size_t(m.hp.head_dim), 0.0f);
+    be_.rms_norm(x, m.layers[size_t(layer_ - 1)][Slot::kAttnNorm].f32(), 1, m.hp.d_model, m.hp.norm_eps, h.data());
+    const LayerWeights& w = m.layers[size_t(layer_)];
+    be_.matmul(h.data(), 1, w[Slot::kWq], w[Slot::kBq].empty() ? nullptr : w[Slot::kBq].f32(), q_last.data());
+    pos_last = rows[0].pos;
+    be_.rope(q_last.data(), 1, m.hp.n_heads, m.hp.head_dim, &pos_last, *shape.rope);
   }
   KvShape shape;
-  std::vector<float> keys, x_last;  // keys [pos][H_kv][D] in append order (one sequence)
+  std::vector<float> keys, q_last;  // keys [pos][H_kv][D] in append order (one sequence)
   int32_t pos_last = -1;
-  int64_t d_model = 0;
+  const Model* model = nullptr;
 
  private:
+  Backend& be_;
   FullStrategy full_;
   int layer_;
 };
@@ -916,16 +927,12 @@ TEST(InfiniGen, AlphaIsAppliedToScaledLogits) {
                        toks, prompt, [&](Runtime&, KvStrategy& kv) { fetched = kv.step_stats().at("fetched_tokens"); });
   auto ref = make_ref_backend();
   SpeculationInputs rec(*ref, L);
-  rec.d_model = m.hp.d_model;
+  rec.model = &m;
   step_logits(m, *ref, rec, toks, prompt);
   ASSERT_EQ(rec.pos_last, int32_t(toks.size()) - 1);
   const int H = m.hp.n_heads, Hkv = m.hp.n_kv_heads, D = m.hp.head_dim, G = H / Hkv;
   const int64_t n = rec.pos_last;  // keys stored before the current token
-  std::vector<float> h(size_t(m.hp.d_model)), q(size_t(H) * size_t(D));
-  ref->rms_norm(rec.x_last.data(), m.layers[size_t(L - 1)][Slot::kAttnNorm].f32(), 1, m.hp.d_model, m.hp.norm_eps, h.data());
-  const LayerWeights& w = m.layers[size_t(L)];
-  ref->matmul(h.data(), 1, w[Slot::kWq], w[Slot::kBq].empty() ? nullptr : w[Slot::kBq].f32(), q.data());
-  ref->rope(q.data(), 1, H, D, &rec.pos_last, *rec.shape.rope);
+  const std::vector<float>& q = rec.q_last;
   auto count = [&](double scale) {
     std::vector<float> logits(size_t(H) * size_t(n));
     for (int hh = 0; hh < H; ++hh)
