@@ -847,6 +847,16 @@ TEST(InfiniGen, FullColumnsAndAllTokensMatchRef) {
   }
 }
 
+// A prompt shorter than the head dimension over (group + 1) gives fewer calibration rows than D:
+// the skew must still be a full D×D rotation (the thin SVD's V would be D × rows).
+TEST(InfiniGen, ShortPromptCalibrationIsAFullRotation) {
+  Model m = load_model("synthetic:tiny-qwen2");
+  const auto toks = token_stream(14, m.hp.n_vocab, 31);
+  expect_matches_oracle(m, "infinigen",
+                        {{"partial_ratio", "1"}, {"max_kv_ratio", "1"}, {"alpha", "1e9"}, {"full_layers", "1"}},
+                        toks, 2, 1e-3, "infinigen, 2-token prompt");
+}
+
 TEST(InfiniGen, CalibrationOnAPrefixSelectsAsTheWholePromptDoes) {
   // partial_ratio 1: whatever the skew, the partial logits are the true ones, so the tokens fetched
   // (30 % of them, by partial logit) do not depend on where the skew was calibrated, as long as
