@@ -118,7 +118,7 @@ Event Queue::submit(std::string name, StageWork work, std::vector<Event> deps, s
     std::lock_guard<std::mutex> l(mu_);
     tasks_.push_back(Task{std::move(name), work, std::move(deps), std::move(fn), ev, tl_running_stage,
                           tl_accel ? tl_accel->id : -1, tl_accel ? log_->now() : 0.0,
-                          tl_accel ? tl_accel->progress : -1.0});
+                          tl_accel ? tl_accel->progress : -1.0, log_->step()});
     last_ = ev;
   }
   cv_.notify_one();
@@ -187,7 +187,7 @@ void Queue::run() {
     rec.name = std::move(t.name);
     rec.kind = kind_;
     rec.queue = index_;
-    rec.step = log_->step();
+    rec.step = t.step;
     rec.work = t.work;
     rec.work.flops += segments.extra.flops;
     for (size_t i = 0; i < rec.work.bytes.size(); ++i) {

@@ -72,6 +72,9 @@ class Queue {
     int64_t within = -1;
     double submit_s = 0;
     double submit_progress = -1;  // the submitting segment's reported progress (-1: none)
+    // The step the stage was submitted in: it belongs to that step wherever its end falls (a
+    // prefetch for the next step may end after the next step began).
+    int64_t step = 0;
   };
   void run();
   std::string name_;
