@@ -115,7 +115,7 @@ class ByteBpeTokenizer final : public Tokenizer {
     spec_.user_defined.resize(spec_.tokens.size(), false);
     for (size_t i = 0; i < spec_.tokens.size(); ++i) {
       if (spec_.user_defined[i] && !spec_.tokens[i].empty()) user_.emplace_back(spec_.tokens[i], int32_t(i));
-      else if (!spec_.special[i]) ids_.emplace(spec_.tokens[i], int32_t(i));
+      else if (!spec_.special[i] && !spec_.tokens[i].empty()) ids_.emplace(spec_.tokens[i], int32_t(i));
     }
     // Longest first, so that "   " wins over "  " at the same position.
     std::stable_sort(user_.begin(), user_.end(), [](auto& a, auto& b) { return a.first.size() > b.first.size(); });
@@ -315,9 +315,10 @@ std::unique_ptr<Tokenizer> load_gpt2_files(const std::string& encoder_json, cons
   ByteBpeSpec spec;
   spec.pre = pre;
   spec.ignore_merges = pre == PreSplit::kLlama3;
+  const int64_t max_id = int64_t(enc.size()) + 65536;  // ids are dense
   for (auto& [tok, id] : enc.items()) {
-    if (!id.is_number_integer() || id.get<int64_t>() < 0 || id.get<int64_t>() > (1 << 24))
-      input_error("{}: id of '{}' is not a valid integer", encoder_json, tok);
+    if (!id.is_number_integer() || id.get<int64_t>() < 0 || id.get<int64_t>() > std::min<int64_t>(max_id, 1 << 24))
+      input_error("{}: id of '{}' is not a valid integer below {}", encoder_json, tok, max_id);
     const size_t i = size_t(id.get<int64_t>());
     if (spec.tokens.size() <= i) spec.tokens.resize(i + 1);
     spec.tokens[i] = tok;
@@ -338,7 +339,11 @@ std::unique_ptr<Tokenizer> load_tiktoken(const std::string& path, PreSplit pre) 
   ByteBpeSpec spec;
   spec.pre = pre;
   spec.rank_mode = true;
-  std::istringstream in(read_text(path));
+  const std::string text = read_text(path);
+  // Ranks are dense (0..N−1, a few gaps at most): one far beyond the file's entries is an error,
+  // not a vocabulary of millions of empty tokens.
+  const long max_rank = long(std::count(text.begin(), text.end(), '\n')) + 65536;
+  std::istringstream in(text);
   std::string line;
   int lineno = 0;
   while (std::getline(in, line)) {
@@ -354,6 +359,7 @@ std::unique_ptr<Tokenizer> load_tiktoken(const std::string& path, PreSplit pre) 
     } catch (...) {
     }
     if (rank < 0 || rank > (1 << 24)) input_error("{}:{}: rank is not a valid integer", path, lineno);
+    if (rank > max_rank) input_error("{}:{}: rank {} is far beyond the file's {} entries", path, lineno, rank, lineno);
     if (spec.tokens.size() <= size_t(rank)) spec.tokens.resize(size_t(rank) + 1);
     spec.tokens[size_t(rank)] = bytes;
   }
@@ -389,9 +395,10 @@ std::unique_ptr<Tokenizer> hf_tokenizer_from_json(const nlohmann::json& j, const
     input_error("{}: field 'model.type' must be BPE (byte-level BPE tokenizers only)", path);
   if (!model.contains("vocab") || !model.at("vocab").is_object()) input_error("{}: missing field 'model.vocab'", path);
   ByteBpeSpec spec;
+  const int64_t max_id = int64_t(model.at("vocab").size()) + 65536;  // ids are dense
   for (auto& [tok, id] : model.at("vocab").items()) {
-    if (!id.is_number_integer() || id.get<int64_t>() < 0 || id.get<int64_t>() > (1 << 24))
-      input_error("{}: model.vocab id of '{}' is not a valid integer", path, tok);
+    if (!id.is_number_integer() || id.get<int64_t>() < 0 || id.get<int64_t>() > std::min<int64_t>(max_id, 1 << 24))
+      input_error("{}: model.vocab id of '{}' is not a valid integer below {}", path, tok, max_id);
     const size_t i = size_t(id.get<int64_t>());
     if (spec.tokens.size() <= i) spec.tokens.resize(i + 1);
     spec.tokens[i] = tok;
@@ -408,7 +415,7 @@ std::unique_ptr<Tokenizer> hf_tokenizer_from_json(const nlohmann::json& j, const
   if (j.contains("added_tokens") && j.at("added_tokens").is_array()) {
     for (auto& a : j.at("added_tokens")) {
       const int64_t id = a.value("id", int64_t(-1));
-      if (id < 0 || id > (1 << 24)) input_error("{}: added_tokens entry without a valid id", path);
+      if (id < 0 || id > std::min<int64_t>(max_id, 1 << 24)) input_error("{}: added_tokens entry without a valid id", path);
       if (spec.tokens.size() <= size_t(id)) {
         spec.tokens.resize(size_t(id) + 1);
         spec.special.resize(size_t(id) + 1, false);

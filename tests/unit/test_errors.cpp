@@ -201,6 +201,15 @@ TEST(FuzzRegressions, TokenizerJsonWithWrongTypesIsAnError) {
   EXPECT_NO_THROW((void)load_hf_tokenizer_json(p));
 }
 
+// A tiktoken file of one line with rank 16000000 built a vocabulary of 16M empty tokens (a 10 s
+// timeout under the fuzzer); ranks far beyond the file's entries are an error.
+TEST(FuzzRegressions, TiktokenRankFarBeyondTheEntriesIsAnError) {
+  const std::string p = test::temp_path("sparse.tiktoken");
+  test::write_file(p, "YQ== 0\nYg== 16000000\n");
+  const std::string e = message_of([&] { (void)load_tiktoken(p, PreSplit::kQwen2); });
+  EXPECT_NE(e.find(p + ":2: rank 16000000 is far beyond the file's 2 entries"), std::string::npos) << e;
+}
+
 // A model name that is not UTF-8 made the point id's JSON text throw mid-expansion; such strings
 // now become U+FFFD in ids and rows.
 TEST(FuzzRegressions, NonUtf8StringsInAnExperimentAreKept) {
