@@ -60,6 +60,21 @@ std::string num(double v) { return std::isfinite(v) ? fmt::format("{:.6g}", v) :
 
 std::string json_str(const Json& j) { return j.is_string() ? j.get<std::string>() : j.is_null() ? "" : json_text(j); }
 
+// The keys of the points' values that differ between points (they name the points in tables).
+std::vector<std::string> varying_axes(const std::map<int, Json>& points) {
+  std::vector<std::string> varying;
+  if (points.empty()) return varying;
+  for (auto& [k, v] : points.begin()->second.items()) {
+    if (k == "id") continue;
+    for (auto& [pi, pj] : points)
+      if (pj[k] != v) {
+        varying.push_back(k);
+        break;
+      }
+  }
+  return varying;
+}
+
 // Accuracy rows: summary.csv per (point, label) and a table of acc per task with the mean over
 // tasks (the paper's Figs. 14, 20, 22), then the fidelity against the reference.
 std::string write_accuracy_summary(const std::string& dir, const std::vector<Json>& rows,
@@ -97,16 +112,7 @@ std::string write_accuracy_summary(const std::string& dir, const std::vector<Jso
   std::fclose(f);
 
   // Point names: the axes that vary (task first).
-  std::vector<std::string> varying;
-  if (!points.empty())
-    for (auto& [k, v] : points.begin()->second.items()) {
-      if (k == "id") continue;
-      for (auto& [pi, pj] : points)
-        if (pj[k] != v) {
-          varying.push_back(k);
-          break;
-        }
-    }
+  const std::vector<std::string> varying = varying_axes(points);
   std::vector<std::string> names;
   for (auto& [pi, pj] : points) {
     std::string n;
@@ -286,16 +292,7 @@ std::string write_summary(const std::string& dir, const std::vector<Json>& rows,
     return t;
   };
   // Axes that vary between points name them in the table.
-  std::vector<std::string> varying;
-  if (!points.empty())
-    for (auto& [k, v] : points.begin()->second.items()) {
-      if (k == "id") continue;
-      for (auto& [pi, pj] : points)
-        if (pj[k] != v) {
-          varying.push_back(k);
-          break;
-        }
-    }
+  const std::vector<std::string> varying = varying_axes(points);
   auto point_name = [&](const Json& pj) {
     std::string s;
     for (auto& k : varying) {

@@ -193,6 +193,22 @@ Json row_head(const ExperimentSpec& spec, const Point& p, const StrategyEntry& e
 }
 }  // namespace
 
+namespace {
+// The weights live on the accelerator: a gpu tier too small for them is a result.
+void reserve_weights(Runtime& rt, const Model& model) {
+  if (auto oom = rt.memory().ledger().reserve(Tier::kGpu, model.weight_bytes()))
+    throw OutOfMemoryError("model weights: " + oom->message());
+}
+
+// The entry's parameters with the point's swept `strategy.param` values over them.
+std::map<std::string, std::string> point_params(const Point& p, const StrategyEntry& entry) {
+  std::map<std::string, std::string> params = entry.params;
+  if (auto it = p.strategy_params.find(entry.name); it != p.strategy_params.end())
+    for (auto& [k, v] : it->second) params[k] = v;
+  return params;
+}
+}  // namespace
+
 Json failed_row(const ExperimentSpec& spec, const Point& p, const StrategyEntry& e, int repeat,
                 const std::string& error_class, const std::string& reason) {
   Json r = row_head(spec, p, e, repeat, "failed");
@@ -229,19 +245,15 @@ Json Runner::run_eval_once(const Point& p, const StrategyEntry& entry, int repea
   rc.device = spec_.device;
   Runtime rt(rc);
   const Model& model = model_for(p.model);
-  if (auto oom = rt.memory().ledger().reserve(Tier::kGpu, model.weight_bytes()))
-    throw OutOfMemoryError("model weights: " + oom->message());
-  std::map<std::string, std::string> params = entry.params;
-  if (auto it = p.strategy_params.find(entry.name); it != p.strategy_params.end())
-    for (auto& [k, v] : it->second) params[k] = v;
+  reserve_weights(rt, model);
+  const std::map<std::string, std::string> params = point_params(p, entry);
   const StrategyParams effective(entry.name, strategy_info(entry.name).params, params);
   const StrategyContext sc{rt.accel_backend(), &rt, &model};
   auto kv = make_strategy(entry.name, sc, params);
   const ContextMode mode = parse_context_mode(p.context, spec_.file);
   Scorer scorer(model, rt.accel_backend(), *kv, &rt, mode, ev.add_bos);
   // The reference runs beside the strategy on the same items (none for the reference itself).
-  const bool with_ref = ev.reference != "none" && !(entry.name == ev.reference && entry.params.empty() &&
-                                                    (p.strategy_params.find(entry.name) == p.strategy_params.end()));
+  const bool with_ref = ev.reference != "none" && !(entry.name == ev.reference && params.empty());
   std::unique_ptr<KvStrategy> ref_kv;
   std::unique_ptr<Scorer> ref;
   if (with_ref) {
@@ -337,12 +349,8 @@ Json Runner::run_once(const Point& p, const StrategyEntry& entry, int repeat, bo
   if (p.gpu_memory_bytes > 0) rc.tiers.gpu_memory_bytes = p.gpu_memory_bytes;
   Runtime rt(rc);
   const Model& model = model_for(p.model);
-  // The weights live on the accelerator: a gpu tier too small for them is a result.
-  if (auto oom = rt.memory().ledger().reserve(Tier::kGpu, model.weight_bytes()))
-    throw OutOfMemoryError("model weights: " + oom->message());
-  std::map<std::string, std::string> params = entry.params;
-  if (auto it = p.strategy_params.find(entry.name); it != p.strategy_params.end())
-    for (auto& [k, v] : it->second) params[k] = v;
+  reserve_weights(rt, model);
+  std::map<std::string, std::string> params = point_params(p, entry);
   const StrategyInfo& info = strategy_info(entry.name);
   const bool has_placement =
       std::any_of(info.params.begin(), info.params.end(), [](const ParamSpec& s) { return s.name == "placement"; });

@@ -477,26 +477,18 @@ std::vector<Point> expand(const ExperimentSpec& spec) {
       j["limit"] = p.limit;
       j["device"] = spec.device;
       j["execute"] = spec.execute;
-      j["strategy_params"] = p.strategy_params;
-      p.values = j;
-      p.id = fmt::format("{:016x}", fnv1a(json_text(j))).substr(0, 12);
-      pts.push_back(std::move(p));
-      for (size_t a = axes.size(); a-- > 0;) {
-        if (++idx[a] < axes[a].second.size()) break;
-        idx[a] = 0;
-      }
-      continue;
+    } else {
+      j["prompt_tokens"] = p.prompt_tokens;
+      j["decode_tokens"] = p.decode_tokens;
+      j["batch"] = p.batch;
+      j["placement"] = p.placement.empty() ? nlohmann::ordered_json() : nlohmann::ordered_json(p.placement);
+      j["gpu_memory_bytes"] = p.gpu_memory_bytes;
+      j["platform"] = p.platform.empty() ? nlohmann::ordered_json() : nlohmann::ordered_json(p.platform);
+      j["device"] = spec.device;
+      j["clock"] = spec.clock.rfind("modeled", 0) == 0 ? "modeled" : "measured";
+      j["execute"] = spec.execute;
+      j["seed"] = spec.seed;
     }
-    j["prompt_tokens"] = p.prompt_tokens;
-    j["decode_tokens"] = p.decode_tokens;
-    j["batch"] = p.batch;
-    j["placement"] = p.placement.empty() ? nlohmann::ordered_json() : nlohmann::ordered_json(p.placement);
-    j["gpu_memory_bytes"] = p.gpu_memory_bytes;
-    j["platform"] = p.platform.empty() ? nlohmann::ordered_json() : nlohmann::ordered_json(p.platform);
-    j["device"] = spec.device;
-    j["clock"] = spec.clock.rfind("modeled", 0) == 0 ? "modeled" : "measured";
-    j["execute"] = spec.execute;
-    j["seed"] = spec.seed;
     j["strategy_params"] = p.strategy_params;
     p.values = j;
     p.id = fmt::format("{:016x}", fnv1a(json_text(j))).substr(0, 12);
