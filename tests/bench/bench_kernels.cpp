@@ -8,7 +8,9 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
+#include <memory>
 #include <random>
 #include <span>
 #include <type_traits>
@@ -19,6 +21,7 @@
 #include "engine/core/tensor.h"
 #include "engine/core/thread_pool.h"
 #include "engine/runtime/bandwidth.h"
+#include "engine/runtime/runtime.h"
 #include "selectors/logit_topk.h"
 
 namespace hg {
@@ -533,6 +536,60 @@ BENCHMARK(BM_Gemv)
     // The Llama-3.2-1B shape's F16 projections on one thread (dim 2048, FFN 8192, K/V 512 rows).
     ->Args({2048, 2048, 2, 1})->Args({512, 2048, 2, 1})->Args({8192, 2048, 2, 1})->Args({2048, 8192, 2, 1})
     ->UseManualTime();
+
+// `hgbench calibrate`'s dram bandwidth against an independent STREAM-style read (an OpenMP
+// reduction with eight chains over 256 MiB from host_alloc, the page size calibrate reads from),
+// measured in turn five times: x_stream is the median of calibrate / stream. Also reports the
+// emulated accelerator's SGEMM rate over the CPU's (below 1 when it has fewer threads).
+double stream_read_gbs(double* a, size_t n) {
+  double best = 0;
+  for (int rep = 0; rep < 8; ++rep) {
+    const auto t0 = std::chrono::steady_clock::now();
+    double s = 0;
+#pragma omp parallel reduction(+ : s)
+    {
+      double s0 = 0, s1 = 0, s2 = 0, s3 = 0, s4 = 0, s5 = 0, s6 = 0, s7 = 0;
+#pragma omp for
+      for (size_t i = 0; i < n; i += 8) {
+        s0 += a[i], s1 += a[i + 1], s2 += a[i + 2], s3 += a[i + 3];
+        s4 += a[i + 4], s5 += a[i + 5], s6 += a[i + 6], s7 += a[i + 7];
+      }
+      s += s0 + s1 + s2 + s3 + s4 + s5 + s6 + s7;
+    }
+    benchmark::DoNotOptimize(s);
+    const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    best = std::max(best, double(n) * 8 / dt / 1e9);
+  }
+  return best;
+}
+
+void BM_CalibrateVsStream(benchmark::State& st) {
+  set_num_threads(hardware_threads());
+  const size_t n = size_t(256) << 20 >> 3;
+  std::unique_ptr<double, decltype(&std::free)> buf(static_cast<double*>(host_alloc(n * 8)), &std::free);
+  if (!buf) {
+    st.SkipWithError("host_alloc of 256 MiB failed");
+    return;
+  }
+#pragma omp parallel for
+  for (size_t i = 0; i < n; ++i) buf.get()[i] = double(i % 7);
+  CalibrateOptions o;
+  o.seconds_per_measure = 0.3;
+  o.buffer_bytes = int64_t(256) << 20;
+  PairedRatio pr;
+  double flops_ratio = 0;
+  for (auto _ : st) {
+    std::string notes;
+    const PlatformProfile p = calibrate(o, &notes);
+    pr.add(p.dram_gbs, stream_read_gbs(buf.get(), n));
+    flops_ratio = p.gpu_flops / p.cpu_flops;
+  }
+  st.counters["calibrate_GB/s"] = pr.gbs();
+  st.counters["stream_GB/s"] = pr.ref_gbs();
+  st.counters["x_stream"] = pr.ratio();
+  st.counters["accel_over_cpu_flops"] = flops_ratio;
+}
+BENCHMARK(BM_CalibrateVsStream)->Iterations(5)->UseRealTime()->Unit(benchmark::kSecond);
 
 }  // namespace
 }  // namespace hg
