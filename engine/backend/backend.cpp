@@ -6,6 +6,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
+#include <limits>
 #include <numbers>
 
 #include "engine/core/error.h"
@@ -64,6 +65,26 @@ void Backend::group_logit_max(const float* q, int G, const float* K, int64_t n, 
     for (int h = 0; h < G; ++h) m = m < lg[size_t(h * n + t)] ? lg[size_t(h * n + t)] : m;
     score[t] = m;
   }
+}
+
+float Backend::max_value(const float* x, int64_t n) {
+  float m = -std::numeric_limits<float>::infinity();
+  for (int64_t i = 0; i < n; ++i)
+    if (x[i] > m) m = x[i];
+  return m;
+}
+
+float Backend::exp_shift_sum(float* x, int64_t n, float shift) {
+  double s = 0;
+  for (int64_t i = 0; i < n; ++i) s += (x[i] = float(std::exp(double(x[i]) - double(shift))));
+  return float(s);
+}
+
+void Backend::gather_rows(void* dst, const void* src, int64_t row_bytes, int64_t src_stride, const int32_t* idx,
+                          int64_t n) {
+  for (int64_t i = 0; i < n; ++i)
+    std::memcpy(static_cast<char*>(dst) + i * row_bytes, static_cast<const char*>(src) + int64_t(idx[i]) * src_stride,
+                size_t(row_bytes));
 }
 
 void Backend::merged_attention(const MergedAttention& a) {

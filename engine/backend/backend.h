@@ -112,6 +112,17 @@ class Backend {
   };
   virtual void merged_attention(const MergedAttention& a);
 
+  // The small operations strategies' policies need, on buffers in this backend's memory. The
+  // defaults are scalar loops over host memory (the ref backend's; the others' are checked against them).
+  // The largest of x[0, n), NaN ignored; -inf for n = 0 or all NaN.
+  virtual float max_value(const float* x, int64_t n);
+  // x[i] = exp(x[i] - shift) in place; returns the sum.
+  virtual float exp_shift_sum(float* x, int64_t n, float shift);
+  // dst row i ← the row at src + idx[i] · src_stride bytes, row_bytes each, i < n. idx is a host
+  // array; dst and src are this backend's memory, or pinned host memory that it maps.
+  virtual void gather_rows(void* dst, const void* src, int64_t row_bytes, int64_t src_stride, const int32_t* idx,
+                           int64_t n);
+
   // K or V rows of n new tokens of one sequence into its cache: element (g, pos[i], d) at
   // g·head_stride + pos[i]·D + d of `dst` (type dt), from src [n, H_kv, D] F32. pos is a host array.
   virtual void write_kv(const float* src, int64_t n, int H_kv, int D, const int32_t* pos, void* dst,

@@ -90,6 +90,9 @@ class ContractBackend final : public Backend {
         dev(a.out, int64_t(a.n_rows) * a.H * a.D * 4, "attention out");
     host(a.rows, "attention rows array");
     for (int r = 0; r < a.n_rows; ++r) dev(a.rows[r].k, 1, "attention k"), dev(a.rows[r].v, 1, "attention v");
+    const int64_t taps = int64_t(a.n_rows) * a.H * a.tap_ld * 4;
+    if (a.logits_out) dev(a.logits_out, taps, "attention logits tap");
+    if (a.probs_out) dev(a.probs_out, taps, "attention probs tap");
     cpu_->attention(a);
   }
   void group_logits(const float* q, int G, const float* K, int64_t n, int D, float scale,
@@ -130,6 +133,20 @@ class ContractBackend final : public Backend {
         dev(a.Vb, int64_t(a.H_kv) * a.ld_b * a.D * 4, "merged Vb");
     if (a.lb) dev(a.lb, int64_t(a.H) * a.nb * 4, "merged lb");
     cpu_->merged_attention(a);
+  }
+
+  float max_value(const float* x, int64_t n) override {
+    if (n) dev(x, n * 4, "max_value x");
+    return cpu_->max_value(x, n);
+  }
+  float exp_shift_sum(float* x, int64_t n, float shift) override {
+    if (n) dev(x, n * 4, "exp_shift_sum x");
+    return cpu_->exp_shift_sum(x, n, shift);
+  }
+  void gather_rows(void* dst, const void* src, int64_t row_bytes, int64_t src_stride, const int32_t* idx,
+                   int64_t n) override {
+    if (n) dev(dst, n * row_bytes, "gather_rows dst"), dev(src, 1, "gather_rows src"), host(idx, "gather_rows idx");
+    cpu_->gather_rows(dst, src, row_bytes, src_stride, idx, n);
   }
 
   std::vector<std::string> violations() const {

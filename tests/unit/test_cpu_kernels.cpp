@@ -394,6 +394,30 @@ TEST(GatherRows, MatchesRowByRowCopy) {
     }
 }
 
+// The backend calls strategies' policies use (max, exp-shift-sum, gather of rows): the CPU
+// backend's SIMD kernels against the ref backend's scalar loops.
+TEST(PolicyOps, CpuBackendMatchesRef) {
+  auto cpu = make_cpu_backend();
+  auto ref = make_ref_backend();
+  for (int64_t n : {0, 1, 17, 64, 1000, 4099}) {
+    auto x = test::random_vec(size_t(n), 90 + uint64_t(n), -30, 5);
+    if (n > 3) x[2] = NAN;
+    EXPECT_EQ(cpu->max_value(x.data(), n), ref->max_value(x.data(), n)) << n;
+    if (n > 3) x[2] = 0.5f;
+    auto y = x, yr = x;
+    const float s = cpu->exp_shift_sum(y.data(), n, 1.5f), sr = ref->exp_shift_sum(yr.data(), n, 1.5f);
+    EXPECT_NEAR(s, sr, 1e-5 * std::max(1.0f, sr)) << n;
+    EXPECT_TRUE(test::all_close(y.data(), yr.data(), y.size(), {1e-6, 3e-7})) << n;
+    std::vector<int32_t> idx;
+    for (int64_t i = 0; i < n; ++i) idx.push_back(int32_t((i * 7919) % std::max<int64_t>(n, 1)));
+    std::vector<float> g(size_t(n) * 3, -1), gr(g.size(), -1);
+    const std::vector<float> rows = test::random_vec(size_t(std::max<int64_t>(n, 1)) * 5, 91);
+    cpu->gather_rows(g.data(), rows.data(), 12, 20, idx.data(), n);
+    ref->gather_rows(gr.data(), rows.data(), 12, 20, idx.data(), n);
+    EXPECT_EQ(g, gr) << n;
+  }
+}
+
 // cpu::sum_rows (the gathers' random-row reference pass) against a double-precision sum of the same
 // rows: row lengths below, at and above one 16-float vector, a stride wider than the row (floats
 // between rows must not be counted), repeated indices and n = 0.

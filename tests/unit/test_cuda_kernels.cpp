@@ -295,6 +295,63 @@ TEST(CudaKernels, KvWriteMatchesHost) {
 
 // The device-resident decoder: the cuda backend (weights uploaded, activations and the `full`
 // KV cache in device memory) gives the CPU backend's logits, prefill and decode.
+// The policy calls (max, exp-shift-sum, gather with host indices) and attention with taps
+// (H2O's and Keyformer's scores) on the cuda backend against the CPU backend.
+TEST(CudaBackend, PolicyOpsAndAttentionTapsMatchCpu) {
+  HG_REQUIRE_CUDA_DEVICE();
+  auto cuda = make_backend("cuda");
+  auto cpu = make_cpu_backend();
+  for (int64_t n : {1, 1000, 70000}) {
+    auto x = test::random_vec(size_t(n), 92, -30, 5);
+    Dev<float> dx(x);
+    EXPECT_EQ(cuda->max_value(dx.p, n), cpu->max_value(x.data(), n)) << n;
+    const float s = cuda->exp_shift_sum(dx.p, n, 1.5f), sc = cpu->exp_shift_sum(x.data(), n, 1.5f);
+    EXPECT_NEAR(s, sc, 1e-5 * sc) << n;
+    EXPECT_TRUE(test::all_close(dx.host().data(), x.data(), x.size(), {1e-6, 1e-5})) << n;
+  }
+  const std::vector<float> rows = test::random_vec(500 * 5, 93);
+  std::vector<int32_t> idx = {4, 499, 0, 4, 17};
+  Dev<float> drows(rows), dg(idx.size() * 3);
+  cuda->gather_rows(dg.p, drows.p, 12, 20, idx.data(), int64_t(idx.size()));
+  std::vector<float> want(idx.size() * 3);
+  cpu->gather_rows(want.data(), rows.data(), 12, 20, idx.data(), int64_t(idx.size()));
+  EXPECT_EQ(dg.host(), want);
+  for (auto [H, Hkv, D, n] : {std::tuple{8, 2, 128, 300}, std::tuple{4, 4, 64, 33}}) {
+    const int64_t ld = n + 5;  // rows of the cache and of the taps wider than the keys attended
+    auto q = test::random_vec(size_t(2 * H * D), 94);
+    auto K = test::random_vec(size_t(Hkv * ld * D), 95, -3, 3);
+    auto V = test::random_vec(size_t(Hkv * ld * D), 96);
+    Dev<float> dq(q), dK(K), dV(V), dout(q.size()), dl(size_t(2 * H * ld)), dp(size_t(2 * H * ld));
+    for (int mode = 0; mode < 3; ++mode) {  // 0: both taps, 1: logits only, 2: probs only
+      std::vector<float> out(q.size()), lg(size_t(2 * H * ld)), pr(lg.size());
+      AttnRow hr[2] = {{K.data(), V.data(), ld * D, int32_t(n)}, {K.data(), V.data(), ld * D, int32_t(n - 3)}};
+      AttentionArgs a = attention_args(H, Hkv, D, 0.125f, q.data(), hr, out.data());
+      a.tap_ld = ld;
+      a.logits_out = mode != 2 ? lg.data() : nullptr;
+      a.probs_out = mode != 1 ? pr.data() : nullptr;
+      cpu->attention(a);
+      AttnRow dr[2] = {{dK.p, dV.p, ld * D, int32_t(n)}, {dK.p, dV.p, ld * D, int32_t(n - 3)}};
+      AttentionArgs b = attention_args(H, Hkv, D, 0.125f, dq.p, dr, dout.p);
+      b.tap_ld = ld;
+      b.logits_out = mode != 2 ? dl.p : nullptr;
+      b.probs_out = mode != 1 ? dp.p : nullptr;
+      cuda->attention(b);
+      const std::string what = "H" + std::to_string(H) + " mode " + std::to_string(mode);
+      EXPECT_TRUE(test::all_close(dout.host().data(), out.data(), out.size(), kTolF32)) << what;
+      for (int r = 0; r < 2; ++r)
+        for (int h = 0; h < H; ++h) {
+          const size_t at = size_t((r * H + h) * ld), len = size_t(r ? n - 3 : n);
+          if (mode != 2) {
+            EXPECT_TRUE(test::all_close(dl.host().data() + at, lg.data() + at, len, kTolF32)) << what;
+          }
+          if (mode != 1) {
+            EXPECT_TRUE(test::all_close(dp.host().data() + at, pr.data() + at, len, kTolF32)) << what;
+          }
+        }
+    }
+  }
+}
+
 TEST(CudaBackend, DecoderLogitsMatchCpu) {
   HG_REQUIRE_CUDA_DEVICE();
   for (const char* preset : {"tiny-llama", "tiny-qwen2", "tiny-opt"}) {

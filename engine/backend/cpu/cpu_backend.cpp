@@ -350,6 +350,12 @@ class CpuBackend final : public Backend {
   void group_weighted_v(const float* p, int G, const float* V, int64_t n, int D, float* out) override {
     cpu::group_weighted_v(p, G, V, n, D, out);
   }
+  float max_value(const float* x, int64_t n) override { return cpu::max_value(x, n); }
+  float exp_shift_sum(float* x, int64_t n, float shift) override { return cpu::exp_shift_sum(x, n, shift); }
+  void gather_rows(void* dst, const void* src, int64_t row_bytes, int64_t src_stride, const int32_t* idx,
+                   int64_t n) override {
+    cpu::gather_rows(dst, src, row_bytes, src_stride, idx, n);
+  }
 
  private:
   struct Prim {

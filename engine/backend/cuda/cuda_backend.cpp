@@ -88,8 +88,7 @@ class CudaBackend final : public Backend {
     if (a.kv_dtype != DType::kF32)
       throw UnsupportedError(fmt::format("cuda attention: KV cache type {} (the cuda backend reads F32 caches)",
                                          dtype_name(a.kv_dtype)));
-    if (a.logits_out || a.probs_out)
-      throw UnsupportedError("cuda attention: logit/probability taps are not supported on the cuda backend yet");
+    if (a.logits_out || a.probs_out) return attention_with_taps(a);
     rows_.resize(size_t(a.n_rows));
     for (int r = 0; r < a.n_rows; ++r) {
       const AttnRow& row = a.rows[r];
@@ -106,6 +105,19 @@ class CudaBackend final : public Backend {
     cuda::attention_logits(q, K, n, n, G, 1, D, scale, logits);
   }
   void softmax_rows(float* x, int64_t rows, int64_t n) override { cuda::softmax_rows(x, rows, n); }
+  float max_value(const float* x, int64_t n) override {
+    return cuda::max_value(x, n, static_cast<float*>(scratch(scalar_, 4)));
+  }
+  float exp_shift_sum(float* x, int64_t n, float shift) override {
+    return cuda::exp_shift_sum(x, n, shift, static_cast<float*>(scratch(scalar_, 4)));
+  }
+  void gather_rows(void* dst, const void* src, int64_t row_bytes, int64_t src_stride, const int32_t* idx,
+                   int64_t n) override {
+    if (n == 0) return;
+    void* d = scratch(gather_idx_, size_t(n) * 4);
+    cuda::h2d(d, idx, size_t(n) * 4);
+    cuda::gather_rows(dst, src, row_bytes, src_stride, static_cast<const int32_t*>(d), n);
+  }
   void group_weighted_v(const float* p, int G, const float* V, int64_t n, int D, float* out) override {
     cuda::weighted_v_sum(p, V, n, n, G, 1, D, out);
   }
@@ -121,6 +133,27 @@ class CudaBackend final : public Backend {
   }
 
  private:
+  // Attention whose caller reads the scaled logits or the probabilities (H2O's and Keyformer's
+  // scores): per row, the logits, their softmax and the weighted V sum as three kernels, writing
+  // the taps (rows tap_ld floats apart) on the way.
+  void attention_with_taps(const AttentionArgs& a) {
+    const int64_t tap = int64_t(a.H) * a.tap_ld;
+    float* work = (a.logits_out && a.probs_out) ? nullptr : static_cast<float*>(scratch(taps_, size_t(tap) * 4));
+    for (int r = 0; r < a.n_rows; ++r) {
+      const AttnRow& row = a.rows[r];
+      const int64_t ld = row.head_stride / a.D, n = row.n_keys;
+      const float* q = a.q + int64_t(r) * a.H * a.D;
+      float* logits = a.logits_out ? a.logits_out + r * tap : work;
+      float* probs = a.probs_out ? a.probs_out + r * tap : work;
+      const auto* K = static_cast<const float*>(row.k);
+      const auto* V = static_cast<const float*>(row.v);
+      cuda::attention_logits(q, K, ld, n, a.H, a.H_kv, a.D, a.scale, logits, a.tap_ld);
+      if (probs != logits)
+        cuda::d2d_2d(probs, size_t(a.tap_ld) * 4, logits, size_t(a.tap_ld) * 4, size_t(n) * 4, size_t(a.H));
+      cuda::softmax_rows_ld(probs, a.H, n, a.tap_ld);
+      cuda::weighted_v_sum(probs, V, ld, n, a.H, a.H_kv, a.D, a.out + int64_t(r) * a.H * a.D, a.tap_ld);
+    }
+  }
   struct Scratch {
     void* p = nullptr;
     size_t bytes = 0;
@@ -175,7 +208,7 @@ class CudaBackend final : public Backend {
   std::string name_;
   int64_t memory_ = 0;
   std::unordered_map<const void*, void*> cache_;  // host address → device copy
-  Scratch ids_, xh_;
+  Scratch ids_, xh_, scalar_, gather_idx_, taps_;
   std::vector<cuda::AttnRowDev> rows_;  // attention()'s row descriptors
   struct PosEntry {
     Scratch buf;

@@ -494,8 +494,8 @@ __global__ void scatter_k(const float* a, int64_t na, const int32_t* pos, int64_
   out[h * total + pos[j]] = a[i];
 }
 
-__global__ void softmax_rows_k(float* x, int64_t n) {
-  float* r = x + blockIdx.x * n;
+__global__ void softmax_rows_k(float* x, int64_t n, int64_t ld) {
+  float* r = x + blockIdx.x * ld;
   float m = -FLT_MAX;
   for (int64_t i = threadIdx.x; i < n; i += blockDim.x) m = fmaxf(m, r[i]);
   m = block_max(m);
@@ -503,6 +503,20 @@ __global__ void softmax_rows_k(float* x, int64_t n) {
   for (int64_t i = threadIdx.x; i < n; i += blockDim.x) s += (r[i] = __expf(r[i] - m));
   const float inv = 1.0f / block_sum(s);
   for (int64_t i = threadIdx.x; i < n; i += blockDim.x) r[i] *= inv;
+}
+
+// One block of 1024 threads (every lane of block_max's last warp real, so -inf survives).
+__global__ void max_value_k(const float* x, int64_t n, float* result) {
+  float m = -INFINITY;
+  for (int64_t i = threadIdx.x; i < n; i += blockDim.x) m = fmaxf(m, x[i]);  // fmaxf skips NaN
+  m = block_max(m);
+  if (threadIdx.x == 0) *result = m;
+}
+__global__ void exp_shift_sum_k(float* x, int64_t n, float shift, float* result) {
+  float s = 0;
+  for (int64_t i = threadIdx.x; i < n; i += blockDim.x) s += (x[i] = expf(x[i] - shift));
+  s = block_sum(s);
+  if (threadIdx.x == 0) *result = s;
 }
 
 // Block per head; threads over D; loop over tokens (V rows read coalesced along D).
@@ -549,8 +563,27 @@ void d2d(void* dst, const void* src, size_t bytes) {
 }
 void softmax_rows(float* x, int64_t rows, int64_t n) {
   if (rows == 0) return;
-  softmax_rows_k<<<unsigned(rows), 256, 0, ctx().stream>>>(x, n);
+  softmax_rows_k<<<unsigned(rows), 256, 0, ctx().stream>>>(x, n, n);
   HG_CUDA_LAUNCHED();
+}
+void softmax_rows_ld(float* x, int64_t rows, int64_t n, int64_t ld) {
+  if (rows == 0) return;
+  softmax_rows_k<<<unsigned(rows), 256, 0, ctx().stream>>>(x, n, ld);
+  HG_CUDA_LAUNCHED();
+}
+float max_value(const float* x, int64_t n, float* result) {
+  max_value_k<<<1, 1024, 0, ctx().stream>>>(x, n, result);
+  HG_CUDA_LAUNCHED();
+  float m = 0;
+  d2h(&m, result, 4);
+  return m;
+}
+float exp_shift_sum(float* x, int64_t n, float shift, float* result) {
+  exp_shift_sum_k<<<1, 1024, 0, ctx().stream>>>(x, n, shift, result);
+  HG_CUDA_LAUNCHED();
+  float s = 0;
+  d2h(&s, result, 4);
+  return s;
 }
 void kv_write(const float* src, int64_t n, int H_kv, int D, const int32_t* pos, float* dst, int64_t head_stride) {
   if (n == 0) return;
@@ -684,7 +717,7 @@ void concat_softmax(const float* a, int64_t na, const int32_t* a_pos, const floa
   if (na > 0) scatter_k<<<blocks(H * na, 256), 256, 0, c.stream>>>(a, na, a_pos, total, H, out);
   if (nb > 0) scatter_k<<<blocks(H * nb, 256), 256, 0, c.stream>>>(b, nb, b_pos, total, H, out);
   HG_CUDA_LAUNCHED();
-  softmax_rows_k<<<unsigned(H), 256, 0, c.stream>>>(out, total);
+  softmax_rows_k<<<unsigned(H), 256, 0, c.stream>>>(out, total, total);
   HG_CUDA_LAUNCHED();
 }
 void weighted_v_sum(const float* p, const float* V, int64_t ld, int64_t n, int H, int H_kv, int D, float* out,
@@ -799,6 +832,11 @@ void h2d_2d(void* dst, size_t dpitch, const void* src, size_t spitch, size_t wid
   HG_CUDA_CHECK(
       cudaMemcpy2DAsync(dst, dpitch, src, spitch, width, rows, cudaMemcpyHostToDevice, ctx().stream));
   HG_CUDA_CHECK(cudaStreamSynchronize(ctx().stream));
+}
+void d2d_2d(void* dst, size_t dpitch, const void* src, size_t spitch, size_t width, size_t rows) {
+  if (rows == 0 || width == 0) return;
+  HG_CUDA_CHECK(
+      cudaMemcpy2DAsync(dst, dpitch, src, spitch, width, rows, cudaMemcpyDeviceToDevice, ctx().stream));
 }
 void d2h_2d(void* dst, size_t dpitch, const void* src, size_t spitch, size_t width, size_t rows) {
   if (rows == 0 || width == 0) return;

@@ -26,6 +26,12 @@ void device_info(std::string* name, int64_t* memory_bytes);
 void d2d(void* dst, const void* src, size_t bytes);
 // In place softmax over each of `rows` rows of length n.
 void softmax_rows(float* x, int64_t rows, int64_t n);
+// The same over rows ld floats apart.
+void softmax_rows_ld(float* x, int64_t rows, int64_t n, int64_t ld);
+// The largest of x[0, n) (NaN skipped, -inf when none) and Σ exp(x[i] - shift) (x overwritten with
+// the terms): one block each, the scalar through `result` (4 device bytes), returned to the host.
+float max_value(const float* x, int64_t n, float* result);
+float exp_shift_sum(float* x, int64_t n, float shift, float* result);
 // K or V rows of n new tokens into a cache: dst[g·head_stride + pos[i]·D + d] = src[(i·H_kv + g)·D + d]
 // (src [n, H_kv, D]; pos on the device).
 void kv_write(const float* src, int64_t n, int H_kv, int D, const int32_t* pos, float* dst, int64_t head_stride);
@@ -78,6 +84,8 @@ void attention_rows(const AttnRowDev* rows, int n_rows, int H, int H_kv, int D, 
 void merged_attention(const float* q, int H, int H_kv, int D, float scale, const float* la, const float* Va,
                       int64_t na, const float* Kb, const float* Vb, int64_t ld_b, int64_t nb, const float* lb,
                       float* out);
+// A strided device-to-device copy on the stream (asynchronous).
+void d2d_2d(void* dst, size_t dpitch, const void* src, size_t spitch, size_t width, size_t rows);
 // Strided copies (cudaMemcpy2D) that wait for completion.
 void h2d_2d(void* dst, size_t dpitch, const void* src, size_t spitch, size_t width, size_t rows);
 void d2h_2d(void* dst, size_t dpitch, const void* src, size_t spitch, size_t width, size_t rows);
