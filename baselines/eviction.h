@@ -61,6 +61,8 @@ class EvictingStrategy : public KvStrategy {
     slots.resize(size_t(count));
     std::sort(slots.begin(), slots.end(), before);
   }
+  // The backend for the policy's own arithmetic on host arrays (the taps, read back on the host).
+  Backend& host_backend() { return rt_.cpu_backend(); }
   int32_t prompt_len(int seq) const { return prompt_[size_t(seq)]; }
   // The context the current eviction of `seq` is sized for (tokens before the decode row).
   int32_t context(int seq) const { return context_[size_t(seq)]; }

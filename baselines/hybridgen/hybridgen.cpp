@@ -50,7 +50,6 @@ struct CpuResult {
   std::vector<std::array<int32_t, 2>> n_tier;  // [H_kv] selected positions on dram, on far
   float* logits = nullptr;                     // gpu tier: [H_kv][G][k] (the layer parity's buffer)
   float* v = nullptr;                          // gpu tier: [H_kv][k][D]
-  float* v_host = nullptr;                     // on a device: dram (pinned) staging laid out as v
   Event done;                         // CPU compute and both transfers finished
 };
 
@@ -587,7 +586,7 @@ class HybridGen final : public KvStrategy {
         // float per position is written instead of G (BM_GroupLogitsStage, max:1).
         cb.group_logit_max(qg, G, Kg, n_off, D, scale, score.data());
         logit_top_k(score.data(), 1, n_off, n_off, K, sel);
-        cpu::gather_rows(kg.data(), Kg, int64_t(D) * 4, int64_t(D) * 4, sel.data(), K);
+        cb.gather_rows(kg.data(), Kg, int64_t(D) * 4, int64_t(D) * 4, sel.data(), K);
         cb.group_logits(qg, G, kg.data(), K, D, scale, lg.data());
       } else {  // pre: position heuristic first (sinks + most recent offloaded), logits only for those
         s = std::min(sinks_, K);
@@ -628,11 +627,9 @@ class HybridGen final : public KvStrategy {
       be_.upload(res.logits, lg.data(), lg.size() * 4);
       add_tx(transfer_seconds(Tier::kDram, int64_t(lg.size()) * 4, 0, since(t)));
     }, {}, "cpu logits to gpu"));
-    // On a device, V rows are gathered into pinned staging laid out as res.v and copied over: in one
-    // piece by the tier that holds every selected row (the usual case), else one block per head.
-    bool one_tier = true;
-    for (int g = 0; g < Hkv; ++g)
-      one_tier = one_tier && (res.n_tier[size_t(g)][0] == 0 || res.n_tier[size_t(g)][1] == 0);
+    // The selected V rows go from their tier to res.v on the gpu tier in one gather per run of
+    // positions within a page. On a device the accelerator reads them by DMA from pinned dram or
+    // mapped far memory (Backend::gather_rows); the CPU copies nothing.
     for (int ti = 0; ti < 2; ++ti) {
       const Tier tier = ti == 0 ? Tier::kDram : Tier::kFar;
       int64_t bytes = 0, runs = 0;  // runs of consecutive selected positions within one page
@@ -647,33 +644,27 @@ class HybridGen final : public KvStrategy {
       if (bytes == 0) continue;
       ev.push_back(rt_.transfers().run_gather(
           tier, Tier::kGpu, bytes, runs,
-          [this, &res, layer, r, ti, K, D, Hkv, one_tier, tier, bytes, runs] {
+          [this, &res, layer, r, ti, K, D, Hkv, tier, bytes, runs] {
             const auto t = Clock::now();
-            // Each head's rows of this tier are one block of res.v; its positions are sorted, and each
-            // run of them within one page is one gather from that page's rows of head g. On a device
-            // the block is gathered on the host and copied over in one piece.
+            // Each head's rows of this tier are one block of res.v; its positions are sorted.
             std::vector<int32_t> in_page;
-            const bool device = !be_.host_memory();
             for (int g = 0; g < Hkv; ++g) {
               const auto& sel = res.sel[size_t(g)];
               const int32_t b = ti == 0 ? 0 : res.n_tier[size_t(g)][0],
                             e = b + res.n_tier[size_t(g)][size_t(ti)];
-              if (e == b) continue;
               float* block = res.v + (int64_t(g) * K + b) * D;
-              float* dst = device ? res.v_host + (int64_t(g) * K + b) * D : block;
               for (int32_t i = b; i < e;) {
                 const int32_t page = sel[size_t(i)] / page_;
                 int32_t j = i;
                 in_page.clear();
                 for (; j < e && sel[size_t(j)] / page_ == page; ++j)
                   in_page.push_back(sel[size_t(j)] % page_);
-                cpu::gather_rows(dst + int64_t(i - b) * D, vrow(layer, r.seq, g, page * page_),
-                                 int64_t(D) * 4, int64_t(D) * 4, in_page.data(), j - i);
+                be_.gather_rows(block + int64_t(i - b) * D, vrow(layer, r.seq, g, page * page_), int64_t(D) * 4,
+                                int64_t(D) * 4, in_page.data(), j - i);
                 i = j;
               }
-              if (device && !one_tier) be_.upload(block, dst, size_t(e - b) * size_t(D) * 4);
             }
-            if (device && one_tier) be_.upload(res.v, res.v_host, size_t(Hkv) * size_t(K) * size_t(D) * 4);
+            be_.synchronize();  // the attention reading res.v runs on another thread's stream
             add_tx(transfer_seconds(tier, bytes, runs, since(t)));
           },
           {}, "selected V to gpu"));
@@ -693,10 +684,8 @@ class HybridGen final : public KvStrategy {
     ResultPool& p = pool_[size_t(layer % 2) * size_t(B_) + size_t(seq)];
     grow_allocation(rt_.memory(), Tier::kGpu, p.logits, lbytes);
     grow_allocation(rt_.memory(), Tier::kGpu, p.v, vbytes);
-    if (!be_.host_memory()) grow_allocation(rt_.memory(), Tier::kDram, p.v_host, vbytes);
     res.logits = p.logits.as<float>();
     res.v = p.v.as<float>();
-    res.v_host = p.v_host.as<float>();
   }
 
   // A transfer's time for the scheduler: measured, or modeled on the runtime's stage clock.
@@ -778,7 +767,7 @@ class HybridGen final : public KvStrategy {
   std::vector<Allocation> vpages_;
   std::vector<std::shared_ptr<CpuResult>> pending_;
   struct ResultPool {
-    Allocation logits, v, v_host;  // v_host: dram (pinned with a GPU) staging of v, on a device only
+    Allocation logits, v;
   };
   std::vector<ResultPool> pool_;  // per layer parity and sequence (result_buffers)
   std::mutex pool_mu_;

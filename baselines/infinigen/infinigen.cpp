@@ -20,7 +20,6 @@
 #include <cmath>
 
 #include "baselines/common.h"
-#include "engine/backend/cpu/kernels.h"
 #include "engine/decoder/kv_store.h"
 #include "selectors/logit_topk.h"
 
@@ -28,12 +27,12 @@ namespace hg {
 
 // The α rule: per head, #tokens with partial logit > max − alpha; mean over heads; capped at
 // max_ratio·n (at least 1). logits [H, n].
-int32_t infinigen_fetch_count(const float* logits, int H, int64_t n, double alpha, double max_ratio) {
+int32_t infinigen_fetch_count(Backend& host, const float* logits, int H, int64_t n, double alpha, double max_ratio) {
   if (n == 0) return 0;
   double total = 0;
   for (int h = 0; h < H; ++h) {
     const float* l = logits + int64_t(h) * n;
-    const float mx = cpu::max_value(l, n);
+    const float mx = host.max_value(l, n);
     for (int64_t t = 0; t < n; ++t) total += l[t] > mx - alpha;
   }
   const double avg = total / H;
@@ -315,7 +314,7 @@ class InfiniGen final : public KvStrategy {
     }
     // Dry runs compute no logits: the count is the documented expected fraction instead.
     const int32_t count = rt_.dry() ? int32_t(std::clamp<int64_t>(std::llround(dry_fetch_ratio_ * double(n)), 1, n))
-                                    : infinigen_fetch_count(logits, H, n, alpha_, max_kv_ratio_);
+                                    : infinigen_fetch_count(rt_.cpu_backend(), logits, H, n, alpha_, max_kv_ratio_);
     auto f = std::make_shared<Fetch>();
     f->n = count;
     last_fetch_frac_ = n > 0 ? double(count) / double(n) : 1.0;
@@ -334,10 +333,10 @@ class InfiniGen final : public KvStrategy {
     auto fetch = [this, f, sel = std::move(sel), layer, seq, Hkv, D] {
       for (int g = 0; g < Hkv; ++g) {
         const int64_t head = g * store_.head_stride(seq), n = int64_t(sel[size_t(g)].size());
-        cpu::gather_rows(f->k + int64_t(g) * f->n * D, store_.k(layer, seq) + head, int64_t(D) * 4,
-                         int64_t(D) * 4, sel[size_t(g)].data(), n);
-        cpu::gather_rows(f->v + int64_t(g) * f->n * D, store_.v(layer, seq) + head, int64_t(D) * 4,
-                         int64_t(D) * 4, sel[size_t(g)].data(), n);
+        be_.gather_rows(f->k + int64_t(g) * f->n * D, store_.k(layer, seq) + head, int64_t(D) * 4,
+                        int64_t(D) * 4, sel[size_t(g)].data(), n);
+        be_.gather_rows(f->v + int64_t(g) * f->n * D, store_.v(layer, seq) + head, int64_t(D) * 4,
+                        int64_t(D) * 4, sel[size_t(g)].data(), n);
       }
     };
     f->done = rt_.transfers().run_gather(Tier::kDram, Tier::kGpu, int64_t(2) * Hkv * count * D * 4, n_rows,

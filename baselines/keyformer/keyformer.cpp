@@ -13,7 +13,6 @@
 #include <cmath>
 
 #include "baselines/eviction.h"
-#include "engine/backend/cpu/kernels.h"
 
 namespace hg {
 
@@ -162,8 +161,8 @@ class Keyformer : public EvictingStrategy {
       keyformer_gumbel_n(seed_, layer, seq, row_pos, head, pos, n, gn_.data());
       for (int32_t s = 0; s < n; ++s) z[s] = float((double(logits[h * ld + s]) + gn_[size_t(s)]) / t);
       // softmax(z), vectorised in F32 (relative error ~1e-7), accumulated in F64.
-      const float mx = n > 0 ? cpu::max_value(z, n) : 0.0f;
-      const double inv = 1.0 / double(cpu::exp_shift_sum(z, n, mx));
+      const float mx = n > 0 ? host_backend().max_value(z, n) : 0.0f;
+      const double inv = 1.0 / double(host_backend().exp_shift_sum(z, n, mx));
       for (int32_t s = 0; s < n; ++s) sc[size_t(s)] += double(z[s]) * inv;
     }
   }

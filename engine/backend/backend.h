@@ -119,7 +119,8 @@ class Backend {
   // x[i] = exp(x[i] - shift) in place; returns the sum.
   virtual float exp_shift_sum(float* x, int64_t n, float shift);
   // dst row i ← the row at src + idx[i] · src_stride bytes, row_bytes each, i < n. idx is a host
-  // array; dst and src are this backend's memory, or pinned host memory that it maps.
+  // array; dst is this backend's memory; src is too, or host memory from alloc_host or
+  // register_host (read by DMA). May run on the copy queue's thread while another thread computes.
   virtual void gather_rows(void* dst, const void* src, int64_t row_bytes, int64_t src_stride, const int32_t* idx,
                            int64_t n);
 
@@ -148,8 +149,13 @@ class Backend {
   // whose ops return when done). Another thread's copy may then read or overwrite its buffers.
   virtual void synchronize() {}
   // Host memory this backend copies to and from fastest (pinned for cuda; plain for host backends).
+  // A backend with memory of its own also reads it in gather_rows (mapped, by DMA).
   virtual void* alloc_host(size_t bytes) { return Backend::alloc(bytes); }
   virtual void free_host(void* p) { Backend::free(p); }
+  // Maps host memory allocated elsewhere (the far tier's NUMA node) for gather_rows as alloc_host's
+  // is, and unmaps it before it is freed (cudaHostRegister; nothing for host backends).
+  virtual void register_host(void*, size_t) {}
+  virtual void unregister_host(void*) {}
   // The device this backend computes on ("" for the host) and its memory (0 for the host).
   virtual std::string device_name() const { return ""; }
   virtual int64_t device_memory_bytes() const { return 0; }

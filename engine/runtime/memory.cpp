@@ -170,6 +170,7 @@ std::variant<Allocation, OutOfMemory> MemorySystem::try_allocate(Tier t, int64_t
     ledger_.release(t, bytes);
     return OutOfMemory{t, bytes, ledger_.usage(t).in_use, ledger_.usage(t).capacity};
   }
+  if (registers(t)) device_->host_register(p, n);
   Allocation a;
   a.owner_ = this;
   a.ptr_ = p;
@@ -187,6 +188,7 @@ Allocation MemorySystem::allocate(Tier t, int64_t bytes) {
 void MemorySystem::free(Allocation& a) {
   if (!a.ptr_) return;
   const size_t n = size_t(std::max<int64_t>(a.bytes_, 1));
+  if (registers(a.tier_)) device_->host_unregister(a.ptr_);
   if (cfg_.phantom) {}  // the slabs go with the memory system
   else if (a.tier_ == Tier::kGpu && device_) device_->free(a.ptr_);
   else if (a.tier_ == Tier::kDram && cfg_.pinned_dram && device_ && device_->host_free) device_->host_free(a.ptr_);

@@ -101,6 +101,10 @@ class MemorySystem {
     std::function<void(void*)> free;
     std::function<void*(size_t)> host_alloc;  // pinned host memory for dram (cudaHostAlloc)
     std::function<void(void*)> host_free;
+    // Maps other host memory (the far tier) into the device's address space and back, so that
+    // the device reads it by DMA as it reads pinned dram. Optional.
+    std::function<void(void*, size_t)> host_register;
+    std::function<void(void*)> host_unregister;
     int64_t device_bytes = 0;
   };
   explicit MemorySystem(const TierConfig& cfg, std::optional<DeviceAllocator> device = std::nullopt);
@@ -117,6 +121,8 @@ class MemorySystem {
   bool device_memory() const { return device_.has_value(); }
 
  private:
+  // Allocations on `t` are mapped into the device (far memory with a device that maps host memory).
+  bool registers(Tier t) const { return t == Tier::kFar && !cfg_.phantom && device_ && device_->host_register; }
   friend class Allocation;
   void free(Allocation& a);
   TierConfig cfg_;

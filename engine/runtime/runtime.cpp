@@ -83,7 +83,9 @@ Runtime::Runtime(const RuntimeConfig& cfg) {
     device_memory =
         MemorySystem::DeviceAllocator{[be](size_t n) { return be->alloc(n); }, [be](void* p) { be->free(p); },
                                       [be](size_t n) { return be->alloc_host(n); },
-                                      [be](void* p) { be->free_host(p); }, be->device_memory_bytes()};
+                                      [be](void* p) { be->free_host(p); },
+                                      [be](void* p, size_t n) { be->register_host(p, n); },
+                                      [be](void* p) { be->unregister_host(p); }, be->device_memory_bytes()};
     tiers.pinned_dram = true;
     copy_fn = [be](void* dst, const void* src, size_t n, Tier dt, Tier st) {
       if (dt == Tier::kGpu && st == Tier::kGpu)

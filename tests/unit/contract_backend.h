@@ -38,6 +38,28 @@ class ContractBackend final : public Backend {
     }
     std::free(p);
   }
+  // Host memory it reads by DMA in gather_rows: alloc_host's and register_host's.
+  void* alloc_host(size_t bytes) override {
+    void* p = Backend::alloc(bytes);
+    std::lock_guard<std::mutex> l(mu_);
+    mapped_[static_cast<const char*>(p)] = std::max<size_t>(bytes, 1);
+    return p;
+  }
+  void free_host(void* p) override {
+    {
+      std::lock_guard<std::mutex> l(mu_);
+      mapped_.erase(static_cast<const char*>(p));
+    }
+    Backend::free(p);
+  }
+  void register_host(void* p, size_t bytes) override {
+    std::lock_guard<std::mutex> l(mu_);
+    mapped_[static_cast<const char*>(p)] = std::max<size_t>(bytes, 1);
+  }
+  void unregister_host(void* p) override {
+    std::lock_guard<std::mutex> l(mu_);
+    if (!mapped_.erase(static_cast<const char*>(p))) violations_.push_back("unregister of memory never registered");
+  }
   void upload(void* dst, const void* src, size_t n) override {
     dev(dst, n, "upload dst"), host(src, "upload src");
     std::memcpy(dst, src, n);
@@ -145,8 +167,24 @@ class ContractBackend final : public Backend {
   }
   void gather_rows(void* dst, const void* src, int64_t row_bytes, int64_t src_stride, const int32_t* idx,
                    int64_t n) override {
-    if (n) dev(dst, n * row_bytes, "gather_rows dst"), dev(src, 1, "gather_rows src"), host(idx, "gather_rows idx");
+    if (n) {
+      dev(dst, n * row_bytes, "gather_rows dst"), host(idx, "gather_rows idx");
+      if (!owned(src, 1) && !within(mapped_, src, 1)) violate("gather_rows src is neither this backend's memory nor mapped host memory");
+    }
     cpu_->gather_rows(dst, src, row_bytes, src_stride, idx, n);
+    const bool from_host = !owned(src, 1);
+    std::lock_guard<std::mutex> l(mu_);
+    gathered_ += n * row_bytes;
+    if (from_host) gathered_from_host_ += n * row_bytes;
+  }
+  // Bytes gathered in all, and those read from mapped host memory (DMA from dram or far).
+  int64_t gathered_bytes() const {
+    std::lock_guard<std::mutex> l(mu_);
+    return gathered_;
+  }
+  int64_t gathered_from_host_bytes() const {
+    std::lock_guard<std::mutex> l(mu_);
+    return gathered_from_host_;
   }
 
   std::vector<std::string> violations() const {
@@ -156,11 +194,12 @@ class ContractBackend final : public Backend {
 
  private:
   // Inside one allocation of this backend (the whole [p, p + n)).
-  bool owned(const void* p, int64_t n) const {
+  bool owned(const void* p, int64_t n) const { return within(mem_, p, n); }
+  bool within(const std::map<const char*, size_t>& m, const void* p, int64_t n) const {
     std::lock_guard<std::mutex> l(mu_);
     const char* c = static_cast<const char*>(p);
-    auto it = mem_.upper_bound(c);
-    if (it == mem_.begin()) return false;
+    auto it = m.upper_bound(c);
+    if (it == m.begin()) return false;
     --it;
     return c >= it->first && c + n <= it->first + it->second;
   }
@@ -175,7 +214,8 @@ class ContractBackend final : public Backend {
     violations_.push_back(std::move(v));
   }
   std::unique_ptr<Backend> cpu_ = make_cpu_backend();
-  std::map<const char*, size_t> mem_;
+  std::map<const char*, size_t> mem_, mapped_;
+  int64_t gathered_ = 0, gathered_from_host_ = 0;
   std::vector<std::string> violations_;
   mutable std::mutex mu_;
 };

@@ -821,7 +821,7 @@ TEST(HybridGen, QueryOnTheAcceleratorMatchesTheCpuProjection) {
 }  // namespace hg
 
 namespace hg {
-int32_t infinigen_fetch_count(const float* logits, int H, int64_t n, double alpha, double max_ratio);
+int32_t infinigen_fetch_count(Backend& host, const float* logits, int H, int64_t n, double alpha, double max_ratio);
 namespace {
 
 TEST(InfiniGen, FullColumnsAndAllTokensMatchRef) {
@@ -952,7 +952,7 @@ TEST(InfiniGen, AlphaIsAppliedToScaledLogits) {
           dot += double(q[size_t(hh * D + d)]) * rec.keys[size_t((t * Hkv + hh / G) * D + d)];
         logits[size_t(hh * n + t)] = float(dot * scale);
       }
-    return infinigen_fetch_count(logits.data(), H, n, alpha, 1.0);
+    return infinigen_fetch_count(*make_cpu_backend(), logits.data(), H, n, alpha, 1.0);
   };
   const int32_t scaled = count(1.0 / std::sqrt(double(D))), unscaled = count(1.0);
   ASSERT_GE(std::abs(scaled - unscaled), 3) << "the case must tell the two rules apart";
@@ -963,10 +963,10 @@ TEST(InfiniGen, FetchCountFollowsTheAlphaRule) {
   // Two heads over 10 tokens: head 0 has 3 tokens within alpha=4 of its max, head 1 has 5.
   std::vector<float> l = {10, 7, 6.5f, 1, 0, 0, 0, 0, 0, 0,   // > 6: 10, 7, 6.5 → 3
                           2, 1.5f, 1, 0.5f, -1.9f, -5, -5, -5, -5, -5};  // > -2: 5
-  EXPECT_EQ(infinigen_fetch_count(l.data(), 2, 10, 4.0, 1.0), 4);  // mean 4
-  EXPECT_EQ(infinigen_fetch_count(l.data(), 2, 10, 4.0, 0.2), 2);  // capped at 0.2 · 10
-  EXPECT_EQ(infinigen_fetch_count(l.data(), 2, 10, 100.0, 1.0), 10);
-  EXPECT_EQ(infinigen_fetch_count(l.data(), 2, 10, 0.0, 1.0), 1);  // only the max itself is not > max
+  EXPECT_EQ(infinigen_fetch_count(*make_cpu_backend(), l.data(), 2, 10, 4.0, 1.0), 4);  // mean 4
+  EXPECT_EQ(infinigen_fetch_count(*make_cpu_backend(), l.data(), 2, 10, 4.0, 0.2), 2);  // capped at 0.2 · 10
+  EXPECT_EQ(infinigen_fetch_count(*make_cpu_backend(), l.data(), 2, 10, 100.0, 1.0), 10);
+  EXPECT_EQ(infinigen_fetch_count(*make_cpu_backend(), l.data(), 2, 10, 0.0, 1.0), 1);  // only the max itself is not > max
 }
 
 }  // namespace

@@ -50,6 +50,8 @@ class CudaBackend final : public Backend {
   void synchronize() override { cuda::synchronize(); }
   void* alloc_host(size_t bytes) override { return cuda::host_alloc_pinned(std::max<size_t>(bytes, 1)); }
   void free_host(void* p) override { cuda::host_free_pinned(p); }
+  void register_host(void* p, size_t bytes) override { cuda::host_register(p, bytes); }
+  void unregister_host(void* p) override { cuda::host_unregister(p); }
 
   void matmul(const float* x, int64_t M, const Weight& w, const float* bias, float* y) override {
     const int64_t N = w.rows(), K = w.cols();
@@ -105,18 +107,12 @@ class CudaBackend final : public Backend {
     cuda::attention_logits(q, K, n, n, G, 1, D, scale, logits);
   }
   void softmax_rows(float* x, int64_t rows, int64_t n) override { cuda::softmax_rows(x, rows, n); }
-  float max_value(const float* x, int64_t n) override {
-    return cuda::max_value(x, n, static_cast<float*>(scratch(scalar_, 4)));
-  }
-  float exp_shift_sum(float* x, int64_t n, float shift) override {
-    return cuda::exp_shift_sum(x, n, shift, static_cast<float*>(scratch(scalar_, 4)));
-  }
+  // These three keep their scratch per thread (the copy queue's thread gathers too).
+  float max_value(const float* x, int64_t n) override { return cuda::max_value(x, n); }
+  float exp_shift_sum(float* x, int64_t n, float shift) override { return cuda::exp_shift_sum(x, n, shift); }
   void gather_rows(void* dst, const void* src, int64_t row_bytes, int64_t src_stride, const int32_t* idx,
                    int64_t n) override {
-    if (n == 0) return;
-    void* d = scratch(gather_idx_, size_t(n) * 4);
-    cuda::h2d(d, idx, size_t(n) * 4);
-    cuda::gather_rows(dst, src, row_bytes, src_stride, static_cast<const int32_t*>(d), n);
+    cuda::gather_rows_host_idx(dst, src, row_bytes, src_stride, idx, n);
   }
   void group_weighted_v(const float* p, int G, const float* V, int64_t n, int D, float* out) override {
     cuda::weighted_v_sum(p, V, n, n, G, 1, D, out);
@@ -208,7 +204,7 @@ class CudaBackend final : public Backend {
   std::string name_;
   int64_t memory_ = 0;
   std::unordered_map<const void*, void*> cache_;  // host address → device copy
-  Scratch ids_, xh_, scalar_, gather_idx_, taps_;
+  Scratch ids_, xh_, taps_;
   std::vector<cuda::AttnRowDev> rows_;  // attention()'s row descriptors
   struct PosEntry {
     Scratch buf;

@@ -39,9 +39,10 @@ struct Ctx {
   cublasHandle_t blas = nullptr;
   // Grow-only device scratch buffers of this thread's kernels: 0 weighted_v_sum's partial sums,
   // 1 merged_attention's logits, 2 its second output, 3 and 4 decode_attention's partial outputs
-  // and their (max, sum) pairs, 5 attention_rows' row descriptors.
-  float* buf[6] = {};
-  size_t buf_floats[6] = {};
+  // and their (max, sum) pairs, 5 attention_rows' row descriptors, 6 gather_rows_host_idx's
+  // indices, 7 max_value's and exp_shift_sum's result.
+  float* buf[8] = {};
+  size_t buf_floats[8] = {};
   Ctx() {
     HG_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
     HG_CUBLAS_CHECK(cublasCreate(&blas));
@@ -571,14 +572,16 @@ void softmax_rows_ld(float* x, int64_t rows, int64_t n, int64_t ld) {
   softmax_rows_k<<<unsigned(rows), 256, 0, ctx().stream>>>(x, n, ld);
   HG_CUDA_LAUNCHED();
 }
-float max_value(const float* x, int64_t n, float* result) {
+float max_value(const float* x, int64_t n) {
+  float* result = ctx().scratch(7, 1);
   max_value_k<<<1, 1024, 0, ctx().stream>>>(x, n, result);
   HG_CUDA_LAUNCHED();
   float m = 0;
   d2h(&m, result, 4);
   return m;
 }
-float exp_shift_sum(float* x, int64_t n, float shift, float* result) {
+float exp_shift_sum(float* x, int64_t n, float shift) {
+  float* result = ctx().scratch(7, 1);
   exp_shift_sum_k<<<1, 1024, 0, ctx().stream>>>(x, n, shift, result);
   HG_CUDA_LAUNCHED();
   float s = 0;
@@ -607,6 +610,8 @@ void* host_alloc_pinned(size_t bytes) {
   return p;
 }
 void host_free_pinned(void* p) { HG_CUDA_CHECK(cudaFreeHost(p)); }
+void host_register(void* p, size_t bytes) { HG_CUDA_CHECK(cudaHostRegister(p, bytes, cudaHostRegisterMapped)); }
+void host_unregister(void* p) { HG_CUDA_CHECK(cudaHostUnregister(p)); }
 void h2d(void* dst, const void* src, size_t bytes) {
   HG_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, ctx().stream));
   HG_CUDA_CHECK(cudaStreamSynchronize(ctx().stream));
@@ -849,6 +854,14 @@ void gather_rows(void* dst, const void* src, int64_t row_bytes, int64_t src_stri
   gather_rows_k<<<unsigned(n), 128, 0, ctx().stream>>>(static_cast<char*>(dst), static_cast<const char*>(src),
                                                         row_bytes, src_stride, idx, n);
   HG_CUDA_LAUNCHED();
+}
+
+void gather_rows_host_idx(void* dst, const void* src, int64_t row_bytes, int64_t src_stride, const int32_t* idx,
+                          int64_t n) {
+  if (n == 0) return;
+  auto* d = reinterpret_cast<int32_t*>(ctx().scratch(6, size_t(n)));
+  h2d(d, idx, size_t(n) * 4);
+  gather_rows(dst, src, row_bytes, src_stride, d, n);
 }
 
 }  // namespace hg::cuda

@@ -17,6 +17,9 @@ void* dev_alloc(size_t bytes);
 void dev_free(void* p);
 void* host_alloc_pinned(size_t bytes);
 void host_free_pinned(void* p);
+// Pins and maps existing host memory (cudaHostRegisterMapped) and undoes it.
+void host_register(void* p, size_t bytes);
+void host_unregister(void* p);
 void h2d(void* dst, const void* src, size_t bytes);
 void d2h(void* dst, const void* src, size_t bytes);
 void synchronize();
@@ -29,9 +32,9 @@ void softmax_rows(float* x, int64_t rows, int64_t n);
 // The same over rows ld floats apart.
 void softmax_rows_ld(float* x, int64_t rows, int64_t n, int64_t ld);
 // The largest of x[0, n) (NaN skipped, -inf when none) and Σ exp(x[i] - shift) (x overwritten with
-// the terms): one block each, the scalar through `result` (4 device bytes), returned to the host.
-float max_value(const float* x, int64_t n, float* result);
-float exp_shift_sum(float* x, int64_t n, float shift, float* result);
+// the terms): one block each; waits for the stream and returns the scalar to the host.
+float max_value(const float* x, int64_t n);
+float exp_shift_sum(float* x, int64_t n, float shift);
 // K or V rows of n new tokens into a cache: dst[g·head_stride + pos[i]·D + d] = src[(i·H_kv + g)·D + d]
 // (src [n, H_kv, D]; pos on the device).
 void kv_write(const float* src, int64_t n, int H_kv, int D, const int32_t* pos, float* dst, int64_t head_stride);
@@ -91,5 +94,9 @@ void h2d_2d(void* dst, size_t dpitch, const void* src, size_t spitch, size_t wid
 void d2h_2d(void* dst, size_t dpitch, const void* src, size_t spitch, size_t width, size_t rows);
 // dst row i = src row idx[i] (row_bytes each; src rows src_stride bytes apart).
 void gather_rows(void* dst, const void* src, int64_t row_bytes, int64_t src_stride, const int32_t* idx, int64_t n);
+// The same with idx a host array (copied to this thread's scratch first). src may be pinned host
+// memory (mapped into the device's address space with unified addressing).
+void gather_rows_host_idx(void* dst, const void* src, int64_t row_bytes, int64_t src_stride, const int32_t* idx,
+                          int64_t n);
 
 }  // namespace hg::cuda
