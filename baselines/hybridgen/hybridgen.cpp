@@ -28,8 +28,8 @@
 #include <mutex>
 
 #include "baselines/common.h"
+#include "baselines/hybridgen/offloaded_kv.h"
 #include "baselines/hybridgen/scheduler.h"
-#include "engine/backend/cpu/kernels.h"
 #include "engine/decoder/kv_store.h"
 #include "engine/runtime/placement.h"
 #include "selectors/logit_topk.h"
@@ -103,25 +103,13 @@ class HybridGen final : public KvStrategy {
     prompt_.assign(prompt_len.begin(), prompt_len.end());
     cap_.assign(capacity.begin(), capacity.end());
     std::vector<int32_t> ring(static_cast<size_t>(B_)), off(static_cast<size_t>(B_));
-    int64_t pages = 0, k_bytes = 0;
-    max_pages_ = 0;
     for (int b = 0; b < B_; ++b) {
       ring[size_t(b)] = std::min(R_ + 1, cap_[size_t(b)]);
       off[size_t(b)] = std::max(1, cap_[size_t(b)] - R_);
-      max_pages_ = std::max<int64_t>(max_pages_, (off[size_t(b)] + page_ - 1) / page_);
-      k_bytes += int64_t(shape.n_layers) * shape.H_kv * off[size_t(b)] * shape.D * 4;
     }
-    pages = max_pages_ * shape.n_layers * B_;
     ring_.reset(shape, ring, &rt_.memory(), Tier::kGpu);
-    kcpu_.reset(shape, off, &rt_.memory(), Tier::kDram);
-    const int64_t page_bytes = int64_t(shape.H_kv) * page_ * shape.D * 4;
-    const int64_t dram_avail = dram_kv_bytes_ > 0 ? dram_kv_bytes_ : rt_.memory().ledger().available(Tier::kDram) + k_bytes;
-    placement_->plan(PlacementPlan{pages, page_bytes, dram_avail - k_bytes + pages * page_bytes > 0 ? dram_avail : 0});
-    // Semantic mapping's plan counts K pages as n_pages·page_bytes; our K is a flat store of the
-    // same size (one K row per V row), so the arithmetic matches.
-    vpages_.clear();
-    vpages_.resize(size_t(shape.n_layers) * size_t(B_) * size_t(max_pages_));
-    far_pages_ = 0;
+    const int64_t dram_avail = dram_kv_bytes_ > 0 ? dram_kv_bytes_ : rt_.memory().ledger().available(Tier::kDram);
+    offloaded_kv_.reset(shape, off, page_, *placement_, dram_avail, rt_.memory());
     pending_.assign(size_t(shape.n_layers) * size_t(B_), nullptr);
     pool_.clear();
     pool_.resize(2 * size_t(B_));
@@ -297,7 +285,7 @@ class HybridGen final : public KvStrategy {
     last_["tokens_offloaded"] = double(n_off);
     // K as the scheduler set it, and the tokens a CPU stage selects with it (no more than offloaded).
     last_["K_effective"] = double(std::min<int64_t>(int64_t(last_["K"]), n_off));
-    last_["v_pages_far"] = double(far_pages_);
+    last_["v_pages_far"] = double(offloaded_kv_.far_value_pages());
   }
 
   std::map<std::string, double> step_stats() const override { return last_; }
@@ -307,31 +295,19 @@ class HybridGen final : public KvStrategy {
   int32_t current_k(const TokenRow& r) const {
     return int32_t(std::min<int64_t>(sched_.k(), offloaded_[pidx(0, r.seq)]));
   }
-  float* vrow(int layer, int seq, int g, int32_t pos) {
-    Allocation& pg = vpages_[(size_t(layer) * size_t(B_) + size_t(seq)) * size_t(max_pages_) + size_t(pos / page_)];
-    return pg.as<float>() + (int64_t(g) * page_ + pos % page_) * shape_.D;
-  }
-  Tier vtier(int layer, int seq, int32_t pos) const {
-    // Pages are numbered position-major across layers and sequences, so early tokens of every
-    // layer claim dram before later ones.
-    const int64_t page = int64_t(pos / page_) * shape_.n_layers * B_ + int64_t(layer) * B_ + seq;
-    return placement_->place(KvKind::kValue, page);
-  }
+  float* vrow(int layer, int seq, int g, int32_t pos) { return offloaded_kv_.value(layer, seq, g, pos); }
+  Tier vtier(int layer, int seq, int32_t pos) const { return offloaded_kv_.value_tier(layer, seq, pos); }
 
   // Moves (seq, pos) tokens from the ring to the CPU side: K → dram, V → its page's tier.
   void offload(int layer, const std::vector<std::pair<int, int32_t>>& leaving, std::span<const TokenRow> rows,
                const float* k, const float* v) {
     const int Hkv = shape_.H_kv, D = shape_.D;
     const int64_t row = int64_t(Hkv) * D * 4;
-    std::array<int64_t, kNumTiers> vbytes{};
+    std::array<int64_t, kNumTiers> kbytes{}, vbytes{};
     for (auto& [seq, pos] : leaving) {
-      Allocation& pg = vpages_[(size_t(layer) * size_t(B_) + size_t(seq)) * size_t(max_pages_) + size_t(pos / page_)];
-      const Tier t = vtier(layer, seq, pos);
-      if (pg.empty()) {
-        pg = rt_.memory().allocate(t, int64_t(Hkv) * page_ * D * 4);
-        far_pages_ += t == Tier::kFar;
-      }
-      vbytes[size_t(t)] += row;
+      vrow(layer, seq, 0, pos);  // allocates the V page on its tier on first use
+      vbytes[size_t(vtier(layer, seq, pos))] += row;
+      kbytes[size_t(offloaded_kv_.key_tier(layer, seq, pos))] += row;
     }
     // The token leaving may be one of this call's own rows (prefill chunks longer than the ring):
     // it is then read from k/v, else from its ring slot. On a device both are device memory: the
@@ -391,20 +367,24 @@ class HybridGen final : public KvStrategy {
       return out;
     };
     std::vector<Event> ev;
-    ev.push_back(rt_.transfers().run(
-        Tier::kGpu, Tier::kDram, int64_t(leaving.size()) * row,
-        [&] {
-          Staging st;
-          const auto src = sources(true, k, st);
-          for (size_t t = 0; t < leaving.size(); ++t) {
-            auto [seq, pos] = leaving[t];
-            for (int g = 0; g < Hkv; ++g)
-              std::memcpy(kcpu_.k(layer, seq) + g * kcpu_.head_stride(seq) + int64_t(pos) * D,
-                          src[t].base + g * src[t].head_stride, size_t(D) * 4);
-          }
-        },
-        {}, "offload K"));
-    // V: one body per destination tier; the second reuses the first's downloads.
+    // K, then V: one body per destination tier; the second reuses the first's downloads.
+    Staging kst;
+    std::vector<Source> ksrc;
+    for (Tier t : {Tier::kDram, Tier::kFar})
+      if (kbytes[size_t(t)] > 0)
+        ev.push_back(rt_.transfers().run(
+            Tier::kGpu, t, kbytes[size_t(t)],
+            [&, t] {
+              if (ksrc.empty()) ksrc = sources(true, k, kst);
+              for (size_t i = 0; i < leaving.size(); ++i) {
+                auto [seq, pos] = leaving[i];
+                if (offloaded_kv_.key_tier(layer, seq, pos) == t)
+                  for (int g = 0; g < Hkv; ++g)
+                    std::memcpy(offloaded_kv_.key(layer, seq, g, pos), ksrc[i].base + g * ksrc[i].head_stride,
+                                size_t(D) * 4);
+              }
+            },
+            {}, "offload K"));
     Staging vst;
     std::vector<Source> vsrc;
     for (Tier t : {Tier::kDram, Tier::kFar})
@@ -441,15 +421,25 @@ class HybridGen final : public KvStrategy {
       Allocation vb = rt_.memory().allocate(Tier::kGpu, int64_t(Hkv) * n * D * 4);
       const size_t pitch = size_t(n) * size_t(D) * 4;
       if (n_off > 0) {
-        rt_.transfers()
-            .run(
-                Tier::kDram, Tier::kGpu, int64_t(n_off) * Hkv * D * 4,
-                [&] {
-                  be_.upload_2d(kb.data(), pitch, kcpu_.k(layer, seq), size_t(kcpu_.head_stride(seq)) * 4,
-                                size_t(n_off) * size_t(D) * 4, size_t(Hkv));
-                },
-                {}, "prefill K back")
-            .wait();
+        for (Tier t : {Tier::kDram, Tier::kFar}) {
+          const int32_t rows = offloaded_kv_.key_rows_before(t, layer, seq, n_off);
+          if (rows == 0) continue;
+          rt_.transfers()
+              .run(
+                  t, Tier::kGpu, int64_t(rows) * Hkv * D * 4,
+                  [&, t] {
+                    // Each run of the tier's rows, one strided copy of all heads.
+                    offloaded_kv_.key_runs(layer, seq, 0, n_off, [&](Tier rt, int32_t row, int32_t pos, int32_t len) {
+                      if (rt != t) return;
+                      be_.upload_2d(kb.as<float>() + int64_t(pos) * D, pitch,
+                                    offloaded_kv_.keys(t, layer, seq, 0) + int64_t(row) * D,
+                                    size_t(offloaded_kv_.key_head_stride(t, layer, seq)) * 4,
+                                    size_t(len) * size_t(D) * 4, size_t(Hkv));
+                    });
+                  },
+                  {}, "prefill K back")
+              .wait();
+        }
         for (Tier t : {Tier::kDram, Tier::kFar}) {
           int64_t bytes = 0;
           for (int32_t p = 0; p < n_off; ++p) bytes += vtier(layer, seq, p) == t ? int64_t(Hkv) * D * 4 : 0;
@@ -535,20 +525,41 @@ class HybridGen final : public KvStrategy {
   // Pre: the K keys of the position heuristic, two runs (sinks, most recent) per KV head. A stage
   // that projects its own speculative query (`query_on: cpu`) also reads W_q from host memory
   // (measured on an H200's host, 75-80 % of the stage).
+  // Keys are charged to the tier that holds them: post streams each tier's offloaded keys and reads
+  // its share of the K selected again; pre reads the heuristic's runs, one gathered row per run of
+  // consecutive rows of one tier and KV head.
   StageWork cpu_stage_work(int layer, const TokenRow& r, int32_t K, bool pre, bool project) const {
     const int Hkv = shape_.H_kv, D = shape_.D;
-    const int64_t n_off = offloaded_[pidx(layer, r.seq)], k = std::min<int64_t>(K, n_off);
-    const int64_t keys = pre ? k : n_off + k;
+    const int32_t n_off = offloaded_[pidx(layer, r.seq)], k = std::min(K, n_off);
+    const int64_t keys = pre ? k : int64_t(n_off) + k;
     StageWork w;
     w.flops = 2.0 * double(shape_.H) * D * double(keys);
-    w.bytes[size_t(Tier::kDram)] = int64_t(Hkv) * keys * D * 4;
+    const int64_t key_bytes = int64_t(Hkv) * D * 4;
+    if (!pre) {
+      for (Tier t : {Tier::kDram, Tier::kFar}) {
+        const int32_t n_t = offloaded_kv_.key_rows_before(t, layer, r.seq, n_off);
+        w.bytes[size_t(t)] += key_bytes * (n_t + std::llround(double(k) * n_t / std::max(1, n_off)));
+      }
+    } else {
+      const auto [s, r0] = pre_runs(k, n_off);
+      for (auto [a, b] : {std::pair{0, s}, std::pair{r0, n_off}})
+        offloaded_kv_.key_runs(layer, r.seq, a, b, [&](Tier t, int32_t, int32_t, int32_t len) {
+          w.bytes[size_t(t)] += key_bytes * len;
+          w.rows[size_t(t)] += Hkv;
+        });
+    }
     if (project) {
       const StageWork q = query_work(layer, 1, Tier::kDram);
       w.flops += q.flops;
       w.bytes[size_t(Tier::kDram)] += q.bytes[size_t(Tier::kDram)];
     }
-    if (pre) w.rows[size_t(Tier::kDram)] = int64_t(2) * Hkv;
     return w;
+  }
+  // Pre mode's selection of K of n_off offloaded positions: sinks [0, s) and the most recent
+  // [r0, n_off).
+  std::pair<int32_t, int32_t> pre_runs(int32_t K, int32_t n_off) const {
+    const int32_t s = std::min(sinks_, K);
+    return {s, std::max(s, n_off - (K - s))};
   }
 
   // project: this stage projected its own query (its time, t0 on, includes that).
@@ -569,12 +580,15 @@ class HybridGen final : public KvStrategy {
     // overwrite what they use. lg: [G, K] logits of one KV head's selected positions. Post mode
     // also: score, one per offloaded position; kg, the K selected key rows.
     thread_local std::vector<float> lg, score, kg;
+    thread_local std::vector<int32_t> far_rows;
     if (lg.size() < size_t(G) * size_t(K)) lg.resize(size_t(G) * size_t(K));
     if (!pre && score.size() < size_t(n_off)) score.resize(size_t(n_off));
-    if (!pre && kg.size() < size_t(K) * size_t(D)) kg.resize(size_t(K) * size_t(D));
+    if (kg.size() < size_t(K) * size_t(D)) kg.resize(size_t(K) * size_t(D));
+    const int32_t n_dram = offloaded_kv_.key_rows_before(Tier::kDram, layer, r.seq, n_off);
     for (int g = 0; g < Hkv; ++g) {
       const float* qg = q + int64_t(g) * G * D;
-      const float* Kg = kcpu_.k(layer, r.seq) + g * kcpu_.head_stride(r.seq);
+      const float* Kd = offloaded_kv_.keys(Tier::kDram, layer, r.seq, g);
+      const float* Kf = offloaded_kv_.keys(Tier::kFar, layer, r.seq, g);
       auto& sel = res.sel[size_t(g)];
       // Logit of query head h for the i-th selected position: [G, s] then [G, K − s] (pre mode's
       // two runs, sinks and most recent; post mode has s = 0).
@@ -584,19 +598,48 @@ class HybridGen final : public KvStrategy {
         // logits of the K selected. The scores are the max of the very logits group_logits gives
         // (bit for bit), so the selection is the one over all [G, n_off] logits, and only one
         // float per position is written instead of G (BM_GroupLogitsStage, max:1).
-        cb.group_logit_max(qg, G, Kg, n_off, D, scale, score.data());
+        // Each tier's keys in one pass: scores [dram rows | far rows].
+        if (n_dram > 0) cb.group_logit_max(qg, G, Kd, n_dram, D, scale, score.data());
+        if (n_off > n_dram) cb.group_logit_max(qg, G, Kf, n_off - n_dram, D, scale, score.data() + n_dram);
         logit_top_k(score.data(), 1, n_off, n_off, K, sel);
-        cb.gather_rows(kg.data(), Kg, int64_t(D) * 4, int64_t(D) * 4, sel.data(), K);
+        // The selected keys gathered tier by tier, then their logits; the selection back to positions.
+        const auto on_dram = std::stable_partition(sel.begin(), sel.end(), [&](int32_t i) { return i < n_dram; });
+        const int32_t sd = int32_t(on_dram - sel.begin());
+        far_rows.assign(on_dram, sel.end());
+        for (auto& i : far_rows) i -= n_dram;
+        cb.gather_rows(kg.data(), Kd, int64_t(D) * 4, int64_t(D) * 4, sel.data(), sd);
+        cb.gather_rows(kg.data() + int64_t(sd) * D, Kf, int64_t(D) * 4, int64_t(D) * 4, far_rows.data(), K - sd);
         cb.group_logits(qg, G, kg.data(), K, D, scale, lg.data());
+        for (int32_t i = 0; i < K; ++i)
+          sel[size_t(i)] = i < sd ? offloaded_kv_.key_position(Tier::kDram, layer, r.seq, sel[size_t(i)])
+                                  : offloaded_kv_.key_position(Tier::kFar, layer, r.seq, far_rows[size_t(i - sd)]);
       } else {  // pre: position heuristic first (sinks + most recent offloaded), logits only for those
-        s = std::min(sinks_, K);
-        const int32_t r0 = std::max(s, n_off - (K - s));  // the recent run: [r0, n_off)
+        int32_t r0;
+        std::tie(s, r0) = pre_runs(K, n_off);
         for (int32_t t = 0; t < s; ++t) sel.push_back(t);
         for (int32_t t = r0; t < n_off; ++t) sel.push_back(t);
         HG_CHECK(int32_t(sel.size()) == K);
-        // Both runs are contiguous rows of the offloaded keys: scored where they lie.
-        if (s > 0) cb.group_logits(qg, G, Kg, s, D, scale, lg.data());
-        if (K > s) cb.group_logits(qg, G, Kg + int64_t(r0) * D, K - s, D, scale, lg.data() + int64_t(G) * s);
+        // A run whose keys are consecutive rows of one tier is scored where it lies; one that spans
+        // tiers (interleaved pages) is gathered first, a copy per run of rows.
+        const auto score_run = [&](int32_t a, int32_t len, float* out) {
+          int runs = 0;
+          const float* at = nullptr;
+          offloaded_kv_.key_runs(layer, r.seq, a, a + len, [&](Tier t, int32_t row, int32_t, int32_t) {
+            at = (t == Tier::kDram ? Kd : Kf) + int64_t(row) * D;
+            ++runs;
+          });
+          if (runs > 1) {
+            const int32_t zero = 0;
+            offloaded_kv_.key_runs(layer, r.seq, a, a + len, [&](Tier t, int32_t row, int32_t pos, int32_t n) {
+              cb.gather_rows(kg.data() + int64_t(pos - a) * D, (t == Tier::kDram ? Kd : Kf) + int64_t(row) * D,
+                             int64_t(n) * D * 4, 0, &zero, 1);
+            });
+            at = kg.data();
+          }
+          cb.group_logits(qg, G, at, len, D, scale, out);
+        };
+        if (s > 0) score_run(0, s, lg.data());
+        if (K > s) score_run(r0, K - s, lg.data() + int64_t(G) * s);
       }
       const auto logit = [&](int h, size_t c) {
         return c < size_t(s) ? lg[size_t(h) * size_t(s) + c]
@@ -762,9 +805,8 @@ class HybridGen final : public KvStrategy {
   KvShape shape_;
   int B_ = 0;
   std::vector<int32_t> prompt_, cap_;
-  KvStore ring_, kcpu_;
-  int64_t max_pages_ = 0, far_pages_ = 0;
-  std::vector<Allocation> vpages_;
+  KvStore ring_;
+  OffloadedKv offloaded_kv_;
   std::vector<std::shared_ptr<CpuResult>> pending_;
   struct ResultPool {
     Allocation logits, v;

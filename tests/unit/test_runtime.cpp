@@ -64,22 +64,31 @@ TEST(Placement, DramOnlySemanticInterleave) {
   auto s = make_placement("semantic");
   s->plan(plan);
   for (int p = 0; p < 10; ++p) {
-    EXPECT_EQ(d->place(KvKind::kKey, p), Tier::kDram);
-    EXPECT_EQ(d->place(KvKind::kValue, p), Tier::kDram);
-    EXPECT_EQ(s->place(KvKind::kKey, p), Tier::kDram) << p;  // keys always in dram
+    EXPECT_EQ(d->place(KvKind::kKey, p, p), Tier::kDram);
+    EXPECT_EQ(d->place(KvKind::kValue, p, p), Tier::kDram);
+    EXPECT_EQ(s->place(KvKind::kKey, p, p), Tier::kDram) << p;  // keys always in dram
     // dram holds all 1000 bytes of keys, then 500 bytes = 5 pages of values; the rest is far.
-    EXPECT_EQ(s->place(KvKind::kValue, p), p < 5 ? Tier::kDram : Tier::kFar) << p;
+    EXPECT_EQ(s->place(KvKind::kValue, p, p), p < 5 ? Tier::kDram : Tier::kFar) << p;
+  }
+  // dram for 7 of the 10 key pages: the 3 oldest keys' pages go far, and every value page.
+  s->plan(PlacementPlan{10, 100, 700});
+  for (int p = 0; p < 10; ++p) {
+    EXPECT_EQ(s->place(KvKind::kKey, p, p), p < 3 ? Tier::kFar : Tier::kDram) << p;
+    EXPECT_EQ(s->place(KvKind::kValue, p, p), Tier::kFar) << p;
   }
   auto half = make_placement("interleave", 0.5);
   auto quarter = make_placement("interleave", 0.25);
   int q_dram = 0;
   for (int p = 0; p < 8; ++p) {
-    EXPECT_EQ(half->place(KvKind::kKey, p), p % 2 == 1 ? Tier::kDram : Tier::kFar) << p;
-    EXPECT_EQ(half->place(KvKind::kValue, p), half->place(KvKind::kKey, p));
-    q_dram += quarter->place(KvKind::kValue, p) == Tier::kDram;
+    EXPECT_EQ(half->place(KvKind::kKey, p, p), p % 2 == 1 ? Tier::kDram : Tier::kFar) << p;
+    EXPECT_EQ(half->place(KvKind::kValue, p, p), half->place(KvKind::kKey, p, p));
+    q_dram += quarter->place(KvKind::kValue, p, p) == Tier::kDram;
   }
   EXPECT_EQ(q_dram, 2);
-  EXPECT_EQ(make_placement("interleave", 1.0)->place(KvKind::kValue, 3), Tier::kDram);
+  // Interleave alternates over a block's own pages, whatever the page's number across the store.
+  EXPECT_EQ(half->place(KvKind::kKey, 6, 1), Tier::kDram);
+  EXPECT_EQ(half->place(KvKind::kKey, 7, 0), Tier::kFar);
+  EXPECT_EQ(make_placement("interleave", 1.0)->place(KvKind::kValue, 3, 3), Tier::kDram);
   EXPECT_THROW(make_placement("hotness"), InputError);
   EXPECT_THROW(make_placement("interleave", 0.0), InputError);
 }

@@ -1,0 +1,106 @@
+// HybridGen's offloaded keys and values on dram and far memory.
+#include "baselines/hybridgen/offloaded_kv.h"
+
+#include <algorithm>
+
+#include "engine/core/error.h"
+
+namespace hg {
+namespace {
+size_t ti(Tier t) { return t == Tier::kDram ? 0 : 1; }
+}  // namespace
+
+void OffloadedKv::reset(const KvShape& shape, std::span<const int32_t> capacity, int32_t page_tokens,
+                        PlacementPolicy& placement, int64_t dram_bytes, MemorySystem& mem) {
+  shape_ = shape;
+  B_ = int(capacity.size());
+  page_ = page_tokens;
+  placement_ = &placement;
+  mem_ = &mem;
+  max_pages_ = 0;
+  for (int32_t c : capacity) max_pages_ = std::max(max_pages_, (c + page_ - 1) / page_);
+  const int64_t n_pages = int64_t(max_pages_) * shape.n_layers * B_;
+  const int64_t page_bytes = int64_t(shape.H_kv) * page_ * shape.D * 4;
+  placement.plan(PlacementPlan{n_pages, page_bytes, dram_bytes});
+  const size_t n = size_t(shape.n_layers) * size_t(B_);
+  key_blocks_.clear();
+  key_blocks_.resize(n);
+  key_rows_.assign(n, {0, 0});
+  dram_before_.assign(n * size_t(max_pages_ + 1), 0);
+  value_pages_.clear();
+  value_pages_.resize(n * size_t(max_pages_));
+  far_value_pages_ = 0;
+  for (int l = 0; l < shape.n_layers; ++l)
+    for (int b = 0; b < B_; ++b) {
+      int32_t* before = dram_before_.data() + idx(l, b) * size_t(max_pages_ + 1);
+      const int32_t pages = (capacity[size_t(b)] + page_ - 1) / page_;
+      for (int32_t p = 0; p < max_pages_; ++p)
+        before[p + 1] = before[p] + (placement.place(KvKind::kKey, global_page(l, b, p), p) == Tier::kDram);
+      auto& rows = key_rows_[idx(l, b)];
+      rows = {before[pages] * page_, (pages - before[pages]) * page_};
+      for (Tier t : {Tier::kDram, Tier::kFar})
+        if (rows[ti(t)] > 0)
+          key_blocks_[idx(l, b)][ti(t)] = mem.allocate(t, int64_t(shape.H_kv) * rows[ti(t)] * shape.D * 4);
+    }
+}
+
+Tier OffloadedKv::key_tier(int layer, int seq, int32_t pos) const {
+  const int32_t p = pos / page_;
+  return dram_pages_before(layer, seq, p + 1) > dram_pages_before(layer, seq, p) ? Tier::kDram : Tier::kFar;
+}
+
+Tier OffloadedKv::value_tier(int layer, int seq, int32_t pos) const {
+  return placement_->place(KvKind::kValue, global_page(layer, seq, pos / page_), pos / page_);
+}
+
+int32_t OffloadedKv::row_of(Tier t, int layer, int seq, int32_t pos) const {
+  const int32_t p = pos / page_, dram = dram_pages_before(layer, seq, p);
+  return (t == Tier::kDram ? dram : p - dram) * page_ + pos % page_;
+}
+
+float* OffloadedKv::keys(Tier t, int layer, int seq, int g) {
+  return key_blocks_[idx(layer, seq)][ti(t)].as<float>() + int64_t(g) * key_head_stride(t, layer, seq);
+}
+
+int64_t OffloadedKv::key_head_stride(Tier t, int layer, int seq) const {
+  return int64_t(key_rows_[idx(layer, seq)][ti(t)]) * shape_.D;
+}
+
+float* OffloadedKv::key(int layer, int seq, int g, int32_t pos) {
+  const Tier t = key_tier(layer, seq, pos);
+  return keys(t, layer, seq, g) + int64_t(row_of(t, layer, seq, pos)) * shape_.D;
+}
+
+int32_t OffloadedKv::key_rows_before(Tier t, int layer, int seq, int32_t n) const {
+  if (n <= 0) return 0;
+  const int32_t p = n / page_, dram = dram_pages_before(layer, seq, p);
+  const int32_t whole = (t == Tier::kDram ? dram : p - dram) * page_;
+  return whole + (n % page_ != 0 && key_tier(layer, seq, n - 1) == t ? n % page_ : 0);
+}
+
+int32_t OffloadedKv::key_position(Tier t, int layer, int seq, int32_t row) const {
+  // The page holding the tier's (row / page)-th page: the first p whose count of the tier's pages
+  // up to and including it exceeds that rank.
+  const int32_t rank = row / page_;
+  const int32_t* before = dram_before_.data() + idx(layer, seq) * size_t(max_pages_ + 1);
+  int32_t lo = 0, hi = max_pages_;
+  while (lo < hi) {
+    const int32_t mid = (lo + hi) / 2;
+    const int32_t count = t == Tier::kDram ? before[mid + 1] : mid + 1 - before[mid + 1];
+    if (count > rank) hi = mid;
+    else lo = mid + 1;
+  }
+  return lo * page_ + row % page_;
+}
+
+float* OffloadedKv::value(int layer, int seq, int g, int32_t pos) {
+  Allocation& pg = value_pages_[idx(layer, seq) * size_t(max_pages_) + size_t(pos / page_)];
+  if (pg.empty()) {
+    const Tier t = value_tier(layer, seq, pos);
+    pg = mem_->allocate(t, int64_t(shape_.H_kv) * page_ * shape_.D * 4);
+    far_value_pages_ += t == Tier::kFar;
+  }
+  return pg.as<float>() + (int64_t(g) * page_ + pos % page_) * shape_.D;
+}
+
+}  // namespace hg

@@ -1,0 +1,82 @@
+// The CPU side of HybridGen's KV cache: the keys and values of offloaded tokens, placed page by
+// page on `dram` or `far` by the placement policy (engine/runtime/placement.h). Pages are numbered
+// position-major across layers and sequences, so early tokens of every layer claim dram first.
+//
+// Keys: per (layer, sequence) and tier, one block [H_kv][rows][D] whose rows are that tier's
+// offloaded positions in position order ("rows" of the tier), so that the CPU stage scores each
+// tier's keys in one pass and reads far memory only for keys that live there. Values: pages
+// [H_kv][page_tokens][D], each allocated on its tier when its first token is offloaded.
+#pragma once
+#include <algorithm>
+#include <array>
+#include <cstdint>
+#include <span>
+#include <vector>
+
+#include "engine/decoder/kv_strategy.h"
+#include "engine/runtime/memory.h"
+#include "engine/runtime/placement.h"
+
+namespace hg {
+
+class OffloadedKv {
+ public:
+  // capacity: offloadable tokens per sequence. dram_bytes: dram the offloaded KV may use (the
+  // placement plan's budget).
+  void reset(const KvShape& shape, std::span<const int32_t> capacity, int32_t page_tokens, PlacementPolicy& placement,
+             int64_t dram_bytes, MemorySystem& mem);
+
+  Tier key_tier(int layer, int seq, int32_t pos) const;
+  Tier value_tier(int layer, int seq, int32_t pos) const;
+
+  // Keys: head g's rows on tier t (row_stride floats between heads), and the row of a position.
+  float* keys(Tier t, int layer, int seq, int g);
+  int64_t key_head_stride(Tier t, int layer, int seq) const;
+  float* key(int layer, int seq, int g, int32_t pos);
+  // The rows tier t holds of positions [0, n), and the position of tier t's row `row`.
+  int32_t key_rows_before(Tier t, int layer, int seq, int32_t n) const;
+  int32_t key_position(Tier t, int layer, int seq, int32_t row) const;
+  // Runs of positions [a, b) whose keys are consecutive rows of one tier: fn(tier, first row,
+  // first position, count), in position order.
+  template <class F>
+  void key_runs(int layer, int seq, int32_t a, int32_t b, F&& fn) const {
+    while (a < b) {
+      const int32_t page = a / page_;
+      const Tier t = key_tier(layer, seq, a);
+      int32_t e = std::min(b, (page + 1) * page_);
+      // Following pages of the same tier continue the same run of rows.
+      while (e < b && key_tier(layer, seq, e) == t) e = std::min(b, e + page_);
+      fn(t, row_of(t, layer, seq, a), a, e - a);
+      a = e;
+    }
+  }
+
+  // Values: the row of (g, pos) in its page (allocated on the page's tier on first use).
+  float* value(int layer, int seq, int g, int32_t pos);
+  int64_t far_value_pages() const { return far_value_pages_; }
+  int32_t page_tokens() const { return page_; }
+
+ private:
+  size_t idx(int layer, int seq) const { return size_t(layer) * size_t(B_) + size_t(seq); }
+  int64_t global_page(int layer, int seq, int32_t page) const {
+    return int64_t(page) * shape_.n_layers * B_ + int64_t(layer) * B_ + seq;
+  }
+  // Key pages of (layer, seq) on dram among its first i pages.
+  int32_t dram_pages_before(int layer, int seq, int32_t i) const {
+    return dram_before_[idx(layer, seq) * size_t(max_pages_ + 1) + size_t(i)];
+  }
+  int32_t row_of(Tier t, int layer, int seq, int32_t pos) const;
+
+  KvShape shape_;
+  int B_ = 0;
+  int32_t page_ = 1, max_pages_ = 0;
+  PlacementPolicy* placement_ = nullptr;
+  MemorySystem* mem_ = nullptr;
+  std::vector<int32_t> dram_before_;                // [(layer, seq)][max_pages + 1]
+  std::vector<std::array<Allocation, 2>> key_blocks_;  // [(layer, seq)][dram, far]
+  std::vector<std::array<int32_t, 2>> key_rows_;       // their rows
+  std::vector<Allocation> value_pages_;                // [(layer, seq)][page]
+  int64_t far_value_pages_ = 0;
+};
+
+}  // namespace hg

@@ -1,0 +1,88 @@
+// Keyformer: key tokens by accumulated Gumbel-softmax score + recent window.
+#include <cmath>
+#include <cstring>
+#include <filesystem>
+#include <functional>
+#include <limits>
+#include <numbers>
+#include <numeric>
+#include <optional>
+#include <random>
+#include <set>
+
+#include "baselines/eviction.h"
+#include "baselines/full/full.h"
+#include "baselines/registry.h"
+#include "engine/decoder/decoder.h"
+#include "engine/decoder/generate.h"
+#include "engine/formats/formats.h"
+#include "engine/runtime/runtime.h"
+#include "test_util.h"
+#include "strategy_test_util.h"
+
+namespace hg {
+double keyformer_gumbel(uint64_t seed, int layer, int seq, int row, int head, int32_t pos);
+void keyformer_gumbel_n(uint64_t seed, int layer, int seq, int row, int head, const int32_t* pos, int32_t n,
+                        double* out);
+double keyformer_log(double x);
+namespace {
+
+using namespace test;
+
+TEST(Keyformer, EvictionOrderMatchesBruteForce) { brute_force_check("keyformer", {}); }
+
+// Keyformer's noise: the 8-lane path gives the scalar's bits for every position (tails of every
+// length), its logarithm is within 2 ulp of std::log over the range the noise uses, and the draws
+// have Gumbel(0, 1)'s mean (Euler's γ) and variance (π²/6).
+// Each query row draws its own noise for every key (prompt rows included): draws of different rows
+// for the same key are uncorrelated, and the strategy's noise is the specified function.
+TEST(Keyformer, NoiseIsIndependentPerQueryRowAndKey) {
+  const int N = 20000;
+  double sxy = 0, sx = 0, sy = 0, sxx = 0, syy = 0;
+  for (int32_t p = 0; p < N; ++p) {
+    const double a = keyformer_gumbel(3, 1, 0, 100, 2, p), b = keyformer_gumbel(3, 1, 0, 101, 2, p);
+    sx += a, sy += b, sxy += a * b, sxx += a * a, syy += b * b;
+    EXPECT_NEAR(a, ref_gumbel(3, 1, 0, 100, 2, p), 1e-12 * (1 + std::abs(a)));
+  }
+  const double cov = sxy / N - sx / N * sy / N;
+  const double corr = cov / std::sqrt((sxx / N - sx / N * sx / N) * (syy / N - sy / N * sy / N));
+  EXPECT_LT(std::abs(corr), 0.03) << "rows 100 and 101 share their draws";
+}
+
+TEST(Keyformer, NoiseIsOneFunctionOfItsInputsAndGumbelDistributed) {
+  std::mt19937_64 r(5);
+  for (int32_t n : {0, 1, 7, 8, 9, 100, 1003}) {
+    std::vector<int32_t> pos(static_cast<size_t>(n));
+    for (auto& p : pos) p = int32_t(r() % 200000);
+    if (n > 2) pos[0] = 0, pos[1] = std::numeric_limits<int32_t>::max();
+    std::vector<double> got(static_cast<size_t>(n));
+    keyformer_gumbel_n(7, 3, 1, 12, 5, pos.data(), n, got.data());
+    for (int32_t i = 0; i < n; ++i) {
+      const double want = keyformer_gumbel(7, 3, 1, 12, 5, pos[size_t(i)]);
+      EXPECT_EQ(std::memcmp(&got[size_t(i)], &want, sizeof want), 0) << "n=" << n << " i=" << i;
+    }
+  }
+  double worst = 0;
+  for (int i = 0; i < 200000; ++i) {
+    // −log u for u in (2^-53, 1): from about 1.1e-16 to 36.7; powers of two and the fold at 1.5.
+    const double x = i < 100
+                         ? std::ldexp(i % 2 ? 1.5 : 1.0, i - 60) * (i % 3 ? 1.0 : std::nextafter(1.0, 0.0))
+                         : std::exp(std::uniform_real_distribution<double>(-36.7, 3.61)(r));
+    const double want = std::log(x), got = keyformer_log(x);
+    worst = std::max(worst, std::abs(got - want) / std::max(std::abs(want) * 0x1p-52, 0x1p-1074));
+  }
+  EXPECT_LE(worst, 2.0) << "ulp";
+  const int N = 200000;
+  std::vector<int32_t> pos(N);
+  std::iota(pos.begin(), pos.end(), 0);
+  std::vector<double> g(N);
+  keyformer_gumbel_n(1, 0, 0, 3, 2, pos.data(), N, g.data());
+  double mean = 0, var = 0;
+  for (double v : g) mean += v / N;
+  for (double v : g) var += (v - mean) * (v - mean) / N;
+  EXPECT_NEAR(mean, 0.5772156649, 0.01);
+  EXPECT_NEAR(var, std::numbers::pi * std::numbers::pi / 6, 0.03);
+}
+
+}  // namespace
+}  // namespace hg

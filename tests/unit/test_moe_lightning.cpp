@@ -1,0 +1,62 @@
+// MoE-Lightning: prefill on the accelerator, decode attention on the CPU.
+#include <cmath>
+#include <cstring>
+#include <filesystem>
+#include <functional>
+#include <limits>
+#include <numbers>
+#include <numeric>
+#include <optional>
+#include <random>
+#include <set>
+
+#include "baselines/eviction.h"
+#include "baselines/full/full.h"
+#include "baselines/registry.h"
+#include "engine/decoder/decoder.h"
+#include "engine/decoder/generate.h"
+#include "engine/formats/formats.h"
+#include "engine/runtime/runtime.h"
+#include "test_util.h"
+#include "strategy_test_util.h"
+
+namespace hg {
+namespace {
+
+using namespace test;
+
+// MoE-Lightning's prefill attends on the accelerator (no CPU attention stage before the first
+// decode step, also when the prompt arrives in chunks whose earlier K/V come back from dram), with
+// the oracle's logits; decode attention runs on the CPU.
+TEST(MoeLightning, PrefillAttendsOnTheAcceleratorAndDecodeOnTheCpu) {
+  Model m = load_model("synthetic:tiny-qwen2");
+  const int prompt = 23;
+  const auto toks = token_stream(prompt + 5, m.hp.n_vocab, 9);
+  auto ref = make_ref_backend();
+  FullStrategy oracle(*ref);
+  const auto want = step_logits(m, *ref, oracle, toks, prompt);
+  for (int max_rows : {512, 8}) {
+    RuntimeConfig rc;
+    rc.device = "emulated";
+    Runtime rt(rc);
+    auto kv = make_strategy("moe_lightning", StrategyContext{rt.accel_backend(), &rt, &m});
+    auto cpu_attention = [&] {
+      int n = 0;
+      for (auto& r : rt.log().snapshot()) n += r.name.rfind("cpu attention", 0) == 0;
+      return n;
+    };
+    int at_prefill = -1;
+    std::vector<std::vector<float>> got;
+    rt.accel().submit("run", {}, {}, [&] {
+      got = step_logits(m, rt.accel_backend(), *kv, toks, prompt, [&](int step) {
+        if (step == 0) at_prefill = cpu_attention();
+      }, max_rows);
+    }).wait();
+    EXPECT_EQ(at_prefill, 0) << "max_rows " << max_rows;
+    EXPECT_EQ(cpu_attention(), 5 * m.hp.n_layers) << "max_rows " << max_rows;  // one per decode step and layer
+    expect_steps_close(got, want, 1e-4, "moe_lightning, prefill chunks of " + std::to_string(max_rows));
+  }
+}
+
+}  // namespace
+}  // namespace hg

@@ -1,0 +1,246 @@
+// The contract every registered strategy keeps, on the emulated accelerator: exact ones match the
+// `ref` oracle's logits at every decode step; budgeted ones hold exactly their budget (read from
+// the SlotStore); transfer accounting per decode step matches the design's formulas; parameters are
+// checked against the schema. (The device-memory contract: test_device_contract.cpp.)
+#include <cmath>
+#include <cstring>
+#include <filesystem>
+#include <functional>
+#include <limits>
+#include <numbers>
+#include <numeric>
+#include <optional>
+#include <random>
+#include <set>
+
+#include "baselines/eviction.h"
+#include "baselines/full/full.h"
+#include "baselines/registry.h"
+#include "engine/decoder/decoder.h"
+#include "engine/decoder/generate.h"
+#include "engine/formats/formats.h"
+#include "engine/runtime/runtime.h"
+#include "test_util.h"
+#include "strategy_test_util.h"
+
+namespace hg {
+namespace {
+
+using namespace test;
+
+struct ExactCase {
+  std::string model;  // synthetic spec or a ../shared path
+  std::string strategy;
+  std::map<std::string, std::string> params;
+};
+
+class ExactStrategies : public ::testing::TestWithParam<ExactCase> {};
+
+TEST_P(ExactStrategies, MatchRefOracleAtEveryDecodeStep) {
+  const ExactCase& c = GetParam();
+  auto m = load_test_model(c.model);
+  if (!m) GTEST_SKIP() << "../shared is absent (" << c.model << "); skipped";
+  expect_matches_oracle(*m, c.strategy, c.params, token_stream(40, m->hp.n_vocab, 7), 23, 1e-4, c.strategy);
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Strategies, ExactStrategies,
+    ::testing::Values(ExactCase{"synthetic:tiny-qwen2", "full", {}},
+                      ExactCase{"synthetic:tiny-qwen2", "flexgen", {{"overlap", "true"}}},
+                      ExactCase{"synthetic:tiny-qwen2", "flexgen", {{"overlap", "false"}}},
+                      ExactCase{"synthetic:tiny-qwen2", "moe_lightning", {{"micro_batches", "1"}}},
+                      ExactCase{"synthetic:tiny-qwen2", "moe_lightning", {{"micro_batches", "3"}}},
+                      ExactCase{"synthetic:tiny-opt", "flexgen", {}},
+                      // Budgets above the sequence length: nothing is evicted, so these are exact too
+                      // (for streamingllm this checks the pre-RoPE store and the re-rotation).
+                      ExactCase{"synthetic:tiny-llama", "streamingllm", {{"window", "1000"}}},
+                      ExactCase{"synthetic:tiny-qwen2", "h2o", {{"heavy_ratio", "1"}, {"recent_ratio", "1"}}},
+                      ExactCase{"models/stories260K/stories260K.gguf", "flexgen", {}},
+                      ExactCase{"models/stories260K/stories260K.gguf", "moe_lightning", {}}),
+    [](const auto& i) {
+      std::string s = i.param.model.substr(i.param.model.rfind('/') + 1) + "_" + i.param.strategy;
+      for (auto& [k, v] : i.param.params) s += "_" + k + v;
+      for (auto& ch : s)
+        if (!isalnum(ch)) ch = '_';
+      return s;
+    });
+
+// The per-head retained positions of layer l, head g, read from the store.
+std::set<int32_t> held(const SlotStore& st, int l, int g) {
+  const int32_t n = st.count(l, 0, g);
+  return std::set<int32_t>(st.positions(l, 0, g), st.positions(l, 0, g) + n);
+}
+
+struct BudgetCase {
+  std::string strategy;
+  std::map<std::string, std::string> params;
+  std::function<int32_t(int32_t)> budget;  // tokens kept once the context holds n tokens
+};
+
+class BudgetedStrategies : public ::testing::TestWithParam<BudgetCase> {};
+
+TEST_P(BudgetedStrategies, HoldExactlyTheirBudgetEveryStep) {
+  const BudgetCase& c = GetParam();
+  Model m = load_model("synthetic:tiny-llama");
+  RuntimeConfig rc;
+  rc.device = "emulated";
+  Runtime rt(rc);
+  auto kv = make_strategy(c.strategy, StrategyContext{rt.accel_backend(), &rt, &m}, c.params);
+  auto* ev = dynamic_cast<EvictingStrategy*>(kv.get());
+  ASSERT_NE(ev, nullptr);
+  const int prompt = 40;
+  const auto toks = token_stream(prompt + 30, m.hp.n_vocab, 3);
+  std::vector<int32_t> expect(size_t(m.hp.n_layers * m.hp.n_kv_heads));
+  rt.accel().submit("run", {}, {}, [&] {
+    step_logits(m, rt.accel_backend(), *kv, toks, prompt, [&](int step) {
+      const int32_t tokens = prompt + step;
+      for (int l = 0; l < m.hp.n_layers; ++l)
+        for (int g = 0; g < m.hp.n_kv_heads; ++g) {
+          const int32_t n = ev->store().count(l, 0, g);
+          // After the prefill all prompt tokens are held; after each decode step, exactly the budget
+          // for the context that step's row saw (tokens − 1 before it).
+          // Evicted tokens never return: a budget that grows by more than one token per step is
+          // reached one token per step.
+          const int32_t budget = c.budget(tokens - 1);
+          int32_t& want_n = expect[size_t(l * m.hp.n_kv_heads + g)];
+          want_n = step == 0 ? tokens : std::min(budget, want_n + 1);
+          EXPECT_EQ(n, want_n) << c.strategy << " step " << step;
+          if (c.strategy == "streamingllm" && step > 0) {
+            std::set<int32_t> want;
+            for (int32_t p = 0; p < 4; ++p) want.insert(p);
+            for (int32_t p = tokens - (budget - 4); p < tokens; ++p) want.insert(p);
+            EXPECT_EQ(held(ev->store(), l, g), want) << "step " << step;
+          }
+        }
+    });
+  }).wait();
+}
+
+INSTANTIATE_TEST_SUITE_P(Strategies, BudgetedStrategies,
+                         ::testing::Values(
+                             // floor(0.1·n) heavy + floor(0.1·n) recent: 4 + 4 at the 40-token prompt
+                             BudgetCase{"h2o", {}, [](int32_t n) { return 2 * (n / 10); }},
+                             BudgetCase{"h2o", {{"heavy_ratio", "0.2"}, {"recent_ratio", "0.05"}},
+                                        [](int32_t n) { return n / 5 + std::max(1, n / 20); }},
+                             BudgetCase{"h2o", {{"heavy_tokens", "6"}, {"recent_tokens", "3"}}, [](int32_t) { return 9; }},
+                             BudgetCase{"keyformer", {}, [](int32_t n) { return int32_t(std::lround(0.6 * n)); }},
+                             BudgetCase{"keyformer", {{"kv_tokens", "17"}}, [](int32_t) { return 17; }},
+                             BudgetCase{"streamingllm", {{"window", "12"}}, [](int32_t) { return 16; }},
+                             BudgetCase{"streamingllm", {{"window", "12"}, {"positions", "original"}}, [](int32_t) { return 16; }},
+                             BudgetCase{"streamingllm", {{"kv_ratio", "0.5"}}, [](int32_t n) { return 4 + std::max(1, n / 2 - 4); }}),
+                         [](const auto& i) {
+                           std::string s = i.param.strategy;
+                           for (auto& [k, v] : i.param.params) s += "_" + k + v;
+                           for (auto& ch : s)
+                             if (!isalnum(ch)) ch = '_';
+                           return s;
+                         });
+
+
+// Transfer accounting per decode step (design invariant 3).
+TEST(TransferAccounting, FlexgenAndMoeLightningPerStep) {
+  Model m = load_model("synthetic:tiny-qwen2");
+  const auto& hp = m.hp;
+  const int prompt = 17;
+  const auto toks = token_stream(prompt + 6, hp.n_vocab, 5);
+  const int64_t row_kv = int64_t(hp.n_kv_heads) * hp.head_dim * 4;  // one token's K (or V) of one layer
+  for (const char* name : {"flexgen", "moe_lightning"}) {
+    RuntimeConfig rc;
+    rc.device = "emulated";
+    Runtime rt(rc);
+    auto kv = make_strategy(name, StrategyContext{rt.accel_backend(), &rt, &m});
+    TransferTotals before;
+    rt.accel().submit("run", {}, {}, [&] {
+      step_logits(m, rt.accel_backend(), *kv, toks, prompt, [&](int step) {
+        const TransferTotals now = rt.transfers().totals();
+        if (step > 0) {
+          const int64_t N = prompt + step - 1;  // tokens stored before this step
+          const int64_t h2d = now.bytes_between(Tier::kDram, Tier::kGpu) - before.bytes_between(Tier::kDram, Tier::kGpu);
+          const int64_t d2h = now.bytes_between(Tier::kGpu, Tier::kDram) - before.bytes_between(Tier::kGpu, Tier::kDram);
+          if (std::string(name) == "flexgen") {
+            // 2·N·d per KV head for layers 1..L−1; layer 0 was prefetched at the end of the last step,
+            // and this step prefetches the next step's layer 0 (N + 1 tokens). No load is waited for.
+            EXPECT_EQ(h2d, (hp.n_layers - 1) * 2 * N * row_kv + 2 * (N + 1) * row_kv) << "step " << step;
+            EXPECT_EQ(d2h, hp.n_layers * 2 * row_kv) << "step " << step;  // the new token's K and V
+            EXPECT_EQ(kv->step_stats().at("exposed_loads"), 0.0) << "step " << step;
+          } else {
+            const int64_t q = int64_t(hp.n_heads) * hp.head_dim * 4;
+            EXPECT_EQ(d2h, hp.n_layers * (q + 2 * row_kv)) << "step " << step;  // q, k, v
+            EXPECT_EQ(h2d, hp.n_layers * q) << "step " << step;                 // the attention output
+          }
+        }
+        before = now;
+      });
+    }).wait();
+  }
+}
+
+// H2O, Keyformer and StreamingLLM keep their retained KV in dram by default (the paper's baselines
+// run on the FlexGen engine): each decode step sends the new token's K and V there and the retained
+// set (budget plus the new token) to the accelerator, per layer; `kv_home: gpu` moves nothing. The
+// logits are the same either way.
+TEST(TransferAccounting, EvictionStrategiesSendTheirRetainedKvEveryStep) {
+  Model m = load_model("synthetic:tiny-qwen2");
+  const auto& hp = m.hp;
+  const int prompt = 30;
+  const auto toks = token_stream(prompt + 6, hp.n_vocab, 5);
+  const int64_t row_kv = int64_t(hp.n_kv_heads) * hp.head_dim * 4;
+  for (const char* name : {"h2o", "keyformer", "streamingllm"}) {
+    std::map<std::string, std::vector<std::vector<float>>> logits;
+    for (const char* home : {"dram", "gpu"}) {
+      RuntimeConfig rc;
+      rc.device = "emulated";
+      Runtime rt(rc);
+      std::map<std::string, std::string> params = {{"kv_home", home}};
+      if (std::string(name) == "streamingllm") params["window"] = "12";
+      auto kv = make_strategy(name, StrategyContext{rt.accel_backend(), &rt, &m}, params);
+      auto* ev = dynamic_cast<EvictingStrategy*>(kv.get());
+      TransferTotals before;
+      int32_t held_before = 0;
+      rt.accel().submit("run", {}, {}, [&] {
+        logits[home] = step_logits(m, rt.accel_backend(), *kv, toks, prompt, [&](int step) {
+          const TransferTotals now = rt.transfers().totals();
+          const int64_t h2d = now.bytes_between(Tier::kDram, Tier::kGpu) - before.bytes_between(Tier::kDram, Tier::kGpu);
+          const int64_t d2h = now.bytes_between(Tier::kGpu, Tier::kDram) - before.bytes_between(Tier::kGpu, Tier::kDram);
+          if (step > 0) {
+            if (std::string(home) == "dram") {
+              EXPECT_EQ(d2h, hp.n_layers * 2 * row_kv) << name << " step " << step;
+              // The first decode step prunes the prompt to the budget before it attends.
+              const int32_t held = step == 1 ? std::min(held_before, ev->budget(0, prompt)) : held_before;
+              EXPECT_EQ(h2d, hp.n_layers * 2 * (held + 1) * row_kv) << name << " step " << step;
+            } else {
+              EXPECT_EQ(d2h + h2d, 0) << name << " step " << step;
+            }
+          }
+          held_before = ev->store().count(0, 0, 0);
+          before = now;
+        });
+      }).wait();
+    }
+    expect_steps_close(logits["dram"], logits["gpu"], 1e-6, std::string(name) + " kv_home dram vs gpu");
+  }
+}
+
+
+TEST(Strategies, SchemaAndParamErrors) {
+  std::set<std::string> names;
+  for (auto& s : strategies()) names.insert(s.name);
+  for (const char* n : {"full", "flexgen", "moe_lightning", "h2o", "keyformer", "streamingllm"}) EXPECT_TRUE(names.count(n)) << n;
+  Model m = load_model("synthetic:tiny-llama");
+  RuntimeConfig rc;
+  rc.device = "emulated";
+  Runtime rt(rc);
+  const StrategyContext ctx{rt.accel_backend(), &rt, &m};
+  try {
+    make_strategy("h2o", ctx, {{"heavy_ration", "0.2"}});
+    ADD_FAILURE();
+  } catch (const InputError& e) {
+    EXPECT_NE(std::string(e.what()).find("did you mean 'heavy_ratio'"), std::string::npos) << e.what();
+  }
+  EXPECT_THROW(make_strategy("streamingllm", ctx, {{"positions", "sideways"}}), InputError);
+  EXPECT_THROW(make_strategy("flexgen", ctx, {{"overlap", "maybe"}}), InputError);
+  EXPECT_THROW(make_strategy("flexgen", StrategyContext{rt.accel_backend(), nullptr, &m}), InputError);
+}
+
+}  // namespace
+}  // namespace hg
