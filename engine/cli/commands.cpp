@@ -50,6 +50,8 @@ int parse_cli(CLI::App& app, const std::string& name, const std::vector<std::str
     std::string what = e.what();
     for (auto& ch : what)
       if (ch == '\n') ch = ' ';
+    // The experiment form parses as "hgbench" (FILE.yaml) and is documented as `hgbench run`.
+    if (name == "hgbench") throw InputError(fmt::format("{} (see hgbench run --help)", what));
     throw InputError(fmt::format("{}: {} (see hgbench {} --help)", name, what, name));
   }
   return -1;

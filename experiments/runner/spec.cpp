@@ -67,6 +67,26 @@ void apply_set(YAML::Node root, const std::string& file, const std::string& set)
   const size_t eq = set.find('=');
   if (eq == std::string::npos || eq == 0) input_error("--set '{}': expected KEY=VALUE (e.g. execute=dry)", set);
   std::vector<std::string> path = split(set.substr(0, eq), '.');
+  // STRATEGY.PARAM=V: that parameter for every point, a sweep axis of one value (as `eval`,
+  // `bench` and `generate` take it).
+  const auto& known = strategies();
+  if (path.size() == 2 &&
+      std::any_of(known.begin(), known.end(), [&](const StrategyInfo& st) { return st.name == path[0]; })) {
+    YAML::Node v;
+    try {
+      v = YAML::Load(set.substr(eq + 1));
+    } catch (const YAML::Exception& e) {
+      input_error("--set '{}': the value is not YAML ({})", set, e.msg);
+    }
+    YAML::Node axis = root["sweep"];
+    if (!axis.IsDefined() || axis.IsNull()) root["sweep"] = YAML::Node(YAML::NodeType::Map);
+    else if (!axis.IsMap()) input_error("{}: --set '{}': `sweep` is not a map", file, set);
+    YAML::Node list(YAML::NodeType::Sequence);
+    if (v.IsSequence()) list = v;
+    else list.push_back(v);
+    root["sweep"][path[0] + "." + path[1]] = list;
+    return;
+  }
   if (path.size() > 2 && path[0] == "sweep") {
     std::string rest = path[1];
     for (size_t i = 2; i < path.size(); ++i) rest += "." + path[i];
@@ -79,7 +99,8 @@ void apply_set(YAML::Node root, const std::string& file, const std::string& set)
     input_error("--set '{}': the value is not YAML ({})", set, e.msg);
   }
   if (std::find(kTopKeys.begin(), kTopKeys.end(), path[0]) == kTopKeys.end())
-    input_error("{}: --set '{}': unknown key '{}' (did you mean '{}'?)", file, set, path[0], nearest_key(path[0], kTopKeys));
+    input_error("{}: --set '{}': unknown key '{}' (did you mean '{}'? a strategy's parameter is STRATEGY.PARAM=V)", file,
+                set, path[0], nearest_key(path[0], kTopKeys));
   // A path segment inside a list: its index.
   auto index = [&](const YAML::Node& list, const std::string& seg) {
     size_t idx = 0;

@@ -64,6 +64,22 @@ TEST(ExperimentSpec, WrongTypeBadUnitAndEmptySweepNameTheLine) {
   EXPECT_NE(e.find("modeled"), std::string::npos) << e;
 }
 
+// `--set STRATEGY.PARAM=V` sets a strategy's parameter for every point (a one-value sweep axis),
+// as `bench`, `eval` and `generate` take it; a bad value is refused as the axis would be.
+TEST(ExperimentSpec, SetStrategyParameterForEveryPoint) {
+  const std::string y = std::string(kBase).replace(std::string(kBase).find("[full, flexgen]"), 15, "[full, hybridgen]");
+  const ExperimentSpec s = parse_experiment(y, "t.yaml", {"hybridgen.k=fixed", "hybridgen.k_fixed=64"});
+  const auto pts = expand(s);
+  ASSERT_EQ(pts.size(), 2u);  // the two prompt lengths, each with both strategies
+  for (const auto& p : pts) {
+    EXPECT_EQ(p.strategy_params.at("hybridgen").at("k"), "fixed");
+    EXPECT_EQ(p.strategy_params.at("hybridgen").at("k_fixed"), "64");
+  }
+  EXPECT_NE(error_of(y, {"hybridgen.k=sometimes"}).find("k"), std::string::npos);
+  const std::string e = error_of(y, {"hybridgn.k=fixed"});
+  EXPECT_NE(e.find("STRATEGY.PARAM"), std::string::npos) << e;
+}
+
 TEST(ExperimentSpec, ExpansionCountsAndStableIds) {
   const std::string y = R"(name: t
 models: ["synthetic:tiny-llama", "synthetic:tiny-qwen2"]
