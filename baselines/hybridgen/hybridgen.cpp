@@ -25,6 +25,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <functional>
 #include <mutex>
 
 #include "baselines/common.h"
@@ -111,6 +112,7 @@ class HybridGen final : public KvStrategy {
     const int64_t dram_avail = dram_kv_bytes_ > 0 ? dram_kv_bytes_ : rt_.memory().ledger().available(Tier::kDram);
     offloaded_kv_.reset(shape, off, page_, *placement_, dram_avail, rt_.memory());
     pending_.assign(size_t(shape.n_layers) * size_t(B_), nullptr);
+    deferred_.assign(pending_.size(), nullptr);
     pool_.clear();
     pool_.resize(2 * size_t(B_));
     offloaded_.assign(pending_.size(), 0);
@@ -207,7 +209,13 @@ class HybridGen final : public KvStrategy {
       std::vector<float> in(from.begin() + std::ptrdiff_t(j) * n, from.begin() + std::ptrdiff_t(j + 1) * n);
       const std::string what = query_on_accel_ ? "hybridgen speculative logits, layer "
                                                : "hybridgen speculative q + logits, layer ";
-      res->done = rt_.cpu().submit(
+      // The CPU queue runs stages in submission order. When the layer now running has no
+      // speculation of its own, its CPU stage is submitted at its attention, after this call: this
+      // stage then waits until that one is queued, so that it does not run ahead of the stage the
+      // accelerator is about to wait for.
+      const bool behind = layer > 0 && offloaded_[pidx(layer - 1, r.seq)] > 0 && !pending_[pidx(layer - 1, r.seq)];
+      auto submit = [this, layer, r, what, in = std::move(in), res, K, pre]() mutable {
+        res->done = rt_.cpu().submit(
           what + std::to_string(layer), cpu_stage_work(layer, r, K, pre, !query_on_accel_), {},
           [this, layer, r, in = std::move(in), res, K, pre] {
             const auto t0 = Clock::now();
@@ -226,7 +234,20 @@ class HybridGen final : public KvStrategy {
             }
             cpu_stage(layer, r, query_on_accel_ ? in.data() : q.data(), K, pre, !query_on_accel_, *res, t0);
           });
+      };
+      if (behind) deferred_[pidx(layer, r.seq)] = std::move(submit);
+      else submit();
     }
+  }
+
+  // Queues the speculative stage of (layer, seq) that prepare() held back, if any.
+  void submit_deferred(int layer, int seq) {
+    if (layer >= shape_.n_layers) return;
+    auto& d = deferred_[pidx(layer, seq)];
+    if (!d) return;
+    auto f = std::move(d);
+    d = nullptr;
+    f();
   }
 
   void attend(int layer, std::span<const TokenRow> rows, const float* q, float scale, float* out) override {
@@ -752,6 +773,7 @@ class HybridGen final : public KvStrategy {
     HG_CHECK(n_res == used);
     seen_pos_max_ = std::max(seen_pos_max_, r.pos);
     std::shared_ptr<CpuResult> res;
+    submit_deferred(layer, r.seq);  // normally queued already, after the previous layer's stage
     if (n_off > 0) {
       res = pending_[pidx(layer, r.seq)];
       pending_[pidx(layer, r.seq)] = nullptr;
@@ -768,6 +790,7 @@ class HybridGen final : public KvStrategy {
                                      });
       }
     }
+    submit_deferred(layer + 1, r.seq);
     // The accelerator's logits of its resident tokens (true query) while the CPU stage finishes.
     const int G = shape_.H / Hkv;
     if (resident_logits_.size() < size_t(shape_.H) * size_t(used))
@@ -808,6 +831,7 @@ class HybridGen final : public KvStrategy {
   KvStore ring_;
   OffloadedKv offloaded_kv_;
   std::vector<std::shared_ptr<CpuResult>> pending_;
+  std::vector<std::function<void()>> deferred_;  // per (layer, seq): a speculative stage held back by prepare()
   struct ResultPool {
     Allocation logits, v;
   };

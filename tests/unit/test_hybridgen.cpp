@@ -1,4 +1,5 @@
 // HybridGen: exactness, pre mode, transfers, the speculative query and where it is projected.
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <filesystem>
@@ -237,6 +238,32 @@ TEST(HybridGen, SpeculativeQueryRunsOnTheCpuQueue) {
   const auto st = kv->step_stats();
   EXPECT_TRUE(st.count("K"));
   EXPECT_TRUE(st.count("t_cpu_ms"));
+}
+
+// The CPU queue runs stages in submission order. Layer 0 has no speculation: its stage is queued
+// at its attention, after the decoder asked for layer 1's speculation. Layer 1's speculative stage
+// must still come after it on the queue, or layer 0's attention waits for both.
+TEST(HybridGen, NextLayersSpeculationIsQueuedAfterTheStageThisLayerWaitsFor) {
+  Model m = load_model("synthetic:tiny-llama");
+  const auto toks = token_stream(30, m.hp.n_vocab, 2);
+  RuntimeConfig rc;
+  rc.device = "emulated";
+  Runtime rt(rc);
+  auto kv = make_strategy("hybridgen", StrategyContext{rt.accel_backend(), &rt, &m},
+                          {{"gpu_kv_tokens", "8"}, {"mode", "post"}});
+  rt.accel().submit("run", {}, {}, [&] { step_logits(m, rt.accel_backend(), *kv, toks, 20); }).wait();
+  // The two stages of every decode step in the order the CPU queue ran them: layer 0's, then
+  // layer 1's, step after step.
+  auto recs = rt.log().snapshot();
+  std::sort(recs.begin(), recs.end(), [](const StageRecord& a, const StageRecord& b) { return a.start_s < b.start_s; });
+  std::vector<int> seq;
+  for (auto& r : recs)
+    if (r.queue == rt.cpu().index()) {
+      if (r.name == "hybridgen logits, layer 0") seq.push_back(0);
+      if (r.name == "hybridgen speculative q + logits, layer 1") seq.push_back(1);
+    }
+  ASSERT_EQ(seq.size(), 20u);  // 10 decode steps
+  for (size_t i = 0; i < seq.size(); ++i) EXPECT_EQ(seq[i], int(i % 2)) << "stage " << i;
 }
 
 // `query_on: accelerator` projects the same speculative query on the accelerator that the CPU
