@@ -27,7 +27,7 @@ void EvictingStrategy::begin(const KvShape& shape, std::span<const int32_t> capa
   context_.assign(prompt_.begin(), prompt_.end());
   std::vector<int32_t> slots(prompt_.size());
   for (size_t b = 0; b < prompt_.size(); ++b) slots[b] = std::max(prompt_[b], budget(int(b), capacity_[b])) + 1;
-  store_.reset(shape, slots, rt_.memory(), home_dram_ ? Tier::kDram : Tier::kGpu);
+  store_.reset(shape, slots, rt_.memory(), home_dram_ ? Tier::kDram : Tier::kGpu, &be_);
   staged_.clear();
   scores_.assign(size_t(shape.n_layers) * prompt_.size() * size_t(shape.H_kv), {});
   for (size_t i = 0; i < scores_.size(); ++i) scores_[i].assign(size_t(slots[(i / size_t(shape.H_kv)) % prompt_.size()]), 0.0);
@@ -67,27 +67,39 @@ void EvictingStrategy::append(int layer, std::span<const TokenRow> rows, const f
       context_[size_t(r.seq)] = r.pos;
       evict_to(layer, r.seq, budget(r.seq, r.pos));
     }
-  // Keys stored pre-RoPE (rotated back by their original position) where the policy re-rotates.
+  // Keys stored pre-RoPE (rotated back by their original position) where the policy re-rotates;
+  // rotated on the accelerator, in its memory.
+  const size_t n = rows.size() * size_t(Hkv) * size_t(D);
   const float* ks = k;
   if (cache_positions() && shape_.rope) {
-    kin_.assign(k, k + rows.size() * size_t(Hkv) * size_t(D));
+    if (kin_.size() < n) kin_ = BackendArray<float>(be_, n);
+    be_.copy(kin_.data(), k, n * 4);
     for (size_t i = 0; i < rows.size(); ++i) {
       const int32_t neg = -rows[i].pos;
       be_.rope(kin_.data() + int64_t(i) * Hkv * D, 1, Hkv, D, &neg, *shape_.rope);
     }
     ks = kin_.data();
   }
-  auto insert = [&] {
+  // Rows in the store's memory: the accelerator's (kv_home gpu) or dram.
+  auto insert = [&](const float* kr, const float* vr) {
     for (size_t i = 0; i < rows.size(); ++i)
       for (int g = 0; g < Hkv; ++g) {
         const int64_t at = (int64_t(i) * Hkv + g) * D;
-        const int32_t s = store_.insert(layer, rows[i].seq, g, rows[i].pos, ks + at, v + at);
+        const int32_t s = store_.insert(layer, rows[i].seq, g, rows[i].pos, kr + at, vr + at);
         scores(layer, rows[i].seq, g)[size_t(s)] = 0.0;
       }
   };
-  if (!home_dram_) return insert();
+  if (!home_dram_) return insert(ks, v);
   // The new tokens' K and V, computed on the accelerator, go to their home in dram.
-  rt_.transfers().run(Tier::kGpu, Tier::kDram, int64_t(rows.size()) * Hkv * D * 4 * 2, insert, {}, "kv to dram").wait();
+  rt_.transfers()
+      .run(
+          Tier::kGpu, Tier::kDram, int64_t(n) * 4 * 2,
+          [&] {
+            std::vector<float> hk, hv;
+            insert(host_view(be_, ks, n, hk), host_view(be_, v, n, hv));
+          },
+          {}, "kv to dram")
+      .wait();
 }
 
 std::map<int32_t, std::pair<const float*, const float*>> EvictingStrategy::kv_on_accelerator(
@@ -136,17 +148,48 @@ void EvictingStrategy::attend(int layer, std::span<const TokenRow> rows, const f
                            ? rows.size()
                            : std::clamp<size_t>(kTapBytes / (size_t(H) * size_t(ld) * 4), 1, rows.size());
   const size_t tap_floats = block * size_t(H) * size_t(ld);
-  if (taps() & kLogits) logits_.resize(tap_floats);
-  if (taps() & kProbs) probs_.resize(tap_floats);
+  // The taps in the accelerator's memory; read back to the host for the policy when that is elsewhere.
+  if ((taps() & kLogits) && logits_.size() < tap_floats) logits_ = BackendArray<float>(be_, tap_floats);
+  if ((taps() & kProbs) && probs_.size() < tap_floats) probs_ = BackendArray<float>(be_, tap_floats);
   attn_rows_.resize(rows.size());
   const bool rerotate = cache_positions() && shape_.rope;
-  const float* qa = q;
-  rotated_.clear();
-  krot_used_ = 0;
-  rot_off_.resize(rows.size());
   const auto kv = kv_on_accelerator(layer, rows);
+  const float* qa = q;
   if (rerotate) {
-    qrot_.assign(q, q + rows.size() * size_t(H) * size_t(D));
+    // One copy per sequence of the call, sized first so that one buffer holds them all: each head's
+    // keys and values in position order (row j of every head holds rank j), keys rotated at their
+    // rank. During prefill nothing was evicted, so ranks equal positions and every row of the chunk
+    // reads a prefix of its sequence's copy. The taps would follow rank order too, so a policy that
+    // re-rotates reads none.
+    HG_CHECK(taps() == 0);
+    rotated_.clear();
+    size_t total = 0;
+    for (auto& r : rows)
+      if (rotated_.emplace(r.seq, total).second) total += size_t(Hkv) * size_t(ld) * size_t(D);
+    if (krot_.size() < total) krot_ = BackendArray<float>(be_, total), vrot_ = BackendArray<float>(be_, total);
+    std::vector<int32_t> order;
+    for (auto& [seq, off] : rotated_) {
+      int32_t nmax = 0;
+      for (auto& x : rows)
+        if (x.seq == seq) nmax = std::max(nmax, x.pos < prompt_len(x.seq) ? x.pos + 1 : store_.count(layer, x.seq, 0));
+      if (ranks_.size() < size_t(nmax)) {
+        ranks_.resize(size_t(nmax));
+        std::iota(ranks_.begin(), ranks_.end(), 0);
+      }
+      for (int g = 0; g < Hkv; ++g) {
+        const int32_t* pos = store_.positions(layer, seq, g);
+        order.resize(size_t(nmax));
+        std::iota(order.begin(), order.end(), 0);
+        std::sort(order.begin(), order.end(), [&](int32_t a2, int32_t b2) { return pos[a2] < pos[b2]; });
+        const int64_t src = g * store_.head_stride(seq), dst = int64_t(off) + int64_t(g) * ld * D;
+        be_.gather_rows(krot_.data() + dst, kv.at(seq).first + src, int64_t(D) * 4, int64_t(D) * 4, order.data(), nmax);
+        be_.gather_rows(vrot_.data() + dst, kv.at(seq).second + src, int64_t(D) * 4, int64_t(D) * 4, order.data(), nmax);
+        be_.rope(krot_.data() + dst, nmax, 1, D, ranks_.data(), *shape_.rope);
+      }
+    }
+    const size_t qn = rows.size() * size_t(H) * size_t(D);
+    if (qrot_.size() < qn) qrot_ = BackendArray<float>(be_, qn);
+    be_.copy(qrot_.data(), q, qn * 4);
     qa = qrot_.data();
   }
   for (size_t i = 0; i < rows.size(); ++i) {
@@ -155,63 +198,13 @@ void EvictingStrategy::attend(int layer, std::span<const TokenRow> rows, const f
     const int32_t n = r.pos < prompt_len(r.seq) ? r.pos + 1 : store_.count(layer, r.seq, 0);
     AttnRow ar{kv.at(r.seq).first, kv.at(r.seq).second, store_.head_stride(r.seq), n};
     if (rerotate) {
-      // Keys at their rank within the cache (0..n-1), the query at the current token's rank. One
-      // rotated copy per sequence and call: during prefill nothing was evicted, so ranks equal
-      // positions and every row of the chunk reads a prefix of the same copy.
-      auto it = rotated_.find(r.seq);
-      if (it == rotated_.end()) {
-        int32_t nmax = 0;
-        for (auto& x : rows)
-          if (x.seq == r.seq) nmax = std::max(nmax, x.pos < prompt_len(x.seq) ? x.pos + 1 : store_.count(layer, x.seq, 0));
-        const size_t off = krot_used_;
-        krot_used_ += size_t(Hkv) * size_t(ld) * size_t(D);
-        if (krot_.size() < krot_used_) krot_.resize(krot_used_);
-        if (tmp_.size() < krot_used_) tmp_.resize(krot_used_);
-        float* kb = krot_.data() + off;
-        float* vb = tmp_.data() + off;
-        // Each head's keys and values in position order, so that row j of every head holds rank j:
-        // one RoPE call then rotates all heads, one sine and cosine per rank (not per rank and head).
-        // The keys are rotated in a [rank][head][D] copy and then laid out per head for attention.
-        // The taps would follow rank order too, so a policy that re-rotates reads none.
-        HG_CHECK(taps() == 0);
-        if (kstage_.size() < size_t(nmax) * size_t(Hkv) * size_t(D))
-          kstage_.resize(size_t(nmax) * size_t(Hkv) * size_t(D));
-        std::vector<int32_t> order(static_cast<size_t>(nmax));
-        for (int g = 0; g < Hkv; ++g) {
-          const int32_t* pos = store_.positions(layer, r.seq, g);
-          std::iota(order.begin(), order.end(), 0);
-          std::sort(order.begin(), order.end(), [&](int32_t a2, int32_t b2) { return pos[a2] < pos[b2]; });
-          const float* ks = kv.at(r.seq).first + g * store_.head_stride(r.seq);
-          const float* vs = kv.at(r.seq).second + g * store_.head_stride(r.seq);
-          for (int32_t j = 0; j < nmax; ++j) {
-            const int64_t src = int64_t(order[size_t(j)]) * D;
-            std::copy(ks + src, ks + src + D, kstage_.data() + (int64_t(j) * Hkv + g) * D);
-            std::copy(vs + src, vs + src + D, vb + (int64_t(g) * ld + j) * D);  // V in K's layout
-          }
-        }
-        if (ranks_.size() < size_t(nmax)) {
-          ranks_.resize(size_t(nmax));
-          std::iota(ranks_.begin(), ranks_.end(), 0);
-        }
-        be_.rope(kstage_.data(), nmax, Hkv, D, ranks_.data(), *shape_.rope);
-        for (int g = 0; g < Hkv; ++g)
-          for (int32_t j = 0; j < nmax; ++j)
-            std::copy_n(kstage_.data() + (int64_t(j) * Hkv + g) * D, D, kb + (int64_t(g) * ld + j) * D);
-        it = rotated_.emplace(r.seq, off).first;
-      }
       const int32_t delta = (n - 1) - r.pos;  // current token's cache position minus its position
       if (delta != 0) be_.rope(qrot_.data() + i * size_t(H) * size_t(D), 1, H, D, &delta, *shape_.rope);
-      ar.head_stride = ld * D;
-      rot_off_[i] = it->second;
+      const size_t off = rotated_.at(r.seq);
+      ar = AttnRow{krot_.data() + off, vrot_.data() + off, ld * D, n};
     }
     attn_rows_[i] = ar;
   }
-  // The rotated copies' addresses once every sequence's copy exists (a later one may grow them).
-  if (rerotate)
-    for (size_t i = 0; i < rows.size(); ++i) {
-      attn_rows_[i].k = krot_.data() + rot_off_[i];
-      attn_rows_[i].v = tmp_.data() + rot_off_[i];
-    }
   for (size_t b0 = 0; b0 < rows.size(); b0 += block) {
     const size_t nb = std::min(block, rows.size() - b0);
     const size_t qoff = b0 * size_t(H) * size_t(D);
@@ -222,16 +215,31 @@ void EvictingStrategy::attend(int layer, std::span<const TokenRow> rows, const f
     a.tap_ld = ld;
     be_.attention(a);
     // Dry runs have no values to score: which tokens are evicted does not change the counts.
-    if (taps() != 0 && !rt_.dry())
-      for (size_t i = 0; i < nb; ++i) {
-        const TokenRow r = rows[b0 + i];
-        const size_t off = (i * size_t(H)) * size_t(ld);
-        for (int g = 0; g < Hkv; ++g)
-          accumulate(layer, r.seq, g,
-                     a.logits_out ? a.logits_out + off + size_t(g * G) * size_t(ld) : nullptr,
-                     a.probs_out ? a.probs_out + off + size_t(g * G) * size_t(ld) : nullptr, ld,
-                     attn_rows_[b0 + i].n_keys, r.pos);
-      }
+    if (taps() == 0 || rt_.dry()) continue;
+    const float* lg = a.logits_out;
+    const float* pr = a.probs_out;
+    if (!be_.host_memory()) {  // the policy scores on the host
+      const size_t used = nb * size_t(H) * size_t(ld);
+      const int64_t bytes = int64_t(used) * 4 * ((lg != nullptr) + (pr != nullptr));
+      rt_.transfers()
+          .run(
+              Tier::kGpu, Tier::kDram, bytes,
+              [&] {
+                if (lg) host_logits_.resize(used), be_.download(host_logits_.data(), lg, used * 4);
+                if (pr) host_probs_.resize(used), be_.download(host_probs_.data(), pr, used * 4);
+              },
+              {}, "attention scores to host")
+          .wait();
+      if (lg) lg = host_logits_.data();
+      if (pr) pr = host_probs_.data();
+    }
+    for (size_t i = 0; i < nb; ++i) {
+      const TokenRow r = rows[b0 + i];
+      const size_t off = (i * size_t(H)) * size_t(ld);
+      for (int g = 0; g < Hkv; ++g)
+        accumulate(layer, r.seq, g, lg ? lg + off + size_t(g * G) * size_t(ld) : nullptr,
+                   pr ? pr + off + size_t(g * G) * size_t(ld) : nullptr, ld, attn_rows_[b0 + i].n_keys, r.pos);
+    }
   }
   // Decode rows: back to the budget.
   for (auto& r : rows)

@@ -93,17 +93,17 @@ class EvictingStrategy : public KvStrategy {
   SlotStore store_;
   std::vector<int32_t> prompt_, capacity_, context_;
   std::vector<std::vector<double>> scores_;
-  std::vector<float> logits_, probs_, krot_, qrot_, tmp_;
+  BackendArray<float> logits_, probs_;  // attention taps, in the accelerator's memory
+  std::vector<float> host_logits_, host_probs_;  // read back for the policy when that is not the host's
   std::vector<AttnRow> attn_rows_;
   std::vector<int32_t> victims_, pending_;  // evict_to's scratch
-  std::vector<float> kstage_;               // attend(): keys being re-rotated, [rank][head][D]
-  std::vector<float> kin_;                  // append(): new keys rotated back to position 0
-  std::vector<int32_t> ranks_;              // 0, 1, 2, …
+  // Re-rotating policies: each sequence's keys (rotated at their rank) and values in position
+  // order, the queries, and the new keys rotated back to position 0; all in the accelerator's memory.
+  BackendArray<float> krot_, vrot_, qrot_, kin_;
+  std::vector<int32_t> ranks_;          // 0, 1, 2, …
   std::map<int32_t, size_t> rotated_;  // seq → offset of its rotated K/V copy in this call
-  std::vector<size_t> rot_off_;        // per row of the call: its sequence's offset
   bool home_dram_ = true;              // kv_home: dram
   std::map<int32_t, Allocation> staged_;  // kv_home dram: each sequence's retained K|V on the gpu tier
-  size_t krot_used_ = 0;
   int64_t evicted_ = 0;
 };
 

@@ -57,7 +57,8 @@ StrategyInfo h2o_info() {
            {"heavy_tokens", ParamSpec::Type::kInt, "0", "tokens", "heavy-hitter budget in tokens (0: heavy_ratio)", {}},
            {"recent_tokens", ParamSpec::Type::kInt, "0", "tokens", "recent-window budget in tokens (0: recent_ratio)", {}},
            kv_home_param()},
-          [](const StrategyContext& c, const StrategyParams& p) { return std::make_unique<H2o>(c, p); }};
+          [](const StrategyContext& c, const StrategyParams& p) { return std::make_unique<H2o>(c, p); },
+          /*runs_on_cuda=*/true};
 }
 
 }  // namespace hg

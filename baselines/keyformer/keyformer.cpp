@@ -187,7 +187,8 @@ StrategyInfo keyformer_info() {
            {"tau_end", ParamSpec::Type::kFloat, "2.0", "", "temperature at the last generated token", {}},
            {"seed", ParamSpec::Type::kInt, "0", "", "Gumbel noise seed", {}},
            kv_home_param()},
-          [](const StrategyContext& c, const StrategyParams& p) { return std::make_unique<Keyformer>(c, p); }};
+          [](const StrategyContext& c, const StrategyParams& p) { return std::make_unique<Keyformer>(c, p); },
+          /*runs_on_cuda=*/true};
 }
 
 }  // namespace hg

@@ -58,7 +58,8 @@ StrategyInfo streamingllm_info() {
             "instead of window: sinks + window = this fraction of the current context (0: window)", {}},
            {"positions", ParamSpec::Type::kEnum, "cache", "", "RoPE positions of kept keys", {"cache", "original"}},
            kv_home_param()},
-          [](const StrategyContext& c, const StrategyParams& p) { return std::make_unique<StreamingLlm>(c, p); }};
+          [](const StrategyContext& c, const StrategyParams& p) { return std::make_unique<StreamingLlm>(c, p); },
+          /*runs_on_cuda=*/true};
 }
 
 }  // namespace hg

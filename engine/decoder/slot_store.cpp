@@ -7,8 +7,10 @@
 
 namespace hg {
 
-void SlotStore::reset(const KvShape& shape, std::span<const int32_t> slots, MemorySystem& mem, Tier tier) {
+void SlotStore::reset(const KvShape& shape, std::span<const int32_t> slots, MemorySystem& mem, Tier tier,
+                      Backend* device) {
   shape_ = shape;
+  device_ = device && !device->host_memory() && tier == Tier::kGpu ? device : nullptr;
   cap_.assign(slots.begin(), slots.end());
   k_.clear();
   v_.clear();
@@ -34,8 +36,8 @@ int32_t SlotStore::insert(int layer, int seq, int g, int32_t pos, const float* k
                                        seq, cap_[size_t(seq)]));
   const int32_t s = count_[i]++;
   const int D = shape_.D;
-  std::memcpy(k(layer, seq) + g * head_stride(seq) + int64_t(s) * D, k_row, size_t(D) * 4);
-  std::memcpy(v(layer, seq) + g * head_stride(seq) + int64_t(s) * D, v_row, size_t(D) * 4);
+  copy_row(k(layer, seq) + g * head_stride(seq) + int64_t(s) * D, k_row);
+  copy_row(v(layer, seq) + g * head_stride(seq) + int64_t(s) * D, v_row);
   pos_[i][size_t(s)] = pos;
   return s;
 }
@@ -48,12 +50,17 @@ int32_t SlotStore::remove(int layer, int seq, int g, int32_t slot) {
     const int D = shape_.D;
     float* K = k(layer, seq) + g * head_stride(seq);
     float* V = v(layer, seq) + g * head_stride(seq);
-    std::memcpy(K + int64_t(slot) * D, K + int64_t(last) * D, size_t(D) * 4);
-    std::memcpy(V + int64_t(slot) * D, V + int64_t(last) * D, size_t(D) * 4);
+    copy_row(K + int64_t(slot) * D, K + int64_t(last) * D);
+    copy_row(V + int64_t(slot) * D, V + int64_t(last) * D);
     pos_[i][size_t(slot)] = pos_[i][size_t(last)];
   }
   pos_[i][size_t(last)] = -1;
   return last;
+}
+
+void SlotStore::copy_row(float* dst, const float* src) const {
+  if (device_) device_->copy(dst, src, size_t(shape_.D) * 4);
+  else std::memcpy(dst, src, size_t(shape_.D) * 4);
 }
 
 }  // namespace hg

@@ -7,6 +7,7 @@
 #include <span>
 #include <vector>
 
+#include "engine/backend/backend.h"
 #include "engine/decoder/kv_strategy.h"
 #include "engine/runtime/memory.h"
 
@@ -15,7 +16,10 @@ namespace hg {
 class SlotStore {
  public:
   // slots[b]: capacity C_b of sequence b (per layer and KV head). Allocated on `tier` of `mem`.
-  void reset(const KvShape& shape, std::span<const int32_t> slots, MemorySystem& mem, Tier tier);
+  // With `device` (a backend with memory of its own, the gpu tier on its allocations) the rows
+  // live in its memory: insert() then takes rows in its memory and copies go through it.
+  void reset(const KvShape& shape, std::span<const int32_t> slots, MemorySystem& mem, Tier tier,
+             Backend* device = nullptr);
   int32_t count(int layer, int seq, int g) const { return count_[idx(layer, seq, g)]; }
   int32_t capacity(int seq) const { return cap_[size_t(seq)]; }
   const int32_t* positions(int layer, int seq, int g) const { return pos_[idx(layer, seq, g)].data(); }
@@ -24,6 +28,7 @@ class SlotStore {
   float* v(int layer, int seq) { return v_[size_t(layer) * cap_.size() + size_t(seq)].as<float>(); }
   int64_t head_stride(int seq) const { return int64_t(cap_[size_t(seq)]) * shape_.D; }
   // Appends a token to head g; returns its slot. Throws OutOfMemoryError when the head is full.
+  // k_row and v_row are in the store's memory kind (the device's, when it has one).
   int32_t insert(int layer, int seq, int g, int32_t pos, const float* k_row, const float* v_row);
   // Frees `slot`; the last live slot moves into it. Returns the index that moved (or slot itself
   // when it was the last), so callers can mirror per-slot metadata.
@@ -35,7 +40,9 @@ class SlotStore {
   size_t idx(int layer, int seq, int g) const {
     return (size_t(layer) * cap_.size() + size_t(seq)) * size_t(shape_.H_kv) + size_t(g);
   }
+  void copy_row(float* dst, const float* src) const;
   KvShape shape_;
+  Backend* device_ = nullptr;  // copies within device memory
   std::vector<int32_t> cap_;
   std::vector<Allocation> k_, v_;
   std::vector<std::vector<int32_t>> pos_;

@@ -220,8 +220,9 @@ class ContractBackend final : public Backend {
   mutable std::mutex mu_;
 };
 
-// The configurations of the strategies that move KV between tiers which the device tests run:
-// FlexGen with and without overlap, MoE-Lightning with one and two micro-batches, and HybridGen
+// The configurations of the strategies beyond `full` which the device tests run: FlexGen with and
+// without overlap, MoE-Lightning with one and two micro-batches, H2O, Keyformer and StreamingLLM
+// (both KV homes; StreamingLLM's keys re-rotated or at their positions), and HybridGen
 // with a 6-token ring (V pages of 4 tokens, interleaved over two tiers or all on dram), K fixed at
 // k_fixed (1000: every offloaded token, so exact), post selection with the true or speculative
 // query and pre selection.
@@ -241,7 +242,16 @@ inline std::vector<std::pair<std::string, std::map<std::string, std::string>>> o
           hg({{"mode", "post"}, {"speculative_query", "true"}}),
           hg({{"mode", "pre"}, {"speculative_query", "true"}}),
           hg({{"mode", "post"}, {"speculative_query", "true"}, {"query_on", "accelerator"}}),
-          hg({{"mode", "post"}, {"placement", "dram-only"}})};
+          hg({{"mode", "post"}, {"placement", "dram-only"}}),
+          // The eviction strategies with their KV in dram (sent every step) or on the accelerator,
+          // budgets small enough to evict during the run.
+          {"h2o", {{"heavy_tokens", "2"}, {"recent_tokens", "2"}, {"kv_home", "dram"}}},
+          {"h2o", {{"heavy_tokens", "2"}, {"recent_tokens", "2"}, {"kv_home", "gpu"}}},
+          {"keyformer", {{"kv_tokens", "4"}, {"kv_home", "dram"}}},
+          {"keyformer", {{"kv_tokens", "4"}, {"kv_home", "gpu"}}},
+          {"streamingllm", {{"sinks", "1"}, {"window", "3"}, {"positions", "cache"}, {"kv_home", "dram"}}},
+          {"streamingllm", {{"sinks", "1"}, {"window", "3"}, {"positions", "cache"}, {"kv_home", "gpu"}}},
+          {"streamingllm", {{"sinks", "1"}, {"window", "3"}, {"positions", "original"}, {"kv_home", "gpu"}}}};
 }
 
 // "name k=v k=v …": a case's label in failure messages.
