@@ -8,8 +8,8 @@
 #      BF16 GEMM), written as a platform profile;
 #   3. decode of synthetic:llama-3.1-8b (BF16 weights, F32 KV in GPU memory) at 128, 8K and 32K
 #      tokens of context against the HBM floor (weights + KV bytes per token over the copy rate);
-#   4. FlexGen, MoE-Lightning and HybridGen with the KV cache off the GPU (bench --strategy) at 8K
-#      and 32K, and HybridGen end to end (generate) with a prompt longer than its GPU ring.
+#   4. all eight strategies (bench --strategy) at 8K and 32K: decode tok/s and bytes per link, and
+#      HybridGen end to end (generate) with a prompt longer than its GPU ring.
 # Each part has its own time limit so that one hang does not cost the others. HG_GPU_PARTS picks
 # parts (default: tests,calibrate,full,strategies,ablation,generate).
 set -uo pipefail
@@ -38,8 +38,9 @@ want() { [[ $parts == *",$1,"* ]]; }
       --steps 8 --prefill 512 2>&1
   fi
   if want strategies; then
-    echo "== strategies with the KV cache off the GPU"
-    timeout 300 $hgbench bench --model "$model" --strategy flexgen,moe_lightning,hybridgen --device cuda \
+    echo "== all eight strategies on the GPU: decode tok/s and bytes per link"
+    timeout 420 $hgbench bench --model "$model" \
+      --strategy full,flexgen,moe_lightning,h2o,keyformer,streamingllm,infinigen,hybridgen --device cuda \
       --context 8192,32768 --steps 4 2>&1
     echo "== hybridgen, its speculative query projected on the GPU (query_on=accelerator)"
     timeout 200 $hgbench bench --model "$model" --strategy hybridgen --device cuda --context 8192,32768 --steps 4 \

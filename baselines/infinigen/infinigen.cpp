@@ -65,6 +65,7 @@ class InfiniGen final : public KvStrategy {
       wait_fetches();
     } catch (...) {  // a failed fetch was reported to its reader already, or has none left
     }
+    forget_skew();
   }
   std::string_view name() const override { return "infinigen"; }
   // Prefill: every visible key. Decode: the full layers' keys, the fetched share of the others'
@@ -82,13 +83,15 @@ class InfiniGen final : public KvStrategy {
     prompt_.assign(prompt_len.begin(), prompt_len.end());
     store_.reset(shape, capacity, &rt_.memory(), Tier::kDram);
     dp_ = std::max(1, int(std::lround(partial_ratio_ * shape.D)));
-    skew_.assign(size_t(shape.n_layers) * size_t(shape.H_kv), Eigen::MatrixXf());
-    cols_.assign(skew_.size(), {});
+    forget_skew();
+    skew_.clear();
+    skew_.resize(size_t(shape.n_layers) * size_t(shape.H_kv));
     calib_q_.assign(size_t(shape.n_layers), {});
     calib_k_.assign(size_t(shape.n_layers), {});
     // Partial key cache [H_kv, cap, dp] per (layer, seq) on the accelerator.
     std::vector<int32_t> cap(capacity.begin(), capacity.end());
     partial_.reset(KvShape{shape.n_layers, shape.H, shape.H_kv, dp_, nullptr}, cap, &rt_.memory(), Tier::kGpu);
+    ready_.assign(size_t(shape.n_layers), false);
     fetch_.assign(size_t(shape.n_layers) * size_t(B_), nullptr);
     fetch_pool_.clear();
     fetch_pool_.resize(size_t(2) * size_t(B_));
@@ -101,17 +104,24 @@ class InfiniGen final : public KvStrategy {
     const int Hkv = shape_.H_kv, D = shape_.D;
     new_k_ = k;
     new_v_ = v;
-    if (calibrating(rows)) {
+    const size_t n = rows.size() * size_t(Hkv) * size_t(D);
+    const float* kh = nullptr;  // the rows' keys on the host, once written back
+    rt_.transfers()
+        .run(
+            Tier::kGpu, Tier::kDram, int64_t(n) * 4 * 2,
+            [&] {
+              kh = host_view(be_, k, n, host_k_);
+              store_.write(layer, rows, kh, host_view(be_, v, n, host_v_));
+            },
+            {}, "kv writeback")
+        .wait();
+    if (calibrating(rows))
       for (size_t i = 0; i < rows.size(); ++i)
         if (calibration_row(rows[i]))
-          calib_k_[size_t(layer)].insert(calib_k_[size_t(layer)].end(), k + int64_t(i) * Hkv * D,
-                                         k + int64_t(i + 1) * Hkv * D);
-    }
-    const int64_t bytes = int64_t(rows.size()) * Hkv * D * 4 * 2;
-    std::vector<TokenRow> r(rows.begin(), rows.end());
-    rt_.transfers().run(Tier::kGpu, Tier::kDram, bytes, [this, layer, r, k, v] { store_.write(layer, r, k, v); }, {},
-                        "kv writeback").wait();
-    if (ready(layer)) append_partial(layer, rows, k);
+          calib_k_[size_t(layer)].insert(calib_k_[size_t(layer)].end(), kh + int64_t(i) * Hkv * D,
+                                         kh + int64_t(i + 1) * Hkv * D);
+    if (ready(layer))
+      for (size_t i = 0; i < rows.size(); ++i) append_partial(layer, rows[i], k + int64_t(i) * Hkv * D);
   }
 
   void prepare(int layer, std::span<const TokenRow> rows, const float* x) override {
@@ -126,11 +136,13 @@ class InfiniGen final : public KvStrategy {
   void attend(int layer, std::span<const TokenRow> rows, const float* q, float scale, float* out) override {
     const int Hkv = shape_.H_kv, D = shape_.D, H = shape_.H;
     const int64_t hd = int64_t(H) * D;
-    if (calibrating(rows))
+    if (calibrating(rows)) {
+      const float* qh = host_view(be_, q, rows.size() * size_t(hd), host_q_);
       for (size_t i = 0; i < rows.size(); ++i)
         if (calibration_row(rows[i]))
-          calib_q_[size_t(layer)].insert(calib_q_[size_t(layer)].end(), q + int64_t(i) * hd,
-                                         q + int64_t(i + 1) * hd);
+          calib_q_[size_t(layer)].insert(calib_q_[size_t(layer)].end(), qh + int64_t(i) * hd,
+                                         qh + int64_t(i + 1) * hd);
+    }
     // Full-KV rows (layers < full_layers, prefill, before calibration) share one load per sequence,
     // into that sequence's buffers (kept between calls: no allocation, page faults or zeroing of
     // the whole cache per layer and step).
@@ -150,12 +162,10 @@ class InfiniGen final : public KvStrategy {
           .run(
               Tier::kDram, Tier::kGpu, int64_t(2) * Hkv * n * D * 4,
               [&] {
-                for (int g = 0; g < Hkv; ++g) {
-                  const float* ks = store_.k(layer, sq) + g * store_.head_stride(sq);
-                  const float* vs = store_.v(layer, sq) + g * store_.head_stride(sq);
-                  std::copy(ks, ks + int64_t(nn) * D, kb + int64_t(g) * nn * D);
-                  std::copy(vs, vs + int64_t(nn) * D, vb + int64_t(g) * nn * D);
-                }
+                // Tokens [0, n) of every head, one strided copy each for K and V.
+                const size_t pitch = size_t(store_.head_stride(sq)) * 4, len = size_t(nn) * size_t(D) * 4;
+                be_.upload_2d(kb, len, store_.k(layer, sq), pitch, len, size_t(Hkv));
+                be_.upload_2d(vb, len, store_.v(layer, sq), pitch, len, size_t(Hkv));
               },
               {}, "full kv load")
           .wait();
@@ -171,13 +181,13 @@ class InfiniGen final : public KvStrategy {
         grow(spec_.k, int64_t(Hkv) * n * D * 4);  // rows attend one after another: one pair serves all
         grow(spec_.v, int64_t(Hkv) * n * D * 4);
         float *kb = spec_.k.as<float>(), *vb = spec_.v.as<float>();
+        // Within the accelerator's memory: each head's fetched rows, then the current token's.
         for (int g = 0; g < Hkv; ++g) {
-          std::copy(f->k + int64_t(g) * f->n * D, f->k + int64_t(g + 1) * f->n * D, kb + int64_t(g) * n * D);
-          std::copy(f->v + int64_t(g) * f->n * D, f->v + int64_t(g + 1) * f->n * D, vb + int64_t(g) * n * D);
-          std::copy(new_k_ + (int64_t(i) * Hkv + g) * D, new_k_ + (int64_t(i) * Hkv + g + 1) * D,
-                    kb + (int64_t(g) * n + f->n) * D);
-          std::copy(new_v_ + (int64_t(i) * Hkv + g) * D, new_v_ + (int64_t(i) * Hkv + g + 1) * D,
-                    vb + (int64_t(g) * n + f->n) * D);
+          const size_t fetched = size_t(f->n) * size_t(D) * 4;
+          be_.copy(kb + int64_t(g) * n * D, f->k + int64_t(g) * f->n * D, fetched);
+          be_.copy(vb + int64_t(g) * n * D, f->v + int64_t(g) * f->n * D, fetched);
+          be_.copy(kb + (int64_t(g) * n + f->n) * D, new_k_ + (int64_t(i) * Hkv + g) * D, size_t(D) * 4);
+          be_.copy(vb + (int64_t(g) * n + f->n) * D, new_v_ + (int64_t(i) * Hkv + g) * D, size_t(D) * 4);
         }
         ar[0] = AttnRow{kb, vb, int64_t(n) * D, n};
         last_fetch_ = f->n;
@@ -212,8 +222,12 @@ class InfiniGen final : public KvStrategy {
     for (auto& f : fetch_)
       if (f) f->done.wait();
   }
+  void forget_skew() {
+    for (const Weight& w : skew_)
+      if (!w.empty()) be_.forget_weight(w);
+  }
   void grow(Allocation& a, int64_t bytes) { grow_allocation(rt_.memory(), Tier::kGpu, a, bytes, true); }
-  bool ready(int layer) const { return skew_[size_t(layer) * size_t(shape_.H_kv)].size() > 0; }
+  bool ready(int layer) const { return ready_[size_t(layer)]; }
   // The calibration prompt: the first calib_tokens tokens of sequence 0's prompt (all of it for 0).
   // Its queries and keys are held per layer until that layer calibrates: bounded, a 32K prompt of
   // the 8B shape would otherwise hold 20 GB of them.
@@ -240,77 +254,89 @@ class InfiniGen final : public KvStrategy {
       // Full V: D×D orthogonal also when the calibration has fewer rows than D (a short prompt),
       // where the thin V would be D × rows.
       Eigen::BDCSVD<Eigen::MatrixXf> svd(M, Eigen::ComputeFullV);
-      Eigen::MatrixXf A = svd.matrixV();
+      const Eigen::MatrixXf A = svd.matrixV();
       // Columns with the largest Σ|qA| + Σ|kA|.
       const Eigen::MatrixXf S = M * A;
       std::vector<std::pair<float, int>> mag(static_cast<size_t>(D));
       for (int c = 0; c < D; ++c) mag[size_t(c)] = {-S.col(c).cwiseAbs().sum(), c};
       std::sort(mag.begin(), mag.end());
-      auto& cols = cols_[size_t(layer) * size_t(Hkv) + size_t(g)];
-      cols.clear();
-      for (int i = 0; i < dp_; ++i) cols.push_back(mag[size_t(i)].second);
-      skew_[size_t(layer) * size_t(Hkv) + size_t(g)] = A;
+      // The skew as a [dp, D] weight: row c is the column of A kept c-th, so that a row's partial
+      // vector is one product with it on the accelerator (x · Wᵀ).
+      std::vector<float> w(size_t(dp_) * size_t(D));
+      for (int c = 0; c < dp_; ++c)
+        for (int d = 0; d < D; ++d) w[size_t(c) * size_t(D) + size_t(d)] = A(d, mag[size_t(c)].second);
+      skew_[size_t(layer) * size_t(Hkv) + size_t(g)] = convert_weight(DType::kF32, w.data(), DType::kF32, {dp_, D});
     }
+    ready_[size_t(layer)] = true;
     calib_q_[size_t(layer)].clear();
     calib_k_[size_t(layer)].clear();
-    // Partial keys of every stored token of every sequence.
+    // Partial keys of every stored token of every sequence: its prompt's keys back on the
+    // accelerator, skewed there.
     for (int b = 0; b < B_; ++b) {
       const int32_t n = prompt_[size_t(b)];
-      std::vector<TokenRow> rows;
-      std::vector<float> k(size_t(n) * size_t(Hkv) * size_t(D));
-      for (int32_t t = 0; t < n; ++t) {
-        rows.push_back({b, t});
-        for (int g = 0; g < Hkv; ++g)
-          std::copy(store_.k(layer, b) + g * store_.head_stride(b) + int64_t(t) * D,
-                    store_.k(layer, b) + g * store_.head_stride(b) + int64_t(t + 1) * D, k.begin() + (int64_t(t) * Hkv + g) * D);
-      }
-      append_partial(layer, rows, k.data());
+      grow(prompt_k_, int64_t(Hkv) * n * D * 4);
+      float* kb = prompt_k_.as<float>();
+      rt_.transfers()
+          .run(
+              Tier::kDram, Tier::kGpu, int64_t(Hkv) * n * D * 4,
+              [&] {
+                be_.upload_2d(kb, size_t(n) * size_t(D) * 4, store_.k(layer, b), size_t(store_.head_stride(b)) * 4,
+                              size_t(n) * size_t(D) * 4, size_t(Hkv));
+              },
+              {}, "prompt keys for the partial cache")
+          .wait();
+      for (int g = 0; g < Hkv; ++g)
+        be_.matmul(kb + int64_t(g) * n * D, n, skew_[size_t(layer) * size_t(Hkv) + size_t(g)], nullptr,
+                   partial_.k(layer, b) + g * partial_.head_stride(b));
     }
   }
 
-  // Skews and slices k rows [n, H_kv, D] into the partial key cache.
-  void append_partial(int layer, std::span<const TokenRow> rows, const float* k) {
+  // The partial key of one new row, k_row [H_kv, D] in the accelerator's memory, into the partial
+  // cache (one product per KV head).
+  void append_partial(int layer, const TokenRow& r, const float* k_row) {
     const int Hkv = shape_.H_kv, D = shape_.D;
-    for (size_t i = 0; i < rows.size(); ++i)
-      for (int g = 0; g < Hkv; ++g) {
-        const Eigen::MatrixXf& A = skew_[size_t(layer) * size_t(Hkv) + size_t(g)];
-        const auto& cols = cols_[size_t(layer) * size_t(Hkv) + size_t(g)];
-        Eigen::Map<const Eigen::RowVectorXf> kr(k + (int64_t(i) * Hkv + g) * D, D);
-        float* dst = partial_.k(layer, rows[i].seq) + g * partial_.head_stride(rows[i].seq) + int64_t(rows[i].pos) * dp_;
-        for (int c = 0; c < dp_; ++c) dst[c] = kr.dot(A.col(cols[size_t(c)]));
-      }
+    for (int g = 0; g < Hkv; ++g)
+      be_.matmul(k_row + int64_t(g) * D, 1, skew_[size_t(layer) * size_t(Hkv) + size_t(g)], nullptr,
+                 partial_.k(layer, r.seq) + g * partial_.head_stride(r.seq) + int64_t(r.pos) * dp_);
   }
 
   void speculate(int layer, const TokenRow& r, const float* x) {
     const Model& m = *model_;
     const int Hkv = shape_.H_kv, D = shape_.D, H = shape_.H, G = H / Hkv;
     const int64_t d = m.hp.d_model;
-    // Layer i's attention input (its norm), layer i+1's W_q, RoPE at the current position.
+    // On the accelerator: layer i's attention input (its norm), layer i+1's W_q (+ bias) and RoPE
+    // at the current position, the skew per KV head, then the partial logits over the tokens stored
+    // so far (the current one joins at attention).
     const LayerWeights& prev = m.layers[size_t(layer - 1)];
     const LayerWeights& w = m.layers[size_t(layer)];
-    std::vector<float> h(static_cast<size_t>(d)), q(size_t(H) * size_t(D));
-    if (m.traits.norm == NormKind::kRms) be_.rms_norm(x, prev[Slot::kAttnNorm].f32(), 1, d, m.hp.norm_eps, h.data());
-    else be_.layer_norm(x, prev[Slot::kAttnNorm].f32(), prev[Slot::kAttnNormB].f32(), 1, d, m.hp.norm_eps, h.data());
-    be_.matmul(h.data(), 1, w[Slot::kWq], w[Slot::kBq].empty() ? nullptr : w[Slot::kBq].f32(), q.data());
-    if (shape_.rope) be_.rope(q.data(), 1, H, D, &r.pos, *shape_.rope);
-    // Partial logits over the tokens stored so far (the current one joins at attention).
     const int32_t n = r.pos;
-    // [H, n]: overwritten by group_logits; grown (and zeroed) only when n passes what it held.
-    if (logits_.size() < size_t(H) * size_t(n)) logits_.resize(size_t(H) * size_t(n));
-    float* logits = logits_.data();
+    if (spec_h_.size() < size_t(d)) spec_h_ = BackendArray<float>(be_, size_t(d));
+    if (spec_q_.size() < size_t(H) * size_t(D)) spec_q_ = BackendArray<float>(be_, size_t(H) * size_t(D));
+    if (spec_qp_.size() < size_t(H) * size_t(dp_)) spec_qp_ = BackendArray<float>(be_, size_t(H) * size_t(dp_));
+    if (spec_logits_.size() < size_t(H) * size_t(n)) spec_logits_ = BackendArray<float>(be_, size_t(H) * size_t(n) * 2);
+    float *h = spec_h_.data(), *q = spec_q_.data(), *qp = spec_qp_.data(), *dl = spec_logits_.data();
+    if (m.traits.norm == NormKind::kRms) be_.rms_norm(x, prev[Slot::kAttnNorm].f32(), 1, d, m.hp.norm_eps, h);
+    else be_.layer_norm(x, prev[Slot::kAttnNorm].f32(), prev[Slot::kAttnNormB].f32(), 1, d, m.hp.norm_eps, h);
+    be_.matmul(h, 1, w[Slot::kWq], w[Slot::kBq].empty() ? nullptr : w[Slot::kBq].f32(), q);
+    if (shape_.rope) be_.rope(q, 1, H, D, &r.pos, *shape_.rope);
     for (int g = 0; g < Hkv; ++g) {
-      const Eigen::MatrixXf& A = skew_[size_t(layer) * size_t(Hkv) + size_t(g)];
-      const auto& cols = cols_[size_t(layer) * size_t(Hkv) + size_t(g)];
-      std::vector<float> qp(size_t(G) * size_t(dp_));
-      for (int hh = 0; hh < G; ++hh) {
-        Eigen::Map<const Eigen::RowVectorXf> qr(q.data() + int64_t(g * G + hh) * D, D);
-        for (int c = 0; c < dp_; ++c) qp[size_t(hh) * size_t(dp_) + size_t(c)] = qr.dot(A.col(cols[size_t(c)]));
-      }
-      // Scaled by 1/√D as attention scales them: alpha is compared against scaled logits, as in the
-      // authors' code (weight_bias_concat(..., head_dim) on the speedup path, / sqrt(head_dim) on the
-      // accuracy path).
-      be_.group_logits(qp.data(), G, partial_.k(layer, r.seq) + g * partial_.head_stride(r.seq), n, dp_,
-                       1.0f / std::sqrt(float(D)), logits + int64_t(g) * G * n);
+      // The group's G query heads [G, D] skewed and sliced to [G, dp]. Scaled by 1/√D as attention
+      // scales them: alpha is compared against scaled logits, as in the authors' code
+      // (weight_bias_concat(..., head_dim) on the speedup path, / sqrt(head_dim) on the accuracy path).
+      be_.matmul(q + int64_t(g) * G * D, G, skew_[size_t(layer) * size_t(Hkv) + size_t(g)], nullptr,
+                 qp + int64_t(g) * G * dp_);
+      be_.group_logits(qp + int64_t(g) * G * dp_, G, partial_.k(layer, r.seq) + g * partial_.head_stride(r.seq), n,
+                       dp_, 1.0f / std::sqrt(float(D)), dl + int64_t(g) * G * n);
+    }
+    // The count and the selection run on the host: the logits come back when they are elsewhere.
+    const float* logits = dl;
+    if (!be_.host_memory() && !rt_.dry()) {
+      logits_.resize(size_t(H) * size_t(n));
+      rt_.transfers()
+          .run(Tier::kGpu, Tier::kDram, int64_t(logits_.size()) * 4,
+               [&] { be_.download(logits_.data(), dl, logits_.size() * 4); }, {}, "speculation logits to host")
+          .wait();
+      logits = logits_.data();
     }
     // Dry runs compute no logits: the count is the documented expected fraction instead.
     const int32_t count = rt_.dry() ? int32_t(std::clamp<int64_t>(std::llround(dry_fetch_ratio_ * double(n)), 1, n))
@@ -338,6 +364,7 @@ class InfiniGen final : public KvStrategy {
         be_.gather_rows(f->v + int64_t(g) * f->n * D, store_.v(layer, seq) + head, int64_t(D) * 4,
                         int64_t(D) * 4, sel[size_t(g)].data(), n);
       }
+      be_.synchronize();  // the attention reading them runs on another thread's stream
     };
     f->done = rt_.transfers().run_gather(Tier::kDram, Tier::kGpu, int64_t(2) * Hkv * count * D * 4, n_rows,
                                          std::move(fetch), {}, "speculative kv fetch");
@@ -355,15 +382,18 @@ class InfiniGen final : public KvStrategy {
   int B_ = 0, dp_ = 1;
   std::vector<int32_t> prompt_;
   KvStore store_, partial_;
-  std::vector<Eigen::MatrixXf> skew_;
-  std::vector<std::vector<int>> cols_;
+  std::vector<Weight> skew_;  // per (layer, KV head): the kept columns of the skew, [dp, D]
+  std::vector<bool> ready_;   // per layer: calibrated
   std::vector<std::vector<float>> calib_q_, calib_k_;
   std::vector<std::shared_ptr<Fetch>> fetch_;
-  std::vector<float> logits_;  // speculate()'s partial logits
+  std::vector<float> logits_;  // speculate()'s partial logits on the host
+  std::vector<float> host_k_, host_v_, host_q_;  // rows read back from the accelerator
+  BackendArray<float> spec_h_, spec_q_, spec_qp_, spec_logits_;  // speculate()'s accelerator scratch
   // Kept accelerator buffers: full loads per sequence, fetches per layer parity and sequence, and
   // the fetched rows plus the current token that a row attends over.
   std::vector<Buffers> full_pool_, fetch_pool_;
   Buffers spec_;
+  Allocation prompt_k_;  // calibrate(): a prompt's keys on the accelerator
   const float *new_k_ = nullptr, *new_v_ = nullptr;
   int32_t last_fetch_ = 0;
 };
@@ -401,7 +431,8 @@ StrategyInfo infinigen_info() {
         "tokens",
         "skew calibrated on the first prompt's first tokens (0: all)",
         {}}},
-      [](const StrategyContext& c, const StrategyParams& p) { return std::make_unique<InfiniGen>(c, p); }};
+      [](const StrategyContext& c, const StrategyParams& p) { return std::make_unique<InfiniGen>(c, p); },
+      /*runs_on_cuda=*/true};
 }
 
 }  // namespace hg

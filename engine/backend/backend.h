@@ -129,6 +129,11 @@ class Backend {
   virtual void write_kv(const float* src, int64_t n, int H_kv, int D, const int32_t* pos, void* dst,
                         int64_t head_stride, DType dt);
 
+  // The caller is about to free `w`, a weight it made itself (not the model's): a backend that
+  // keeps copies of weights by their host address drops its copy (the address may come back with
+  // other contents).
+  virtual void forget_weight(const Weight&) {}
+
   // Memory the ops compute on. Host backends (cpu, ref, null) use host memory. The `cuda` backend
   // uses device memory: every float*/void* buffer argument above is then a device pointer, except
   // these host-side arguments — Weight objects, norm weights and biases (model-owned host arrays,

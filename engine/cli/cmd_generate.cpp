@@ -49,7 +49,7 @@ int cmd_generate(const std::vector<std::string>& args) {
   app.add_option("--device", device,
                  "cpu (default: no accelerator role), emulated (the CPU backend on its own worker thread with a "
                  "capacity-limited gpu tier), cuda (weights, activations and the accelerator's KV in GPU memory, "
-                 "F32 KV; full, flexgen, moe_lightning, hybridgen), auto (cuda when a device exists, else emulated)");
+                 "F32 KV; every strategy but null), auto (cuda when a device exists, else emulated)");
   app.add_option("--gpu-memory", gpu_memory, "capacity of the accelerator's gpu tier, e.g. 2GiB (default: all it has)");
   app.add_option("--clock", clock,
                  "measured (default) or modeled:<platform> (experiments/platforms/<platform>.yaml or a path): also "

@@ -222,7 +222,7 @@ class ContractBackend final : public Backend {
 
 // The configurations of the strategies beyond `full` which the device tests run: FlexGen with and
 // without overlap, MoE-Lightning with one and two micro-batches, H2O, Keyformer and StreamingLLM
-// (both KV homes; StreamingLLM's keys re-rotated or at their positions), and HybridGen
+// (both KV homes; StreamingLLM's keys re-rotated or at their positions), InfiniGen, and HybridGen
 // with a 6-token ring (V pages of 4 tokens, interleaved over two tiers or all on dram), K fixed at
 // k_fixed (1000: every offloaded token, so exact), post selection with the true or speculative
 // query and pre selection.
@@ -251,7 +251,12 @@ inline std::vector<std::pair<std::string, std::map<std::string, std::string>>> o
           {"keyformer", {{"kv_tokens", "4"}, {"kv_home", "gpu"}}},
           {"streamingllm", {{"sinks", "1"}, {"window", "3"}, {"positions", "cache"}, {"kv_home", "dram"}}},
           {"streamingllm", {{"sinks", "1"}, {"window", "3"}, {"positions", "cache"}, {"kv_home", "gpu"}}},
-          {"streamingllm", {{"sinks", "1"}, {"window", "3"}, {"positions", "original"}, {"kv_home", "gpu"}}}};
+          {"streamingllm", {{"sinks", "1"}, {"window", "3"}, {"positions", "original"}, {"kv_home", "gpu"}}},
+          // InfiniGen speculating from layer 1: every token fetched when k_fixed is 1000 (exact),
+          // else its alpha rule and cap.
+          {"infinigen", k_fixed == "1000" ? std::map<std::string, std::string>{{"full_layers", "1"}, {"alpha", "1000"},
+                                                                               {"max_kv_ratio", "1"}}
+                                          : std::map<std::string, std::string>{{"full_layers", "1"}}}};
 }
 
 // "name k=v k=v …": a case's label in failure messages.

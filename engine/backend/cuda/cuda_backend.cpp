@@ -48,6 +48,13 @@ class CudaBackend final : public Backend {
     cuda::d2h_2d(dst, dst_pitch, src, src_pitch, width, rows);
   }
   void synchronize() override { cuda::synchronize(); }
+  void forget_weight(const Weight& w) override {
+    auto it = cache_.find(w.buf.data());
+    if (it == cache_.end()) return;
+    cuda::synchronize();  // queued work may still read it
+    cuda::dev_free(it->second);
+    cache_.erase(it);
+  }
   void* alloc_host(size_t bytes) override { return cuda::host_alloc_pinned(std::max<size_t>(bytes, 1)); }
   void free_host(void* p) override { cuda::host_free_pinned(p); }
   void register_host(void* p, size_t bytes) override { cuda::host_register(p, bytes); }
