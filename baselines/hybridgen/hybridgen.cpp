@@ -173,40 +173,48 @@ class HybridGen final : public KvStrategy {
       if (rows[i].pos >= prompt_[size_t(rows[i].seq)] && offloaded_[pidx(layer, rows[i].seq)] > 0)
         need.push_back(i);
     if (need.empty()) return;
-    // What each CPU stage starts from, on the host: the row of x, which it projects itself, or the
-    // query the accelerator projected. On a GPU the download waits for the work queued so far,
-    // which also frees this layer parity's result buffers (the last reader was layer next_layer − 2).
+    // What each CPU stage starts from: the row of x, which it projects itself, or the query the
+    // accelerator projected. Gathered in this layer parity's scratch in the accelerator's memory and
+    // sent to the host by the transfer engine; the CPU stages wait for that transfer, the accelerator
+    // does not. On a GPU, queueing the transfer waits for the work queued so far, which also frees
+    // this layer parity's result buffers (their last reader was layer − 2's attention); the scratch's
+    // next writer, prepare(layer + 2), comes after layer's attention waited for these stages.
     const int64_t d = model_->hp.d_model, n = query_on_accel_ ? int64_t(shape_.H) * shape_.D : d;
-    std::vector<float> from(need.size() * size_t(n));
+    const int64_t M = int64_t(need.size());
+    BackendArray<float>& in_dev = spec_in_[size_t(layer % 2)];
+    if (in_dev.size() < size_t(M * n)) in_dev = BackendArray<float>(be_, size_t(M * n));
+    const auto t0 = Clock::now();
     if (query_on_accel_) {
       be_.synchronize();  // the work queued so far is not the projection's (t_query_ms)
-      const auto t0 = Clock::now();
-      const int64_t M = int64_t(need.size());
       // Scratch in the accelerator's memory, kept between calls (a cudaMalloc/cudaFree per layer
       // would cost more than the projection).
       if (spec_x_.size() < size_t(M * d)) spec_x_ = BackendArray<float>(be_, size_t(M * d));
       if (spec_h_.size() < size_t(M * d)) spec_h_ = BackendArray<float>(be_, size_t(M * d));
-      if (spec_q_.size() < from.size()) spec_q_ = BackendArray<float>(be_, from.size());
       std::vector<int32_t> pos;
       for (size_t j = 0; j < need.size(); ++j) {
         be_.copy(spec_x_.data() + int64_t(j) * d, x + int64_t(need[j]) * d, size_t(d) * 4);
         pos.push_back(rows[need[j]].pos);
       }
-      project_query(be_, layer, spec_x_.data(), M, pos.data(), spec_h_.data(), spec_q_.data());
-      be_.download(from.data(), spec_q_.data(), from.size() * 4);
+      project_query(be_, layer, spec_x_.data(), M, pos.data(), spec_h_.data(), in_dev.data());
       add_accel_work(query_work(layer, M));
-      std::lock_guard<std::mutex> l(mu_);
-      t_query_ += since(t0);
     } else {
       for (size_t j = 0; j < need.size(); ++j)
-        be_.download(from.data() + j * size_t(n), x + int64_t(need[j]) * d, size_t(d) * 4);
+        be_.copy(in_dev.data() + int64_t(j) * d, x + int64_t(need[j]) * d, size_t(d) * 4);
+    }
+    auto from = std::make_shared<std::vector<float>>(size_t(M * n));
+    const Event sent = rt_.transfers().run(
+        Tier::kGpu, Tier::kDram, M * n * 4, [this, from, src = in_dev.data()] {
+          be_.download(from->data(), src, from->size() * 4);
+        }, {}, query_on_accel_ ? "speculative query to host" : "layer input to host");
+    if (query_on_accel_) {
+      std::lock_guard<std::mutex> l(mu_);
+      t_query_ += since(t0);
     }
     for (size_t j = 0; j < need.size(); ++j) {
       const TokenRow r = rows[need[j]];
       auto res = std::make_shared<CpuResult>();
       pending_[pidx(layer, r.seq)] = res;
       const int32_t K = current_k(r), pre = sched_.pre();
-      std::vector<float> in(from.begin() + std::ptrdiff_t(j) * n, from.begin() + std::ptrdiff_t(j + 1) * n);
       const std::string what = query_on_accel_ ? "hybridgen speculative logits, layer "
                                                : "hybridgen speculative q + logits, layer ";
       // The CPU queue runs stages in submission order. When the layer now running has no
@@ -214,17 +222,18 @@ class HybridGen final : public KvStrategy {
       // stage then waits until that one is queued, so that it does not run ahead of the stage the
       // accelerator is about to wait for.
       const bool behind = layer > 0 && offloaded_[pidx(layer - 1, r.seq)] > 0 && !pending_[pidx(layer - 1, r.seq)];
-      auto submit = [this, layer, r, what, in = std::move(in), res, K, pre]() mutable {
+      auto submit = [this, layer, r, what, from, j, n, sent, res, K, pre] {
         res->done = rt_.cpu().submit(
-          what + std::to_string(layer), cpu_stage_work(layer, r, K, pre, !query_on_accel_), {},
-          [this, layer, r, in = std::move(in), res, K, pre] {
+          what + std::to_string(layer), cpu_stage_work(layer, r, K, pre, !query_on_accel_), {sent},
+          [this, layer, r, from, j, n, res, K, pre] {
+            const float* in = from->data() + j * size_t(n);
             const auto t0 = Clock::now();
             std::vector<float> q;
             if (!query_on_accel_) {
               const int64_t d = model_->hp.d_model;
               std::vector<float> h(static_cast<size_t>(d));
               q.resize(size_t(shape_.H) * size_t(shape_.D));
-              project_query(rt_.cpu_backend(), layer, in.data(), 1, &r.pos, h.data(), q.data());
+              project_query(rt_.cpu_backend(), layer, in, 1, &r.pos, h.data(), q.data());
               const double measured = since(t0);
               std::lock_guard<std::mutex> l(mu_);
               t_query_ += measured;
@@ -232,7 +241,7 @@ class HybridGen final : public KvStrategy {
               // estimate of post mode from pre), on the stage clock when there is one.
               t_fixed_ += rt_.stage_seconds(StageKind::kCpuCompute, query_work(layer, 1, Tier::kDram), measured);
             }
-            cpu_stage(layer, r, query_on_accel_ ? in.data() : q.data(), K, pre, !query_on_accel_, *res, t0);
+            cpu_stage(layer, r, query_on_accel_ ? in : q.data(), K, pre, !query_on_accel_, *res, t0);
           });
       };
       if (behind) deferred_[pidx(layer, r.seq)] = std::move(submit);
@@ -779,14 +788,18 @@ class HybridGen final : public KvStrategy {
       pending_[pidx(layer, r.seq)] = nullptr;
       if (!res) {  // no speculation for this layer: the CPU stage runs now with the true query
         res = std::make_shared<CpuResult>();
-        std::vector<float> qt(size_t(shape_.H) * size_t(D));
-        be_.download(qt.data(), q, qt.size() * 4);  // on a GPU, also waits for the work queued so far
+        // The true query to the host (q stays valid: this call waits for the stage below); queueing
+        // the transfer on a GPU also waits for the work queued so far.
+        auto qt = std::make_shared<std::vector<float>>(size_t(shape_.H) * size_t(D));
+        const Event sent = rt_.transfers().run(
+            Tier::kGpu, Tier::kDram, int64_t(qt->size()) * 4,
+            [this, qt, q] { be_.download(qt->data(), q, qt->size() * 4); }, {}, "query to host");
         const int32_t K = current_k(r);
         const bool pre = sched_.pre();
         res->done = rt_.cpu().submit("hybridgen logits, layer " + std::to_string(layer),
-                                     cpu_stage_work(layer, r, K, pre, false), {},
-                                     [this, layer, r, qt = std::move(qt), res, K, pre] {
-                                       cpu_stage(layer, r, qt.data(), K, pre, false, *res, Clock::now());
+                                     cpu_stage_work(layer, r, K, pre, false), {sent},
+                                     [this, layer, r, qt, res, K, pre] {
+                                       cpu_stage(layer, r, qt->data(), K, pre, false, *res, Clock::now());
                                      });
       }
     }
@@ -839,7 +852,8 @@ class HybridGen final : public KvStrategy {
   std::mutex pool_mu_;
   std::vector<int32_t> slots_;                 // append() scratch: ring slots of a run of rows
   BackendArray<float> resident_logits_;  // attend_hybrid(): [H, used] in the accelerator's memory
-  BackendArray<float> spec_x_, spec_h_, spec_q_;  // prepare() with query_on=accelerator: its scratch
+  BackendArray<float> spec_x_, spec_h_;  // prepare() with query_on=accelerator: its scratch
+  std::array<BackendArray<float>, 2> spec_in_;  // prepare(): the CPU stages' inputs per layer parity
   std::vector<int32_t> offloaded_, last_pos_;  // per (layer, seq): tokens on the CPU side; newest position
   int32_t seen_pos_max_ = 0;
   double k_min_ratio_ = 0;  // > 0: k_min is this fraction of the current context

@@ -136,8 +136,12 @@ class InfiniGen final : public KvStrategy {
   void attend(int layer, std::span<const TokenRow> rows, const float* q, float scale, float* out) override {
     const int Hkv = shape_.H_kv, D = shape_.D, H = shape_.H;
     const int64_t hd = int64_t(H) * D;
-    if (calibrating(rows)) {
-      const float* qh = host_view(be_, q, rows.size() * size_t(hd), host_q_);
+    if (calibrating(rows)) {  // the calibration prompt's queries, kept on the host for the SVD
+      const float* qh = nullptr;
+      rt_.transfers()
+          .run(Tier::kGpu, Tier::kDram, int64_t(rows.size()) * hd * 4,
+               [&] { qh = host_view(be_, q, rows.size() * size_t(hd), host_q_); }, {}, "calibration queries to host")
+          .wait();
       for (size_t i = 0; i < rows.size(); ++i)
         if (calibration_row(rows[i]))
           calib_q_[size_t(layer)].insert(calib_q_[size_t(layer)].end(), qh + int64_t(i) * hd,

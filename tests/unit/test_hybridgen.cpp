@@ -190,8 +190,8 @@ TEST(HybridGen, TransfersAreLogitsPlusSelectedValueRows) {
         // Per layer and KV head: K logits for its G query heads, and K V rows.
         EXPECT_EQ(h2d, int64_t(hp.n_layers) * hp.n_kv_heads * (int64_t(G) * K * 4 + int64_t(K) * hp.head_dim * 4))
             << "step " << step;
-        // One token leaves each ring per step: its K and V row.
-        EXPECT_EQ(d2h, int64_t(hp.n_layers) * 2 * hp.n_kv_heads * hp.head_dim * 4) << "step " << step;
+        // One token leaves each ring per step, its K and V row; the CPU stage gets the true query.
+        EXPECT_EQ(d2h, int64_t(hp.n_layers) * (2 * hp.n_kv_heads + hp.n_heads) * hp.head_dim * 4) << "step " << step;
       }
       before = now;
     });
