@@ -103,8 +103,9 @@ Runtime::Runtime(const RuntimeConfig& cfg) {
   accel_ = std::make_unique<Queue>("accel", StageKind::kAccelCompute, 0, &log_, accel_threads_);
   copy_ = std::make_unique<Queue>("copy", StageKind::kTransfer, 1, &log_, 1);
   cpu_ = std::make_unique<Queue>("cpu", StageKind::kCpuCompute, 2, &log_, cpu_threads_);
+  copy_out_ = std::make_unique<Queue>("copy-out", StageKind::kTransfer, 3, &log_, 1);
   if (dry_) copy_fn = [](void*, const void*, size_t, Tier, Tier) {};
-  xfer_ = std::make_unique<TransferEngine>(*copy_, std::move(copy_fn), std::move(before_submit));
+  xfer_ = std::make_unique<TransferEngine>(*copy_, *copy_out_, std::move(copy_fn), std::move(before_submit));
   if (!accel_be_) accel_be_ = make_cpu_backend();
   cpu_be_ = dry_ ? make_null_backend() : make_cpu_backend();
 }
@@ -121,6 +122,7 @@ Runtime::~Runtime() {
   accel_->synchronize();
   copy_->synchronize();
   cpu_->synchronize();
+  copy_out_->synchronize();
 }
 
 namespace {

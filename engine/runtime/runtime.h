@@ -1,6 +1,6 @@
 // The runtime a run executes in: the device playing the accelerator (a CUDA GPU, or the
 // host-emulated accelerator — the CPU backend on its own worker thread with its own
-// capacity-limited `gpu` tier), the memory tiers, the queues (accelerator, copy, CPU worker),
+// capacity-limited `gpu` tier), the memory tiers, the queues (accelerator, a copy queue per link direction, CPU worker),
 // transfers and the event log. `device: auto` picks CUDA when a device exists, else the
 // emulator; `cuda` without one is an error; `cpu` runs without an accelerator role.
 #pragma once
@@ -51,7 +51,8 @@ class Runtime {
   MemorySystem& memory() { return *mem_; }
   EventLog& log() { return log_; }
   Queue& accel() { return *accel_; }
-  Queue& copy() { return *copy_; }
+  Queue& copy() { return *copy_; }          // copies into the gpu tier and between host tiers
+  Queue& copy_out() { return *copy_out_; }  // copies out of the gpu tier
   Queue& cpu() { return *cpu_; }
   TransferEngine& transfers() { return *xfer_; }
   Backend& accel_backend() { return *accel_be_; }  // the accelerator's math (runs on accel())
@@ -69,7 +70,7 @@ class Runtime {
   std::string description_;
   EventLog log_;
   std::unique_ptr<MemorySystem> mem_;
-  std::unique_ptr<Queue> accel_, copy_, cpu_;
+  std::unique_ptr<Queue> accel_, copy_, cpu_, copy_out_;
   std::unique_ptr<TransferEngine> xfer_;
   std::unique_ptr<Backend> accel_be_, cpu_be_;
   int accel_threads_ = 1, cpu_threads_ = 1;

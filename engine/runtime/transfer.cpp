@@ -20,8 +20,8 @@ int64_t gathered_runs(std::span<const int32_t> idx) {
   return n;
 }
 
-TransferEngine::TransferEngine(Queue& copy_queue, CopyFn copy_fn, std::function<void()> before_submit)
-    : q_(copy_queue), copy_(std::move(copy_fn)), before_submit_(std::move(before_submit)) {
+TransferEngine::TransferEngine(Queue& in_queue, Queue& out_queue, CopyFn copy_fn, std::function<void()> before_submit)
+    : q_in_(in_queue), q_out_(out_queue), copy_(std::move(copy_fn)), before_submit_(std::move(before_submit)) {
   host_copy_ = !copy_;
   if (!copy_) copy_ = [](void* d, const void* s, size_t n, Tier, Tier) { std::memcpy(d, s, n); };
 }
@@ -71,7 +71,8 @@ Event TransferEngine::run_gather(Tier src_tier, Tier dst_tier, int64_t bytes, in
   w.rows[size_t(src_tier)] = rows;
   count(src_tier, dst_tier, bytes);
   if (before_submit_) before_submit_();
-  return q_.submit(std::move(name), w, std::move(deps), std::move(fn));
+  Queue& q = src_tier == Tier::kGpu && dst_tier != Tier::kGpu ? q_out_ : q_in_;
+  return q.submit(std::move(name), w, std::move(deps), std::move(fn));
 }
 
 TransferTotals TransferEngine::totals() const {

@@ -1,6 +1,8 @@
-// Transfers: the one call through which bytes cross tiers. Each copy runs on the copy queue
+// Transfers: the one call through which bytes cross tiers. Each copy runs on a copy queue
 // (cudaMemcpyAsync on a copy stream with a GPU, memcpy on the copy worker without), is logged as
 // a transfer stage (source, destination, bytes, measured duration) and counted in the totals.
+// Copies out of the gpu tier have a queue of their own, as a GPU has a copy engine per direction
+// of its full-duplex link: a download does not wait behind uploads, nor they behind it.
 #pragma once
 #include <array>
 #include <functional>
@@ -30,7 +32,8 @@ class TransferEngine {
   // before_submit runs on the submitting thread before each transfer is queued: with a device
   // whose work is asynchronous it waits for the work that thread queued (the copy runs on another
   // thread's stream and may read what that work writes, or overwrite what it reads).
-  explicit TransferEngine(Queue& copy_queue, CopyFn copy_fn = {}, std::function<void()> before_submit = {});
+  // in_queue: copies into the gpu tier and between host tiers; out_queue: copies out of the gpu tier.
+  TransferEngine(Queue& in_queue, Queue& out_queue, CopyFn copy_fn = {}, std::function<void()> before_submit = {});
   // The device's copy between tiers, run inline: for a run() body that copies piecewise.
   void copy_now(void* dst, Tier dst_tier, const void* src, Tier src_tier, size_t bytes) const {
     copy_(dst, src, bytes, dst_tier, src_tier);
@@ -56,7 +59,8 @@ class TransferEngine {
 
  private:
   void count(Tier src, Tier dst, int64_t bytes);
-  Queue& q_;
+  Queue& q_in_;
+  Queue& q_out_;
   CopyFn copy_;
   std::function<void()> before_submit_;
   bool host_copy_ = false;  // the default memcpy: gathers use cpu::gather_rows (rows prefetched)
