@@ -554,7 +554,7 @@ class HybridGen final : public KvStrategy {
   // logits, recomputed after the selection; rows the same stage has just streamed, so no row cost).
   // Pre: the K keys of the position heuristic, two runs (sinks, most recent) per KV head. A stage
   // that projects its own speculative query (`query_on: cpu`) also reads W_q from host memory
-  // (measured on an H200's host, 75-80 % of the stage).
+  // (most of the stage on an H200 host: docs/performance.md, "Known GPU limits").
   // Keys are charged to the tier that holds them: post streams each tier's offloaded keys and reads
   // its share of the K selected again; pre reads the heuristic's runs, one gathered row per run of
   // consecutive rows of one tier and KV head.

@@ -13,9 +13,8 @@ namespace hg {
 
 // Host memory for tensors, KV stores and bandwidth probes, freed with std::free: 64-byte aligned;
 // blocks of kHugePageBytes or more are aligned to that and advised as transparent huge pages.
-// On this machine (a VM, THP `madvise` mode) random 512 B row reads ran 1.4x faster from 2 MiB
-// pages (docs/performance.md, "Gathers and huge pages"); streams are unchanged. nullptr when the
-// allocation fails.
+// Random row reads (gathers) are faster from 2 MiB pages; streams are unchanged
+// (docs/performance.md, "Tuning choices"). nullptr when the allocation fails.
 constexpr size_t kHugePageBytes = size_t(2) << 20;
 void* host_alloc(size_t bytes);
 // False when the environment sets HG_NO_HUGE_PAGES (to anything but 0): then nothing is advised, for

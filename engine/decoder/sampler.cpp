@@ -7,8 +7,7 @@
 namespace hg {
 
 // Two passes that vectorise: the largest value, then the first index holding it. The one-pass form
-// (compare with the best so far, then reload it) is a chain through every element: 3.7 ns each
-// here, 470 µs per token for a 128K vocabulary, which was all of `bench`'s harness overhead.
+// (compare with the best so far, then reload it) is a dependency chain through every element.
 int32_t argmax(std::span<const float> logits) {
   constexpr size_t W = 16;  // running maxima side by side: no chain through one compare
   const float* x = logits.data();

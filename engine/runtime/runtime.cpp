@@ -298,9 +298,8 @@ PlatformProfile calibrate(const CalibrateOptions& o, std::string* notes) {
         be->device_name(), p.gpu_mem_gbs, p.h2d_gbs, p.d2h_gbs, p.gpu_flops / 1e12);
   } else {
     // No GPU: the emulated accelerator is this CPU with the threads the runtime gives it, and its
-    // "link" is a memcpy by the copy worker. Its rates are measured with those threads: with the
-    // whole machine's, the modeled replay of an emulated run on 2 cores ran 1.4-1.5× faster than
-    // the run it replayed (the accelerator has one of the two threads).
+    // "link" is a memcpy by the copy worker. Its rates are measured with those threads, so that a
+    // modeled replay of an emulated run matches the run (docs/performance.md, "Tuning choices").
     const int at = std::min(num_threads(), emulated_accel_threads());
     if (at == num_threads()) {
       p.gpu_mem_gbs = p.dram_gbs;

@@ -20,8 +20,8 @@ namespace {
 // Decode batches up to this many rows use cpu::gemv; larger ones oneDNN.
 constexpr int64_t kGemvMaxRows = 4;
 constexpr int64_t kGemvRows = 64;     // weight rows per parallel task
-// F16 weights converted per prefill block: 64 MiB of F32. Larger blocks make larger GEMMs — 1024-row
-// blocks gave 82 tok/s on the 1B shape's 512-token prefill, 64 MiB (8192 rows there) 99.7.
+// F16 weights converted per prefill block: 64 MiB of F32. Larger blocks make larger GEMMs
+// (docs/performance.md, "Tuning choices").
 constexpr int64_t kF16BlockBytes = int64_t(64) << 20;
 constexpr int kBatchHeads = 8;       // query heads per batched prefill group (compiled group sizes)
 

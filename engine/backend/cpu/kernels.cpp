@@ -87,11 +87,9 @@ float sum(const float* p, int64_t n) {
   int64_t i = 0;
   float s = 0;
 #if HG_AVX512
-  // Eight streams (eighths of the range) read side by side, each prefetched 4 KiB ahead: on this
-  // Zen 4, 2 threads read 33 GB/s this way against 28 GB/s for one sequential stream, and one thread
-  // 25 against 19 (/tmp microbenchmark, medians of 9 passes over 512 MiB). The GEMV, which reads 4
-  // weight rows at once with prefetch, beat the one-stream reference by 15%; the reference must be
-  // the best read the machine does.
+  // Eight streams (eighths of the range) read side by side, each prefetched 4 KiB ahead: the
+  // reference must be the best read the machine does, and concurrent streams read faster than one
+  // (docs/performance.md, "Tuning choices").
   constexpr int S = 8;
   constexpr int64_t kAhead = 1024;  // floats
   const int64_t q = n / S / 16 * 16;
@@ -323,13 +321,8 @@ inline __m512 in_register(__m512 x) {
 }
 
 // Rows ahead that the attention kernels prefetch (reading past the end of K or V is harmless:
-// prefetches do not fault): 64 rows (one attention chunk), but no more than 16 KiB. 64 rows beat
-// 32, 128 and 256 in interleaved in-process A/B runs (N = 16K, 2 threads, F16 and F32); 1024 rows,
-// 2× the L2 for two streams, lost a quarter. For 512-byte rows (F32, D = 128) 32 rows (16 KiB, the
-// distance F16 rows of D = 128 get) read a median 0.862 / 0.853 of the pass with 2 threads at N =
-// 16K / 4K, against 0.848 / 0.826 for 64 rows (12-14 interleaved rounds each in ≈ 33 GB/s
-// periods), and 1-2 % less with 1 thread. 128 rows for 128-byte rows (also 16 KiB) read 1-2 % less
-// than 64.
+// prefetches do not fault): 64 rows (one attention chunk), but no more than 16 KiB, the best of
+// the distances tried (docs/performance.md, "Tuning choices").
 constexpr int kPrefetchRows = 64;
 constexpr int kPrefetchBytes = 16384;
 constexpr int prefetch_rows(int row_bytes) {
@@ -337,15 +330,9 @@ constexpr int prefetch_rows(int row_bytes) {
 }
 
 // Whether the attention kernels prefetch at all. Rows of at most 128 bytes (D = 64 in F16/BF16)
-// read by one or two query heads per KV head are left to the hardware prefetcher: with software
-// prefetches those cases read 0.71-0.93 of the read pass, without them mostly 0.87-0.99, 1 and 2
-// threads (stories110m's MHA shape, G = 1, and G = 2; interleaved in-process A/B runs, N = 4K and
-// 16K; a few runs without fell to 0.4-0.8, the machine's noise as far as we can tell). The
-// keys of 4 rows side by side then span 512 contiguous bytes, a pattern the hardware streams, and
-// the light arithmetic of G ≤ 2 lets demand misses run ahead; a demand stream that hits lines
-// already prefetched in software keeps the hardware from running ahead (our reading; this VM has
-// no counters to confirm it). Every other shape measured read less without them, down to half
-// (G = 4 at D = 64 or 128; G = 1 with rows of 256 or 512 B).
+// read by one or two query heads per KV head are left to the hardware prefetcher: the keys of 4
+// rows side by side span 512 contiguous bytes, a pattern the hardware streams, and every other
+// shape reads less without software prefetches (docs/performance.md, "Tuning choices").
 template <int G, int DT, typename T>
 constexpr bool attention_prefetches() {
   return !(G <= 2 && DT > 0 && DT * int(sizeof(T)) <= 128);
@@ -523,9 +510,8 @@ inline void logits16(const float* q, const T* K, int kk, int D_, float scale, fl
 constexpr int v_blocks_per_pass(int G) { return G <= 4 ? 4 : 2; }
 
 // Each pass prefetches the lines of its own D-blocks, kPrefetchRows rows ahead, so that the V
-// stream's requests are spread over all the passes. Prefetching whole rows in the first pass and
-// none in the others left memory idle in the later passes: interleaved in-process A/B runs (N =
-// 16K, 2 threads) read 10-14% more for F32 K/V and 4-7% more for F16/BF16 this way.
+// stream's requests are spread over all the passes rather than issued by the first pass alone
+// (docs/performance.md, "Tuning choices").
 template <int G, int BB, int DT, typename T>
 inline void weighted_v_blocks(const float* p, int64_t ld, const T* V, int cn, int D_, int b0, int nb, __mmask16 last,
                               float* acc) {
@@ -696,11 +682,9 @@ struct GemvBf16Dot {
 };
 #endif
 
-// Weight rows read side by side per pass (RB). More concurrent streams read faster (cpu::sum's
-// note): 8 rows instead of 4 took the 4096² GEMV from 0.77 to 0.92 of the read bandwidth with 1
-// thread for F32 weights, and BF16 with vdpbf16ps from 0.73 (conversion, 4 rows) to 0.87
-// (hg_bench, three interleaved A/B pairs each). F16 rows lost 5-10% with 8 (their conversions),
-// so F16 keeps 4. MR·RB accumulators + RB weight vectors + x stay within the 32 registers.
+// Weight rows read side by side per pass (RB): more concurrent streams read faster, except for F16,
+// whose conversions cost more than the extra streams gain (docs/performance.md, "Tuning choices").
+// MR·RB accumulators + RB weight vectors + x stay within the 32 registers.
 template <int MR, typename P>
 constexpr int gemv_rows_per_pass() { return !std::is_same_v<typename P::W, F16Tag> && MR <= 2 ? 8 : 4; }
 
@@ -937,11 +921,9 @@ void gemv(const float* x, int M, const void* W, DType wt, int64_t K, int64_t n0,
   }
 }
 
-// Bytes of rows requested ahead of the copy (16 rows of 512 B). On this Zen 4 the distance made
-// no measurable difference between 2 and 32 KiB; random rows are bound by the DRAM's random-access
-// rate, not by the number of requests in flight (docs/performance.md, "Gathers and huge pages").
-// The T2 hint (into L2) read random 512 B rows 1.2-1.4x faster than NTA or T0 (/tmp sweep, 16
-// index sets of 16K sorted rows of 1M, 4 KiB and 2 MiB pages).
+// Bytes of rows requested ahead of the copy (16 rows of 512 B), with the T2 hint (into L2): random
+// rows are bound by the DRAM's random-access rate, not by the requests in flight
+// (docs/performance.md, "Tuning choices").
 constexpr int64_t kGatherAheadBytes = 8192;
 
 namespace {

@@ -71,7 +71,7 @@ Ctx& ctx() {
 }
 unsigned blocks(int64_t n, int t) { return unsigned((n + t - 1) / t); }
 // Threads of a row-wise norm's block (one block per row): enough that each reads a few elements,
-// since one decode row is one block (profiled: 14 us with 256 threads for 4096 floats).
+// since one decode row is one block (docs/performance.md, "Tuning choices").
 unsigned norm_threads(int64_t n) { return n >= 4096 ? 1024u : n >= 1024 ? 512u : 256u; }
 
 __global__ void f32_to_bf16_k(const float* x, __nv_bfloat16* y, int64_t n) {
@@ -357,8 +357,7 @@ __global__ void sum_parts_k(const float* part, int64_t chunks, int64_t HD, float
 // Flash decoding: one pass over a chunk of kFdChunk keys and values of one KV head for its G
 // query heads — logits into shared memory, the chunk's max and exp-sum per head, the weighted sum
 // of the chunk's value rows — then a second kernel merges the chunks by their log-sum-exp. K and V
-// are read once, and no logits go through device memory (profiled on an H200: the three-kernel
-// path read K at 1.3 and V at 0.7 TB/s).
+// are read once, and no logits go through device memory (docs/performance.md, "Tuning choices").
 constexpr int kFdThreads = 128, kFdChunk = 256, kFdLanes = 8;  // lanes per key row in the logits phase
 // Rows of one launch (blockIdx.z): `one` when rows is null, else rows[blockIdx.z] (prefill: every
 // query row of a forward chunk in one launch). Partial results of row z, chunk c, head h at
@@ -630,9 +629,8 @@ void gemm(const float* x, int64_t M, const void* w, DType wt, int64_t N, int64_t
   if (M == 1 && wt != DType::kF32 && K % 8 == 0 && reinterpret_cast<uintptr_t>(w) % 16 == 0 &&
       reinterpret_cast<uintptr_t>(x) % 16 == 0) {
     // Decode: our GEMV reads the weights once at close to the copy rate and needs no x conversion.
-    // Two rows per warp for tall matrices; one below 8192 rows, where two would leave SMs idle
-    // (profiled on an H200: N = 1024 and 4096 ran at 0.9 and 2.7 TB/s with two).
-    // Four 16-byte steps in flight per lane and row (eight measured 5 % slower on the H200).
+    // Two rows per warp for tall matrices; one below 8192 rows, where two would leave SMs idle.
+    // Four 16-byte steps in flight per lane and row (docs/performance.md, "Tuning choices").
     auto launch = [&](auto* wp) {
       using T = std::remove_const_t<std::remove_pointer_t<decltype(wp)>>;
       const unsigned t = kGemvWarps * 32;
