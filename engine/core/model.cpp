@@ -20,11 +20,14 @@ std::string_view slot_name(GlobalSlot s) {
 std::vector<Slot> layer_slots(const ArchTraits& t) {
   std::vector<Slot> s = {Slot::kAttnNorm, Slot::kWq, Slot::kWk, Slot::kWv, Slot::kWo,
                          Slot::kFfnNorm, Slot::kWUp, Slot::kWDown};
-  if (t.norm_bias) s.insert(s.end(), {Slot::kAttnNormB, Slot::kFfnNormB});
-  if (t.qkv_bias) s.insert(s.end(), {Slot::kBq, Slot::kBk, Slot::kBv});
-  if (t.o_bias) s.push_back(Slot::kBo);
-  if (t.ffn == FfnKind::kSwiGlu) s.push_back(Slot::kWGate);
-  if (t.ffn_bias) s.insert(s.end(), {Slot::kBUp, Slot::kBDown});
+  auto add = [&](std::initializer_list<Slot> more) {
+    for (Slot x : more) s.push_back(x);
+  };
+  if (t.norm_bias) add({Slot::kAttnNormB, Slot::kFfnNormB});
+  if (t.qkv_bias) add({Slot::kBq, Slot::kBk, Slot::kBv});
+  if (t.o_bias) add({Slot::kBo});
+  if (t.ffn == FfnKind::kSwiGlu) add({Slot::kWGate});
+  if (t.ffn_bias) add({Slot::kBUp, Slot::kBDown});
   return s;
 }
 
