@@ -29,11 +29,13 @@
 #include <mutex>
 
 #include "baselines/common.h"
+#include "baselines/speculation.h"
 #include "baselines/hybridgen/offloaded_kv.h"
 #include "baselines/hybridgen/scheduler.h"
 #include "engine/decoder/kv_store.h"
 #include "engine/runtime/placement.h"
 #include "selectors/logit_topk.h"
+#include "selectors/sinks_recent.h"
 
 namespace hg {
 namespace {
@@ -527,15 +529,7 @@ class HybridGen final : public KvStrategy {
   // accelerator's); h is [M, d_model] scratch, q [M, H·D], both in b's memory.
   void project_query(Backend& b, int layer, const float* x, int64_t M, const int32_t* pos, float* h,
                      float* q) {
-    const Model& m = *model_;
-    const LayerWeights& w = m.layers[size_t(layer)];
-    const int64_t d = m.hp.d_model;
-    if (m.traits.norm == NormKind::kRms)
-      b.rms_norm(x, w[Slot::kAttnNorm].f32(), M, d, m.hp.norm_eps, h);
-    else
-      b.layer_norm(x, w[Slot::kAttnNorm].f32(), w[Slot::kAttnNormB].f32(), M, d, m.hp.norm_eps, h);
-    b.matmul(h, M, w[Slot::kWq], w[Slot::kBq].empty() ? nullptr : w[Slot::kBq].f32(), q);
-    if (shape_.rope) b.rope(q, M, m.hp.n_heads, m.hp.head_dim, pos, *shape_.rope);
+    speculative_query(b, *model_, layer, layer, x, M, pos, shape_.rope, h, q);
   }
 
   // The projection's work for the modeled clock: W_q read once from the memory it runs next to
@@ -586,10 +580,10 @@ class HybridGen final : public KvStrategy {
     return w;
   }
   // Pre mode's selection of K of n_off offloaded positions: sinks [0, s) and the most recent
-  // [r0, n_off).
+  // [r0, n_off), as StreamingLLM keeps them.
   std::pair<int32_t, int32_t> pre_runs(int32_t K, int32_t n_off) const {
-    const int32_t s = std::min(sinks_, K);
-    return {s, std::max(s, n_off - (K - s))};
+    const SinksAndRecent sel = sinks_and_recent(n_off, K, sinks_);
+    return {sel.sinks, sel.recent};
   }
 
   // project: this stage projected its own query (its time, t0 on, includes that).

@@ -20,6 +20,7 @@
 #include <cmath>
 
 #include "baselines/common.h"
+#include "baselines/speculation.h"
 #include "engine/decoder/kv_store.h"
 #include "selectors/logit_topk.h"
 
@@ -311,18 +312,13 @@ class InfiniGen final : public KvStrategy {
     // On the accelerator: layer i's attention input (its norm), layer i+1's W_q (+ bias) and RoPE
     // at the current position, the skew per KV head, then the partial logits over the tokens stored
     // so far (the current one joins at attention).
-    const LayerWeights& prev = m.layers[size_t(layer - 1)];
-    const LayerWeights& w = m.layers[size_t(layer)];
     const int32_t n = r.pos;
     if (spec_h_.size() < size_t(d)) spec_h_ = BackendArray<float>(be_, size_t(d));
     if (spec_q_.size() < size_t(H) * size_t(D)) spec_q_ = BackendArray<float>(be_, size_t(H) * size_t(D));
     if (spec_qp_.size() < size_t(H) * size_t(dp_)) spec_qp_ = BackendArray<float>(be_, size_t(H) * size_t(dp_));
     if (spec_logits_.size() < size_t(H) * size_t(n)) spec_logits_ = BackendArray<float>(be_, size_t(H) * size_t(n) * 2);
     float *h = spec_h_.data(), *q = spec_q_.data(), *qp = spec_qp_.data(), *dl = spec_logits_.data();
-    if (m.traits.norm == NormKind::kRms) be_.rms_norm(x, prev[Slot::kAttnNorm].f32(), 1, d, m.hp.norm_eps, h);
-    else be_.layer_norm(x, prev[Slot::kAttnNorm].f32(), prev[Slot::kAttnNormB].f32(), 1, d, m.hp.norm_eps, h);
-    be_.matmul(h, 1, w[Slot::kWq], w[Slot::kBq].empty() ? nullptr : w[Slot::kBq].f32(), q);
-    if (shape_.rope) be_.rope(q, 1, H, D, &r.pos, *shape_.rope);
+    speculative_query(be_, m, layer - 1, layer, x, 1, &r.pos, shape_.rope, h, q);
     for (int g = 0; g < Hkv; ++g) {
       // The group's G query heads [G, D] skewed and sliced to [G, dp]. Scaled by 1/√D as attention
       // scales them: alpha is compared against scaled logits, as in the authors' code

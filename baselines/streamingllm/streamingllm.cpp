@@ -5,9 +5,11 @@
 // keeps each key at its text position (kvpress without KeyRerotationPress). Models with learned
 // positions (OPT) have nothing to re-rotate: both settings behave as `original`.
 #include <algorithm>
+#include <numeric>
 #include <stdexcept>
 
 #include "baselines/eviction.h"
+#include "selectors/sinks_recent.h"
 
 namespace hg {
 namespace {
@@ -31,15 +33,16 @@ class StreamingLlm final : public EvictingStrategy {
   int taps() const override { return 0; }
   void accumulate(int, int, int, const float*, const float*, int64_t, int32_t, int32_t) override {}
   void victims(int layer, int seq, int g, int32_t count, std::vector<int32_t>& slots) override {
-    // The oldest tokens that are not sinks (positions < sinks are the sinks), oldest first.
+    // What the sinks + most recent set of the remaining size leaves out, oldest first.
     const int32_t n = store().count(layer, seq, g);
     const int32_t* pos = store().positions(layer, seq, g);
-    slots.clear();
-    for (int32_t s = 0; s < n; ++s)
-      if (pos[s] >= sinks_) slots.push_back(s);
-    if (int32_t(slots.size()) < count)
+    const SinksAndRecent keep = sinks_and_recent(n, n - count, sinks_);
+    if (keep.recent - keep.sinks != count)
       throw std::logic_error("streamingllm: fewer non-sink tokens than must be evicted");
-    first_in_order(slots, count, [&](int32_t a, int32_t b) { return pos[a] < pos[b]; });
+    slots.resize(size_t(n));
+    std::iota(slots.begin(), slots.end(), 0);
+    first_in_order(slots, keep.recent, [&](int32_t a, int32_t b) { return pos[a] < pos[b]; });
+    slots.erase(slots.begin(), slots.begin() + keep.sinks);
   }
 
  private:

@@ -3,6 +3,7 @@
 #include <limits>
 
 #include "selectors/logit_topk.h"
+#include "selectors/sinks_recent.h"
 #include "tests/unit/test_util.h"
 
 namespace hg {
@@ -75,6 +76,21 @@ TEST(LogitTopK, TiesGoToTheLowerPositionAndNaNIsIgnored) {
   EXPECT_EQ(out, (std::vector<int32_t>{1, 2, 4, 5}));
   logit_top_k(&l[0][0], 2, 6, 6, 5, out);  // then 1.0 at position 0, before the all-NaN position
   EXPECT_EQ(out, (std::vector<int32_t>{0, 1, 2, 4, 5}));
+}
+
+// The sinks + most recent set (StreamingLLM's, and HybridGen's pre-mode selection).
+TEST(SinksAndRecent, KeepsTheFirstSinksAndTheNewestRest) {
+  auto check = [](int32_t n, int32_t k, int32_t sinks, int32_t want_sinks, int32_t want_recent) {
+    const SinksAndRecent r = sinks_and_recent(n, k, sinks);
+    EXPECT_EQ(r.sinks, want_sinks) << n << " " << k << " " << sinks;
+    EXPECT_EQ(r.recent, want_recent) << n << " " << k << " " << sinks;
+    EXPECT_EQ(r.sinks + (n - r.recent), std::clamp(k, 0, n));
+  };
+  check(100, 10, 4, 4, 94);   // 4 sinks + the newest 6
+  check(100, 3, 4, 3, 100);   // fewer than the sinks: the first 3 only
+  check(10, 20, 4, 4, 4);     // k beyond n keeps everything
+  check(10, 0, 4, 0, 10);     // nothing
+  check(10, 10, 0, 0, 0);     // no sinks: the newest 10
 }
 
 }  // namespace
