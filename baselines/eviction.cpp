@@ -13,10 +13,14 @@ EvictingStrategy::EvictingStrategy(const StrategyContext& ctx, const char* name,
     : be_(ctx.backend), rt_(require_runtime(ctx, name)), home_dram_(p.get("kv_home") == "dram") {}
 
 ParamSpec kv_home_param() {
-  return {"kv_home", ParamSpec::Type::kEnum, "dram", "",
-          "where retained KV lives between steps: dram (sent to the accelerator every layer and step, as on the "
-          "FlexGen engine of the paper's baselines) or gpu",
-          {"dram", "gpu"}};
+  return {
+      "kv_home",
+      ParamSpec::Type::kEnum,
+      "dram",
+      "",
+      "where retained KV lives between steps: dram (sent to the accelerator every layer and step, as on the "
+      "FlexGen engine of the paper's baselines) or gpu",
+      {"dram", "gpu"}};
 }
 
 void EvictingStrategy::begin(const KvShape& shape, std::span<const int32_t> capacity,
@@ -26,11 +30,13 @@ void EvictingStrategy::begin(const KvShape& shape, std::span<const int32_t> capa
   capacity_.assign(capacity.begin(), capacity.end());
   context_.assign(prompt_.begin(), prompt_.end());
   std::vector<int32_t> slots(prompt_.size());
-  for (size_t b = 0; b < prompt_.size(); ++b) slots[b] = std::max(prompt_[b], budget(int(b), capacity_[b])) + 1;
+  for (size_t b = 0; b < prompt_.size(); ++b)
+    slots[b] = std::max(prompt_[b], budget(int(b), capacity_[b])) + 1;
   store_.reset(shape, slots, rt_.memory(), home_dram_ ? Tier::kDram : Tier::kGpu, &be_);
   staged_.clear();
   scores_.assign(size_t(shape.n_layers) * prompt_.size() * size_t(shape.H_kv), {});
-  for (size_t i = 0; i < scores_.size(); ++i) scores_[i].assign(size_t(slots[(i / size_t(shape.H_kv)) % prompt_.size()]), 0.0);
+  for (size_t i = 0; i < scores_.size(); ++i)
+    scores_[i].assign(size_t(slots[(i / size_t(shape.H_kv)) % prompt_.size()]), 0.0);
   evicted_ = 0;
 }
 
@@ -136,7 +142,8 @@ std::map<int32_t, std::pair<const float*, const float*>> EvictingStrategy::kv_on
   return at;
 }
 
-void EvictingStrategy::attend(int layer, std::span<const TokenRow> rows, const float* q, float scale, float* out) {
+void EvictingStrategy::attend(int layer, std::span<const TokenRow> rows, const float* q, float scale,
+                              float* out) {
   const int H = shape_.H, Hkv = shape_.H_kv, D = shape_.D, G = group();
   int64_t ld = 0;
   for (auto& r : rows) ld = std::max<int64_t>(ld, store_.capacity(r.seq));
@@ -166,12 +173,14 @@ void EvictingStrategy::attend(int layer, std::span<const TokenRow> rows, const f
     size_t total = 0;
     for (auto& r : rows)
       if (rotated_.emplace(r.seq, total).second) total += size_t(Hkv) * size_t(ld) * size_t(D);
-    if (krot_.size() < total) krot_ = BackendArray<float>(be_, total), vrot_ = BackendArray<float>(be_, total);
+    if (krot_.size() < total)
+      krot_ = BackendArray<float>(be_, total), vrot_ = BackendArray<float>(be_, total);
     std::vector<int32_t> order;
     for (auto& [seq, off] : rotated_) {
       int32_t nmax = 0;
       for (auto& x : rows)
-        if (x.seq == seq) nmax = std::max(nmax, x.pos < prompt_len(x.seq) ? x.pos + 1 : store_.count(layer, x.seq, 0));
+        if (x.seq == seq)
+          nmax = std::max(nmax, x.pos < prompt_len(x.seq) ? x.pos + 1 : store_.count(layer, x.seq, 0));
       if (ranks_.size() < size_t(nmax)) {
         ranks_.resize(size_t(nmax));
         std::iota(ranks_.begin(), ranks_.end(), 0);
@@ -182,8 +191,10 @@ void EvictingStrategy::attend(int layer, std::span<const TokenRow> rows, const f
         std::iota(order.begin(), order.end(), 0);
         std::sort(order.begin(), order.end(), [&](int32_t a2, int32_t b2) { return pos[a2] < pos[b2]; });
         const int64_t src = g * store_.head_stride(seq), dst = int64_t(off) + int64_t(g) * ld * D;
-        be_.gather_rows(krot_.data() + dst, kv.at(seq).first + src, int64_t(D) * 4, int64_t(D) * 4, order.data(), nmax);
-        be_.gather_rows(vrot_.data() + dst, kv.at(seq).second + src, int64_t(D) * 4, int64_t(D) * 4, order.data(), nmax);
+        be_.gather_rows(krot_.data() + dst, kv.at(seq).first + src, int64_t(D) * 4, int64_t(D) * 4,
+                        order.data(), nmax);
+        be_.gather_rows(vrot_.data() + dst, kv.at(seq).second + src, int64_t(D) * 4, int64_t(D) * 4,
+                        order.data(), nmax);
         be_.rope(krot_.data() + dst, nmax, 1, D, ranks_.data(), *shape_.rope);
       }
     }
@@ -238,7 +249,8 @@ void EvictingStrategy::attend(int layer, std::span<const TokenRow> rows, const f
       const size_t off = (i * size_t(H)) * size_t(ld);
       for (int g = 0; g < Hkv; ++g)
         accumulate(layer, r.seq, g, lg ? lg + off + size_t(g * G) * size_t(ld) : nullptr,
-                   pr ? pr + off + size_t(g * G) * size_t(ld) : nullptr, ld, attn_rows_[b0 + i].n_keys, r.pos);
+                   pr ? pr + off + size_t(g * G) * size_t(ld) : nullptr, ld, attn_rows_[b0 + i].n_keys,
+                   r.pos);
     }
   }
   // Decode rows: back to the budget.

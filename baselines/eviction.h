@@ -23,7 +23,8 @@ ParamSpec kv_home_param();
 class EvictingStrategy : public KvStrategy {
  public:
   EvictingStrategy(const StrategyContext& ctx, const char* name, const StrategyParams& p);
-  void begin(const KvShape& shape, std::span<const int32_t> capacity, std::span<const int32_t> prompt_len) override;
+  void begin(const KvShape& shape, std::span<const int32_t> capacity,
+             std::span<const int32_t> prompt_len) override;
   void append(int layer, std::span<const TokenRow> rows, const float* k, const float* v) override;
   void attend(int layer, std::span<const TokenRow> rows, const float* q, float scale, float* out) override;
   std::map<std::string, double> step_stats() const override;
@@ -57,7 +58,8 @@ class EvictingStrategy : public KvStrategy {
   // Keeps the first `count` of `slots` in the order `before` (a strict weak order), in that order.
   template <class Before>
   static void first_in_order(std::vector<int32_t>& slots, int32_t count, Before before) {
-    if (int32_t(slots.size()) > count) std::nth_element(slots.begin(), slots.begin() + (count - 1), slots.end(), before);
+    if (int32_t(slots.size()) > count)
+      std::nth_element(slots.begin(), slots.begin() + (count - 1), slots.end(), before);
     slots.resize(size_t(count));
     std::sort(slots.begin(), slots.end(), before);
   }
@@ -86,23 +88,24 @@ class EvictingStrategy : public KvStrategy {
   void evict_to(int layer, int seq, int32_t keep);
   // kv_home dram: the retained K and V of `rows`' sequences in `layer`, sent to the gpu tier; returns
   // seq → (K, V) in the store's layout (the store itself for kv_home gpu).
-  std::map<int32_t, std::pair<const float*, const float*>> kv_on_accelerator(int layer, std::span<const TokenRow> rows);
+  std::map<int32_t, std::pair<const float*, const float*>> kv_on_accelerator(int layer,
+                                                                             std::span<const TokenRow> rows);
   Backend& be_;
   Runtime& rt_;
   KvShape shape_;
   SlotStore store_;
   std::vector<int32_t> prompt_, capacity_, context_;
   std::vector<std::vector<double>> scores_;
-  BackendArray<float> logits_, probs_;  // attention taps, in the accelerator's memory
+  BackendArray<float> logits_, probs_;           // attention taps, in the accelerator's memory
   std::vector<float> host_logits_, host_probs_;  // read back for the policy when that is not the host's
   std::vector<AttnRow> attn_rows_;
   std::vector<int32_t> victims_, pending_;  // evict_to's scratch
   // Re-rotating policies: each sequence's keys (rotated at their rank) and values in position
   // order, the queries, and the new keys rotated back to position 0; all in the accelerator's memory.
   BackendArray<float> krot_, vrot_, qrot_, kin_;
-  std::vector<int32_t> ranks_;          // 0, 1, 2, …
-  std::map<int32_t, size_t> rotated_;  // seq → offset of its rotated K/V copy in this call
-  bool home_dram_ = true;              // kv_home: dram
+  std::vector<int32_t> ranks_;            // 0, 1, 2, …
+  std::map<int32_t, size_t> rotated_;     // seq → offset of its rotated K/V copy in this call
+  bool home_dram_ = true;                 // kv_home: dram
   std::map<int32_t, Allocation> staged_;  // kv_home dram: each sequence's retained K|V on the gpu tier
   int64_t evicted_ = 0;
 };

@@ -87,8 +87,10 @@ int32_t OffloadedKv::key_position(Tier t, int layer, int seq, int32_t row) const
   while (lo < hi) {
     const int32_t mid = (lo + hi) / 2;
     const int32_t count = t == Tier::kDram ? before[mid + 1] : mid + 1 - before[mid + 1];
-    if (count > rank) hi = mid;
-    else lo = mid + 1;
+    if (count > rank)
+      hi = mid;
+    else
+      lo = mid + 1;
   }
   return lo * page_ + row % page_;
 }

@@ -23,8 +23,8 @@ class OffloadedKv {
  public:
   // capacity: offloadable tokens per sequence. dram_bytes: dram the offloaded KV may use (the
   // placement plan's budget).
-  void reset(const KvShape& shape, std::span<const int32_t> capacity, int32_t page_tokens, PlacementPolicy& placement,
-             int64_t dram_bytes, MemorySystem& mem);
+  void reset(const KvShape& shape, std::span<const int32_t> capacity, int32_t page_tokens,
+             PlacementPolicy& placement, int64_t dram_bytes, MemorySystem& mem);
 
   Tier key_tier(int layer, int seq, int32_t pos) const;
   Tier value_tier(int layer, int seq, int32_t pos) const;
@@ -72,7 +72,7 @@ class OffloadedKv {
   int32_t page_ = 1, max_pages_ = 0;
   PlacementPolicy* placement_ = nullptr;
   MemorySystem* mem_ = nullptr;
-  std::vector<int32_t> dram_before_;                // [(layer, seq)][max_pages + 1]
+  std::vector<int32_t> dram_before_;                   // [(layer, seq)][max_pages + 1]
   std::vector<std::array<Allocation, 2>> key_blocks_;  // [(layer, seq)][dram, far]
   std::vector<std::array<int32_t, 2>> key_rows_;       // their rows
   std::vector<Allocation> value_pages_;                // [(layer, seq)][page]

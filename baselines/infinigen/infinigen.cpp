@@ -9,9 +9,9 @@
 // attention input (layer i's norm), layer i+1's W_q (+ bias) and RoPE, skewed and sliced (with
 // RoPE the rotation sits between W_q and A, so the full q is formed and then projected — the same
 // numbers as a pre-multiplied partial W_q without RoPE). Per query head, tokens whose partial
-// logit, scaled by 1/√D as attention scales it, exceeds max − alpha are counted; the count is averaged over heads and capped at
-// max_kv_ratio of the current length; that many top tokens per KV head (by the group's max partial
-// logit — GQA generalisation) have their K and V rows gathered from dram onto the accelerator,
+// logit, scaled by 1/√D as attention scales it, exceeds max − alpha are counted; the count is averaged over
+// heads and capped at max_kv_ratio of the current length; that many top tokens per KV head (by the group's
+// max partial logit — GQA generalisation) have their K and V rows gathered from dram onto the accelerator,
 // where layer i+1 attends over them plus the current token. Layers 0 and 1 load their full KV, as
 // the authors' code does. Prefill attention is exact.
 #include <Eigen/Dense>
@@ -28,7 +28,8 @@ namespace hg {
 
 // The α rule: per head, #tokens with partial logit > max − alpha; mean over heads; capped at
 // max_ratio·n (at least 1). logits [H, n].
-int32_t infinigen_fetch_count(Backend& host, const float* logits, int H, int64_t n, double alpha, double max_ratio) {
+int32_t infinigen_fetch_count(Backend& host, const float* logits, int H, int64_t n, double alpha,
+                              double max_ratio) {
   if (n == 0) return 0;
   double total = 0;
   for (int h = 0; h < H; ++h) {
@@ -77,7 +78,8 @@ class InfiniGen final : public KvStrategy {
     return int64_t(std::llround(double(r.pos + 1) * (full + (L - full) * last_fetch_frac_) / L));
   }
 
-  void begin(const KvShape& shape, std::span<const int32_t> capacity, std::span<const int32_t> prompt_len) override {
+  void begin(const KvShape& shape, std::span<const int32_t> capacity,
+             std::span<const int32_t> prompt_len) override {
     wait_fetches();  // a fetch still in flight writes into the kept buffers
     shape_ = shape;
     B_ = int(capacity.size());
@@ -91,7 +93,8 @@ class InfiniGen final : public KvStrategy {
     calib_k_.assign(size_t(shape.n_layers), {});
     // Partial key cache [H_kv, cap, dp] per (layer, seq) on the accelerator.
     std::vector<int32_t> cap(capacity.begin(), capacity.end());
-    partial_.reset(KvShape{shape.n_layers, shape.H, shape.H_kv, dp_, nullptr}, cap, &rt_.memory(), Tier::kGpu);
+    partial_.reset(KvShape{shape.n_layers, shape.H, shape.H_kv, dp_, nullptr}, cap, &rt_.memory(),
+                   Tier::kGpu);
     ready_.assign(size_t(shape.n_layers), false);
     fetch_.assign(size_t(shape.n_layers) * size_t(B_), nullptr);
     fetch_pool_.clear();
@@ -140,8 +143,10 @@ class InfiniGen final : public KvStrategy {
     if (calibrating(rows)) {  // the calibration prompt's queries, kept on the host for the SVD
       const float* qh = nullptr;
       rt_.transfers()
-          .run(Tier::kGpu, Tier::kDram, int64_t(rows.size()) * hd * 4,
-               [&] { qh = host_view(be_, q, rows.size() * size_t(hd), host_q_); }, {}, "calibration queries to host")
+          .run(
+              Tier::kGpu, Tier::kDram, int64_t(rows.size()) * hd * 4,
+              [&] { qh = host_view(be_, q, rows.size() * size_t(hd), host_q_); }, {},
+              "calibration queries to host")
           .wait();
       for (size_t i = 0; i < rows.size(); ++i)
         if (calibration_row(rows[i]))
@@ -270,7 +275,8 @@ class InfiniGen final : public KvStrategy {
       std::vector<float> w(size_t(dp_) * size_t(D));
       for (int c = 0; c < dp_; ++c)
         for (int d = 0; d < D; ++d) w[size_t(c) * size_t(D) + size_t(d)] = A(d, mag[size_t(c)].second);
-      skew_[size_t(layer) * size_t(Hkv) + size_t(g)] = convert_weight(DType::kF32, w.data(), DType::kF32, {dp_, D});
+      skew_[size_t(layer) * size_t(Hkv) + size_t(g)] =
+          convert_weight(DType::kF32, w.data(), DType::kF32, {dp_, D});
     }
     ready_[size_t(layer)] = true;
     calib_q_[size_t(layer)].clear();
@@ -285,8 +291,8 @@ class InfiniGen final : public KvStrategy {
           .run(
               Tier::kDram, Tier::kGpu, int64_t(Hkv) * n * D * 4,
               [&] {
-                be_.upload_2d(kb, size_t(n) * size_t(D) * 4, store_.k(layer, b), size_t(store_.head_stride(b)) * 4,
-                              size_t(n) * size_t(D) * 4, size_t(Hkv));
+                be_.upload_2d(kb, size_t(n) * size_t(D) * 4, store_.k(layer, b),
+                              size_t(store_.head_stride(b)) * 4, size_t(n) * size_t(D) * 4, size_t(Hkv));
               },
               {}, "prompt keys for the partial cache")
           .wait();
@@ -315,8 +321,10 @@ class InfiniGen final : public KvStrategy {
     const int32_t n = r.pos;
     if (spec_h_.size() < size_t(d)) spec_h_ = BackendArray<float>(be_, size_t(d));
     if (spec_q_.size() < size_t(H) * size_t(D)) spec_q_ = BackendArray<float>(be_, size_t(H) * size_t(D));
-    if (spec_qp_.size() < size_t(H) * size_t(dp_)) spec_qp_ = BackendArray<float>(be_, size_t(H) * size_t(dp_));
-    if (spec_logits_.size() < size_t(H) * size_t(n)) spec_logits_ = BackendArray<float>(be_, size_t(H) * size_t(n) * 2);
+    if (spec_qp_.size() < size_t(H) * size_t(dp_))
+      spec_qp_ = BackendArray<float>(be_, size_t(H) * size_t(dp_));
+    if (spec_logits_.size() < size_t(H) * size_t(n))
+      spec_logits_ = BackendArray<float>(be_, size_t(H) * size_t(n) * 2);
     float *h = spec_h_.data(), *q = spec_q_.data(), *qp = spec_qp_.data(), *dl = spec_logits_.data();
     speculative_query(be_, m, layer - 1, layer, x, 1, &r.pos, shape_.rope, h, q);
     for (int g = 0; g < Hkv; ++g) {
@@ -325,22 +333,25 @@ class InfiniGen final : public KvStrategy {
       // (weight_bias_concat(..., head_dim) on the speedup path, / sqrt(head_dim) on the accuracy path).
       be_.matmul(q + int64_t(g) * G * D, G, skew_[size_t(layer) * size_t(Hkv) + size_t(g)], nullptr,
                  qp + int64_t(g) * G * dp_);
-      be_.group_logits(qp + int64_t(g) * G * dp_, G, partial_.k(layer, r.seq) + g * partial_.head_stride(r.seq), n,
-                       dp_, 1.0f / std::sqrt(float(D)), dl + int64_t(g) * G * n);
+      be_.group_logits(qp + int64_t(g) * G * dp_, G,
+                       partial_.k(layer, r.seq) + g * partial_.head_stride(r.seq), n, dp_,
+                       1.0f / std::sqrt(float(D)), dl + int64_t(g) * G * n);
     }
     // The count and the selection run on the host: the logits come back when they are elsewhere.
     const float* logits = dl;
     if (!be_.host_memory() && !rt_.dry()) {
       logits_.resize(size_t(H) * size_t(n));
       rt_.transfers()
-          .run(Tier::kGpu, Tier::kDram, int64_t(logits_.size()) * 4,
-               [&] { be_.download(logits_.data(), dl, logits_.size() * 4); }, {}, "speculation logits to host")
+          .run(
+              Tier::kGpu, Tier::kDram, int64_t(logits_.size()) * 4,
+              [&] { be_.download(logits_.data(), dl, logits_.size() * 4); }, {}, "speculation logits to host")
           .wait();
       logits = logits_.data();
     }
     // Dry runs compute no logits: the count is the documented expected fraction instead.
-    const int32_t count = rt_.dry() ? int32_t(std::clamp<int64_t>(std::llround(dry_fetch_ratio_ * double(n)), 1, n))
-                                    : infinigen_fetch_count(rt_.cpu_backend(), logits, H, n, alpha_, max_kv_ratio_);
+    const int32_t count = rt_.dry()
+                              ? int32_t(std::clamp<int64_t>(std::llround(dry_fetch_ratio_ * double(n)), 1, n))
+                              : infinigen_fetch_count(rt_.cpu_backend(), logits, H, n, alpha_, max_kv_ratio_);
     auto f = std::make_shared<Fetch>();
     f->n = count;
     last_fetch_frac_ = n > 0 ? double(count) / double(n) : 1.0;
@@ -351,8 +362,7 @@ class InfiniGen final : public KvStrategy {
     grow(fb.v, int64_t(Hkv) * count * D * 4);
     f->k = fb.k.as<float>(), f->v = fb.v.as<float>();
     std::vector<std::vector<int32_t>> sel(static_cast<size_t>(Hkv));
-    for (int g = 0; g < Hkv; ++g)
-      logit_top_k(logits + int64_t(g) * G * n, G, n, n, count, sel[size_t(g)]);
+    for (int g = 0; g < Hkv; ++g) logit_top_k(logits + int64_t(g) * G * n, G, n, n, count, sel[size_t(g)]);
     const int seq = r.seq;
     int64_t n_rows = 0;  // runs of K and V rows gathered (the modeled clock's row cost)
     for (const auto& s : sel) n_rows += 2 * gathered_runs(s);
@@ -386,8 +396,8 @@ class InfiniGen final : public KvStrategy {
   std::vector<bool> ready_;   // per layer: calibrated
   std::vector<std::vector<float>> calib_q_, calib_k_;
   std::vector<std::shared_ptr<Fetch>> fetch_;
-  std::vector<float> logits_;  // speculate()'s partial logits on the host
-  std::vector<float> host_k_, host_v_, host_q_;  // rows read back from the accelerator
+  std::vector<float> logits_;                                    // speculate()'s partial logits on the host
+  std::vector<float> host_k_, host_v_, host_q_;                  // rows read back from the accelerator
   BackendArray<float> spec_h_, spec_q_, spec_qp_, spec_logits_;  // speculate()'s accelerator scratch
   // Kept accelerator buffers: full loads per sequence, fetches per layer parity and sequence, and
   // the fetched rows plus the current token that a row attends over.
@@ -402,37 +412,36 @@ class InfiniGen final : public KvStrategy {
 
 StrategyInfo infinigen_info() {
   using T = ParamSpec::Type;
-  return {
-      "infinigen",
-      "SVD-skewed partial keys speculate which KV rows to fetch from dram for the next layer (InfiniGen)",
-      {{"partial_ratio",
-        T::kFloat,
-        "0.2",
-        "ratio",
-        "fraction of head-dim columns in the partial key cache",
-        {}},
-       {"alpha", T::kFloat, "4.0", "", "tokens within max − alpha of the partial logits are counted", {}},
-       {"max_kv_ratio",
-        T::kFloat,
-        "0.2",
-        "ratio",
-        "cap on fetched tokens, fraction of the current length",
-        {}},
-       {"dry_fetch_ratio",
-        T::kFloat,
-        "0.2",
-        "ratio",
-        "dry runs only (no logits to apply alpha to): fraction of the current length fetched per step",
-        {}},
-       {"full_layers", T::kInt, "2", "layers", "first layers that load their full KV", {}},
-       {"calib_tokens",
-        T::kInt,
-        "2048",
-        "tokens",
-        "skew calibrated on the first prompt's first tokens (0: all)",
-        {}}},
-      [](const StrategyContext& c, const StrategyParams& p) { return std::make_unique<InfiniGen>(c, p); },
-      /*runs_on_cuda=*/true};
+  return {"infinigen",
+          "SVD-skewed partial keys speculate which KV rows to fetch from dram for the next layer (InfiniGen)",
+          {{"partial_ratio",
+            T::kFloat,
+            "0.2",
+            "ratio",
+            "fraction of head-dim columns in the partial key cache",
+            {}},
+           {"alpha", T::kFloat, "4.0", "", "tokens within max − alpha of the partial logits are counted", {}},
+           {"max_kv_ratio",
+            T::kFloat,
+            "0.2",
+            "ratio",
+            "cap on fetched tokens, fraction of the current length",
+            {}},
+           {"dry_fetch_ratio",
+            T::kFloat,
+            "0.2",
+            "ratio",
+            "dry runs only (no logits to apply alpha to): fraction of the current length fetched per step",
+            {}},
+           {"full_layers", T::kInt, "2", "layers", "first layers that load their full KV", {}},
+           {"calib_tokens",
+            T::kInt,
+            "2048",
+            "tokens",
+            "skew calibrated on the first prompt's first tokens (0: all)",
+            {}}},
+          [](const StrategyContext& c, const StrategyParams& p) { return std::make_unique<InfiniGen>(c, p); },
+          /*runs_on_cuda=*/true};
 }
 
 }  // namespace hg

@@ -1,0 +1,329 @@
+// HybridGen's CPU stage: the speculative query, logits of the offloaded keys, selection, and the
+// transfers of logits and V rows to the accelerator (hybridgen.h).
+#include "baselines/hybridgen/hybridgen.h"
+
+namespace hg {
+
+void HybridGen::prepare(int layer, std::span<const TokenRow> rows, const float* x) {
+  if (!speculative_) return;
+  std::vector<size_t> need;  // decode rows with offloaded tokens only
+  for (size_t i = 0; i < rows.size(); ++i)
+    if (rows[i].pos >= prompt_[size_t(rows[i].seq)] && offloaded_[pidx(layer, rows[i].seq)] > 0)
+      need.push_back(i);
+  if (need.empty()) return;
+  // What each CPU stage starts from: the row of x, which it projects itself, or the query the
+  // accelerator projected. Gathered in this layer parity's scratch in the accelerator's memory and
+  // sent to the host by the transfer engine; the CPU stages wait for that transfer, the accelerator
+  // does not. On a GPU, queueing the transfer waits for the work queued so far, which also frees
+  // this layer parity's result buffers (their last reader was layer − 2's attention); the scratch's
+  // next writer, prepare(layer + 2), comes after layer's attention waited for these stages.
+  const int64_t d = model_->hp.d_model, n = query_on_accel_ ? int64_t(shape_.H) * shape_.D : d;
+  const int64_t M = int64_t(need.size());
+  BackendArray<float>& in_dev = spec_in_[size_t(layer % 2)];
+  if (in_dev.size() < size_t(M * n)) in_dev = BackendArray<float>(be_, size_t(M * n));
+  const auto t0 = Clock::now();
+  if (query_on_accel_) {
+    be_.synchronize();  // the work queued so far is not the projection's (t_query_ms)
+    // Scratch in the accelerator's memory, kept between calls (a cudaMalloc/cudaFree per layer
+    // would cost more than the projection).
+    if (spec_x_.size() < size_t(M * d)) spec_x_ = BackendArray<float>(be_, size_t(M * d));
+    if (spec_h_.size() < size_t(M * d)) spec_h_ = BackendArray<float>(be_, size_t(M * d));
+    std::vector<int32_t> pos;
+    for (size_t j = 0; j < need.size(); ++j) {
+      be_.copy(spec_x_.data() + int64_t(j) * d, x + int64_t(need[j]) * d, size_t(d) * 4);
+      pos.push_back(rows[need[j]].pos);
+    }
+    project_query(be_, layer, spec_x_.data(), M, pos.data(), spec_h_.data(), in_dev.data());
+    add_accel_work(query_work(layer, M));
+  } else {
+    for (size_t j = 0; j < need.size(); ++j)
+      be_.copy(in_dev.data() + int64_t(j) * d, x + int64_t(need[j]) * d, size_t(d) * 4);
+  }
+  auto from = std::make_shared<std::vector<float>>(size_t(M * n));
+  const Event sent = rt_.transfers().run(
+      Tier::kGpu, Tier::kDram, M * n * 4,
+      [this, from, src = in_dev.data()] { be_.download(from->data(), src, from->size() * 4); }, {},
+      query_on_accel_ ? "speculative query to host" : "layer input to host");
+  if (query_on_accel_) {
+    std::lock_guard<std::mutex> l(mu_);
+    t_query_ += since(t0);
+  }
+  for (size_t j = 0; j < need.size(); ++j) {
+    const TokenRow r = rows[need[j]];
+    auto res = std::make_shared<CpuResult>();
+    pending_[pidx(layer, r.seq)] = res;
+    const int32_t K = current_k(r), pre = sched_.pre();
+    const std::string what =
+        query_on_accel_ ? "hybridgen speculative logits, layer " : "hybridgen speculative q + logits, layer ";
+    // The CPU queue runs stages in submission order. When the layer now running has no
+    // speculation of its own, its CPU stage is submitted at its attention, after this call: this
+    // stage then waits until that one is queued, so that it does not run ahead of the stage the
+    // accelerator is about to wait for.
+    const bool behind =
+        layer > 0 && offloaded_[pidx(layer - 1, r.seq)] > 0 && !pending_[pidx(layer - 1, r.seq)];
+    auto submit = [this, layer, r, what, from, j, n, sent, res, K, pre] {
+      res->done = rt_.cpu().submit(
+          what + std::to_string(layer), cpu_stage_work(layer, r, K, pre, !query_on_accel_), {sent},
+          [this, layer, r, from, j, n, res, K, pre] {
+            const float* in = from->data() + j * size_t(n);
+            const auto t0 = Clock::now();
+            std::vector<float> q;
+            if (!query_on_accel_) {
+              const int64_t d = model_->hp.d_model;
+              std::vector<float> h(static_cast<size_t>(d));
+              q.resize(size_t(shape_.H) * size_t(shape_.D));
+              project_query(rt_.cpu_backend(), layer, in, 1, &r.pos, h.data(), q.data());
+              const double measured = since(t0);
+              std::lock_guard<std::mutex> l(mu_);
+              t_query_ += measured;
+              // The part of the CPU stage that does not scale with the tokens scored (the scheduler's
+              // estimate of post mode from pre), on the stage clock when there is one.
+              t_fixed_ +=
+                  rt_.stage_seconds(StageKind::kCpuCompute, query_work(layer, 1, Tier::kDram), measured);
+            }
+            cpu_stage(layer, r, query_on_accel_ ? in : q.data(), K, pre, !query_on_accel_, *res, t0);
+          });
+    };
+    if (behind)
+      deferred_[pidx(layer, r.seq)] = std::move(submit);
+    else
+      submit();
+  }
+}
+
+void HybridGen::submit_deferred(int layer, int seq) {
+  if (layer >= shape_.n_layers) return;
+  auto& d = deferred_[pidx(layer, seq)];
+  if (!d) return;
+  auto f = std::move(d);
+  d = nullptr;
+  f();
+}
+
+void HybridGen::project_query(Backend& b, int layer, const float* x, int64_t M, const int32_t* pos, float* h,
+                              float* q) {
+  speculative_query(b, *model_, layer, layer, x, M, pos, shape_.rope, h, q);
+}
+
+StageWork HybridGen::query_work(int layer, int64_t M, Tier where) const {
+  const Weight& wq = model_->layers[size_t(layer)][Slot::kWq];
+  StageWork w;
+  w.flops = 2.0 * double(wq.rows()) * double(wq.cols()) * double(M);
+  w.bytes[size_t(where)] = int64_t(wq.bytes());
+  return w;
+}
+
+StageWork HybridGen::cpu_stage_work(int layer, const TokenRow& r, int32_t K, bool pre, bool project) const {
+  const int Hkv = shape_.H_kv, D = shape_.D;
+  const int32_t n_off = offloaded_[pidx(layer, r.seq)], k = std::min(K, n_off);
+  const int64_t keys = pre ? k : int64_t(n_off) + k;
+  StageWork w;
+  w.flops = 2.0 * double(shape_.H) * D * double(keys);
+  const int64_t key_bytes = int64_t(Hkv) * D * 4;
+  if (!pre) {
+    for (Tier t : {Tier::kDram, Tier::kFar}) {
+      const int32_t n_t = offloaded_kv_.key_rows_before(t, layer, r.seq, n_off);
+      w.bytes[size_t(t)] += key_bytes * (n_t + std::llround(double(k) * n_t / std::max(1, n_off)));
+    }
+  } else {
+    const auto [s, r0] = pre_runs(k, n_off);
+    for (auto [a, b] : {std::pair{0, s}, std::pair{r0, n_off}})
+      offloaded_kv_.key_runs(layer, r.seq, a, b, [&](Tier t, int32_t, int32_t, int32_t len) {
+        w.bytes[size_t(t)] += key_bytes * len;
+        w.rows[size_t(t)] += Hkv;
+      });
+  }
+  if (project) {
+    const StageWork q = query_work(layer, 1, Tier::kDram);
+    w.flops += q.flops;
+    w.bytes[size_t(Tier::kDram)] += q.bytes[size_t(Tier::kDram)];
+  }
+  return w;
+}
+
+std::pair<int32_t, int32_t> HybridGen::pre_runs(int32_t K, int32_t n_off) const {
+  const SinksAndRecent sel = sinks_and_recent(n_off, K, sinks_);
+  return {sel.sinks, sel.recent};
+}
+
+void HybridGen::cpu_stage(int layer, const TokenRow& r, const float* q, int32_t K, bool pre, bool project,
+                          CpuResult& res, Clock::time_point t0) {
+  const StageWork work = cpu_stage_work(layer, r, K, pre, project);
+  const int Hkv = shape_.H_kv, D = shape_.D, G = shape_.H / Hkv;
+  const int32_t n_off = offloaded_[pidx(layer, r.seq)];
+  const float scale = 1.0f / std::sqrt(float(D));
+  K = std::min(K, n_off);
+  res.k = K;
+  res.sel.assign(size_t(Hkv), {});
+  res.n_tier.assign(size_t(Hkv), {0, 0});
+  result_buffers(layer, r.seq, K, res);
+  std::vector<float> lg_sel(size_t(Hkv) * size_t(G) * size_t(K));
+  Backend& cb = rt_.cpu_backend();
+  // This worker thread's scratch, grown (and zeroed) only when a stage needs more; the kernels
+  // overwrite what they use. lg: [G, K] logits of one KV head's selected positions. Post mode
+  // also: score, one per offloaded position; kg, the K selected key rows.
+  thread_local std::vector<float> lg, score, kg;
+  thread_local std::vector<int32_t> far_rows;
+  if (lg.size() < size_t(G) * size_t(K)) lg.resize(size_t(G) * size_t(K));
+  if (!pre && score.size() < size_t(n_off)) score.resize(size_t(n_off));
+  if (kg.size() < size_t(K) * size_t(D)) kg.resize(size_t(K) * size_t(D));
+  const int32_t n_dram = offloaded_kv_.key_rows_before(Tier::kDram, layer, r.seq, n_off);
+  for (int g = 0; g < Hkv; ++g) {
+    const float* qg = q + int64_t(g) * G * D;
+    const float* Kd = offloaded_kv_.keys(Tier::kDram, layer, r.seq, g);
+    const float* Kf = offloaded_kv_.keys(Tier::kFar, layer, r.seq, g);
+    auto& sel = res.sel[size_t(g)];
+    // Logit of query head h for the i-th selected position: [G, s] then [G, K − s] (pre mode's
+    // two runs, sinks and most recent; post mode has s = 0).
+    int32_t s = 0;
+    if (!pre) {
+      // post: every offloaded position scored by the group's max logit, top-K by score; then the
+      // logits of the K selected. The scores are the max of the very logits group_logits gives
+      // (bit for bit), so the selection is the one over all [G, n_off] logits, and only one
+      // float per position is written instead of G (BM_GroupLogitsStage, max:1).
+      // Each tier's keys in one pass: scores [dram rows | far rows].
+      if (n_dram > 0) cb.group_logit_max(qg, G, Kd, n_dram, D, scale, score.data());
+      if (n_off > n_dram) cb.group_logit_max(qg, G, Kf, n_off - n_dram, D, scale, score.data() + n_dram);
+      logit_top_k(score.data(), 1, n_off, n_off, K, sel);
+      // The selected keys gathered tier by tier, then their logits; the selection back to positions.
+      const auto on_dram =
+          std::stable_partition(sel.begin(), sel.end(), [&](int32_t i) { return i < n_dram; });
+      const int32_t sd = int32_t(on_dram - sel.begin());
+      far_rows.assign(on_dram, sel.end());
+      for (auto& i : far_rows) i -= n_dram;
+      cb.gather_rows(kg.data(), Kd, int64_t(D) * 4, int64_t(D) * 4, sel.data(), sd);
+      cb.gather_rows(kg.data() + int64_t(sd) * D, Kf, int64_t(D) * 4, int64_t(D) * 4, far_rows.data(),
+                     K - sd);
+      cb.group_logits(qg, G, kg.data(), K, D, scale, lg.data());
+      for (int32_t i = 0; i < K; ++i)
+        sel[size_t(i)] = i < sd
+                             ? offloaded_kv_.key_position(Tier::kDram, layer, r.seq, sel[size_t(i)])
+                             : offloaded_kv_.key_position(Tier::kFar, layer, r.seq, far_rows[size_t(i - sd)]);
+    } else {  // pre: position heuristic first (sinks + most recent offloaded), logits only for those
+      int32_t r0;
+      std::tie(s, r0) = pre_runs(K, n_off);
+      for (int32_t t = 0; t < s; ++t) sel.push_back(t);
+      for (int32_t t = r0; t < n_off; ++t) sel.push_back(t);
+      HG_CHECK(int32_t(sel.size()) == K);
+      // A run whose keys are consecutive rows of one tier is scored where it lies; one that spans
+      // tiers (interleaved pages) is gathered first, a copy per run of rows.
+      const auto score_run = [&](int32_t a, int32_t len, float* out) {
+        int runs = 0;
+        const float* at = nullptr;
+        offloaded_kv_.key_runs(layer, r.seq, a, a + len, [&](Tier t, int32_t row, int32_t, int32_t) {
+          at = (t == Tier::kDram ? Kd : Kf) + int64_t(row) * D;
+          ++runs;
+        });
+        if (runs > 1) {
+          const int32_t zero = 0;
+          offloaded_kv_.key_runs(layer, r.seq, a, a + len, [&](Tier t, int32_t row, int32_t pos, int32_t n) {
+            cb.gather_rows(kg.data() + int64_t(pos - a) * D, (t == Tier::kDram ? Kd : Kf) + int64_t(row) * D,
+                           int64_t(n) * D * 4, 0, &zero, 1);
+          });
+          at = kg.data();
+        }
+        cb.group_logits(qg, G, at, len, D, scale, out);
+      };
+      if (s > 0) score_run(0, s, lg.data());
+      if (K > s) score_run(r0, K - s, lg.data() + int64_t(G) * s);
+    }
+    const auto logit = [&](int h, size_t c) {
+      return c < size_t(s) ? lg[size_t(h) * size_t(s) + c]
+                           : lg[size_t(G) * size_t(s) + size_t(h) * size_t(K - s) + (c - size_t(s))];
+    };
+    // Tier order (dram, then far), each part still sorted.
+    std::vector<size_t> order(sel.size());
+    for (size_t i = 0; i < order.size(); ++i) order[i] = i;
+    std::stable_partition(order.begin(), order.end(),
+                          [&](size_t i) { return vtier(layer, r.seq, sel[i]) == Tier::kDram; });
+    std::vector<int32_t> sorted(sel.size());
+    for (size_t i = 0; i < order.size(); ++i) {
+      sorted[i] = sel[order[i]];
+      res.n_tier[size_t(g)][vtier(layer, r.seq, sorted[i]) == Tier::kDram ? 0 : 1]++;
+      for (int h = 0; h < G; ++h) lg_sel[(size_t(g) * G + size_t(h)) * size_t(K) + i] = logit(h, order[i]);
+    }
+    sel = std::move(sorted);
+  }
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    t_cpu_ += rt_.stage_seconds(StageKind::kCpuCompute, work, since(t0));
+  }
+  // Logits (dram → gpu) and the selected V rows (their tier → gpu).
+  std::vector<Event> ev;
+  const int64_t lbytes = int64_t(lg_sel.size()) * 4;
+  ev.push_back(rt_.transfers().run(
+      Tier::kDram, Tier::kGpu, lbytes,
+      [this, &res, lg = std::move(lg_sel)] {
+        const auto t = Clock::now();
+        be_.upload(res.logits, lg.data(), lg.size() * 4);
+        add_tx(transfer_seconds(Tier::kDram, int64_t(lg.size()) * 4, 0, since(t)));
+      },
+      {}, "cpu logits to gpu"));
+  // The selected V rows go from their tier to res.v on the gpu tier in one gather per run of
+  // positions within a page. On a device the accelerator reads them by DMA from pinned dram or
+  // mapped far memory (Backend::gather_rows); the CPU copies nothing.
+  for (int ti = 0; ti < 2; ++ti) {
+    const Tier tier = ti == 0 ? Tier::kDram : Tier::kFar;
+    int64_t bytes = 0, runs = 0;  // runs of consecutive selected positions within one page
+    for (int g = 0; g < Hkv; ++g) {
+      const auto& sel = res.sel[size_t(g)];
+      const int32_t b = ti == 0 ? 0 : res.n_tier[size_t(g)][0], e = b + res.n_tier[size_t(g)][size_t(ti)];
+      bytes += int64_t(e - b) * D * 4;
+      for (int32_t i = b; i < e; ++i)
+        runs += i == b || sel[size_t(i)] != sel[size_t(i) - 1] + 1 ||
+                sel[size_t(i)] / page_ != sel[size_t(i) - 1] / page_;
+    }
+    if (bytes == 0) continue;
+    ev.push_back(rt_.transfers().run_gather(
+        tier, Tier::kGpu, bytes, runs,
+        [this, &res, layer, r, ti, K, D, Hkv, tier, bytes, runs] {
+          const auto t = Clock::now();
+          // Each head's rows of this tier are one block of res.v; its positions are sorted.
+          std::vector<int32_t> in_page;
+          for (int g = 0; g < Hkv; ++g) {
+            const auto& sel = res.sel[size_t(g)];
+            const int32_t b = ti == 0 ? 0 : res.n_tier[size_t(g)][0],
+                          e = b + res.n_tier[size_t(g)][size_t(ti)];
+            float* block = res.v + (int64_t(g) * K + b) * D;
+            for (int32_t i = b; i < e;) {
+              const int32_t page = sel[size_t(i)] / page_;
+              int32_t j = i;
+              in_page.clear();
+              for (; j < e && sel[size_t(j)] / page_ == page; ++j) in_page.push_back(sel[size_t(j)] % page_);
+              be_.gather_rows(block + int64_t(i - b) * D, vrow(layer, r.seq, g, page * page_), int64_t(D) * 4,
+                              int64_t(D) * 4, in_page.data(), j - i);
+              i = j;
+            }
+          }
+          be_.synchronize();  // the attention reading res.v runs on another thread's stream
+          add_tx(transfer_seconds(tier, bytes, runs, since(t)));
+        },
+        {}, "selected V to gpu"));
+  }
+  for (auto& e : ev) e.wait();
+}
+
+void HybridGen::result_buffers(int layer, int seq, int32_t K, CpuResult& res) {
+  const int Hkv = shape_.H_kv, D = shape_.D, G = shape_.H / Hkv;
+  const int64_t lbytes = std::max<int64_t>(4, int64_t(Hkv) * G * K * 4),
+                vbytes = std::max<int64_t>(4, int64_t(Hkv) * K * D * 4);
+  std::lock_guard<std::mutex> l(pool_mu_);
+  ResultPool& p = pool_[size_t(layer % 2) * size_t(B_) + size_t(seq)];
+  grow_allocation(rt_.memory(), Tier::kGpu, p.logits, lbytes);
+  grow_allocation(rt_.memory(), Tier::kGpu, p.v, vbytes);
+  res.logits = p.logits.as<float>();
+  res.v = p.v.as<float>();
+}
+
+double HybridGen::transfer_seconds(Tier src, int64_t bytes, int64_t rows, double measured_s) const {
+  StageWork w;
+  w.src = src, w.dst = Tier::kGpu, w.transfer_bytes = bytes, w.rows[size_t(src)] = rows;
+  return rt_.stage_seconds(StageKind::kTransfer, w, measured_s);
+}
+
+void HybridGen::add_tx(double s) {
+  std::lock_guard<std::mutex> l(mu_);
+  t_tx_ += s;
+}
+
+}  // namespace hg

@@ -1,0 +1,215 @@
+// HybridGen's strategy class, defined in parts: hybridgen.cpp (set-up, the accelerator's merged
+// attention, the end of a step and the scheduler's feedback), residency.cpp (the ring of resident
+// tokens, offloading, prefill), cpu_stage.cpp (the speculative CPU stage: query, logits of the
+// offloaded keys, selection, transfers); offloaded_kv.h holds the CPU side's keys and values and
+// scheduler.h Algorithm 1.
+//
+// `hybridgen` — the method under study (arXiv 2604.18529), on the engine's runtime.
+//
+// Residency: per layer and sequence the accelerator keeps the newest `gpu_kv_tokens` (R) tokens
+// between steps (a ring on the `gpu` tier with one more slot for the token being generated);
+// after each step the oldest resident tokens are offloaded so that R remain. The CPU side of a
+// step is therefore fixed before the step starts, and the speculative CPU stage scores exactly the
+// tokens the accelerator does not hold; older ones are evicted least-recently-generated to the CPU side: K to
+// `dram` (row = position), V into pages whose tier the placement policy picks (`semantic`: V to
+// `far` once dram is full; `interleave`; `dram-only`). The token mapper is positional: position
+// < p − R (p the current position) lives on the CPU side, the rest in ring slot position mod (R+1).
+// Logit parallelism: for layer i+1, while the accelerator runs layer i, a CPU worker builds a
+// query from layer i's input with layer i+1's norm, W_q (+ bias) and RoPE at the current position
+// (`speculative_query: true`), or waits for the true query (`false`, exact); layer 0 always uses
+// its true query. Where the speculative query is projected is `query_on`: `cpu` (the paper's
+// Figure 12: the accelerator sends layer i's input, and the CPU stage reads W_q from host memory)
+// or `accelerator` (it projects with its own copy of the weights and sends the query; the CPU stage
+// only scores keys). It computes q·kᵀ/√d for offloaded keys, selects tokens per KV head (`post`: all
+// offloaded logits, top-K by the group's max logit; `pre`: sinks + most recent offloaded, logits
+// only for those), and sends their logits and V rows (read from their tier, never touched by the
+// CPU otherwise) to the accelerator. The accelerator computes logits of its resident tokens with
+// the true query, concatenates both sets in token order, applies one softmax and aggregates V.
+// The feedback scheduler (scheduler.h) sets K and the mode after each step from the measured
+// stage times. Prefill attention is exact on the accelerator (offloaded prompt KV is copied back
+// for it); the paper's method concerns decode.
+#pragma once
+#include <algorithm>
+#include <array>
+#include <chrono>
+#include <cmath>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "baselines/common.h"
+#include "baselines/hybridgen/offloaded_kv.h"
+#include "baselines/hybridgen/scheduler.h"
+#include "baselines/speculation.h"
+#include "engine/decoder/kv_store.h"
+#include "engine/runtime/placement.h"
+#include "selectors/logit_topk.h"
+#include "selectors/sinks_recent.h"
+
+namespace hg {
+
+using Clock = std::chrono::steady_clock;
+inline double since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
+
+// What the CPU stage hands the accelerator for one (layer, sequence).
+// Per head, the selected positions are in tier order (the dram tier's, then the far tier's, each
+// sorted), so that each tier's V rows form one block per head; logits follow the same order. The
+// merged softmax and the value sum do not depend on the order.
+struct CpuResult {
+  int32_t k = 0;                               // tokens selected per KV head
+  std::vector<std::vector<int32_t>> sel;       // [H_kv] positions in tier order
+  std::vector<std::array<int32_t, 2>> n_tier;  // [H_kv] selected positions on dram, on far
+  float* logits = nullptr;                     // gpu tier: [H_kv][G][k] (the layer parity's buffer)
+  float* v = nullptr;                          // gpu tier: [H_kv][k][D]
+  Event done;                                  // CPU compute and both transfers finished
+};
+
+class HybridGen final : public KvStrategy {
+ public:
+  HybridGen(const StrategyContext& ctx, const StrategyParams& p);
+  std::string_view name() const override { return "hybridgen"; }
+  // Prefill: every visible key. Decode: the resident ring and the K selected offloaded tokens
+  // (their logits come from the CPU; their V rows are read on the accelerator).
+  int64_t accel_attention_keys(const TokenRow& r) const override {
+    if (r.pos < prompt_[size_t(r.seq)]) return int64_t(r.pos) + 1;
+    const int64_t resident = std::min<int64_t>(r.pos + 1, int64_t(resident_tokens_) + 1);
+    return resident + std::min<int64_t>(sched_.k(), std::max<int64_t>(0, r.pos + 1 - resident));
+  }
+
+  static SchedulerConfig config(const StrategyParams& p) {
+    SchedulerConfig c;
+    c.adaptive_k = p.get("k") == "adaptive";
+    const std::string m = p.get("mode");
+    c.mode = m == "post"  ? SchedulerConfig::Mode::kPost
+             : m == "pre" ? SchedulerConfig::Mode::kPre
+                          : SchedulerConfig::Mode::kAdaptive;
+    c.k_min = p.get_int("k_min");
+    c.k_max = p.get_int("k_max");
+    c.k_fixed = p.get_int("k_fixed");
+    c.k_growth = p.get_float("k_growth");
+    if (c.k_min < 1 || c.k_max < c.k_min || c.k_fixed < 1 || !(c.k_growth > 1))
+      input_error("strategy hybridgen: need 1 <= k_min <= k_max, k_fixed >= 1 and k_growth > 1");
+    return c;
+  }
+
+  void begin(const KvShape& shape, std::span<const int32_t> capacity,
+             std::span<const int32_t> prompt_len) override;
+
+  void append(int layer, std::span<const TokenRow> rows, const float* k, const float* v) override;
+
+  void prepare(int layer, std::span<const TokenRow> rows, const float* x) override;
+
+  // Queues the speculative stage of (layer, seq) that prepare() held back, if any.
+  void submit_deferred(int layer, int seq);
+
+  void attend(int layer, std::span<const TokenRow> rows, const float* q, float scale, float* out) override;
+
+  void end_step() override;
+
+  std::map<std::string, double> step_stats() const override { return last_; }
+
+ private:
+  size_t pidx(int layer, int seq) const { return size_t(layer) * size_t(B_) + size_t(seq); }
+  int32_t current_k(const TokenRow& r) const {
+    return int32_t(std::min<int64_t>(sched_.k(), offloaded_[pidx(0, r.seq)]));
+  }
+  float* vrow(int layer, int seq, int g, int32_t pos) { return offloaded_kv_.value(layer, seq, g, pos); }
+  Tier vtier(int layer, int seq, int32_t pos) const { return offloaded_kv_.value_tier(layer, seq, pos); }
+
+  // Moves (seq, pos) tokens from the ring to the CPU side: K → dram, V → its page's tier.
+  void offload(int layer, const std::vector<std::pair<int, int32_t>>& leaving, std::span<const TokenRow> rows,
+               const float* k, const float* v);
+
+  // Prefill rows: exact attention on the accelerator over [0, pos]; offloaded prompt KV is
+  // copied back from the CPU side for it.
+  void attend_exact(int layer, const std::vector<TokenRow>& rows, const std::vector<size_t>& idx,
+                    const float* q, float scale, float* out);
+
+  // The speculative query of `layer` for M rows of the previous layer's input x: this layer's
+  // norm, W_q (+ bias) and RoPE at each row's position, on `b` (the CPU backend, or the
+  // accelerator's); h is [M, d_model] scratch, q [M, H·D], both in b's memory.
+  void project_query(Backend& b, int layer, const float* x, int64_t M, const int32_t* pos, float* h,
+                     float* q);
+
+  // The projection's work for the modeled clock: W_q read once from the memory it runs next to
+  // (host DRAM for the CPU stage, the gpu tier on the accelerator), 2·rows·cols FLOPs per row.
+  StageWork query_work(int layer, int64_t M, Tier where = Tier::kGpu) const;
+
+  // Logits of offloaded keys, selection, and the transfers of logits and V rows to the accelerator.
+  // The CPU stage's work for the modeled clock: logits of all H query heads over the keys it reads
+  // from DRAM. Post: every offloaded key, streamed, then the K selected keys once more (their
+  // logits, recomputed after the selection; rows the same stage has just streamed, so no row cost).
+  // Pre: the K keys of the position heuristic, two runs (sinks, most recent) per KV head. A stage
+  // that projects its own speculative query (`query_on: cpu`) also reads W_q from host memory
+  // (most of the stage on an H200 host: docs/performance.md, "Known GPU limits").
+  // Keys are charged to the tier that holds them: post streams each tier's offloaded keys and reads
+  // its share of the K selected again; pre reads the heuristic's runs, one gathered row per run of
+  // consecutive rows of one tier and KV head.
+  StageWork cpu_stage_work(int layer, const TokenRow& r, int32_t K, bool pre, bool project) const;
+  // Pre mode's selection of K of n_off offloaded positions: sinks [0, s) and the most recent
+  // [r0, n_off), as StreamingLLM keeps them.
+  std::pair<int32_t, int32_t> pre_runs(int32_t K, int32_t n_off) const;
+
+  // project: this stage projected its own query (its time, t0 on, includes that).
+  void cpu_stage(int layer, const TokenRow& r, const float* q, int32_t K, bool pre, bool project,
+                 CpuResult& res, Clock::time_point t0);
+
+  // The result buffers of `layer`'s CPU stage: one pair per layer parity and sequence on the gpu tier (the
+  // stage for layer l+1 fills its pair while the accelerator reads layer l's), grown to K tokens as needed.
+  // Safe to overwrite: the pair's last reader, layer l−1's merged attention, finished before this stage was
+  // submitted (see prepare() and attend_hybrid()).
+  void result_buffers(int layer, int seq, int32_t K, CpuResult& res);
+
+  // A transfer's time for the scheduler: measured, or modeled on the runtime's stage clock.
+  double transfer_seconds(Tier src, int64_t bytes, int64_t rows, double measured_s) const;
+
+  void add_tx(double s);
+
+  void attend_hybrid(int layer, const TokenRow& r, const float* q, float scale, float* out);
+
+  Backend& be_;
+  Runtime& rt_;
+  const Model* model_;
+  int32_t resident_tokens_;  // gpu_kv_tokens: the newest tokens kept on the accelerator between steps
+  int32_t page_;             // page_tokens
+  bool speculative_;
+  bool query_on_accel_;  // query_on: accelerator
+  int32_t sinks_;
+  std::unique_ptr<PlacementPolicy> placement_;
+  int64_t dram_kv_bytes_;
+  SchedulerConfig sched_cfg_;
+  FeedbackScheduler sched_;
+  KvShape shape_;
+  int B_ = 0;
+  std::vector<int32_t> prompt_, cap_;
+  KvStore ring_;
+  OffloadedKv offloaded_kv_;
+  std::vector<std::shared_ptr<CpuResult>> pending_;
+  std::vector<std::function<void()>>
+      deferred_;  // per (layer, seq): a speculative stage held back by prepare()
+  struct ResultPool {
+    Allocation logits, v;
+  };
+  std::vector<ResultPool> pool_;  // per layer parity and sequence (result_buffers)
+  std::mutex pool_mu_;
+  std::vector<int32_t> slots_;                  // append() scratch: ring slots of a run of rows
+  BackendArray<float> resident_logits_;         // attend_hybrid(): [H, used] in the accelerator's memory
+  BackendArray<float> spec_x_, spec_h_;         // prepare() with query_on=accelerator: its scratch
+  std::array<BackendArray<float>, 2> spec_in_;  // prepare(): the CPU stages' inputs per layer parity
+  std::vector<int32_t> offloaded_, last_pos_;   // per (layer, seq): tokens on the CPU side; newest position
+  int32_t seen_pos_max_ = 0;
+  double k_min_ratio_ = 0;  // > 0: k_min is this fraction of the current context
+  bool in_step_ = false;
+  Clock::time_point step_start_;
+  std::mutex mu_;
+  double t_fixed_ = 0;  // the CPU stages' query projections this step (inside t_cpu_)
+  double t_cpu_ = 0, t_tx_ = 0, t_query_ = 0,
+         waited_ = 0;  // t_query_: the speculative queries' projections (part of t_cpu_, or with
+                       // query_on=accelerator of the accelerator's stage)
+  std::map<std::string, double> last_;
+};
+
+}  // namespace hg

@@ -1,0 +1,238 @@
+// HybridGen's residency: the ring of the newest tokens on the accelerator, offloading the
+// oldest to the CPU side, and exact prefill attention over both (hybridgen.h).
+#include "baselines/hybridgen/hybridgen.h"
+
+namespace hg {
+
+void HybridGen::append(int layer, std::span<const TokenRow> rows, const float* k, const float* v) {
+  const int Hkv = shape_.H_kv, D = shape_.D;
+  // Offload tokens leaving the ring (oldest first), then write the new ones into it.
+  // (Only long prefill chunks overflow the ring within one call; decode steps were trimmed by
+  // the previous end_step.)
+  std::vector<std::pair<int, int32_t>> leaving;
+  for (auto& r : rows) {
+    int32_t& off = offloaded_[pidx(layer, r.seq)];
+    while (r.pos - resident_tokens_ - 1 >= off) leaving.emplace_back(r.seq, off++);
+    last_pos_[pidx(layer, r.seq)] = std::max(last_pos_[pidx(layer, r.seq)], r.pos);
+  }
+  if (!leaving.empty()) offload(layer, leaving, rows, k, v);
+  // New rows into their ring slots (position mod R+1), through the accelerator's write_kv: one
+  // call per run of rows of one sequence. Of a run longer than the ring only the last R+1 rows
+  // stay (the earlier ones were offloaded above), so no two rows of a call share a slot.
+  const int64_t row = int64_t(Hkv) * D;
+  for (size_t i0 = 0; i0 < rows.size();) {
+    size_t i1 = i0;
+    int32_t last = rows[i0].pos;
+    while (i1 < rows.size() && rows[i1].seq == rows[i0].seq) last = std::max(last, rows[i1++].pos);
+    for (size_t i = i0; i < i1;) {  // sub-runs of rows that stay
+      while (i < i1 && rows[i].pos <= last - (resident_tokens_ + 1)) ++i;
+      size_t j = i;
+      slots_.clear();
+      while (j < i1 && rows[j].pos > last - (resident_tokens_ + 1))
+        slots_.push_back(rows[j++].pos % (resident_tokens_ + 1));
+      if (j > i) {
+        const int seq = rows[i].seq;
+        be_.write_kv(k + int64_t(i) * row, int64_t(j - i), Hkv, D, slots_.data(), ring_.k(layer, seq),
+                     ring_.head_stride(seq), DType::kF32);
+        be_.write_kv(v + int64_t(i) * row, int64_t(j - i), Hkv, D, slots_.data(), ring_.v(layer, seq),
+                     ring_.head_stride(seq), DType::kF32);
+      }
+      i = j;
+    }
+    i0 = i1;
+  }
+}
+
+void HybridGen::offload(int layer, const std::vector<std::pair<int, int32_t>>& leaving,
+                        std::span<const TokenRow> rows, const float* k, const float* v) {
+  const int Hkv = shape_.H_kv, D = shape_.D;
+  const int64_t row = int64_t(Hkv) * D * 4;
+  std::array<int64_t, kNumTiers> kbytes{}, vbytes{};
+  for (auto& [seq, pos] : leaving) {
+    vrow(layer, seq, 0, pos);  // allocates the V page on its tier on first use
+    vbytes[size_t(vtier(layer, seq, pos))] += row;
+    kbytes[size_t(offloaded_kv_.key_tier(layer, seq, pos))] += row;
+  }
+  // The token leaving may be one of this call's own rows (prefill chunks longer than the ring):
+  // it is then read from k/v, else from its ring slot. On a device both are device memory: the
+  // transfer's body downloads what it needs (the call's rows once; a ring slot per token, or the
+  // whole ring when many tokens leave it at once).
+  struct Source {
+    const float* base;
+    int64_t head_stride;  // floats between the token's KV heads
+  };
+  struct Staging {  // host copies the sources point into
+    std::vector<float> rows, slots;
+    std::map<int, std::vector<float>> ring;  // per sequence
+  };
+  auto sources = [this, layer, &leaving, rows, Hkv, D](bool key, const float* kv, Staging& st) {
+    std::map<std::pair<int, int32_t>, size_t> in_call;
+    for (size_t i = 0; i < rows.size(); ++i) in_call[{rows[i].seq, rows[i].pos}] = i;
+    const bool host = be_.host_memory();
+    const float* call = nullptr;
+    int64_t from_ring = 0;
+    for (auto& [seq, pos] : leaving) from_ring += !in_call.count({seq, pos});
+    std::vector<Source> out;
+    out.reserve(leaving.size());
+    for (auto& [seq, pos] : leaving) {
+      const float* ring_dev = key ? ring_.k(layer, seq) : ring_.v(layer, seq);
+      const int64_t hs = ring_.head_stride(seq), slot = pos % (resident_tokens_ + 1);
+      if (auto it = in_call.find({seq, pos}); it != in_call.end()) {
+        if (!call) call = host_view(be_, kv, rows.size() * size_t(Hkv) * size_t(D), st.rows);
+        out.push_back({call + int64_t(it->second) * Hkv * D, D});
+      } else if (host) {
+        out.push_back({ring_dev + slot * D, hs});
+      } else if (from_ring > 32) {
+        auto& r = st.ring[seq];
+        if (r.empty()) {
+          r.resize(size_t(Hkv) * size_t(hs));
+          be_.download(r.data(), ring_dev, r.size() * 4);
+        }
+        out.push_back({r.data() + slot * D, hs});
+      } else {
+        out.push_back({nullptr, D});  // downloaded below, one strided copy per token
+      }
+    }
+    if (!host && from_ring <= 32) {
+      size_t m = 0;
+      for (auto& o : out) m += o.base == nullptr;
+      st.slots.resize(m * size_t(Hkv) * size_t(D));
+      size_t j = 0;
+      for (size_t t = 0; t < leaving.size(); ++t) {
+        if (out[t].base) continue;
+        auto [seq, pos] = leaving[t];
+        const float* ring_dev = key ? ring_.k(layer, seq) : ring_.v(layer, seq);
+        float* dst = st.slots.data() + j++ * size_t(Hkv) * size_t(D);
+        be_.download_2d(dst, size_t(D) * 4, ring_dev + int64_t(pos % (resident_tokens_ + 1)) * D,
+                        size_t(ring_.head_stride(seq)) * 4, size_t(D) * 4, size_t(Hkv));
+        out[t].base = dst;
+      }
+    }
+    return out;
+  };
+  std::vector<Event> ev;
+  // K, then V: one body per destination tier; the second reuses the first's downloads.
+  Staging kst;
+  std::vector<Source> ksrc;
+  for (Tier t : {Tier::kDram, Tier::kFar})
+    if (kbytes[size_t(t)] > 0)
+      ev.push_back(rt_.transfers().run(
+          Tier::kGpu, t, kbytes[size_t(t)],
+          [&, t] {
+            if (ksrc.empty()) ksrc = sources(true, k, kst);
+            for (size_t i = 0; i < leaving.size(); ++i) {
+              auto [seq, pos] = leaving[i];
+              if (offloaded_kv_.key_tier(layer, seq, pos) == t)
+                for (int g = 0; g < Hkv; ++g)
+                  std::memcpy(offloaded_kv_.key(layer, seq, g, pos), ksrc[i].base + g * ksrc[i].head_stride,
+                              size_t(D) * 4);
+            }
+          },
+          {}, "offload K"));
+  Staging vst;
+  std::vector<Source> vsrc;
+  for (Tier t : {Tier::kDram, Tier::kFar})
+    if (vbytes[size_t(t)] > 0)
+      ev.push_back(rt_.transfers().run(
+          Tier::kGpu, t, vbytes[size_t(t)],
+          [&, t] {
+            if (vsrc.empty()) vsrc = sources(false, v, vst);
+            for (size_t i = 0; i < leaving.size(); ++i) {
+              auto [seq, pos] = leaving[i];
+              if (vtier(layer, seq, pos) == t)
+                for (int g = 0; g < Hkv; ++g)
+                  std::memcpy(vrow(layer, seq, g, pos), vsrc[i].base + g * vsrc[i].head_stride,
+                              size_t(D) * 4);
+            }
+          },
+          {}, "offload V"));
+  for (auto& e : ev) e.wait();  // the ring slots are reused right after
+}
+
+void HybridGen::attend_exact(int layer, const std::vector<TokenRow>& rows, const std::vector<size_t>& idx,
+                             const float* q, float scale, float* out) {
+  const int Hkv = shape_.H_kv, D = shape_.D;
+  const int64_t hd = int64_t(shape_.H) * D;
+  const int32_t ring_slots = resident_tokens_ + 1;
+  std::map<int32_t, int32_t> last;
+  for (auto& r : rows) last[r.seq] = std::max(last[r.seq], r.pos);
+  for (auto& [seq_, maxpos] : last) {
+    const int32_t seq = seq_;  // a plain variable: lambdas below capture it
+    const int32_t n = maxpos + 1, n_off = offloaded_[pidx(layer, seq)];
+    Allocation kb = rt_.memory().allocate(Tier::kGpu, int64_t(Hkv) * n * D * 4);
+    Allocation vb = rt_.memory().allocate(Tier::kGpu, int64_t(Hkv) * n * D * 4);
+    const size_t pitch = size_t(n) * size_t(D) * 4;
+    if (n_off > 0) {
+      for (Tier t : {Tier::kDram, Tier::kFar}) {
+        const int32_t rows = offloaded_kv_.key_rows_before(t, layer, seq, n_off);
+        if (rows == 0) continue;
+        rt_.transfers()
+            .run(
+                t, Tier::kGpu, int64_t(rows) * Hkv * D * 4,
+                [&, t] {
+                  // Each run of the tier's rows, one strided copy of all heads.
+                  offloaded_kv_.key_runs(
+                      layer, seq, 0, n_off, [&](Tier rt, int32_t row, int32_t pos, int32_t len) {
+                        if (rt != t) return;
+                        be_.upload_2d(kb.as<float>() + int64_t(pos) * D, pitch,
+                                      offloaded_kv_.keys(t, layer, seq, 0) + int64_t(row) * D,
+                                      size_t(offloaded_kv_.key_head_stride(t, layer, seq)) * 4,
+                                      size_t(len) * size_t(D) * 4, size_t(Hkv));
+                      });
+                },
+                {}, "prefill K back")
+            .wait();
+      }
+      for (Tier t : {Tier::kDram, Tier::kFar}) {
+        int64_t bytes = 0;
+        for (int32_t p = 0; p < n_off; ++p) bytes += vtier(layer, seq, p) == t ? int64_t(Hkv) * D * 4 : 0;
+        if (bytes == 0) continue;
+        rt_.transfers()
+            .run(
+                t, Tier::kGpu, bytes,
+                [&, t] {
+                  // The tier's pages, each one strided copy of all heads (a page is [H_kv][page][D];
+                  // a page lies in one tier).
+                  for (int32_t p0 = 0; p0 < n_off;) {
+                    const int32_t p1 = std::min(n_off, (p0 / page_ + 1) * page_);
+                    if (vtier(layer, seq, p0) == t)
+                      be_.upload_2d(vb.as<float>() + int64_t(p0) * D, pitch, vrow(layer, seq, 0, p0),
+                                    size_t(page_) * size_t(D) * 4, size_t(p1 - p0) * size_t(D) * 4,
+                                    size_t(Hkv));
+                    p0 = p1;
+                  }
+                },
+                {}, "prefill V back")
+            .wait();
+      }
+    }
+    // Resident positions [n_off, n) sit in ring slots p mod (R+1): at most two runs of slots.
+    for (int32_t p0 = n_off; p0 < n;) {
+      const int32_t s0 = p0 % ring_slots, len = std::min(n - p0, ring_slots - s0);
+      for (int g = 0; g < Hkv; ++g) {
+        const int64_t src = g * ring_.head_stride(seq) + int64_t(s0) * D, dst = (int64_t(g) * n + p0) * D;
+        be_.copy(kb.as<float>() + dst, ring_.k(layer, seq) + src, size_t(len) * size_t(D) * 4);
+        be_.copy(vb.as<float>() + dst, ring_.v(layer, seq) + src, size_t(len) * size_t(D) * 4);
+      }
+      p0 += len;
+    }
+    std::vector<AttnRow> ar;
+    std::vector<size_t> where;
+    for (size_t i = 0; i < rows.size(); ++i)
+      if (rows[i].seq == seq) {
+        ar.push_back(AttnRow{kb.as<float>(), vb.as<float>(), int64_t(n) * D, rows[i].pos + 1});
+        where.push_back(idx[i]);
+      }
+    // This sequence's query rows gathered, attended, and scattered back (accelerator memory).
+    BackendArray<float> qs(be_, where.size() * size_t(hd)), os(be_, where.size() * size_t(hd));
+    for (size_t j = 0; j < where.size(); ++j)
+      be_.copy(qs.data() + int64_t(j) * hd, q + int64_t(where[j]) * hd, size_t(hd) * 4);
+    be_.attention(attention_args(shape_, ar, qs.data(), scale, os.data()));
+    for (size_t j = 0; j < where.size(); ++j)
+      be_.copy(out + int64_t(where[j]) * hd, os.data() + int64_t(j) * hd, size_t(hd) * 4);
+    be_.synchronize();  // kb, vb, qs and os are freed at the end of this scope
+  }
+  seen_pos_max_ = std::max(seen_pos_max_, last.rbegin()->second);
+}
+
+}  // namespace hg
