@@ -6,6 +6,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 
 namespace hg {
@@ -32,6 +33,13 @@ MappedFile::MappedFile(const std::string& path) : path_(path) {
 
 MappedFile::~MappedFile() {
   if (data_) ::munmap(const_cast<uint8_t*>(data_), size_);
+}
+
+void MappedFile::release(uint64_t off, uint64_t n) const {
+  if (!data_ || n == 0 || off >= size_) return;
+  const uint64_t page = uint64_t(::sysconf(_SC_PAGESIZE));
+  const uint64_t b = off / page * page, e = std::min<uint64_t>(size_, off + n);
+  ::madvise(const_cast<uint8_t*>(data_) + b, size_t(e - b), MADV_DONTNEED);  // advice: failure changes nothing
 }
 
 void MappedFile::require(uint64_t off, uint64_t n, const char* what) const {

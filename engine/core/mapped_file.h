@@ -21,6 +21,10 @@ class MappedFile {
   size_t size() const { return size_; }
   // Throws InputError("<path>: truncated …") unless [off, off+n) is inside the file.
   void require(uint64_t off, uint64_t n, const char* what) const;
+  // Drops this process's pages of [off, off+n) (and of the pages they share with neighbours)
+  // once a loader has copied the bytes out: the process then holds the weights once, not once in
+  // its copy and again in the mapping. A later read faults the page back in from the page cache.
+  void release(uint64_t off, uint64_t n) const;
 
  private:
   std::string path_;

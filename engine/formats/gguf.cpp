@@ -182,6 +182,12 @@ const GgufFile::TensorInfo* GgufFile::find_tensor(const std::string& name) const
 }
 
 Weight GgufFile::load(const TensorInfo& t, DType to) const {
+  Weight w = convert(t, to);
+  file_.release(t.offset, t.bytes);
+  return w;
+}
+
+Weight GgufFile::convert(const TensorInfo& t, DType to) const {
   std::vector<int64_t> shape(t.ne.rbegin(), t.ne.rend());
   const uint8_t* src = file_.data() + t.offset;
   switch (t.type) {

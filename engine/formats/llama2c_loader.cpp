@@ -70,6 +70,7 @@ Model load(const ModelSpec& spec, const LoadOptions& opts) {
     int64_t n = 1;
     for (auto s : shape) n *= s;
     Weight w = convert_weight(DType::kF32, f.data() + off, matrix ? m.weight_dtype : DType::kF32, std::move(shape));
+    f.release(off, uint64_t(n) * 4);
     off += uint64_t(n) * 4;
     return w;
   };

@@ -56,7 +56,9 @@ const SafetensorsFile::Entry* SafetensorsFile::find(const std::string& name) con
 }
 
 Weight SafetensorsFile::load(const Entry& e, DType to) const {
-  return convert_weight(e.dtype, file_.data() + e.offset, to, e.shape);
+  Weight w = convert_weight(e.dtype, file_.data() + e.offset, to, e.shape);
+  file_.release(e.offset, e.bytes);
+  return w;
 }
 
 }  // namespace hg
