@@ -4,6 +4,7 @@
 
 #include "engine/cli/cli.h"
 #include "engine/core/model.h"
+#include "engine/core/process_memory.h"
 #include "engine/tokenizer/tokenizer.h"
 
 namespace hg::cli {
@@ -41,6 +42,9 @@ int cmd_info(const std::vector<std::string>& args) {
   fmt::print("weights:        {} in the file, {} in the engine\n", m.source_dtype, dtype_name(m.weight_dtype));
   fmt::print("parameters:     {} ({:.3f} B)\n", m.n_params(), double(m.n_params()) / 1e9);
   fmt::print("weight bytes:   {} ({:.1f} MiB)\n", m.weight_bytes(), double(m.weight_bytes()) / (1 << 20));
+  const ProcessMemory mem = process_memory();
+  fmt::print("loaded in:      {:.2f} s; process resident {:.1f} MiB (peak {:.1f} MiB)\n", m.load_seconds,
+             double(mem.resident_bytes) / (1 << 20), double(mem.peak_resident_bytes) / (1 << 20));
   fmt::print("KV bytes/token: {} (F32 cache; K and V, all layers)\n",
              int64_t(2) * hp.n_layers * hp.n_kv_heads * hp.head_dim * 4);
   const Tokenizer& t = *m.tokenizer;

@@ -94,6 +94,7 @@ struct Model {
   std::string source;                // path or synthetic spec
   std::string format;                // gguf, hf, llama2c, synthetic
   std::string source_dtype;          // what the file held (e.g. "f32", "q8_0", "bf16")
+  double load_seconds = 0;           // load_model's wall time (reading, converting, validating)
 
   Weight& operator[](GlobalSlot s) { return global[size_t(s)]; }
   const Weight& operator[](GlobalSlot s) const { return global[size_t(s)]; }

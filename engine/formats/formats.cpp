@@ -1,6 +1,7 @@
 // Format registry and model-spec dispatch.
 #include "engine/formats/formats.h"
 
+#include <chrono>
 #include <filesystem>
 
 #include "engine/core/error.h"
@@ -95,7 +96,9 @@ Model load_model(const std::string& spec_str, const LoadOptions& opts) {
       input_error("{}: not a recognised model (expected a GGUF file, a Hugging Face directory with config.json, "
                   "or a llama2.c .bin)", spec.path);
   }
+  const auto t0 = std::chrono::steady_clock::now();
   Model m = fmt->load(spec, opts);
+  m.load_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   m.format = fmt->name;
   if (m.source.empty()) m.source = spec_str;
   validate_model(m, m.source);

@@ -13,6 +13,7 @@
 #include "baselines/registry.h"
 #include "datasets/score.h"
 #include "engine/core/error.h"
+#include "engine/core/process_memory.h"
 #include "engine/core/json_text.h"
 #include "engine/formats/formats.h"
 #include "engine/runtime/bandwidth.h"
@@ -145,6 +146,16 @@ Figures figures(const Measurement& m, const PlatformProfile* profile) {
     for (auto& [k, v] : f.stats_mean) v /= n[k];
   }
   return f;
+}
+
+// The model's weights as loaded: their bytes, the load's wall time, and this process's resident
+// memory after it (0 in dry runs' phantom weights, which map nothing).
+Json weights_record(const Model& m) {
+  const ProcessMemory mem = process_memory();
+  return {{"bytes", m.weight_bytes()},
+          {"load_s", m.load_seconds},
+          {"process_resident_bytes", mem.resident_bytes},
+          {"process_peak_resident_bytes", mem.peak_resident_bytes}};
 }
 
 Json provenance() {
@@ -322,6 +333,7 @@ Json Runner::run_eval_once(const Point& p, const StrategyEntry& entry, int repea
   for (auto& [k, v] : stats_sum) st[k] = scores.empty() ? 0.0 : v / double(scores.size());
   r["strategy_stats"] = {{"mean_last_step", st}};
   r["runtime"] = {{"device", rt.device_description()}};
+  r["weights"] = weights_record(model);
   r["provenance"] = provenance();
   return r;
 }
@@ -446,6 +458,7 @@ Json Runner::run_once(const Point& p, const StrategyEntry& entry, int repeat, bo
   dev["device"] = rt.device_description();
   dev["far_note"] = rt.memory().far_note();
   r["runtime"] = dev;
+  r["weights"] = weights_record(model);
   r["provenance"] = provenance();
   return r;
 }

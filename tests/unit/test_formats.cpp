@@ -10,6 +10,7 @@
 
 #include "baselines/full/full.h"
 #include "engine/arch/arch.h"
+#include "engine/core/process_memory.h"
 #include "engine/decoder/generate.h"
 #include "engine/formats/formats.h"
 #include "engine/formats/gguf_writer.h"
@@ -192,15 +193,6 @@ TEST(Formats, GgufExportLoadsToTheSameLogits) {
 // the tokenizer and bookkeeping), not by twice them. GGUF and sharded safetensors; the
 // stories110m shape with 4 layers in F32 (310 MB of weights). The peak is the kernel's VmHWM,
 // reset through /proc/self/clear_refs before the load.
-namespace {
-int64_t status_kb(const char* field) {
-  std::ifstream in("/proc/self/status");
-  std::string line;
-  while (std::getline(in, line))
-    if (line.rfind(field, 0) == 0) return std::stoll(line.substr(std::strlen(field)));
-  return -1;
-}
-}  // namespace
 
 TEST(Formats, LoadingHoldsTheWeightsOnce) {
 #if defined(__SANITIZE_ADDRESS__)
@@ -212,15 +204,12 @@ TEST(Formats, LoadingHoldsTheWeightsOnce) {
   write_gguf(m, gguf);
   const std::string hf = test::write_hf(m, "rss_110m_hf", 3);
   for (const std::string& path : {gguf, hf}) {
-    {
-      std::ofstream reset("/proc/self/clear_refs");
-      if (!(reset << "5" << std::flush)) GTEST_SKIP() << "cannot reset the peak resident memory (/proc/self/clear_refs)";
-    }
-    const int64_t before = status_kb("VmRSS:");
+    if (!reset_peak_resident()) GTEST_SKIP() << "cannot reset the peak resident memory (/proc/self/clear_refs)";
+    const int64_t before = process_memory().resident_bytes;
     Model g = load_model(path);
-    const int64_t peak = status_kb("VmHWM:");
+    const int64_t peak = process_memory().peak_resident_bytes;
     ASSERT_GT(before, 0);
-    const double grown = double(peak - before) * 1024;
+    const double grown = double(peak - before);
     EXPECT_LT(grown, 1.1 * double(weights) + 48e6)
         << path << ": the load's peak grew by " << grown / 1e6 << " MB for " << weights / 1e6 << " MB of weights";
     EXPECT_EQ(g.weight_bytes(), weights);
