@@ -77,17 +77,26 @@ Weight make_weight(DType t, std::vector<int64_t> shape, bool phantom) {
   return w;
 }
 
-Weight convert_weight(DType from, const void* src, DType to, std::vector<int64_t> shape) {
+Weight convert_weight(DType from, const void* src, DType to, std::vector<int64_t> shape,
+                      const std::function<void(size_t, size_t)>& consumed) {
   Weight w = make_weight(to, std::move(shape));
-  const size_t n = size_t(w.numel());
-  if (from == to) {
-    std::memcpy(w.buf.data(), src, n * dtype_size(to));
-  } else if (to == DType::kF32) {
-    to_f32(from, src, static_cast<float*>(w.buf.data()), n);
-  } else {
-    std::vector<float> tmp(n);
-    to_f32(from, src, tmp.data(), n);
-    from_f32(to, tmp.data(), w.buf.data(), n);
+  const size_t n = size_t(w.numel()), in = dtype_size(from), out = dtype_size(to);
+  constexpr size_t kChunk = size_t(16) << 20;  // elements per step: a bounded scratch and release
+  std::vector<float> tmp;
+  for (size_t b = 0; b < n; b += kChunk) {
+    const size_t c = std::min(kChunk, n - b);
+    const auto* s = static_cast<const char*>(src) + b * in;
+    char* d = static_cast<char*>(w.buf.data()) + b * out;
+    if (from == to) {
+      std::memcpy(d, s, c * out);
+    } else if (to == DType::kF32) {
+      to_f32(from, s, reinterpret_cast<float*>(d), c);
+    } else {
+      tmp.resize(c);
+      to_f32(from, s, tmp.data(), c);
+      from_f32(to, tmp.data(), d, c);
+    }
+    if (consumed) consumed(b * in, c * in);
   }
   return w;
 }

@@ -3,6 +3,7 @@
 #pragma once
 #include <cstdint>
 #include <cstdlib>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -63,8 +64,11 @@ struct Weight {
 
 // Allocates a weight of the given type and shape (uninitialised; in phantom memory when `phantom`).
 Weight make_weight(DType t, std::vector<int64_t> shape, bool phantom = false);
-// Copies n values of `from` into a new weight converted to `to`.
-Weight convert_weight(DType from, const void* src, DType to, std::vector<int64_t> shape);
+// Copies n values of `from` into a new weight converted to `to`, a bounded chunk at a time;
+// consumed(offset, bytes) is told each chunk of `src` once it is no longer needed (a loader
+// releases those pages of its file mapping, so a large tensor is not resident twice).
+Weight convert_weight(DType from, const void* src, DType to, std::vector<int64_t> shape,
+                      const std::function<void(size_t, size_t)>& consumed = {});
 std::string shape_str(const std::vector<int64_t>& shape);
 
 }  // namespace hg

@@ -190,10 +190,11 @@ Weight GgufFile::load(const TensorInfo& t, DType to) const {
 Weight GgufFile::convert(const TensorInfo& t, DType to) const {
   std::vector<int64_t> shape(t.ne.rbegin(), t.ne.rend());
   const uint8_t* src = file_.data() + t.offset;
+  const auto consumed = [&](size_t off, size_t n) { file_.release(t.offset + off, n); };
   switch (t.type) {
-    case kTF32: return convert_weight(DType::kF32, src, to, shape);
-    case kTF16: return convert_weight(DType::kF16, src, to, shape);
-    case kTBF16: return convert_weight(DType::kBF16, src, to, shape);
+    case kTF32: return convert_weight(DType::kF32, src, to, shape, consumed);
+    case kTF16: return convert_weight(DType::kF16, src, to, shape, consumed);
+    case kTBF16: return convert_weight(DType::kBF16, src, to, shape, consumed);
     case kTQ8_0: {
       // Block of 32: f16 scale d, then 32 int8 q; value = d * q.
       int64_t n = 1;

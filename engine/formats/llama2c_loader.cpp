@@ -69,8 +69,8 @@ Model load(const ModelSpec& spec, const LoadOptions& opts) {
   auto take = [&](std::vector<int64_t> shape, bool matrix) {
     int64_t n = 1;
     for (auto s : shape) n *= s;
-    Weight w = convert_weight(DType::kF32, f.data() + off, matrix ? m.weight_dtype : DType::kF32, std::move(shape));
-    f.release(off, uint64_t(n) * 4);
+    Weight w = convert_weight(DType::kF32, f.data() + off, matrix ? m.weight_dtype : DType::kF32, std::move(shape),
+                              [&](size_t o, size_t b) { f.release(off + o, b); });
     off += uint64_t(n) * 4;
     return w;
   };

@@ -56,9 +56,8 @@ const SafetensorsFile::Entry* SafetensorsFile::find(const std::string& name) con
 }
 
 Weight SafetensorsFile::load(const Entry& e, DType to) const {
-  Weight w = convert_weight(e.dtype, file_.data() + e.offset, to, e.shape);
-  file_.release(e.offset, e.bytes);
-  return w;
+  return convert_weight(e.dtype, file_.data() + e.offset, to, e.shape,
+                        [&](size_t off, size_t n) { file_.release(e.offset + off, n); });
 }
 
 }  // namespace hg
