@@ -58,5 +58,34 @@ TEST(MoeLightning, PrefillAttendsOnTheAcceleratorAndDecodeOnTheCpu) {
   }
 }
 
+// Transfer accounting per decode step: q, k and v to the CPU and the attention output back, per
+// layer, nothing else.
+TEST(MoeLightning, TransfersPerStepAreQkvOutAndOutputBack) {
+  Model m = load_model("synthetic:tiny-qwen2");
+  const auto& hp = m.hp;
+  const int prompt = 17;
+  const auto toks = token_stream(prompt + 6, hp.n_vocab, 5);
+  const int64_t row_kv = int64_t(hp.n_kv_heads) * hp.head_dim * 4, q = int64_t(hp.n_heads) * hp.head_dim * 4;
+  RuntimeConfig rc;
+  rc.device = "emulated";
+  Runtime rt(rc);
+  auto kv = make_strategy("moe_lightning", StrategyContext{rt.accel_backend(), &rt, &m});
+  TransferTotals before;
+  rt.accel().submit("run", {}, {}, [&] {
+    step_logits(m, rt.accel_backend(), *kv, toks, prompt, [&](int step) {
+      const TransferTotals now = rt.transfers().totals();
+      if (step > 0) {
+        EXPECT_EQ(now.bytes_between(Tier::kGpu, Tier::kDram) - before.bytes_between(Tier::kGpu, Tier::kDram),
+                  hp.n_layers * (q + 2 * row_kv))
+            << "step " << step;
+        EXPECT_EQ(now.bytes_between(Tier::kDram, Tier::kGpu) - before.bytes_between(Tier::kDram, Tier::kGpu),
+                  hp.n_layers * q)
+            << "step " << step;
+      }
+      before = now;
+    });
+  }).wait();
+}
+
 }  // namespace
 }  // namespace hg

@@ -1,0 +1,67 @@
+// FlexGen: all KV on dram, each layer's KV loaded per step; with `overlap` the loads are
+// prefetched (the next layer's, and after the last layer the next step's layer 0).
+#include <cmath>
+#include <cstring>
+#include <filesystem>
+#include <functional>
+#include <limits>
+#include <numbers>
+#include <numeric>
+#include <optional>
+#include <random>
+#include <set>
+
+#include "baselines/eviction.h"
+#include "baselines/full/full.h"
+#include "baselines/registry.h"
+#include "engine/decoder/decoder.h"
+#include "engine/decoder/generate.h"
+#include "engine/formats/formats.h"
+#include "engine/runtime/runtime.h"
+#include "test_util.h"
+#include "strategy_test_util.h"
+
+namespace hg {
+namespace {
+
+using namespace test;
+
+// Transfer accounting per decode step: 2·N·d per KV head for layers 1..L−1 (layer 0 was
+// prefetched at the end of the last step) and the next step's layer 0 (N + 1 tokens), plus the new
+// token's K and V back. With overlap no load is waited for; without, every layer's is.
+TEST(FlexGen, TransfersPerStepAndExposedLoads) {
+  Model m = load_model("synthetic:tiny-qwen2");
+  const auto& hp = m.hp;
+  const int prompt = 17;
+  const auto toks = token_stream(prompt + 6, hp.n_vocab, 5);
+  const int64_t row_kv = int64_t(hp.n_kv_heads) * hp.head_dim * 4;  // one token's K (or V) of one layer
+  for (const bool overlap : {true, false}) {
+    RuntimeConfig rc;
+    rc.device = "emulated";
+    Runtime rt(rc);
+    auto kv = make_strategy("flexgen", StrategyContext{rt.accel_backend(), &rt, &m},
+                            {{"overlap", overlap ? "true" : "false"}});
+    TransferTotals before;
+    rt.accel().submit("run", {}, {}, [&] {
+      step_logits(m, rt.accel_backend(), *kv, toks, prompt, [&](int step) {
+        const TransferTotals now = rt.transfers().totals();
+        if (step > 0) {
+          const int64_t N = prompt + step - 1;  // tokens stored before this step
+          const int64_t h2d = now.bytes_between(Tier::kDram, Tier::kGpu) - before.bytes_between(Tier::kDram, Tier::kGpu);
+          const int64_t d2h = now.bytes_between(Tier::kGpu, Tier::kDram) - before.bytes_between(Tier::kGpu, Tier::kDram);
+          if (overlap) {
+            EXPECT_EQ(h2d, (hp.n_layers - 1) * 2 * N * row_kv + 2 * (N + 1) * row_kv) << "step " << step;
+          } else {
+            EXPECT_EQ(h2d, hp.n_layers * 2 * N * row_kv) << "step " << step;  // each layer on demand
+          }
+          EXPECT_EQ(d2h, hp.n_layers * 2 * row_kv) << "step " << step;  // the new token's K and V
+          EXPECT_EQ(kv->step_stats().at("exposed_loads"), overlap ? 0.0 : double(hp.n_layers)) << "step " << step;
+        }
+        before = now;
+      });
+    }).wait();
+  }
+}
+
+}  // namespace
+}  // namespace hg
