@@ -111,41 +111,29 @@ void HybridGen::offload(int layer, const std::vector<std::pair<int, int32_t>>& l
     return out;
   };
   std::vector<Event> ev;
-  // K, then V: one body per destination tier; the second reuses the first's downloads.
-  Staging kst;
-  std::vector<Source> ksrc;
-  for (Tier t : {Tier::kDram, Tier::kFar})
-    if (kbytes[size_t(t)] > 0)
+  // K, then V: one body per kind and destination tier; a kind's second body reuses the first's
+  // downloads.
+  std::array<Staging, 2> staging;
+  std::array<std::vector<Source>, 2> src;
+  for (const bool key : {true, false})
+    for (Tier t : {Tier::kDram, Tier::kFar}) {
+      const int64_t bytes = (key ? kbytes : vbytes)[size_t(t)];
+      if (bytes == 0) continue;
       ev.push_back(rt_.transfers().run(
-          Tier::kGpu, t, kbytes[size_t(t)],
-          [&, t] {
-            if (ksrc.empty()) ksrc = sources(true, k, kst);
+          Tier::kGpu, t, bytes,
+          [&, key, t] {
+            std::vector<Source>& from = src[key ? 0 : 1];
+            if (from.empty()) from = sources(key, key ? k : v, staging[key ? 0 : 1]);
             for (size_t i = 0; i < leaving.size(); ++i) {
               auto [seq, pos] = leaving[i];
-              if (offloaded_kv_.key_tier(layer, seq, pos) == t)
-                for (int g = 0; g < Hkv; ++g)
-                  std::memcpy(offloaded_kv_.key(layer, seq, g, pos), ksrc[i].base + g * ksrc[i].head_stride,
-                              size_t(D) * 4);
+              if ((key ? offloaded_kv_.key_tier(layer, seq, pos) : vtier(layer, seq, pos)) != t) continue;
+              for (int g = 0; g < Hkv; ++g)
+                std::memcpy(key ? offloaded_kv_.key(layer, seq, g, pos) : vrow(layer, seq, g, pos),
+                            from[i].base + g * from[i].head_stride, size_t(D) * 4);
             }
           },
-          {}, "offload K"));
-  Staging vst;
-  std::vector<Source> vsrc;
-  for (Tier t : {Tier::kDram, Tier::kFar})
-    if (vbytes[size_t(t)] > 0)
-      ev.push_back(rt_.transfers().run(
-          Tier::kGpu, t, vbytes[size_t(t)],
-          [&, t] {
-            if (vsrc.empty()) vsrc = sources(false, v, vst);
-            for (size_t i = 0; i < leaving.size(); ++i) {
-              auto [seq, pos] = leaving[i];
-              if (vtier(layer, seq, pos) == t)
-                for (int g = 0; g < Hkv; ++g)
-                  std::memcpy(vrow(layer, seq, g, pos), vsrc[i].base + g * vsrc[i].head_stride,
-                              size_t(D) * 4);
-            }
-          },
-          {}, "offload V"));
+          {}, key ? "offload K" : "offload V"));
+    }
   for (auto& e : ev) e.wait();  // the ring slots are reused right after
 }
 

@@ -95,7 +95,6 @@ class InfiniGen final : public KvStrategy {
     std::vector<int32_t> cap(capacity.begin(), capacity.end());
     partial_.reset(KvShape{shape.n_layers, shape.H, shape.H_kv, dp_, nullptr}, cap, &rt_.memory(),
                    Tier::kGpu);
-    ready_.assign(size_t(shape.n_layers), false);
     fetch_.assign(size_t(shape.n_layers) * size_t(B_), nullptr);
     fetch_pool_.clear();
     fetch_pool_.resize(size_t(2) * size_t(B_));
@@ -172,10 +171,8 @@ class InfiniGen final : public KvStrategy {
           .run(
               Tier::kDram, Tier::kGpu, int64_t(2) * Hkv * n * D * 4,
               [&] {
-                // Tokens [0, n) of every head, one strided copy each for K and V.
-                const size_t pitch = size_t(store_.head_stride(sq)) * 4, len = size_t(nn) * size_t(D) * 4;
-                be_.upload_2d(kb, len, store_.k(layer, sq), pitch, len, size_t(Hkv));
-                be_.upload_2d(vb, len, store_.v(layer, sq), pitch, len, size_t(Hkv));
+                upload_prefix(kb, store_.k(layer, sq), sq, nn);
+                upload_prefix(vb, store_.v(layer, sq), sq, nn);
               },
               {}, "full kv load")
           .wait();
@@ -237,7 +234,13 @@ class InfiniGen final : public KvStrategy {
       if (!w.empty()) be_.forget_weight(w);
   }
   void grow(Allocation& a, int64_t bytes) { grow_allocation(rt_.memory(), Tier::kGpu, a, bytes, true); }
-  bool ready(int layer) const { return ready_[size_t(layer)]; }
+  bool ready(int layer) const { return !skew_[size_t(layer) * size_t(shape_.H_kv)].empty(); }
+  // Tokens [0, n) of every KV head of `rows` (a dram store's K or V of `seq`) into dst [H_kv, n, D]
+  // on the accelerator: one strided copy (inside a transfer's body).
+  void upload_prefix(float* dst, const float* rows, int seq, int32_t n) {
+    const size_t len = size_t(n) * size_t(shape_.D) * 4;
+    be_.upload_2d(dst, len, rows, size_t(store_.head_stride(seq)) * 4, len, size_t(shape_.H_kv));
+  }
   // The calibration prompt: the first calib_tokens tokens of sequence 0's prompt (all of it for 0).
   // Its queries and keys are held per layer until that layer calibrates: bounded, a 32K prompt of
   // the 8B shape would otherwise hold 20 GB of them.
@@ -278,7 +281,6 @@ class InfiniGen final : public KvStrategy {
       skew_[size_t(layer) * size_t(Hkv) + size_t(g)] =
           convert_weight(DType::kF32, w.data(), DType::kF32, {dp_, D});
     }
-    ready_[size_t(layer)] = true;
     calib_q_[size_t(layer)].clear();
     calib_k_[size_t(layer)].clear();
     // Partial keys of every stored token of every sequence: its prompt's keys back on the
@@ -290,11 +292,7 @@ class InfiniGen final : public KvStrategy {
       rt_.transfers()
           .run(
               Tier::kDram, Tier::kGpu, int64_t(Hkv) * n * D * 4,
-              [&] {
-                be_.upload_2d(kb, size_t(n) * size_t(D) * 4, store_.k(layer, b),
-                              size_t(store_.head_stride(b)) * 4, size_t(n) * size_t(D) * 4, size_t(Hkv));
-              },
-              {}, "prompt keys for the partial cache")
+              [&] { upload_prefix(kb, store_.k(layer, b), b, n); }, {}, "prompt keys for the partial cache")
           .wait();
       for (int g = 0; g < Hkv; ++g)
         be_.matmul(kb + int64_t(g) * n * D, n, skew_[size_t(layer) * size_t(Hkv) + size_t(g)], nullptr,
@@ -393,7 +391,6 @@ class InfiniGen final : public KvStrategy {
   std::vector<int32_t> prompt_;
   KvStore store_, partial_;
   std::vector<Weight> skew_;  // per (layer, KV head): the kept columns of the skew, [dp, D]
-  std::vector<bool> ready_;   // per layer: calibrated
   std::vector<std::vector<float>> calib_q_, calib_k_;
   std::vector<std::shared_ptr<Fetch>> fetch_;
   std::vector<float> logits_;                                    // speculate()'s partial logits on the host

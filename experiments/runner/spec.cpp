@@ -67,26 +67,12 @@ void apply_set(YAML::Node root, const std::string& file, const std::string& set)
   const size_t eq = set.find('=');
   if (eq == std::string::npos || eq == 0) input_error("--set '{}': expected KEY=VALUE (e.g. execute=dry)", set);
   std::vector<std::string> path = split(set.substr(0, eq), '.');
-  // STRATEGY.PARAM=V: that parameter for every point, a sweep axis of one value (as `eval`,
-  // `bench` and `generate` take it).
+  // STRATEGY.PARAM=V: that parameter for every point, i.e. the sweep axis STRATEGY.PARAM (an axis
+  // takes one value as well as a list), as `eval`, `bench` and `generate` take it.
   const auto& known = strategies();
   if (path.size() == 2 &&
-      std::any_of(known.begin(), known.end(), [&](const StrategyInfo& st) { return st.name == path[0]; })) {
-    YAML::Node v;
-    try {
-      v = YAML::Load(set.substr(eq + 1));
-    } catch (const YAML::Exception& e) {
-      input_error("--set '{}': the value is not YAML ({})", set, e.msg);
-    }
-    YAML::Node axis = root["sweep"];
-    if (!axis.IsDefined() || axis.IsNull()) root["sweep"] = YAML::Node(YAML::NodeType::Map);
-    else if (!axis.IsMap()) input_error("{}: --set '{}': `sweep` is not a map", file, set);
-    YAML::Node list(YAML::NodeType::Sequence);
-    if (v.IsSequence()) list = v;
-    else list.push_back(v);
-    root["sweep"][path[0] + "." + path[1]] = list;
-    return;
-  }
+      std::any_of(known.begin(), known.end(), [&](const StrategyInfo& st) { return st.name == path[0]; }))
+    path = {"sweep", path[0] + "." + path[1]};
   if (path.size() > 2 && path[0] == "sweep") {
     std::string rest = path[1];
     for (size_t i = 2; i < path.size(); ++i) rest += "." + path[i];

@@ -221,23 +221,21 @@ TEST(HybridGen, TransfersAreLogitsPlusSelectedValueRows) {
 
 TEST(HybridGen, SpeculativeQueryRunsOnTheCpuQueue) {
   Model m = load_model("synthetic:tiny-llama");
-  const auto toks = token_stream(40, m.hp.n_vocab, 2);
-  RuntimeConfig rc;
-  rc.device = "emulated";
-  Runtime rt(rc);
-  auto kv = make_strategy("hybridgen", StrategyContext{rt.accel_backend(), &rt, &m}, {{"gpu_kv_tokens", "8"}});
-  rt.accel().submit("run", {}, {}, [&] { step_logits(m, rt.accel_backend(), *kv, toks, 20); }).wait();
-  int spec = 0, plain = 0;
-  for (auto& r : rt.log().snapshot()) {
-    spec += r.name.rfind("hybridgen speculative", 0) == 0;
-    plain += r.name.rfind("hybridgen logits", 0) == 0;
-  }
-  // Layer 0 uses its true query every step; layers 1.. are speculated from the previous layer.
-  EXPECT_EQ(plain, 20);  // 20 decode steps, each with offloaded tokens
-  EXPECT_EQ(spec, 20 * (m.hp.n_layers - 1));
-  const auto st = kv->step_stats();
-  EXPECT_TRUE(st.count("K"));
-  EXPECT_TRUE(st.count("t_cpu_ms"));
+  emulated_step_logits(m, "hybridgen", {{"gpu_kv_tokens", "8"}}, token_stream(40, m.hp.n_vocab, 2), 20,
+                       [&](Runtime& rt, KvStrategy& kv) {
+                         int spec = 0, plain = 0;
+                         for (auto& r : rt.log().snapshot()) {
+                           spec += r.name.rfind("hybridgen speculative", 0) == 0;
+                           plain += r.name.rfind("hybridgen logits", 0) == 0;
+                         }
+                         // Layer 0 uses its true query every step; layers 1.. are speculated from
+                         // the previous layer.
+                         EXPECT_EQ(plain, 20);  // 20 decode steps, each with offloaded tokens
+                         EXPECT_EQ(spec, 20 * (m.hp.n_layers - 1));
+                         const auto st = kv.step_stats();
+                         EXPECT_TRUE(st.count("K"));
+                         EXPECT_TRUE(st.count("t_cpu_ms"));
+                       });
 }
 
 // The CPU queue runs stages in submission order. Layer 0 has no speculation: its stage is queued
@@ -245,25 +243,23 @@ TEST(HybridGen, SpeculativeQueryRunsOnTheCpuQueue) {
 // must still come after it on the queue, or layer 0's attention waits for both.
 TEST(HybridGen, NextLayersSpeculationIsQueuedAfterTheStageThisLayerWaitsFor) {
   Model m = load_model("synthetic:tiny-llama");
-  const auto toks = token_stream(30, m.hp.n_vocab, 2);
-  RuntimeConfig rc;
-  rc.device = "emulated";
-  Runtime rt(rc);
-  auto kv = make_strategy("hybridgen", StrategyContext{rt.accel_backend(), &rt, &m},
-                          {{"gpu_kv_tokens", "8"}, {"mode", "post"}});
-  rt.accel().submit("run", {}, {}, [&] { step_logits(m, rt.accel_backend(), *kv, toks, 20); }).wait();
-  // The two stages of every decode step in the order the CPU queue ran them: layer 0's, then
-  // layer 1's, step after step.
-  auto recs = rt.log().snapshot();
-  std::sort(recs.begin(), recs.end(), [](const StageRecord& a, const StageRecord& b) { return a.start_s < b.start_s; });
-  std::vector<int> seq;
-  for (auto& r : recs)
-    if (r.queue == rt.cpu().index()) {
-      if (r.name == "hybridgen logits, layer 0") seq.push_back(0);
-      if (r.name == "hybridgen speculative q + logits, layer 1") seq.push_back(1);
-    }
-  ASSERT_EQ(seq.size(), 20u);  // 10 decode steps
-  for (size_t i = 0; i < seq.size(); ++i) EXPECT_EQ(seq[i], int(i % 2)) << "stage " << i;
+  emulated_step_logits(
+      m, "hybridgen", {{"gpu_kv_tokens", "8"}, {"mode", "post"}}, token_stream(30, m.hp.n_vocab, 2), 20,
+      [&](Runtime& rt, KvStrategy&) {
+        // The two stages of every decode step in the order the CPU queue ran them: layer 0's, then
+        // layer 1's, step after step.
+        auto recs = rt.log().snapshot();
+        std::sort(recs.begin(), recs.end(),
+                  [](const StageRecord& a, const StageRecord& b) { return a.start_s < b.start_s; });
+        std::vector<int> seq;
+        for (auto& r : recs)
+          if (r.queue == rt.cpu().index()) {
+            if (r.name == "hybridgen logits, layer 0") seq.push_back(0);
+            if (r.name == "hybridgen speculative q + logits, layer 1") seq.push_back(1);
+          }
+        ASSERT_EQ(seq.size(), 20u);  // 10 decode steps
+        for (size_t i = 0; i < seq.size(); ++i) EXPECT_EQ(seq[i], int(i % 2)) << "stage " << i;
+      });
 }
 
 // `query_on: accelerator` projects the same speculative query on the accelerator that the CPU
