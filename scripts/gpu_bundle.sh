@@ -2,22 +2,16 @@
 # Builds hgbench and the test binary for a GPU machine and packs them, with the shared libraries
 # they link that such a machine lacks (oneDNN, yaml-cpp, fmt, SentencePiece, libnuma, PCRE2, the
 # GCC runtime, cudart), into .device/bundle.tar.gz (≤ 64 MiB, the device tool's carry limit; gzip: the GPU machine has no zstd).
-# The CUDA driver and cuBLAS are the GPU machine's own. Portable x86-64 flags (no -march=native):
-# the GPU machine's CPU is not this one. Then, with the device tool:
+# The CUDA driver and cuBLAS are the GPU machine's own. The default flags (x86-64-v3, CPU kernels
+# chosen at run time) run on the GPU machine's CPU whatever it is. Then, with the device tool:
 #   run(command="scripts/gpu_check.sh", carry=[".device"], timeout_s=540)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 build=${HG_GPU_BUILD_DIR:-build-gpu}
-# Two CPU flavours of hgbench: AVX-512 with BF16 dot products (x86-64-v4, what the GPU machines'
-# host CPUs have had), and AVX2 for a host without them; gpu_check.sh picks by /proc/cpuinfo.
 cmake -S . -B "$build" -DCMAKE_BUILD_TYPE=Release -DHG_CUDA=ON -DHG_NATIVE=OFF -DCMAKE_CUDA_ARCHITECTURES=90 >/dev/null
 cmake --build "$build" -j"$(nproc)" --target hgbench hg_tests
-cmake -S . -B "$build-avx512" -DCMAKE_BUILD_TYPE=Release -DHG_CUDA=ON -DHG_ARCH_FLAGS="-march=x86-64-v4;-mavx512bf16" \
-  -DCMAKE_CUDA_ARCHITECTURES=90 >/dev/null
-cmake --build "$build-avx512" -j"$(nproc)" --target hgbench
 rm -rf .device/stage && mkdir -p .device/stage/bin .device/stage/lib
-cp "$build/hgbench" .device/stage/bin/hgbench-avx2
-cp "$build-avx512/hgbench" .device/stage/bin/hgbench
+cp "$build/hgbench" .device/stage/bin/hgbench
 cp "$build/tests/hg_tests" .device/stage/bin/
 # Every resolved library except glibc's own, the CUDA driver and cuBLAS (large; on the machine).
 for b in .device/stage/bin/*; do ldd "$b"; done | awk '/=> \//{print $3}' | sort -u |

@@ -6,9 +6,9 @@
 #include <numeric>
 #include <utility>
 
-#if defined(__AVX512F__)
 #include <immintrin.h>
-#endif
+
+#include "engine/core/cpu_features.h"
 
 namespace hg {
 namespace {
@@ -22,19 +22,9 @@ bool all_or_none(int32_t n, int32_t K, std::vector<int32_t>& out) {
   return true;
 }
 
-// score[t] = max over h < G of logits[h * ld + t], starting from -inf (NaN logits leave it as it
-// is), with -0 made +0 so that equal scores compare equal.
-void scores(const float* logits, int G, int64_t ld, int32_t n, float* score) {
-  int32_t t = 0;
-#if defined(__AVX512F__)
-  const __m512 zero = _mm512_setzero_ps();
-  for (; t + 16 <= n; t += 16) {
-    __m512 m = _mm512_set1_ps(-INFINITY);
-    for (int h = 0; h < G; ++h)
-      m = _mm512_max_ps(_mm512_loadu_ps(logits + int64_t(h) * ld + t), m);  // NaN: m
-    _mm512_storeu_ps(score + t, _mm512_add_ps(m, zero));
-  }
-#endif
+// score[t] = max over h < G of logits[h * ld + t] for t in [t, n), starting from -inf (NaN logits
+// leave it as it is), with -0 made +0 so that equal scores compare equal.
+void scores_from(const float* logits, int G, int64_t ld, int32_t t, int32_t n, float* score) {
   for (; t < n; ++t) {
     float m = -INFINITY;
     for (int h = 0; h < G; ++h) m = m < logits[int64_t(h) * ld + t] ? logits[int64_t(h) * ld + t] : m;
@@ -42,21 +32,48 @@ void scores(const float* logits, int G, int64_t ld, int32_t n, float* score) {
   }
 }
 
-// The positions t < n with score[t] ≥ lb, in order, into cand; returns how many.
-int32_t at_least(const float* score, int32_t n, float lb, int32_t* cand) {
-  int32_t c = 0, t = 0;
-#if defined(__AVX512F__)
-  const __m512 b = _mm512_set1_ps(lb);
+__attribute__((target("avx512f"))) void scores_avx512(const float* logits, int G, int64_t ld, int32_t n,
+                                                      float* score) {
+  int32_t t = 0;
+  const __m512 zero = _mm512_setzero_ps();
   for (; t + 16 <= n; t += 16) {
-    for (uint32_t m = _mm512_cmp_ps_mask(_mm512_loadu_ps(score + t), b, _CMP_GE_OQ); m != 0; m &= m - 1)
-      cand[c++] = t + __builtin_ctz(m);
+    __m512 m = _mm512_set1_ps(-INFINITY);
+    for (int h = 0; h < G; ++h)
+      m = _mm512_max_ps(_mm512_loadu_ps(logits + int64_t(h) * ld + t), m);  // NaN: m
+    _mm512_storeu_ps(score + t, _mm512_add_ps(m, zero));
   }
-#endif
+  scores_from(logits, G, ld, t, n, score);
+}
+
+// The positions t in [t, n) with score[t] ≥ lb, in order, into cand from c on; returns the new count.
+int32_t at_least_from(const float* score, int32_t t, int32_t n, float lb, int32_t* cand, int32_t c) {
   for (; t < n; ++t) {  // branch-free: the few that pass are kept
     cand[c] = t;
     c += score[t] >= lb;
   }
   return c;
+}
+
+__attribute__((target("avx512f"))) int32_t at_least_avx512(const float* score, int32_t n, float lb, int32_t* cand) {
+  int32_t c = 0, t = 0;
+  const __m512 b = _mm512_set1_ps(lb);
+  for (; t + 16 <= n; t += 16) {
+    for (uint32_t m = _mm512_cmp_ps_mask(_mm512_loadu_ps(score + t), b, _CMP_GE_OQ); m != 0; m &= m - 1)
+      cand[c++] = t + __builtin_ctz(m);
+  }
+  return at_least_from(score, t, n, lb, cand, c);
+}
+
+// The AVX-512 versions where the CPU kernels run at that level (engine/core/cpu_features.h).
+void scores(const float* logits, int G, int64_t ld, int32_t n, float* score) {
+  if (active_cpu_isa() >= CpuIsa::kAvx512) return scores_avx512(logits, G, ld, n, score);
+  scores_from(logits, G, ld, 0, n, score);
+}
+
+// The positions t < n with score[t] ≥ lb, in order, into cand; returns how many.
+int32_t at_least(const float* score, int32_t n, float lb, int32_t* cand) {
+  if (active_cpu_isa() >= CpuIsa::kAvx512) return at_least_avx512(score, n, lb, cand);
+  return at_least_from(score, 0, n, lb, cand, 0);
 }
 
 }  // namespace

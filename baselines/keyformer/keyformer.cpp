@@ -13,6 +13,7 @@
 #include <cmath>
 
 #include "baselines/eviction.h"
+#include "engine/core/cpu_features.h"
 
 namespace hg {
 
@@ -65,8 +66,8 @@ double noise_log(double x) {
   return std::fma(e, kLn2Hi, s2) + std::fma(e, kLn2Lo, s2 * w * p);
 }
 
-#if defined(__AVX512F__) && defined(__AVX512DQ__)
-__m512d noise_u8(__m512i base, __m256i pos) {
+#define HG_NOISE_AVX512 __attribute__((target("avx512f,avx512dq")))
+HG_NOISE_AVX512 __m512d noise_u8(__m512i base, __m256i pos) {
   __m512i x = _mm512_xor_si512(
       base, _mm512_mullo_epi64(_mm512_cvtepu32_epi64(pos), _mm512_set1_epi64(int64_t(kMixB))));
   x = _mm512_xor_si512(x, _mm512_srli_epi64(x, 31));
@@ -78,7 +79,7 @@ __m512d noise_u8(__m512i base, __m256i pos) {
   return _mm512_mul_pd(_mm512_add_pd(d, _mm512_set1_pd(0.5)), _mm512_set1_pd(kTwoPowMinus53));
 }
 
-__m512d noise_log8(__m512d x) {
+HG_NOISE_AVX512 __m512d noise_log8(__m512d x) {
   const __m512d m = _mm512_getmant_pd(x, _MM_MANT_NORM_p75_1p5, _MM_MANT_SIGN_src);
   // getexp is floor(log2 x); a mantissa folded below 1 belongs to the next exponent (frexp's e).
   const __mmask8 below = _mm512_cmp_pd_mask(m, _mm512_set1_pd(1.0), _CMP_LT_OQ);
@@ -91,7 +92,18 @@ __m512d noise_log8(__m512d x) {
   return _mm512_add_pd(_mm512_fmadd_pd(e, _mm512_set1_pd(kLn2Hi), s2),
                        _mm512_fmadd_pd(e, _mm512_set1_pd(kLn2Lo), _mm512_mul_pd(_mm512_mul_pd(s2, w), p)));
 }
-#endif
+// out[i] for i < n rounded down to 8; returns how many it wrote.
+HG_NOISE_AVX512 int32_t gumbel_avx512(uint64_t base, const int32_t* pos, int32_t n, double* out) {
+  int32_t i = 0;
+  const __m512i vb = _mm512_set1_epi64(int64_t(base));
+  const __m512d neg = _mm512_set1_pd(-0.0);
+  for (; i + 8 <= n; i += 8) {
+    const __m512d u = noise_u8(vb, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(pos + i)));
+    const __m512d l1 = _mm512_xor_pd(noise_log8(u), neg);  // −log u > 0
+    _mm512_storeu_pd(out + i, _mm512_xor_pd(noise_log8(l1), neg));
+  }
+  return i;
+}
 
 }  // namespace
 
@@ -108,16 +120,8 @@ double keyformer_gumbel(uint64_t seed, int layer, int seq, int row, int head, in
 void keyformer_gumbel_n(uint64_t seed, int layer, int seq, int row, int head, const int32_t* pos, int32_t n,
                         double* out) {
   const uint64_t base = noise_base(seed, layer, seq, row, head);
-  int32_t i = 0;
-#if defined(__AVX512F__) && defined(__AVX512DQ__)
-  const __m512i vb = _mm512_set1_epi64(int64_t(base));
-  const __m512d neg = _mm512_set1_pd(-0.0);
-  for (; i + 8 <= n; i += 8) {
-    const __m512d u = noise_u8(vb, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(pos + i)));
-    const __m512d l1 = _mm512_xor_pd(noise_log8(u), neg);  // −log u > 0
-    _mm512_storeu_pd(out + i, _mm512_xor_pd(noise_log8(l1), neg));
-  }
-#endif
+  // The same bits either way (the test compares them); AVX-512 where the CPU kernels use it.
+  int32_t i = active_cpu_isa() >= CpuIsa::kAvx512 ? gumbel_avx512(base, pos, n, out) : 0;
   for (; i < n; ++i) out[i] = -noise_log(-noise_log(noise_u(base, pos[i])));
 }
 

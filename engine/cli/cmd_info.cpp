@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include "engine/cli/cli.h"
+#include "engine/core/cpu_features.h"
 #include "engine/core/model.h"
 #include "engine/core/process_memory.h"
 #include "engine/tokenizer/tokenizer.h"
@@ -45,6 +46,8 @@ int cmd_info(const std::vector<std::string>& args) {
   const ProcessMemory mem = process_memory();
   fmt::print("loaded in:      {:.2f} s; process resident {:.1f} MiB (peak {:.1f} MiB)\n", m.load_seconds,
              double(mem.resident_bytes) / (1 << 20), double(mem.peak_resident_bytes) / (1 << 20));
+  fmt::print("CPU kernels:    {} (best on this CPU: {}; HG_CPU_ISA=portable|avx512|avx512_bf16 chooses)\n",
+             cpu_isa_name(active_cpu_isa()), cpu_isa_name(best_cpu_isa()));
   fmt::print("KV bytes/token: {} (F32 cache; K and V, all layers)\n",
              int64_t(2) * hp.n_layers * hp.n_kv_heads * hp.head_dim * 4);
   const Tokenizer& t = *m.tokenizer;

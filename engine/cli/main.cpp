@@ -8,6 +8,7 @@
 #include <fmt/format.h>
 
 #include "engine/cli/cli.h"
+#include "engine/core/cpu_features.h"
 #include "engine/core/error.h"
 
 int main(int argc, char** argv) {
@@ -22,6 +23,12 @@ int main(int argc, char** argv) {
   if (cmd.ends_with(".yaml") || cmd.ends_with(".yml")) cmd = "run";
   else args.erase(args.begin());
   try {
+#if defined(__x86_64__) && defined(__AVX2__)
+    if (!__builtin_cpu_supports("avx2") || !__builtin_cpu_supports("fma"))
+      throw hg::UnsupportedError("this hgbench was built for x86-64-v3 (AVX2, FMA) and this CPU lacks it; "
+                                 "rebuild with -DHG_ARCH_FLAGS=-march=x86-64");
+#endif
+    hg::active_cpu_isa();  // HG_CPU_ISA checked before any work
     std::string names;
     for (auto& c : hg::cli::commands()) {
       if (cmd == c.name) return c.run(args);

@@ -1,6 +1,8 @@
 // Read-bandwidth references: one pass, a cycling probe, paired medians.
 #include "engine/runtime/bandwidth.h"
 
+#include "engine/core/cpu_features.h"
+
 #include <algorithm>
 #include <chrono>
 
@@ -36,7 +38,14 @@ double rows_read_pass_gbs(const float* src, int64_t row_floats, const int32_t* i
   });
 }
 
-ReadProbe::ReadProbe(int64_t buffer_bytes) : buf_(size_t(std::max<int64_t>(buffer_bytes, 1 << 20) / 64 * 64)) {
+namespace {
+int64_t probe_bytes(int64_t asked) {
+  if (asked > 0) return std::max<int64_t>(asked, 1 << 20);
+  return std::max<int64_t>(int64_t(512) << 20, 3 * last_level_cache_bytes());
+}
+}  // namespace
+
+ReadProbe::ReadProbe(int64_t buffer_bytes) : buf_(size_t(probe_bytes(buffer_bytes) / 64 * 64)) {
   n_ = int64_t(buf_.bytes() / 4);
   float* p = static_cast<float*>(buf_.data());
   parallel_chunks(n_, [&](int64_t b, int64_t e) { std::fill(p + b, p + e, 1.0f); });  // first touch by the pool

@@ -29,7 +29,8 @@ double rows_read_pass_gbs(const float* src, int64_t row_floats, const int32_t* i
 // was last touched a whole buffer ago: from memory when the buffer is well over the LLC.
 class ReadProbe {
  public:
-  explicit ReadProbe(int64_t buffer_bytes = int64_t(512) << 20);
+  // buffer_bytes 0: max(512 MiB, three times the last-level cache).
+  explicit ReadProbe(int64_t buffer_bytes = 0);
   // GB/s of one pass over `bytes` (clamped to [64 KiB, buffer]).
   double pass_gbs(int64_t bytes, ReadPass how = ReadPass::kEightStreams);
 

@@ -12,6 +12,7 @@
 
 #include "baselines/registry.h"
 #include "datasets/score.h"
+#include "engine/core/cpu_features.h"
 #include "engine/core/error.h"
 #include "engine/core/process_memory.h"
 #include "engine/core/json_text.h"
@@ -168,6 +169,7 @@ Json provenance() {
     j["build_type"] = HG_BUILD_TYPE;
     j["compiler"] = "g++ " __VERSION__;
     j["cpu"] = cpu_model();
+    j["cpu_kernels"] = std::string(cpu_isa_name(active_cpu_isa()));
     j["host_threads"] = std::thread::hardware_concurrency();
     const int gpus = cuda_device_count_or_zero();
     j["gpu"] = gpus > 0 ? Json(make_backend("cuda")->device_name()) : Json();

@@ -18,6 +18,7 @@
 
 #include "engine/backend/backend.h"
 #include "engine/backend/cpu/kernels.h"
+#include "engine/core/cpu_features.h"
 #include "engine/core/tensor.h"
 #include "engine/core/thread_pool.h"
 #include "engine/runtime/bandwidth.h"
@@ -39,7 +40,7 @@ void fill(float* p, size_t n, uint64_t seed) {
 
 // The paired reference: 512 MiB read in turn, so each pass streams from memory.
 ReadProbe& probe() {
-  static ReadProbe p(int64_t(512) << 20);
+  static ReadProbe p;
   return p;
 }
 
@@ -79,9 +80,12 @@ void run_paired(benchmark::State& st, double bytes_per_iter, int threads, F&& ke
   if (peak > 0) st.counters["x_bw_peak"] = pr.gbs() / peak;
 }
 
-// Enough copies of a working set of `bytes` that cycling through them streams from memory
-// (≥ 96 MiB, three times this machine's 32 MiB last-level cache).
-int cold_copies(double bytes) { return std::max(1, int(std::ceil(96.0 * (1 << 20) / bytes))); }
+// Enough copies of a working set of `bytes` that cycling through them streams from memory: at
+// least three times the last-level cache (some server parts have 0.5 GB of it), and 96 MiB.
+int cold_copies(double bytes) {
+  const double need = std::max(96.0 * (1 << 20), 3.0 * double(last_level_cache_bytes()));
+  return std::max(1, int(std::ceil(need / bytes)));
+}
 
 // Read-only reduction over 1 GiB with `threads` threads: the machine's read bandwidth.
 void BM_ReadBandwidth(benchmark::State& st) {
@@ -160,7 +164,10 @@ BENCHMARK(BM_DecodeAttention)
     ->Args({16384, 32, 8, 1, 1, 64})->Args({16384, 32, 8, 2, 1, 64})
     ->UseManualTime();
 
-#if defined(__AVX512F__)
+// The AVX-512 peers and ceilings below are compiled for AVX-512 whatever the build's flags, and run
+// only on a CPU that has it.
+#pragma GCC push_options
+#pragma GCC target("avx512f,avx512bw,avx512dq,avx512vl,avx2,fma,f16c")
 // A peer for BM_DecodeAttention: per KV head, the same bytes in the same order (64-row chunks: K
 // four rows side by side, then V row by row), prefetched the same way (64 rows but at most 16 KiB
 // ahead, T2, one line per 64 bytes) and the same FMA count for G = 4 (4 per 16 values), but no softmax, no q
@@ -206,7 +213,16 @@ float attention_stream_peer(const T* K, const T* V, int64_t n) {
   return sum;
 }
 
+#pragma GCC pop_options
+
+bool skip_without_avx512(benchmark::State& st) {
+  if (cpu_supports(CpuIsa::kAvx512)) return false;
+  st.SkipWithError("this CPU has no AVX-512");
+  return true;
+}
+
 void BM_AttentionStreamPeer(benchmark::State& st) {
+  if (skip_without_avx512(st)) return;
   const int threads = int(st.range(2));
   set_num_threads(threads);
   const int N = int(st.range(0)), Hkv = 8, D = 128;
@@ -242,7 +258,6 @@ BENCHMARK(BM_AttentionStreamPeer)
     ->ArgNames({"N", "kv", "threads"})
     ->Args({16384, 0, 1})->Args({16384, 0, 2})->Args({16384, 1, 1})->Args({16384, 1, 2})
     ->UseManualTime();
-#endif
 
 // The attention kernel's compute ceiling: one KV head (G query heads, head dim D) over keys that
 // stay in L2, one thread, no reference pass. ns_per_key against the cold benchmarks' time per key says how
@@ -280,53 +295,60 @@ BENCHMARK(BM_DecodeAttentionWarm)
     ->Args({1024, 2, 4, 64})  // and in BF16
     ->UseRealTime();
 
-#if defined(__AVX512F__)
+#pragma GCC push_options
+#pragma GCC target("avx512f,avx512bw,avx512dq,avx512vl,avx2,fma,f16c")
 // One core's vector throughput, the ceiling under BM_DecodeAttentionWarm and the one-thread F16
 // kernels: 512-bit FMAs per ns over 12 independent chains (`conversions: 0`), and the same FMAs
 // with an F16→F32 conversion (vcvtph2ps) feeding every one (`conversions: 1`), as the F16 GEMV and
 // the F16 attention kernels do. The empty asm statements keep every value in a register and make
-// each iteration's conversions depend on the last, so that nothing is hoisted or merged.
-void BM_CoreFma(benchmark::State& st) {
-  const bool convert = st.range(0) != 0;
-  constexpr int64_t kIters = 1 << 20;
+// each iteration's conversions depend on the last, so that nothing is hoisted or merged. Returns
+// the FMAs done.
+double core_fma_loop(bool convert, int64_t iters) {
   __m512 a0 = _mm512_set1_ps(1), a1 = _mm512_set1_ps(2), a2 = _mm512_set1_ps(3), a3 = _mm512_set1_ps(4);
   __m512 a4 = _mm512_set1_ps(5), a5 = _mm512_set1_ps(6), a6 = _mm512_set1_ps(7), a7 = _mm512_set1_ps(8);
   __m512 a8 = _mm512_set1_ps(9), a9 = _mm512_set1_ps(10), a10 = _mm512_set1_ps(11), a11 = _mm512_set1_ps(12);
   __m512 b = _mm512_set1_ps(0.999f);
   __m256i h0 = _mm256_set1_epi16(0x3c00), h1 = h0, h2 = h0, h3 = h0;
-  auto keep = [](auto& v) { asm volatile("" : "+v"(v)); };
-  double secs = 0;
-  for (auto _ : st) {
-    const auto t0 = std::chrono::steady_clock::now();
-    for (int64_t i = 0; i < kIters; ++i) {
-      if (convert) {  // 8 conversions and 8 FMAs (the branch is taken the same way every time)
-        keep(h0), keep(h1), keep(h2), keep(h3);
-        a0 = _mm512_fmadd_ps(b, _mm512_cvtph_ps(h0), a0), a1 = _mm512_fmadd_ps(b, _mm512_cvtph_ps(h1), a1);
-        a2 = _mm512_fmadd_ps(b, _mm512_cvtph_ps(h2), a2), a3 = _mm512_fmadd_ps(b, _mm512_cvtph_ps(h3), a3);
-        keep(h0), keep(h1), keep(h2), keep(h3);
-        a4 = _mm512_fmadd_ps(b, _mm512_cvtph_ps(h0), a4), a5 = _mm512_fmadd_ps(b, _mm512_cvtph_ps(h1), a5);
-        a6 = _mm512_fmadd_ps(b, _mm512_cvtph_ps(h2), a6), a7 = _mm512_fmadd_ps(b, _mm512_cvtph_ps(h3), a7);
-      } else {  // 12 FMAs
-        keep(b);
-        a0 = _mm512_fmadd_ps(a0, b, b), a1 = _mm512_fmadd_ps(a1, b, b), a2 = _mm512_fmadd_ps(a2, b, b);
-        a3 = _mm512_fmadd_ps(a3, b, b), a4 = _mm512_fmadd_ps(a4, b, b), a5 = _mm512_fmadd_ps(a5, b, b);
-        a6 = _mm512_fmadd_ps(a6, b, b), a7 = _mm512_fmadd_ps(a7, b, b), a8 = _mm512_fmadd_ps(a8, b, b);
-        a9 = _mm512_fmadd_ps(a9, b, b), a10 = _mm512_fmadd_ps(a10, b, b), a11 = _mm512_fmadd_ps(a11, b, b);
-      }
+#define HG_KEEP(v) asm volatile("" : "+v"(v))
+  for (int64_t i = 0; i < iters; ++i) {
+    if (convert) {  // 8 conversions and 8 FMAs (the branch is taken the same way every time)
+      HG_KEEP(h0); HG_KEEP(h1); HG_KEEP(h2); HG_KEEP(h3);
+      a0 = _mm512_fmadd_ps(b, _mm512_cvtph_ps(h0), a0), a1 = _mm512_fmadd_ps(b, _mm512_cvtph_ps(h1), a1);
+      a2 = _mm512_fmadd_ps(b, _mm512_cvtph_ps(h2), a2), a3 = _mm512_fmadd_ps(b, _mm512_cvtph_ps(h3), a3);
+      HG_KEEP(h0); HG_KEEP(h1); HG_KEEP(h2); HG_KEEP(h3);
+      a4 = _mm512_fmadd_ps(b, _mm512_cvtph_ps(h0), a4), a5 = _mm512_fmadd_ps(b, _mm512_cvtph_ps(h1), a5);
+      a6 = _mm512_fmadd_ps(b, _mm512_cvtph_ps(h2), a6), a7 = _mm512_fmadd_ps(b, _mm512_cvtph_ps(h3), a7);
+    } else {  // 12 FMAs
+      HG_KEEP(b);
+      a0 = _mm512_fmadd_ps(a0, b, b), a1 = _mm512_fmadd_ps(a1, b, b), a2 = _mm512_fmadd_ps(a2, b, b);
+      a3 = _mm512_fmadd_ps(a3, b, b), a4 = _mm512_fmadd_ps(a4, b, b), a5 = _mm512_fmadd_ps(a5, b, b);
+      a6 = _mm512_fmadd_ps(a6, b, b), a7 = _mm512_fmadd_ps(a7, b, b), a8 = _mm512_fmadd_ps(a8, b, b);
+      a9 = _mm512_fmadd_ps(a9, b, b), a10 = _mm512_fmadd_ps(a10, b, b), a11 = _mm512_fmadd_ps(a11, b, b);
     }
-    secs += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   }
+#undef HG_KEEP
   const __m512 all =
       _mm512_add_ps(_mm512_add_ps(_mm512_add_ps(a0, a1), _mm512_add_ps(a2, a3)),
                     _mm512_add_ps(_mm512_add_ps(_mm512_add_ps(a4, a5), _mm512_add_ps(a6, a7)),
                                   _mm512_add_ps(_mm512_add_ps(a8, a9), _mm512_add_ps(a10, a11))));
   benchmark::DoNotOptimize(_mm512_reduce_add_ps(all));
-  const double fmas = double(kIters) * (convert ? 8 : 12) * double(st.iterations());
+  return double(iters) * (convert ? 8 : 12);
+}
+#pragma GCC pop_options
+
+void BM_CoreFma(benchmark::State& st) {
+  if (skip_without_avx512(st)) return;
+  const bool convert = st.range(0) != 0;
+  double secs = 0, fmas = 0;
+  for (auto _ : st) {
+    const auto t0 = std::chrono::steady_clock::now();
+    fmas += core_fma_loop(convert, 1 << 20);
+    secs += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  }
   st.counters["FMA_per_ns"] = fmas / secs * 1e-9;
   st.SetLabel(convert ? "each FMA fed by an F16 conversion" : "FMAs only");
 }
 BENCHMARK(BM_CoreFma)->ArgNames({"conversions"})->Arg(0)->Arg(1)->UseRealTime();
-#endif
 
 // HybridGen's CPU stage: logits of G query heads over N offloaded keys of one KV head (F32).
 // Bytes read: the keys, N · D · 4. Written: the logits, G · N · 4 (x_traffic).

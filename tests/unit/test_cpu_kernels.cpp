@@ -1,10 +1,14 @@
 // Every CPU backend op against the `ref` oracle: odd sizes, seeded inputs in [-1, 1], tolerance
-// table below. Case names carry their parameters.
+// table below. Case names carry their parameters. The kernels run at the active instruction-set
+// level: the best this CPU has, or HG_CPU_ISA's (ctest runs these suites again at each lower level:
+// tests/CMakeLists.txt); KernelLevels walks every level in one process.
+#include <cstdlib>
 #include <cstring>
 #include <random>
 
 #include "engine/backend/backend.h"
 #include "engine/backend/cpu/kernels.h"
+#include "engine/core/cpu_features.h"
 #include "engine/core/error.h"
 #include "selectors/logit_topk.h"
 #include "test_util.h"
@@ -18,6 +22,20 @@ constexpr test::Tol kTolMatmulF32{1e-4, 1e-4};   // K up to 1000: summation orde
 constexpr test::Tol kTolMatmulBf16{3e-2, 2e-2};  // activations rounded to BF16 before the GEMM
 constexpr test::Tol kTolAttention{2e-5, 1e-4};
 constexpr test::Tol kTolSwiglu{1e-6, 1e-5};
+
+// Under HG_CPU_ISA=LEVEL on a CPU without that level, every test skips with this message (ctest
+// reports the entry as skipped).
+class CpuIsaEnvironment : public ::testing::Environment {
+ public:
+  void SetUp() override {
+    const char* env = std::getenv("HG_CPU_ISA");
+    CpuIsa isa;
+    if (env && *env && parse_cpu_isa(env, &isa) && !cpu_supports(isa))
+      GTEST_SKIP() << "this CPU lacks HG_CPU_ISA=" << env;
+  }
+};
+[[maybe_unused]] ::testing::Environment* const g_isa_environment =
+    ::testing::AddGlobalTestEnvironment(new CpuIsaEnvironment);
 
 class Backends : public ::testing::Test {
  protected:
@@ -437,6 +455,93 @@ TEST(SumRows, MatchesScalarSum) {
                   1e-4 * std::max(1.0, std::sqrt(double(n * row))))
           << "row " << row << " n " << n;
     }
+}
+
+}  // namespace
+}  // namespace hg
+
+namespace hg {
+namespace {
+
+// Restores the active level when it goes out of scope.
+struct ScopedCpuIsa {
+  CpuIsa prev;
+  explicit ScopedCpuIsa(CpuIsa isa) : prev(set_active_cpu_isa(isa)) {}
+  ~ScopedCpuIsa() { set_active_cpu_isa(prev); }
+};
+
+TEST(CpuFeatures, LevelsAreOrderedAndTheActiveOneIsSupported) {
+  const auto levels = supported_cpu_isas();
+  ASSERT_FALSE(levels.empty());
+  EXPECT_EQ(levels.front(), CpuIsa::kPortable);
+  EXPECT_EQ(levels.back(), best_cpu_isa());
+  for (size_t i = 1; i < levels.size(); ++i) EXPECT_LT(int(levels[i - 1]), int(levels[i]));
+  EXPECT_TRUE(cpu_supports(active_cpu_isa()));
+  for (CpuIsa i : {CpuIsa::kPortable, CpuIsa::kAvx512, CpuIsa::kAvx512Bf16}) {
+    CpuIsa back;
+    ASSERT_TRUE(parse_cpu_isa(cpu_isa_name(i), &back));
+    EXPECT_EQ(back, i);
+  }
+  CpuIsa unused;
+  EXPECT_FALSE(parse_cpu_isa("avx2", &unused));
+  if (!cpu_supports(CpuIsa::kAvx512Bf16)) {
+    EXPECT_THROW(set_active_cpu_isa(CpuIsa::kAvx512Bf16), InputError);
+  }
+  EXPECT_GT(last_level_cache_bytes(), 0);
+}
+
+// Each level this CPU has against the oracle, in one process: the decode GEMV in every weight
+// type (with the BF16 rounding of x where that level's GEMV does it) and the fused attention in
+// every KV type, and the levels against each other where their arithmetic is the same.
+TEST(KernelLevels, EveryLevelMatchesRef) {
+  const int64_t K = 1000, N = 97;
+  auto x = test::random_vec(size_t(2 * K), 91);
+  auto wf = test::random_vec(size_t(N * K), 92);
+  const int H = 8, Hkv = 2, D = 64, n = 1003;
+  auto q = test::random_vec(size_t(H * D), 93);
+  auto Kf = test::random_vec(size_t(Hkv * n * D), 94, -3, 3);
+  auto Vf = test::random_vec(size_t(Hkv * n * D), 95);
+  auto ref = make_ref_backend();
+  std::vector<std::pair<CpuIsa, std::vector<float>>> f16_gemv;  // per level, for the cross-check
+  for (CpuIsa isa : supported_cpu_isas()) {
+    ScopedCpuIsa scoped(isa);
+    SCOPED_TRACE(std::string(cpu_isa_name(isa)));
+    auto cpu = make_cpu_backend();
+    for (DType t : {DType::kF32, DType::kF16, DType::kBF16}) {
+      Weight w = convert_weight(DType::kF32, wf.data(), t, {N, K});
+      std::vector<float> y(size_t(2 * N)), yr(y.size());
+      cpu->matmul(x.data(), 2, w, nullptr, y.data());
+      auto xr = x;
+      if (t == DType::kBF16 && cpu::gemv_rounds_bf16_activations())
+        for (auto& v : xr) v = bf16_to_f32(f32_to_bf16(v));
+      ref->matmul(xr.data(), 2, w, nullptr, yr.data());
+      EXPECT_TRUE(test::all_close(y.data(), yr.data(), y.size(), kTolMatmulF32)) << dtype_name(t);
+      if (t == DType::kF16) f16_gemv.emplace_back(isa, y);
+    }
+    for (DType t : {DType::kF32, DType::kF16, DType::kBF16}) {
+      std::vector<uint16_t> K16(Kf.size()), V16(Vf.size());
+      const void* Kp = Kf.data();
+      const void* Vp = Vf.data();
+      if (t != DType::kF32) {
+        from_f32(t, Kf.data(), K16.data(), K16.size());
+        from_f32(t, Vf.data(), V16.data(), V16.size());
+        Kp = K16.data(), Vp = V16.data();
+      }
+      AttnRow row{Kp, Vp, int64_t(n) * D, n};
+      AttentionArgs a = attention_args(H, Hkv, D, 0.125f, q.data(), {&row, 1}, nullptr, t);
+      std::vector<float> out(q.size()), outr(q.size());
+      a.out = out.data();
+      cpu->attention(a);
+      a.out = outr.data();
+      ref->attention(a);
+      EXPECT_TRUE(test::all_close(out.data(), outr.data(), out.size(), kTolAttention)) << dtype_name(t);
+    }
+  }
+  // F16 weights are converted exactly at every level: the levels differ only in summation order.
+  for (size_t i = 1; i < f16_gemv.size(); ++i)
+    EXPECT_TRUE(test::all_close(f16_gemv[i].second.data(), f16_gemv[0].second.data(), f16_gemv[0].second.size(),
+                                kTolMatmulF32))
+        << cpu_isa_name(f16_gemv[i].first) << " vs " << cpu_isa_name(f16_gemv[0].first);
 }
 
 }  // namespace

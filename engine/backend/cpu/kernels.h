@@ -1,6 +1,8 @@
-// CPU kernels (AVX-512 where compiled for it, portable loops otherwise). Single-threaded
-// building blocks; the CPU backend parallelises over rows and heads. Each has a `ref`
-// counterpart that tests compare against (tests/unit/test_cpu_kernels.cpp).
+// CPU kernels, built at three instruction-set levels (portable C++, AVX-512, AVX-512 with BF16 dot
+// products) and run at the one chosen when the process starts (engine/core/cpu_features.h:
+// the best this CPU has, or HG_CPU_ISA). Single-threaded building blocks; the CPU backend
+// parallelises over rows and heads. Each has a `ref` counterpart that tests compare against at
+// every level (tests/unit/test_cpu_kernels.cpp).
 #pragma once
 #include <cstdint>
 
@@ -55,8 +57,8 @@ void group_logit_max(const float* q, int G, const float* K, int64_t t0, int64_t 
 // y[m, n] = x[m, :] · W[n, :] for m < M, n in [n0, n1): the decode GEMV (W [N, K] row-major of
 // type wt, converted to F32 as it streams; F32 accumulation). y has row stride ldy.
 void gemv(const float* x, int M, const void* W, DType wt, int64_t K, int64_t n0, int64_t n1, float* y, int64_t ldy);
-// True when this build's GEMV multiplies BF16 weights with `vdpbf16ps` (AVX512_BF16): x is then
-// rounded to BF16 first, as oneDNN's BF16 prefill does; otherwise x stays F32.
+// True when the active level's GEMV multiplies BF16 weights with `vdpbf16ps` (AVX512_BF16): x is
+// then rounded to BF16 first, as oneDNN's BF16 prefill does; otherwise x stays F32.
 bool gemv_rounds_bf16_activations();
 // dst row i ← the row at src + idx[i] · src_stride, row_bytes each, for i < n: the gather of selected
 // K/V rows (InfiniGen's fetch, HybridGen's selected V). Rows are prefetched a fixed number of bytes

@@ -1,0 +1,5 @@
+// The CPU kernels built for AVX-512 with AVX512_BF16.
+#define HG_KERNEL_NS avx512_bf16
+#define HG_KERNEL_AVX512 1
+#define HG_KERNEL_BF16 1
+#include "engine/backend/cpu/kernels_impl.h"

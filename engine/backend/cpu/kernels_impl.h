@@ -1,0 +1,994 @@
+// The CPU kernels' bodies (maths in kernels.h), included once per instruction-set level by
+// kernels_portable.cpp, kernels_avx512.cpp and kernels_avx512_bf16.cpp, each in its own namespace
+// (HG_KERNEL_NS). The AVX-512 levels switch the target with a pragma after the standard headers,
+// so that no standard-library function compiled for AVX-512 can be shared with the portable path
+// (inline functions of different translation units are merged by the linker).
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <type_traits>
+#include <vector>
+
+#include "engine/backend/cpu/kernel_table.h"
+#include "engine/core/dtype.h"
+
+#if HG_KERNEL_AVX512
+#include <immintrin.h>
+#define HG_AVX512 1
+#pragma GCC push_options
+#if HG_KERNEL_BF16
+#pragma GCC target("avx512f,avx512bw,avx512dq,avx512vl,avx2,fma,f16c,bmi,bmi2,avx512bf16")
+#else
+#pragma GCC target("avx512f,avx512bw,avx512dq,avx512vl,avx2,fma,f16c,bmi,bmi2")
+#endif
+#endif
+
+namespace hg::cpu::HG_KERNEL_NS {
+
+// Storage tags for 16-bit KV elements (both are uint16_t in memory).
+struct F16Tag {
+  uint16_t bits;
+};
+struct BF16Tag {
+  uint16_t bits;
+};
+
+#if HG_AVX512
+namespace {
+inline __mmask16 tail_mask(int64_t r) { return __mmask16((1u << r) - 1u); }
+
+// exp(x) for x <= ~88: x = n ln2 + r, |r| <= ln2/2, exp(r) by a degree-6 polynomial.
+inline __m512 exp512(__m512 x) {
+  x = _mm512_max_ps(x, _mm512_set1_ps(-87.3f));
+  const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
+                                        _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
+  r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
+  __m512 p = _mm512_set1_ps(1.9875691500e-4f);
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.3981999507e-3f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073e-3f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894e-2f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459e-1f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
+  const __m512 r2 = _mm512_mul_ps(r, r);
+  p = _mm512_fmadd_ps(p, r2, _mm512_add_ps(r, _mm512_set1_ps(1.0f)));
+  return _mm512_scalef_ps(p, n);
+}
+}  // namespace
+#endif
+
+float dot(const float* a, const float* b, int64_t n) {
+#if HG_AVX512
+  __m512 acc0 = _mm512_setzero_ps(), acc1 = _mm512_setzero_ps();
+  int64_t i = 0;
+  for (; i + 32 <= n; i += 32) {
+    acc0 = _mm512_fmadd_ps(_mm512_loadu_ps(a + i), _mm512_loadu_ps(b + i), acc0);
+    acc1 = _mm512_fmadd_ps(_mm512_loadu_ps(a + i + 16), _mm512_loadu_ps(b + i + 16), acc1);
+  }
+  for (; i < n; i += 16) {
+    const __mmask16 m = n - i >= 16 ? __mmask16(0xffff) : tail_mask(n - i);
+    acc0 = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m, a + i), _mm512_maskz_loadu_ps(m, b + i), acc0);
+  }
+  return _mm512_reduce_add_ps(_mm512_add_ps(acc0, acc1));
+#else
+  float s = 0;
+  for (int64_t i = 0; i < n; ++i) s += a[i] * b[i];
+  return s;
+#endif
+}
+
+float max_value(const float* x, int64_t n) {
+  int64_t i = 0;
+  float m = -INFINITY;
+#if HG_AVX512
+  __m512 a[4] = {_mm512_set1_ps(-INFINITY), _mm512_set1_ps(-INFINITY), _mm512_set1_ps(-INFINITY),
+                 _mm512_set1_ps(-INFINITY)};
+  for (; i + 64 <= n; i += 64)
+    for (int j = 0; j < 4; ++j) a[j] = _mm512_max_ps(_mm512_loadu_ps(x + i + 16 * j), a[j]);  // NaN: a[j]
+  for (; i + 16 <= n; i += 16) a[0] = _mm512_max_ps(_mm512_loadu_ps(x + i), a[0]);
+  m = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_max_ps(a[0], a[1]), _mm512_max_ps(a[2], a[3])));
+#endif
+  for (; i < n; ++i) m = m < x[i] ? x[i] : m;
+  return m;
+}
+
+float sum(const float* p, int64_t n) {
+  int64_t i = 0;
+  float s = 0;
+#if HG_AVX512
+  // Eight streams (eighths of the range) read side by side, each prefetched 4 KiB ahead: the
+  // reference must be the best read the machine does, and concurrent streams read faster than one
+  // (docs/performance.md, "Tuning choices").
+  constexpr int S = 8;
+  constexpr int64_t kAhead = 1024;  // floats
+  const int64_t q = n / S / 16 * 16;
+  __m512 a[S];
+  for (auto& v : a) v = _mm512_setzero_ps();
+  if (q >= kAhead) {
+    for (; i < q; i += 16)
+      for (int j = 0; j < S; ++j) {
+        if (i + kAhead < q) _mm_prefetch(reinterpret_cast<const char*>(p + j * q + i + kAhead), _MM_HINT_T2);
+        a[j] = _mm512_add_ps(a[j], _mm512_loadu_ps(p + j * q + i));
+      }
+    i = S * q;
+  }
+  for (; i + 16 <= n; i += 16) a[0] = _mm512_add_ps(a[0], _mm512_loadu_ps(p + i));
+  for (int j = 1; j < S; ++j) a[0] = _mm512_add_ps(a[0], a[j]);
+  s = _mm512_reduce_add_ps(a[0]);
+#else
+  float acc[16] = {};
+  for (; i + 16 <= n; i += 16)
+    for (int j = 0; j < 16; ++j) acc[j] += p[i + j];
+  for (float v : acc) s += v;
+#endif
+  for (; i < n; ++i) s += p[i];
+  return s;
+}
+
+#if HG_AVX512
+// Four independent partial sums of a read-only stream (sum_one_stream, sum_rows): `add` reads the
+// whole 16-float vectors of p[0, n) front to back, vector k into part k % 4, and returns how many
+// floats it read; `total` is the sum of the parts.
+struct FourSums {
+  __m512 a[4] = {_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps()};
+  int64_t add(const float* p, int64_t n) {
+    int64_t i = 0;
+    for (; i + 64 <= n; i += 64)
+      for (int j = 0; j < 4; ++j) a[j] = _mm512_add_ps(a[j], _mm512_loadu_ps(p + i + 16 * j));
+    for (; i + 16 <= n; i += 16) a[(i / 16) % 4] = _mm512_add_ps(a[(i / 16) % 4], _mm512_loadu_ps(p + i));
+    return i;
+  }
+  float total() const { return _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(a[0], a[1]), _mm512_add_ps(a[2], a[3]))); }
+};
+#endif
+
+float sum_one_stream(const float* p, int64_t n) {
+  int64_t i = 0;
+  float s = 0;
+#if HG_AVX512
+  FourSums f;
+  i = f.add(p, n);
+  s = f.total();
+#endif
+  for (; i < n; ++i) s += p[i];
+  return s;
+}
+
+void rms_norm_row(const float* x, const float* w, int64_t n, float eps, float* y) {
+  const float ss = dot(x, x, n);
+  const float r = 1.0f / std::sqrt(ss / float(n) + eps);
+  for (int64_t i = 0; i < n; ++i) y[i] = x[i] * r * w[i];
+}
+
+void layer_norm_row(const float* x, const float* w, const float* b, int64_t n, float eps, float* y) {
+  float mean = 0;
+  for (int64_t i = 0; i < n; ++i) mean += x[i];
+  mean /= float(n);
+  float var = 0;
+  for (int64_t i = 0; i < n; ++i) var += (x[i] - mean) * (x[i] - mean);
+  var /= float(n);
+  const float r = 1.0f / std::sqrt(var + eps);
+  for (int64_t i = 0; i < n; ++i) y[i] = (x[i] - mean) * r * w[i] + (b ? b[i] : 0.0f);
+}
+
+void swiglu(const float* gate, const float* up, int64_t n, float* y) {
+  int64_t i = 0;
+#if HG_AVX512
+  const __m512 one = _mm512_set1_ps(1.0f);
+  for (; i + 16 <= n; i += 16) {
+    const __m512 g = _mm512_loadu_ps(gate + i);
+    const __m512 e = exp512(_mm512_sub_ps(_mm512_setzero_ps(), g));
+    const __m512 s = _mm512_div_ps(g, _mm512_add_ps(one, e));
+    _mm512_storeu_ps(y + i, _mm512_mul_ps(s, _mm512_loadu_ps(up + i)));
+  }
+#endif
+  for (; i < n; ++i) y[i] = gate[i] / (1.0f + std::exp(-gate[i])) * up[i];
+}
+
+void relu(float* x, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) x[i] = std::max(x[i], 0.0f);
+}
+
+void add(float* y, const float* x, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) y[i] += x[i];
+}
+
+float exp_shift_sum(float* x, int64_t n, float shift) {
+  int64_t i = 0;
+  float sum = 0;
+#if HG_AVX512
+  const __m512 sh = _mm512_set1_ps(shift);
+  __m512 acc = _mm512_setzero_ps();
+  for (; i + 16 <= n; i += 16) {
+    const __m512 e = exp512(_mm512_sub_ps(_mm512_loadu_ps(x + i), sh));
+    _mm512_storeu_ps(x + i, e);
+    acc = _mm512_add_ps(acc, e);
+  }
+  if (i < n) {
+    const __mmask16 m = tail_mask(n - i);
+    const __m512 e = exp512(_mm512_sub_ps(_mm512_maskz_loadu_ps(m, x + i), sh));
+    _mm512_mask_storeu_ps(x + i, m, e);
+    acc = _mm512_add_ps(acc, _mm512_maskz_mov_ps(m, e));
+    i = n;
+  }
+  sum = _mm512_reduce_add_ps(acc);
+#endif
+  for (; i < n; ++i) sum += (x[i] = std::exp(x[i] - shift));
+  return sum;
+}
+
+void f32_to_bf16_row(const float* x, uint16_t* y, int64_t n) {
+  int64_t i = 0;
+#if HG_KERNEL_BF16
+  for (; i + 16 <= n; i += 16) {
+    const __m256bh b = _mm512_cvtneps_pbh(_mm512_loadu_ps(x + i));
+    std::memcpy(y + i, &b, 32);
+  }
+#endif
+  for (; i < n; ++i) y[i] = f32_to_bf16(x[i]);
+}
+
+void bf16_to_f32_row(const uint16_t* x, float* y, int64_t n) {
+  int64_t i = 0;
+#if HG_AVX512
+  for (; i + 16 <= n; i += 16) {
+    const __m512i v = _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(x + i))), 16);
+    _mm512_storeu_ps(y + i, _mm512_castsi512_ps(v));
+  }
+#endif
+  for (; i < n; ++i) y[i] = bf16_to_f32(x[i]);
+}
+
+void f16_to_f32_row(const uint16_t* x, float* y, int64_t n) {
+  int64_t i = 0;
+#if HG_AVX512
+  for (; i + 16 <= n; i += 16)
+    _mm512_storeu_ps(y + i, _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(x + i))));
+#endif
+  for (; i < n; ++i) y[i] = f16_to_f32(x[i]);
+}
+
+namespace {
+// Loads 16 (masked) elements of a K/V row as F32.
+#if HG_AVX512
+template <typename T>
+inline __m512 load16(const T* p, __mmask16 m) {
+  if constexpr (std::is_same_v<T, float>) {
+    return _mm512_maskz_loadu_ps(m, p);
+  } else {
+    const __m256i h = _mm256_maskz_loadu_epi16(m, p);
+    if constexpr (std::is_same_v<T, F16Tag>) return _mm512_cvtph_ps(h);
+    else return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+  }
+}
+#endif
+template <typename T>
+inline float elem(const T* p, int64_t i) {
+  if constexpr (std::is_same_v<T, float>) return p[i];
+  else if constexpr (std::is_same_v<T, F16Tag>) return f16_to_f32(reinterpret_cast<const uint16_t*>(p)[i]);
+  else return bf16_to_f32(reinterpret_cast<const uint16_t*>(p)[i]);
+}
+
+// q·k for a K row of type T.
+template <typename T>
+inline float dot_kv(const float* q, const T* k, int D) {
+#if HG_AVX512
+  if constexpr (std::is_same_v<T, float>) {
+    return dot(q, k, D);
+  } else {
+    // Two independent FMA chains; full loads in the main loop, one masked tail.
+    __m512 a0 = _mm512_setzero_ps(), a1 = _mm512_setzero_ps();
+    int i = 0;
+    for (; i + 32 <= D; i += 32) {
+      a0 = _mm512_fmadd_ps(_mm512_loadu_ps(q + i), load16(k + i, __mmask16(0xffff)), a0);
+      a1 = _mm512_fmadd_ps(_mm512_loadu_ps(q + i + 16), load16(k + i + 16, __mmask16(0xffff)), a1);
+    }
+    for (; i < D; i += 16) {
+      const __mmask16 m = D - i >= 16 ? __mmask16(0xffff) : tail_mask(D - i);
+      a0 = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m, q + i), load16(k + i, m), a0);
+    }
+    return _mm512_reduce_add_ps(_mm512_add_ps(a0, a1));
+  }
+#else
+  float s = 0;
+  for (int i = 0; i < D; ++i) s += q[i] * elem(k, i);
+  return s;
+#endif
+}
+
+template <typename T>
+void weighted_v_kv(const float* p, int G, const T* V, int64_t n, int D, float* out) {
+  std::fill(out, out + int64_t(G) * D, 0.0f);
+#if HG_AVX512
+  const int nb = (D + 15) / 16;
+  const __mmask16 last = (D % 16) ? tail_mask(D % 16) : __mmask16(0xffff);
+  for (int64_t t = 0; t < n; ++t) {
+    const T* v = V + t * D;
+    for (int b = 0; b < nb; ++b) {
+      const __mmask16 m = b == nb - 1 ? last : __mmask16(0xffff);
+      const __m512 vv = load16(v + b * 16, m);
+      for (int h = 0; h < G; ++h) {
+        float* o = out + int64_t(h) * D + b * 16;
+        _mm512_mask_storeu_ps(o, m, _mm512_fmadd_ps(_mm512_set1_ps(p[h * n + t]), vv, _mm512_maskz_loadu_ps(m, o)));
+      }
+    }
+  }
+#else
+  for (int64_t t = 0; t < n; ++t)
+    for (int h = 0; h < G; ++h)
+      for (int d = 0; d < D; ++d) out[int64_t(h) * D + d] += p[h * n + t] * elem(V, t * D + d);
+#endif
+}
+
+#if HG_AVX512
+// A loaded value kept in a register: without it GCC folds the load into every FMA that uses the
+// value (one 512-bit load per FMA), and this core issues one 512-bit load per cycle, so a block
+// shared by G heads was loaded G times and the loads, not the FMAs, set the pace.
+inline __m512 in_register(__m512 x) {
+  asm("" : "+v"(x));
+  return x;
+}
+
+// Rows ahead that the attention kernels prefetch (reading past the end of K or V is harmless:
+// prefetches do not fault): 64 rows (one attention chunk), but no more than 16 KiB, the best of
+// the distances tried (docs/performance.md, "Tuning choices").
+constexpr int kPrefetchRows = 64;
+constexpr int kPrefetchBytes = 16384;
+constexpr int prefetch_rows(int row_bytes) {
+  return std::min(kPrefetchRows, std::max(16, kPrefetchBytes / row_bytes));
+}
+
+// Whether the attention kernels prefetch at all. Rows of at most 128 bytes (D = 64 in F16/BF16)
+// read by one or two query heads per KV head are left to the hardware prefetcher: the keys of 4
+// rows side by side span 512 contiguous bytes, a pattern the hardware streams, and every other
+// shape reads less without software prefetches (docs/performance.md, "Tuning choices").
+template <int G, int DT, typename T>
+constexpr bool attention_prefetches() {
+  return !(G <= 2 && DT > 0 && DT * int(sizeof(T)) <= 128);
+}
+
+// Lane i of the result is the sum of the 16 lanes of v[i] (a transposing tree: 15 shuffle pairs
+// for 16 sums instead of 16 separate horizontal reductions).
+inline __m512 hsum16(const __m512* v) {
+  __m512 w[8], z[4];
+  for (int i = 0; i < 8; ++i)  // lanes 0-7: v[2i] folded to 8; lanes 8-15: v[2i+1]
+    w[i] = _mm512_add_ps(_mm512_shuffle_f32x4(v[2 * i], v[2 * i + 1], 0x44),
+                         _mm512_shuffle_f32x4(v[2 * i], v[2 * i + 1], 0xEE));
+  for (int i = 0; i < 4; ++i)  // quarter j: key 4i+j folded to 4 lanes
+    z[i] = _mm512_add_ps(_mm512_shuffle_f32x4(w[2 * i], w[2 * i + 1], 0x88),
+                         _mm512_shuffle_f32x4(w[2 * i], w[2 * i + 1], 0xDD));
+  const __m512 y0 = _mm512_add_ps(_mm512_unpacklo_ps(z[0], z[1]), _mm512_unpackhi_ps(z[0], z[1]));
+  const __m512 y1 = _mm512_add_ps(_mm512_unpacklo_ps(z[2], z[3]), _mm512_unpackhi_ps(z[2], z[3]));
+  // 64-bit interleave (pairs of floats move together), then a float add.
+  const __m512d y0d = _mm512_castps_pd(y0), y1d = _mm512_castps_pd(y1);
+  const __m512 r = _mm512_add_ps(_mm512_castpd_ps(_mm512_unpacklo_pd(y0d, y1d)),
+                                 _mm512_castpd_ps(_mm512_unpackhi_pd(y0d, y1d)));
+  // Lane 4j+m now holds key 4m+j; restore key order.
+  return _mm512_permutexvar_ps(_mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15), r);
+}
+
+// The logits' vector width (logits16): 16 lanes, or 8 for rows of D = 64. Keys are converted to
+// F32 as they load.
+struct Lanes16 {
+  using V = __m512;
+  using Mask = __mmask16;
+  static constexpr int kL = 16;
+  static Mask tail(int r) { return r ? tail_mask(r) : Mask(0xffff); }
+  static V zero() { return _mm512_setzero_ps(); }
+  template <typename T>
+  static V load(const T* p, Mask m) {
+    return load16(p, m);
+  }
+  static V load_q(const float* p, Mask m) { return _mm512_maskz_loadu_ps(m, p); }
+  static V fma(V a, V b, V c) { return _mm512_fmadd_ps(a, b, c); }
+  static V reg(V x) { return in_register(x); }
+};
+struct Lanes8 {
+  using V = __m256;
+  using Mask = __mmask8;
+  static constexpr int kL = 8;
+  static Mask tail(int r) { return Mask(r ? (1u << r) - 1 : 0xff); }
+  static V zero() { return _mm256_setzero_ps(); }
+  template <typename T>
+  static V load(const T* p, Mask m) {
+    if constexpr (std::is_same_v<T, float>) {
+      return _mm256_maskz_loadu_ps(m, p);
+    } else {
+      const __m128i h = _mm_maskz_loadu_epi16(m, p);
+      if constexpr (std::is_same_v<T, F16Tag>)
+        return _mm256_cvtph_ps(h);
+      else
+        return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+    }
+  }
+  static V load_q(const float* p, Mask m) { return _mm256_maskz_loadu_ps(m, p); }
+  static V fma(V a, V b, V c) { return _mm256_fmadd_ps(a, b, c); }
+  static V reg(V x) {
+    asm("" : "+v"(x));
+    return x;
+  }
+};
+
+// Lane i of the result is the sum of the 8 lanes of v[i], i < 16: hsum16's tree for 256-bit
+// vectors (14 shuffle-and-add steps on half-width vectors instead of 15 on full ones).
+inline __m512 hsum8x16(const __m256* v) {
+  __m256 w[8], z[4], y[2];
+  for (int j = 0; j < 8; ++j)  // low 128: v[2j] folded to 4; high: v[2j+1]
+    w[j] = _mm256_add_ps(_mm256_permute2f128_ps(v[2 * j], v[2 * j + 1], 0x20),
+                         _mm256_permute2f128_ps(v[2 * j], v[2 * j + 1], 0x31));
+  for (int k = 0; k < 4; ++k)  // per 128: [v4k (2), v4k+2 (2)] low, [v4k+1, v4k+3] high
+    z[k] = _mm256_add_ps(_mm256_shuffle_ps(w[2 * k], w[2 * k + 1], 0x44),
+                         _mm256_shuffle_ps(w[2 * k], w[2 * k + 1], 0xEE));
+  for (int l = 0; l < 2; ++l)  // low 128: v8l, v8l+2, v8l+4, v8l+6; high: the odd ones
+    y[l] = _mm256_add_ps(_mm256_shuffle_ps(z[2 * l], z[2 * l + 1], 0x88),
+                         _mm256_shuffle_ps(z[2 * l], z[2 * l + 1], 0xDD));
+  const __m512 r = _mm512_insertf32x8(_mm512_castps256_ps512(y[0]), y[1], 1);
+  return _mm512_permutexvar_ps(_mm512_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7, 8, 12, 9, 13, 10, 14, 11, 15), r);
+}
+
+// s[h * ld + c] = scale · q[h] · K[c] for c < kk ≤ 16 (lanes c ≥ kk get -inf). Each K row is read
+// once for the G heads.
+template <int G, int DT, typename T>
+inline void logits16(const float* q, const T* K, int kk, int D_, float scale, float* s, int64_t ld) {
+  const int D = DT > 0 ? DT : D_;
+  const int row_bytes = D * int(sizeof(T));
+  // KB keys per step share each q load: with one key per step the q loads (G per 16 elements)
+  // outnumbered the FMAs' other operand and bound the kernel on this core's one 512-bit load per
+  // cycle. G·KB accumulators + KB keys + 1 q stay within the 32 registers.
+  constexpr int KB = G <= 4 ? 4 : 2;
+  const int64_t ahead_elems = int64_t(prefetch_rows(row_bytes)) * D;
+  // a[h][i] = the partial vector of q[h] · K[c + i], in vectors of W::kL lanes.
+  auto step = [&](auto w, auto kb_const, int c, typename decltype(w)::V(&a)[G][decltype(kb_const)::value]) {
+    using W = decltype(w);
+    constexpr int NK = decltype(kb_const)::value, L = W::kL;
+    const int nbw = (D + L - 1) / L;
+    const typename W::Mask lastw = W::tail(D % L), all = W::tail(0);
+    // Software prefetch prefetch_rows() rows ahead (the hardware prefetcher alone leaves the
+    // single-thread stream well under the read bandwidth), one line per row per 64 bytes read,
+    // spread over the loop: bursts of requests get dropped.
+    const char* ahead = reinterpret_cast<const char*>(K + int64_t(c) * D + ahead_elems);
+    for (int h = 0; h < G; ++h)
+      for (int i = 0; i < NK; ++i) a[h][i] = W::zero();
+    for (int b = 0; b < nbw; ++b) {
+      if constexpr (attention_prefetches<G, DT, T>())
+        if ((b * L * int(sizeof(T))) % 64 == 0)
+          for (int i = 0; i < NK; ++i)
+            _mm_prefetch(ahead + i * row_bytes + b * L * int(sizeof(T)), _MM_HINT_T2);
+      const typename W::Mask m = b == nbw - 1 ? lastw : all;
+      typename W::V kv[NK];
+      for (int i = 0; i < NK; ++i) kv[i] = W::reg(W::load(K + int64_t(c + i) * D + b * L, m));
+      for (int h = 0; h < G; ++h) {
+        const typename W::V qv = W::reg(W::load_q(q + h * D + b * L, m));
+        for (int i = 0; i < NK; ++i) a[h][i] = W::fma(qv, kv[i], a[h][i]);
+      }
+    }
+  };
+  int c = 0;
+  if constexpr (G * KB == 16 && DT == 64) {
+    // D = 64: 256-bit accumulators, so that each step's 16 sums start from 8 lanes instead of 16.
+    // The FMAs are the same work (this core runs one 512-bit or two 256-bit FMAs per cycle); the
+    // reduction, a large part of a step at this D, does half the shuffles. Keys in L2, one thread
+    // (BM_DecodeAttentionWarm, G = 4, D = 64, three interleaved runs): F16 13.37-13.46 → 12.31-12.36
+    // ns per key, F32 12.13-12.22 → 11.78-11.97, BF16 13.38-13.42 → 12.98-13.01. At D = 128 the
+    // FMAs outweigh the reduction and 256-bit pieces read the same or slower (BF16 23.1 → 24.4).
+    for (; c + KB <= kk; c += KB) {
+      __m256 a[G][KB];
+      step(Lanes8{}, std::integral_constant<int, KB>{}, c, a);
+      alignas(64) float r[16];
+      _mm512_store_ps(r, _mm512_mul_ps(hsum8x16(&a[0][0]), _mm512_set1_ps(scale)));
+      for (int h = 0; h < G; ++h) std::memcpy(s + h * ld + c, r + h * KB, KB * sizeof(float));
+    }
+  } else if constexpr (G * KB == 16) {
+    // A step's 16 accumulators reduce in registers, one hsum16 per step (lane h·KB + i), instead
+    // of being stored as partial vectors and reduced per head: L2-resident G = 4 logits went from
+    // 12.4 to 10.1 ns per key (F32) and 12.2 to 11.5 (F16).
+    for (; c + KB <= kk; c += KB) {
+      __m512 a[G][KB];
+      step(Lanes16{}, std::integral_constant<int, KB>{}, c, a);
+      alignas(64) float r[16];
+      _mm512_store_ps(r, _mm512_mul_ps(hsum16(&a[0][0]), _mm512_set1_ps(scale)));
+      for (int h = 0; h < G; ++h) std::memcpy(s + h * ld + c, r + h * KB, KB * sizeof(float));
+    }
+  } else {
+    alignas(64) __m512 part[G][16];
+    for (; c + KB <= kk; c += KB) {
+      __m512 a[G][KB];
+      step(Lanes16{}, std::integral_constant<int, KB>{}, c, a);
+      for (int h = 0; h < G; ++h)
+        for (int i = 0; i < KB; ++i) part[h][c + i] = a[h][i];
+    }
+    for (int r = c; r < 16; ++r)
+      for (int h = 0; h < G; ++h) part[h][r] = _mm512_setzero_ps();
+    const __mmask16 valid = tail_mask(c);  // lanes ≥ c: written below
+    for (int h = 0; h < G; ++h)
+      _mm512_storeu_ps(s + h * ld, _mm512_mask_mul_ps(_mm512_set1_ps(-INFINITY), valid, hsum16(part[h]),
+                                                      _mm512_set1_ps(scale)));
+  }
+  for (; c < kk; ++c) {  // fewer than KB keys left: one at a time
+    __m512 a[G][1];
+    step(Lanes16{}, std::integral_constant<int, 1>{}, c, a);
+    for (int h = 0; h < G; ++h) s[h * ld + c] = scale * _mm512_reduce_add_ps(a[h][0]);
+  }
+  for (; c < 16; ++c)
+    for (int h = 0; h < G; ++h) s[h * ld + c] = -INFINITY;
+}
+
+// acc[h] += Σ_{c < cn} p[h * ld + c] · V[c] for D-blocks [b0, b0 + BB): G·BB accumulators stay in
+// registers across the chunk's rows.
+// D-blocks per V pass: G·BB ≤ 16 accumulators.
+constexpr int v_blocks_per_pass(int G) { return G <= 4 ? 4 : 2; }
+
+// Each pass prefetches the lines of its own D-blocks, kPrefetchRows rows ahead, so that the V
+// stream's requests are spread over all the passes rather than issued by the first pass alone
+// (docs/performance.md, "Tuning choices").
+template <int G, int BB, int DT, typename T>
+inline void weighted_v_blocks(const float* p, int64_t ld, const T* V, int cn, int D_, int b0, int nb, __mmask16 last,
+                              float* acc) {
+  const int D = DT > 0 ? DT : D_;
+  __m512 a[G][BB];
+  __mmask16 mk[BB];
+  for (int j = 0; j < BB; ++j) {
+    mk[j] = b0 + j < nb ? (b0 + j == nb - 1 ? last : __mmask16(0xffff)) : __mmask16(0);
+    for (int h = 0; h < G; ++h) a[h][j] = _mm512_maskz_loadu_ps(mk[j], acc + h * D + (b0 + j) * 16);
+  }
+  const int pf_begin = b0 * 16 * int(sizeof(T)), pf_end = std::min(D, (b0 + BB) * 16) * int(sizeof(T));
+  const int64_t ahead_elems = int64_t(prefetch_rows(D * int(sizeof(T)))) * D;
+  for (int c = 0; c < cn; ++c) {
+    const T* v = V + int64_t(c) * D + b0 * 16;
+    const char* ahead = reinterpret_cast<const char*>(V + int64_t(c) * D + ahead_elems);
+    if constexpr (attention_prefetches<G, DT, T>())
+      for (int off = pf_begin; off < pf_end; off += 64) _mm_prefetch(ahead + off, _MM_HINT_T2);
+    __m512 vv[BB];
+    for (int j = 0; j < BB; ++j) vv[j] = in_register(load16(v + j * 16, mk[j]));
+    for (int h = 0; h < G; ++h) {
+      const __m512 ph = _mm512_set1_ps(p[h * ld + c]);
+      for (int j = 0; j < BB; ++j) a[h][j] = _mm512_fmadd_ps(ph, vv[j], a[h][j]);
+    }
+  }
+  for (int j = 0; j < BB; ++j)
+    for (int h = 0; h < G; ++h) _mm512_mask_storeu_ps(acc + h * D + (b0 + j) * 16, mk[j], a[h][j]);
+}
+
+// One pass over K and V in chunks of kChunk keys with an online softmax (running max and sum per
+// head; accumulators rescaled when the max grows): K and V are each streamed once, the chunk's
+// logits stay in L1.
+template <int G, int DT, typename T>
+void attention_group_fused(const float* q, const T* K, const T* V, int64_t n, int D_, float scale, float* out,
+                           float* logits_out, float* probs_out, int64_t tap_ld, float* lse_out,
+                           const int32_t* key_limits) {
+  const int D = DT > 0 ? DT : D_;
+  constexpr int kChunk = 64;
+  constexpr int BB = v_blocks_per_pass(G);
+  alignas(64) float s[G * kChunk];
+  float mx[G], sum[G];
+  for (int h = 0; h < G; ++h) mx[h] = -INFINITY, sum[h] = 0.0f;
+  std::fill(out, out + int64_t(G) * D, 0.0f);
+  const int nb = (D + 15) / 16;
+  const __mmask16 last = (D % 16) ? tail_mask(D % 16) : __mmask16(0xffff);
+  for (int64_t t0 = 0; t0 < n; t0 += kChunk) {
+    const int cn = int(std::min<int64_t>(kChunk, n - t0));
+    if (cn < kChunk) std::fill(s, s + G * kChunk, -INFINITY);  // the last chunk's unused lanes
+    for (int c0 = 0; c0 < cn; c0 += 16)
+      logits16<G, DT>(q, K + (t0 + c0) * D, std::min(16, cn - c0), D, scale, s + c0, kChunk);
+    if (key_limits)  // head h sees keys [0, key_limits[h]) only
+      for (int h = 0; h < G; ++h)
+        for (int64_t c = std::max<int64_t>(0, key_limits[h] - t0); c < cn; ++c) s[h * kChunk + c] = -INFINITY;
+    if (logits_out)
+      for (int h = 0; h < G; ++h) std::copy(s + h * kChunk, s + h * kChunk + cn, logits_out + h * tap_ld + t0);
+    else if (probs_out)  // logits parked in probs_out, normalised at the end
+      for (int h = 0; h < G; ++h) std::copy(s + h * kChunk, s + h * kChunk + cn, probs_out + h * tap_ld + t0);
+    for (int h = 0; h < G; ++h) {
+      float* sh = s + h * kChunk;
+      __m512 m16 = _mm512_set1_ps(-INFINITY);
+      for (int c = 0; c < kChunk; c += 16) m16 = _mm512_max_ps(m16, _mm512_load_ps(sh + c));
+      const float m_new = std::max(mx[h], _mm512_reduce_max_ps(m16));
+      if (m_new > mx[h]) {
+        const float corr = mx[h] == -INFINITY ? 0.0f : std::exp(mx[h] - m_new);
+        sum[h] *= corr;
+        if (t0 > 0)
+          for (int d = 0; d < D; ++d) out[h * D + d] *= corr;
+        mx[h] = m_new;
+      }
+      sum[h] += exp_shift_sum(sh, kChunk, mx[h]);  // lanes ≥ cn hold -inf → 0
+    }
+    for (int b0 = 0; b0 < nb; b0 += BB)
+      weighted_v_blocks<G, BB, DT>(s, kChunk, V + t0 * D, cn, D, b0, nb, last, out);
+  }
+  for (int h = 0; h < G; ++h) {
+    const float inv = sum[h] > 0 ? 1.0f / sum[h] : 0.0f;
+    for (int d = 0; d < D; ++d) out[h * D + d] *= inv;
+    const float lse = mx[h] + std::log(sum[h]);
+    if (lse_out) lse_out[h] = lse;
+    if (probs_out) {  // exp(logit − lse), in place over the logits parked there or a copy of them
+      float* pr = probs_out + h * tap_ld;
+      if (logits_out) std::copy(logits_out + h * tap_ld, logits_out + h * tap_ld + n, pr);
+      exp_shift_sum(pr, n, lse);
+    }
+  }
+}
+
+template <int G, int DT>
+void group_logits_fixed(const float* q, const float* K, int64_t n, int64_t t0, int64_t t1, int D_, float scale,
+                        float* logits) {
+  const int D = DT > 0 ? DT : D_;
+  for (int64_t t = t0; t < t1; t += 16) {
+    const int kk = int(std::min<int64_t>(16, t1 - t));
+    if (kk == 16) {
+      logits16<G, DT>(q, K + t * D, 16, D, scale, logits + t, n);
+    } else {  // tail: through a buffer, so nothing past t1 is written
+      alignas(64) float tmp[G * 16];
+      logits16<G, DT>(q, K + t * D, kk, D, scale, tmp, 16);
+      for (int h = 0; h < G; ++h) std::copy(tmp + h * 16, tmp + h * 16 + kk, logits + h * n + t);
+    }
+  }
+}
+
+template <int G, int DT>
+void group_logit_max_fixed(const float* q, const float* K, int64_t t0, int64_t t1, int D_, float scale,
+                           float* score) {
+  const int D = DT > 0 ? DT : D_;
+  for (int64_t t = t0; t < t1; t += 16) {
+    const int kk = int(std::min<int64_t>(16, t1 - t));
+    alignas(64) float tmp[G * 16];  // this block's logits, in L1
+    logits16<G, DT>(q, K + t * D, kk, D, scale, tmp, 16);
+    __m512 m = _mm512_set1_ps(-INFINITY);
+    for (int h = 0; h < G; ++h) m = _mm512_max_ps(_mm512_load_ps(tmp + h * 16), m);  // NaN: m
+    _mm512_mask_storeu_ps(score + t, tail_mask(kk), m);
+  }
+}
+
+// out[h] = Σ_t p[h, t] · V[t]: the attention's V pass (accumulators in registers) over chunks of
+// 64 rows, so that each chunk's rows stay in L1 across the D-block passes.
+template <int G, int DT>
+void group_weighted_v_fixed(const float* p, const float* V, int64_t n, int D_, float* out) {
+  const int D = DT > 0 ? DT : D_;
+  constexpr int BB = v_blocks_per_pass(G);
+  const int nb = (D + 15) / 16;
+  const __mmask16 last = (D % 16) ? tail_mask(D % 16) : __mmask16(0xffff);
+  std::fill(out, out + int64_t(G) * D, 0.0f);
+  for (int64_t t0 = 0; t0 < n; t0 += 64) {
+    const int cn = int(std::min<int64_t>(64, n - t0));
+    for (int b0 = 0; b0 < nb; b0 += BB) weighted_v_blocks<G, BB, DT>(p + t0, n, V + t0 * D, cn, D, b0, nb, last, out);
+  }
+}
+#endif
+
+// y[m, n] = x[m] · W[n] for n in [n0, n1), MR rows of x (decode batch), W rows of type T. Blocks
+// of 16 weight rows: 4 rows at a time share each x load (4·MR accumulators), and one hsum16 per
+// x row turns the 16 rows' partial vectors into 16 outputs. Weights are read once, streamed.
+#if HG_AVX512
+constexpr int64_t kGemvPrefetchRows = 16;
+// One step of the GEMV's inner loop, per weight type: kStep weights per row, loaded and multiplied
+// into F32 accumulators.
+// - GemvConvert<T>: F32/F16/BF16 weights converted to F32 as they stream, F32 x, FMA.
+// - GemvBf16Dot: BF16 weights with `vdpbf16ps` (32 weights per instruction, no conversion, two
+//   products per F32 lane) against x rounded to BF16.
+template <typename T>
+struct GemvConvert {
+  using W = T;
+  using X = float;
+  using XV = __m512;
+  using WV = __m512;
+  using Mask = __mmask16;
+  static constexpr int kStep = 16;
+  static Mask tail(int64_t r) { return tail_mask(int(r)); }
+  static WV load_w(const T* p, Mask m) { return load16(p, m); }
+  static XV load_x(const float* p, Mask m) { return _mm512_maskz_loadu_ps(m, p); }
+  static __m512 mac(__m512 a, XV x, WV w) { return _mm512_fmadd_ps(x, w, a); }
+};
+#if HG_KERNEL_BF16
+struct GemvBf16Dot {
+  using W = uint16_t;
+  using X = uint16_t;
+  using XV = __m512bh;
+  using WV = __m512bh;
+  using Mask = __mmask32;
+  static constexpr int kStep = 32;
+  static Mask tail(int64_t r) { return Mask((uint64_t(1) << r) - 1); }
+  static WV load_w(const uint16_t* p, Mask m) { return (__m512bh)_mm512_maskz_loadu_epi16(m, p); }
+  static XV load_x(const uint16_t* p, Mask m) { return (__m512bh)_mm512_maskz_loadu_epi16(m, p); }
+  static __m512 mac(__m512 a, XV x, WV w) { return _mm512_dpbf16_ps(a, x, w); }
+};
+#endif
+
+// Weight rows read side by side per pass (RB): more concurrent streams read faster, except for F16,
+// whose conversions cost more than the extra streams gain (docs/performance.md, "Tuning choices").
+// MR·RB accumulators + RB weight vectors + x stay within the 32 registers.
+template <int MR, typename P>
+constexpr int gemv_rows_per_pass() { return !std::is_same_v<typename P::W, F16Tag> && MR <= 2 ? 8 : 4; }
+
+// y[m, n] for MR x rows and weight rows [n0, n1) (the layout of cpu::gemv), with step policy P.
+template <int MR, typename P>
+void gemv_t(const typename P::X* x, const typename P::W* W, int64_t K, int64_t n0, int64_t n1, float* y, int64_t ldy) {
+  constexpr int S = P::kStep, RB = gemv_rows_per_pass<MR, P>();
+  const int64_t kb_full = K / S;
+  const typename P::Mask all = typename P::Mask(~uint64_t(0)), tail = P::tail(K % S);
+  for (int64_t nb = n0; nb < n1; nb += 16) {
+    const int rows = int(std::min<int64_t>(16, n1 - nb));
+    alignas(64) __m512 part[MR][16];
+    for (int r0 = 0; r0 < rows; r0 += RB) {
+      const int rr = std::min(RB, rows - r0);
+      const typename P::W* w[RB];
+      for (int j = 0; j < RB; ++j) w[j] = W + (nb + r0 + std::min(j, rr - 1)) * K;  // rows past the end repeat
+      __m512 a[MR][RB];
+      for (int m = 0; m < MR; ++m)
+        for (int j = 0; j < RB; ++j) a[m][j] = _mm512_setzero_ps();
+      auto step = [&](int64_t k0, typename P::Mask msk) {
+        typename P::WV wv[RB];
+        for (int j = 0; j < RB; ++j) wv[j] = P::load_w(w[j] + k0, msk);
+        for (int m = 0; m < MR; ++m) {
+          const typename P::XV xv = P::load_x(x + m * K + k0, msk);
+          for (int j = 0; j < RB; ++j) a[m][j] = P::mac(a[m][j], xv, wv[j]);
+        }
+      };
+      for (int64_t kb = 0; kb < kb_full; ++kb) {
+        // Prefetch the rows kGemvPrefetchRows ahead, spread over the loop (one line per row per
+        // 64 bytes read), so that the requests do not arrive in one burst.
+        if ((kb * S * int64_t(sizeof(typename P::W))) % 64 == 0)
+          for (int j = 0; j < RB; ++j)
+            _mm_prefetch(reinterpret_cast<const char*>(w[j] + kGemvPrefetchRows * K + kb * S), _MM_HINT_T2);
+        step(kb * S, all);
+      }
+      if (K % S) step(kb_full * S, tail);
+      for (int m = 0; m < MR; ++m)
+        for (int j = 0; j < RB; ++j) part[m][r0 + j] = a[m][j];
+    }
+    for (int m = 0; m < MR; ++m) {
+      for (int r = rows; r < 16; ++r) part[m][r] = _mm512_setzero_ps();
+      _mm512_mask_storeu_ps(y + m * ldy + nb, rows >= 16 ? __mmask16(0xffff) : tail_mask(rows), hsum16(part[m]));
+    }
+  }
+}
+#endif
+
+
+// Calls f(std::integral_constant<int, G>) for G in 1..8; false for other G.
+template <typename F>
+bool with_group_size(int G, F&& f) {
+  switch (G) {
+    case 1: f(std::integral_constant<int, 1>{}); return true;
+    case 2: f(std::integral_constant<int, 2>{}); return true;
+    case 3: f(std::integral_constant<int, 3>{}); return true;
+    case 4: f(std::integral_constant<int, 4>{}); return true;
+    case 5: f(std::integral_constant<int, 5>{}); return true;
+    case 6: f(std::integral_constant<int, 6>{}); return true;
+    case 7: f(std::integral_constant<int, 7>{}); return true;
+    case 8: f(std::integral_constant<int, 8>{}); return true;
+    default: return false;
+  }
+}
+
+// Calls f(std::integral_constant<int, D>) for the common head sizes 64 and 128 (fully unrolled
+// loops), f(std::integral_constant<int, 0>) (run-time D) otherwise.
+template <typename F>
+void with_head_dim(int D, F&& f) {
+  if (D == 128) f(std::integral_constant<int, 128>{});
+  else if (D == 64) f(std::integral_constant<int, 64>{});
+  else f(std::integral_constant<int, 0>{});
+}
+
+template <typename T>
+void attention_group_t(const float* q, const T* K, const T* V, int64_t n_keys, int G, int D, float scale, float* out,
+                       float* scratch, float* logits_out, float* probs_out, int64_t tap_ld, float* lse_out,
+                       const int32_t* key_limits) {
+  if (n_keys <= 0) {
+    std::fill(out, out + int64_t(G) * D, 0.0f);
+    if (lse_out) std::fill(lse_out, lse_out + G, -INFINITY);
+    return;
+  }
+#if HG_AVX512
+  if (with_group_size(G, [&](auto g) {
+        with_head_dim(D, [&](auto d) {
+          attention_group_fused<decltype(g)::value, decltype(d)::value>(q, K, V, n_keys, D, scale, out, logits_out,
+                                                                         probs_out, tap_ld, lse_out, key_limits);
+        });
+      }))
+    return;
+#endif
+  // scratch[h * n_keys + t] = scale * q_h · k_t (each K row read once for the G heads); then
+  // softmax per h; out_h = Σ_t p_h[t] v_t (each V row read once).
+  for (int64_t t = 0; t < n_keys; ++t) {
+    const T* k = K + t * D;
+    for (int h = 0; h < G; ++h) scratch[h * n_keys + t] = dot_kv(q + int64_t(h) * D, k, D) * scale;
+  }
+  if (key_limits)
+    for (int h = 0; h < G; ++h)
+      for (int64_t t = key_limits[h]; t < n_keys; ++t) scratch[h * n_keys + t] = -INFINITY;
+  if (logits_out)
+    for (int h = 0; h < G; ++h) std::copy(scratch + h * n_keys, scratch + (h + 1) * n_keys, logits_out + h * tap_ld);
+  std::vector<float> inv_sum(static_cast<size_t>(G), 0.0f);
+  for (int h = 0; h < G; ++h) {
+    float* s = scratch + int64_t(h) * n_keys;
+    float mx = -INFINITY;
+    for (int64_t t = 0; t < n_keys; ++t) mx = std::max(mx, s[t]);
+    const float sum = exp_shift_sum(s, n_keys, mx);
+    inv_sum[size_t(h)] = sum > 0 ? 1.0f / sum : 0.0f;
+    if (lse_out) lse_out[h] = mx + std::log(sum);
+    if (probs_out)
+      for (int64_t t = 0; t < n_keys; ++t) probs_out[h * tap_ld + t] = s[t] * inv_sum[size_t(h)];
+  }
+  weighted_v_kv(scratch, G, V, n_keys, D, out);  // unnormalised weights; scaled below
+  for (int h = 0; h < G; ++h)
+    for (int d = 0; d < D; ++d) out[int64_t(h) * D + d] *= inv_sum[size_t(h)];
+}
+
+}  // namespace
+
+void group_weighted_v(const float* p, int G, const float* V, int64_t n, int D, float* out) {
+#if HG_AVX512
+  if (with_group_size(G, [&](auto g) {
+        with_head_dim(D, [&](auto d) { group_weighted_v_fixed<decltype(g)::value, decltype(d)::value>(p, V, n, D, out); });
+      }))
+    return;
+#endif
+  weighted_v_kv(p, G, V, n, D, out);
+}
+
+void group_logit_max(const float* q, int G, const float* K, int64_t t0, int64_t t1, int D, float scale,
+                     float* score) {
+#if HG_AVX512
+  if (with_group_size(G, [&](auto g) {
+        with_head_dim(D, [&](auto d) {
+          group_logit_max_fixed<decltype(g)::value, decltype(d)::value>(q, K, t0, t1, D, scale, score);
+        });
+      }))
+    return;
+#endif
+  for (int64_t t = t0; t < t1; ++t) {
+    float m = -INFINITY;
+    for (int h = 0; h < G; ++h) {
+      const float l = dot(q + int64_t(h) * D, K + t * D, D) * scale;
+      m = m < l ? l : m;
+    }
+    score[t] = m;
+  }
+}
+
+void group_logits(const float* q, int G, const float* K, int64_t n, int64_t t0, int64_t t1, int D, float scale,
+                  float* logits) {
+#if HG_AVX512
+  if (with_group_size(G, [&](auto g) {
+        with_head_dim(D, [&](auto d) {
+          group_logits_fixed<decltype(g)::value, decltype(d)::value>(q, K, n, t0, t1, D, scale, logits);
+        });
+      }))
+    return;
+#endif
+  for (int64_t t = t0; t < t1; ++t) {
+    const float* k = K + t * D;
+    for (int h = 0; h < G; ++h) logits[h * n + t] = dot(q + int64_t(h) * D, k, D) * scale;
+  }
+}
+
+void attention_group(const float* q, const void* K, const void* V, DType kv, int64_t n_keys, int G, int D, float scale,
+                     float* out, float* scratch, float* logits_out, float* probs_out, int64_t tap_ld, float* lse_out,
+                     const int32_t* key_limits) {
+  switch (kv) {
+    case DType::kF32:
+      return attention_group_t(q, static_cast<const float*>(K), static_cast<const float*>(V), n_keys, G, D, scale, out,
+                               scratch, logits_out, probs_out, tap_ld, lse_out, key_limits);
+    case DType::kF16:
+      return attention_group_t(q, static_cast<const F16Tag*>(K), static_cast<const F16Tag*>(V), n_keys, G, D, scale,
+                               out, scratch, logits_out, probs_out, tap_ld, lse_out, key_limits);
+    case DType::kBF16:
+      return attention_group_t(q, static_cast<const BF16Tag*>(K), static_cast<const BF16Tag*>(V), n_keys, G, D, scale,
+                               out, scratch, logits_out, probs_out, tap_ld, lse_out, key_limits);
+  }
+}
+
+bool gemv_rounds_bf16_activations() {
+#if HG_AVX512 && HG_KERNEL_BF16
+  return true;
+#else
+  return false;
+#endif
+}
+
+void gemv(const float* x, int M, const void* W, DType wt, int64_t K, int64_t n0, int64_t n1, float* y, int64_t ldy) {
+  auto run = [&](auto tag) {
+    using T = decltype(tag);
+#if HG_AVX512
+    auto dispatch = [&](auto policy, const auto* xs) {
+      using P = decltype(policy);
+      const auto* wp = static_cast<const typename P::W*>(W);
+      switch (M) {
+        case 1: return gemv_t<1, P>(xs, wp, K, n0, n1, y, ldy);
+        case 2: return gemv_t<2, P>(xs, wp, K, n0, n1, y, ldy);
+        case 3: return gemv_t<3, P>(xs, wp, K, n0, n1, y, ldy);
+        default: return gemv_t<4, P>(xs, wp, K, n0, n1, y, ldy);
+      }
+    };
+    if (M > 4) {
+      for (int m = 0; m < M; m += 4)
+        gemv(x + int64_t(m) * K, std::min(4, M - m), W, wt, K, n0, n1, y + int64_t(m) * ldy, ldy);
+      return;
+    }
+#if HG_KERNEL_BF16
+    if constexpr (std::is_same_v<T, BF16Tag>) {
+      // x rounded to BF16 once per call (as oneDNN's BF16 prefill rounds it).
+      thread_local std::vector<uint16_t> xb;
+      xb.resize(size_t(M * K));
+      f32_to_bf16_row(x, xb.data(), int64_t(M) * K);
+      return dispatch(GemvBf16Dot{}, xb.data());
+    }
+#endif
+    dispatch(GemvConvert<T>{}, x);
+#else
+    const T* w = static_cast<const T*>(W);
+    for (int m = 0; m < M; ++m)
+      for (int64_t n = n0; n < n1; ++n) {
+        float s = 0;
+        for (int64_t k = 0; k < K; ++k) s += x[int64_t(m) * K + k] * elem(w, n * K + k);
+        y[int64_t(m) * ldy + n] = s;
+      }
+#endif
+  };
+  switch (wt) {
+    case DType::kF32: return run(float{});
+    case DType::kF16: return run(F16Tag{});
+    case DType::kBF16: return run(BF16Tag{});
+  }
+}
+
+// Bytes of rows requested ahead of the copy (16 rows of 512 B), with the T2 hint (into L2): random
+// rows are bound by the DRAM's random-access rate, not by the requests in flight
+// (docs/performance.md, "Tuning choices").
+constexpr int64_t kGatherAheadBytes = 8192;
+
+namespace {
+// Calls row(i, p) for i < n with p the i-th selected row, after requesting the rows kGatherAheadBytes
+// ahead, one prefetch per 64-byte line.
+template <class F>
+inline void for_each_row_prefetched(const void* src, int64_t row_bytes, int64_t src_stride, const int32_t* idx,
+                                    int64_t n, F&& row) {
+  const auto* s = static_cast<const char*>(src);
+  const int64_t ahead = std::max<int64_t>(1, kGatherAheadBytes / std::max<int64_t>(row_bytes, 1));
+  auto request = [&](int64_t i) {
+    const char* r = s + int64_t(idx[i]) * src_stride;
+    for (int64_t off = 0; off < row_bytes; off += 64) __builtin_prefetch(r + off, 0, 1);  // T2
+  };
+  for (int64_t i = 0; i < std::min(n, ahead); ++i) request(i);
+  for (int64_t i = 0; i < n; ++i) {
+    if (i + ahead < n) request(i + ahead);
+    row(i, s + int64_t(idx[i]) * src_stride);
+  }
+}
+}  // namespace
+
+void gather_rows(void* dst, const void* src, int64_t row_bytes, int64_t src_stride, const int32_t* idx, int64_t n) {
+  auto* d = static_cast<char*>(dst);
+  for_each_row_prefetched(src, row_bytes, src_stride, idx, n,
+                          [&](int64_t i, const char* r) { std::memcpy(d + i * row_bytes, r, size_t(row_bytes)); });
+}
+
+float sum_rows(const float* src, int64_t row_floats, int64_t src_stride, const int32_t* idx, int64_t n) {
+  float s = 0;
+#if HG_AVX512
+  FourSums sums;
+  for_each_row_prefetched(src, row_floats * 4, src_stride * 4, idx, n, [&](int64_t, const char* r) {
+    const auto* f = reinterpret_cast<const float*>(r);
+    for (int64_t j = sums.add(f, row_floats); j < row_floats; ++j) s += f[j];
+  });
+  s += sums.total();
+#else
+  for_each_row_prefetched(src, row_floats * 4, src_stride * 4, idx, n, [&](int64_t, const char* r) {
+    s += sum(reinterpret_cast<const float*>(r), row_floats);
+  });
+#endif
+  return s;
+}
+
+const KernelTable& kernel_table() {
+  static const KernelTable t{
+      dot, sum, sum_one_stream, rms_norm_row, layer_norm_row, swiglu, relu, add, max_value, exp_shift_sum,
+      f32_to_bf16_row, bf16_to_f32_row, f16_to_f32_row, attention_group, group_logits, group_logit_max,
+      gemv, gemv_rounds_bf16_activations, gather_rows, sum_rows, group_weighted_v,
+  };
+  return t;
+}
+
+}  // namespace hg::cpu::HG_KERNEL_NS
+
+#if HG_KERNEL_AVX512
+#pragma GCC pop_options
+#endif
