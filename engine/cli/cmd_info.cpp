@@ -46,6 +46,12 @@ int cmd_info(const std::vector<std::string>& args) {
   const ProcessMemory mem = process_memory();
   fmt::print("loaded in:      {:.2f} s; process resident {:.1f} MiB (peak {:.1f} MiB)\n", m.load_seconds,
              double(mem.resident_bytes) / (1 << 20), double(mem.peak_resident_bytes) / (1 << 20));
+  fmt::print("weights held:   {:.1f} MiB mapped from the file{}, {:.1f} MiB in own buffers (model option load=map|copy)\n",
+             double(m.mapped_weight_bytes) / (1 << 20),
+             m.unlocked_weight_bytes ? fmt::format(" ({:.1f} MiB not locked: RLIMIT_MEMLOCK)",
+                                                   double(m.unlocked_weight_bytes) / (1 << 20))
+                                     : std::string(),
+             double(m.weight_bytes() - m.mapped_weight_bytes) / (1 << 20));
   fmt::print("CPU kernels:    {} (best on this CPU: {}; HG_CPU_ISA=portable|avx512|avx512_bf16 chooses)\n",
              cpu_isa_name(active_cpu_isa()), cpu_isa_name(best_cpu_isa()));
   fmt::print("KV bytes/token: {} (F32 cache; K and V, all layers)\n",

@@ -90,9 +90,7 @@ int64_t Model::n_params() const {
 
 int64_t Model::weight_bytes() const {
   int64_t n = 0;
-  for (auto& w : global) n += int64_t(w.bytes());
-  for (auto& l : layers)
-    for (auto& w : l.t) n += int64_t(w.bytes());
+  for_each_weight([&](const Weight& w) { n += int64_t(w.bytes()); });
   return n;
 }
 

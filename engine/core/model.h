@@ -95,12 +95,21 @@ struct Model {
   std::string format;                // gguf, hf, llama2c, synthetic
   std::string source_dtype;          // what the file held (e.g. "f32", "q8_0", "bf16")
   double load_seconds = 0;           // load_model's wall time (reading, converting, validating)
+  int64_t mapped_weight_bytes = 0;   // weights that are views of the file's mapping (WeightLoad::kMap)
+  int64_t unlocked_weight_bytes = 0; // of those, the ones mlock refused (RLIMIT_MEMLOCK): evictable
 
   Weight& operator[](GlobalSlot s) { return global[size_t(s)]; }
   const Weight& operator[](GlobalSlot s) const { return global[size_t(s)]; }
   const Weight& output() const;  // the LM head (the embedding when tied)
   int64_t n_params() const;      // counts a tied matrix once
   int64_t weight_bytes() const;
+  // Calls f(w) for every weight (global and per layer).
+  template <typename F>
+  void for_each_weight(F&& f) const {
+    for (auto& w : global) f(w);
+    for (auto& l : layers)
+      for (auto& w : l.t) f(w);
+  }
 };
 
 // Checks presence and shape of every slot the traits require; throws InputError naming `where`.

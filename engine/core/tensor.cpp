@@ -10,6 +10,7 @@
 
 #include "engine/core/error.h"
 #include "engine/core/phantom.h"
+#include "engine/core/thread_pool.h"
 
 namespace hg {
 
@@ -47,12 +48,22 @@ AlignedBuffer AlignedBuffer::phantom(size_t bytes) {
   AlignedBuffer b;
   b.bytes_ = bytes;
   if (bytes == 0) return b;
-  b.ptr_ = std::unique_ptr<void, AlignedFree>(phantom_alloc(bytes), AlignedFree{bytes});
+  b.ptr_ = std::unique_ptr<void, AlignedFree>(phantom_alloc(bytes), AlignedFree{bytes, nullptr});
   if (!b.ptr_) throw OutOfMemoryError(fmt::format("phantom mapping of {} bytes failed", bytes));
   return b;
 }
 
+AlignedBuffer AlignedBuffer::view(const void* p, size_t bytes, std::shared_ptr<const void> owner) {
+  AlignedBuffer b;
+  b.bytes_ = bytes;
+  if (bytes == 0) return b;
+  HG_CHECK(owner != nullptr);
+  b.ptr_ = std::unique_ptr<void, AlignedFree>(const_cast<void*>(p), AlignedFree{0, std::move(owner)});
+  return b;
+}
+
 void AlignedFree::operator()(void* p) const {
+  if (owner) return;
   if (phantom_bytes) phantom_free(p, phantom_bytes);
   else std::free(p);
 }
@@ -81,23 +92,36 @@ Weight convert_weight(DType from, const void* src, DType to, std::vector<int64_t
                       const std::function<void(size_t, size_t)>& consumed) {
   Weight w = make_weight(to, std::move(shape));
   const size_t n = size_t(w.numel()), in = dtype_size(from), out = dtype_size(to);
-  constexpr size_t kChunk = size_t(16) << 20;  // elements per step: a bounded scratch and release
-  std::vector<float> tmp;
-  for (size_t b = 0; b < n; b += kChunk) {
-    const size_t c = std::min(kChunk, n - b);
-    const auto* s = static_cast<const char*>(src) + b * in;
-    char* d = static_cast<char*>(w.buf.data()) + b * out;
-    if (from == to) {
-      std::memcpy(d, s, c * out);
-    } else if (to == DType::kF32) {
-      to_f32(from, s, reinterpret_cast<float*>(d), c);
-    } else {
-      tmp.resize(c);
-      to_f32(from, s, tmp.data(), c);
-      from_f32(to, tmp.data(), d, c);
+  const int64_t rows = w.shape.size() >= 2 ? w.shape[0] : 1;
+  const size_t row = rows > 0 ? n / size_t(rows) : 0;  // values per row
+  constexpr size_t kChunk = size_t(4) << 20;  // values per step and thread: a bounded scratch and release
+  parallel_chunks((rows + kWeightRowBlock - 1) / kWeightRowBlock, [&](int64_t b, int64_t e) {
+    const size_t first = size_t(b * kWeightRowBlock) * row, last = size_t(std::min(rows, e * kWeightRowBlock)) * row;
+    std::vector<float> tmp;
+    for (size_t i = first; i < last; i += kChunk) {
+      const size_t c = std::min(kChunk, last - i);
+      const auto* s = static_cast<const char*>(src) + i * in;
+      char* d = static_cast<char*>(w.buf.data()) + i * out;
+      if (from == to) {
+        std::memcpy(d, s, c * out);
+      } else if (to == DType::kF32) {
+        to_f32(from, s, reinterpret_cast<float*>(d), c);
+      } else {
+        tmp.resize(c);
+        to_f32(from, s, tmp.data(), c);
+        from_f32(to, tmp.data(), d, c);
+      }
+      if (consumed) consumed(i * in, c * in);
     }
-    if (consumed) consumed(b * in, c * in);
-  }
+  });
+  return w;
+}
+
+Weight view_weight(DType t, std::vector<int64_t> shape, const void* src, std::shared_ptr<const void> owner) {
+  Weight w;
+  w.dtype = t;
+  w.shape = std::move(shape);
+  w.buf = AlignedBuffer::view(src, size_t(w.numel()) * dtype_size(t), std::move(owner));
   return w;
 }
 

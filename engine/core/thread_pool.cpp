@@ -1,9 +1,12 @@
 // OpenMP-backed worker pool.
 #include "engine/core/thread_pool.h"
 
+#include <numa.h>
 #include <omp.h>
 
 #include <algorithm>
+#include <atomic>
+#include <cstdlib>
 #include <thread>
 
 namespace hg {
@@ -12,7 +15,33 @@ int hardware_threads() { return std::max(1u, std::thread::hardware_concurrency()
 int num_threads() { return omp_get_max_threads(); }
 void set_num_threads(int n) { omp_set_num_threads(std::max(1, n)); }
 
+int numa_nodes_bound() {
+  static const int nodes = [] {
+    if (std::getenv("OMP_PROC_BIND") || std::getenv("OMP_PLACES") || numa_available() < 0) return 1;
+    return std::max(1, numa_num_configured_nodes());
+  }();
+  return nodes;
+}
+
+namespace {
+// The team size the pool's threads were last bound for (0: never).
+std::atomic<int> g_bound_team{0};
+
+// Thread t of a team of T runs on node t·nodes/T, so that parallel_chunks' chunk t (the rows
+// convert_weight first-touches and the decode GEMV reads) stays on one node.
+void bind_team_to_nodes() {
+  const int nodes = numa_nodes_bound();
+  if (nodes <= 1) return;
+  const int team = omp_get_max_threads();
+  if (g_bound_team.load(std::memory_order_acquire) == team) return;
+#pragma omp parallel num_threads(team)
+  numa_run_on_node(omp_get_thread_num() * nodes / team);  // affinity only: failure leaves it unbound
+  g_bound_team.store(team, std::memory_order_release);
+}
+}  // namespace
+
 void parallel_for(int64_t n, const std::function<void(int64_t)>& fn) {
+  bind_team_to_nodes();
   if (n <= 1 || omp_get_max_threads() == 1) {
     for (int64_t i = 0; i < n; ++i) fn(i);
     return;
@@ -22,6 +51,7 @@ void parallel_for(int64_t n, const std::function<void(int64_t)>& fn) {
 }
 
 void parallel_chunks(int64_t n, const std::function<void(int64_t, int64_t)>& fn) {
+  bind_team_to_nodes();
   const int64_t nt = std::min<int64_t>(omp_get_max_threads(), n);
   if (nt <= 1) {
     if (n > 0) fn(0, n);

@@ -1,6 +1,7 @@
 // The CPU worker pool: one process-wide OpenMP team, shared with oneDNN (which Debian builds on
 // OpenMP) so that our kernels and its matmuls never oversubscribe the cores. Sized to the machine
-// unless set_num_threads() is called.
+// unless set_num_threads() is called. On a machine with several NUMA nodes the pool's threads are
+// bound to nodes (thread t of T on node t·nodes/T) unless OMP_PROC_BIND or OMP_PLACES is set.
 #pragma once
 #include <cstdint>
 #include <functional>
@@ -8,6 +9,9 @@
 namespace hg {
 
 int hardware_threads();
+// The NUMA nodes the pool's threads are spread over: 1 on a one-node machine, or when OpenMP's own
+// binding (OMP_PROC_BIND, OMP_PLACES) is in charge.
+int numa_nodes_bound();
 int num_threads();
 void set_num_threads(int n);
 // Runs fn(i) for i in [0, n) across the pool; blocks until all are done.

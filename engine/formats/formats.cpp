@@ -1,6 +1,8 @@
 // Format registry and model-spec dispatch.
 #include "engine/formats/formats.h"
 
+#include <sys/mman.h>
+
 #include <chrono>
 #include <filesystem>
 
@@ -37,6 +39,14 @@ ModelSpec parse_model_spec(const std::string& spec) {
     }
   }
   return s;
+}
+
+WeightLoad weight_load_option(const ModelSpec& spec) {
+  const auto it = spec.options.find("load");
+  if (it == spec.options.end()) return WeightLoad::kCopy;
+  if (it->second == "map") return WeightLoad::kMap;
+  if (it->second == "copy") return WeightLoad::kCopy;
+  input_error("model '{}': option load={}: expected map or copy", spec.path, it->second);
 }
 
 void check_spec_options(const ModelSpec& s, const std::vector<std::string>& allowed) {
@@ -98,6 +108,13 @@ Model load_model(const std::string& spec_str, const LoadOptions& opts) {
   }
   const auto t0 = std::chrono::steady_clock::now();
   Model m = fmt->load(spec, opts);
+  // Mapped weights are locked in memory (and faulted in): a decode step then never waits for the
+  // disk, and a KV cache that fills the machine cannot push them out.
+  m.for_each_weight([&](const Weight& w) {
+    if (!w.mapped()) return;
+    m.mapped_weight_bytes += int64_t(w.bytes());
+    if (::mlock(w.buf.data(), w.bytes()) != 0) m.unlocked_weight_bytes += int64_t(w.bytes());
+  });
   m.load_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   m.format = fmt->name;
   if (m.source.empty()) m.source = spec_str;

@@ -18,6 +18,18 @@ struct LoadOptions {
   bool phantom_weights = false;
 };
 
+// How a loader holds the weights whose type in the file is the engine's: `copy` (the default)
+// copies into the process's own 2 MiB-page buffers, rows written by the threads that read them
+// (first touch: on a multi-node machine each thread's rows on its node), and the file's pages are
+// dropped as they are copied; `map` uses the file's mapping itself (no copy: loads at the speed of
+// mapping; load_model locks the pages in memory where the process may, so that they are not
+// dropped and re-read under memory pressure), but decode reads page-cache pages a few percent
+// slower (docs/performance.md, "Loading and resident memory"). Weights converted to another type
+// are always copies. The model spec's option load=map|copy chooses.
+enum class WeightLoad { kMap, kCopy };
+struct ModelSpec;
+WeightLoad weight_load_option(const ModelSpec& spec);
+
 // "path?key=value&key2=value2" → path and options; keys are checked by the loader.
 struct ModelSpec {
   std::string format;  // empty when probing

@@ -40,7 +40,7 @@ GgufFile::Value GgufFile::read_value(ByteReader& r, Type t, int depth) const {
       const uint32_t et = r.read<uint32_t>("array element type");
       if (et > kF64) input_error("{}: unknown array element type {} at offset {}", path(), et, r.offset());
       const uint64_t n = r.read<uint64_t>("array length");
-      if (n > kMaxArray || n > file_.size()) input_error("{}: array length {} is implausible", path(), n);
+      if (n > kMaxArray || n > file_->size()) input_error("{}: array length {} is implausible", path(), n);
       v.elem = Type(et);
       v.items.reserve(size_t(n));
       for (uint64_t k = 0; k < n; ++k) v.items.push_back(read_value(r, Type(et), depth + 1));
@@ -51,8 +51,8 @@ GgufFile::Value GgufFile::read_value(ByteReader& r, Type t, int depth) const {
   return v;
 }
 
-GgufFile::GgufFile(const std::string& path) : file_(path) {
-  ByteReader r(file_);
+GgufFile::GgufFile(const std::string& path) : file_(std::make_shared<const MappedFile>(path)) {
+  ByteReader r(*file_);
   const uint32_t magic = r.read<uint32_t>("magic");
   if (magic != 0x46554747u) input_error("{}: not a GGUF file (bad magic)", path);
   version_ = r.read<uint32_t>("version");
@@ -60,7 +60,7 @@ GgufFile::GgufFile(const std::string& path) : file_(path) {
     input_error("{}: GGUF version {} is not supported (expected 2 or 3)", path, version_);
   const uint64_t n_tensors = r.read<uint64_t>("tensor count");
   const uint64_t n_kv = r.read<uint64_t>("key-value count");
-  if (n_tensors > file_.size() || n_kv > file_.size())
+  if (n_tensors > file_->size() || n_kv > file_->size())
     input_error("{}: implausible counts ({} tensors, {} key-values)", path, n_tensors, n_kv);
   for (uint64_t k = 0; k < n_kv; ++k) {
     const uint64_t klen = r.read<uint64_t>("key length");
@@ -109,7 +109,7 @@ GgufFile::GgufFile(const std::string& path) : file_(path) {
     }
     if (ti.offset % align) input_error("{}: tensor '{}' offset {} is not aligned to {}", path, ti.name, ti.offset, align);
     ti.offset += data_start;
-    file_.require(ti.offset, ti.bytes, ("data of tensor " + ti.name).c_str());
+    file_->require(ti.offset, ti.bytes, ("data of tensor " + ti.name).c_str());
   }
 }
 
@@ -181,16 +181,20 @@ const GgufFile::TensorInfo* GgufFile::find_tensor(const std::string& name) const
   return it == by_name_.end() ? nullptr : &tensors_[it->second];
 }
 
-Weight GgufFile::load(const TensorInfo& t, DType to) const {
+Weight GgufFile::load(const TensorInfo& t, DType to, WeightLoad how) const {
+  const bool same = (t.type == kTF32 && to == DType::kF32) || (t.type == kTF16 && to == DType::kF16) ||
+                    (t.type == kTBF16 && to == DType::kBF16);
+  if (how == WeightLoad::kMap && same)
+    if (auto w = map_weight(file_, t.offset, to, std::vector<int64_t>(t.ne.rbegin(), t.ne.rend()))) return std::move(*w);
   Weight w = convert(t, to);
-  file_.release(t.offset, t.bytes);
+  file_->release(t.offset, t.bytes);
   return w;
 }
 
 Weight GgufFile::convert(const TensorInfo& t, DType to) const {
   std::vector<int64_t> shape(t.ne.rbegin(), t.ne.rend());
-  const uint8_t* src = file_.data() + t.offset;
-  const auto consumed = [&](size_t off, size_t n) { file_.release(t.offset + off, n); };
+  const uint8_t* src = file_->data() + t.offset;
+  const auto consumed = [&](size_t off, size_t n) { file_->release(t.offset + off, n); };
   switch (t.type) {
     case kTF32: return convert_weight(DType::kF32, src, to, shape, consumed);
     case kTF16: return convert_weight(DType::kF16, src, to, shape, consumed);

@@ -10,6 +10,7 @@
 #include "engine/core/mapped_file.h"
 #include "engine/core/model_metadata.h"
 #include "engine/core/tensor.h"
+#include "engine/formats/formats.h"
 
 namespace hg {
 
@@ -38,7 +39,7 @@ class GgufFile final : public ModelMetadata {
   };
 
   explicit GgufFile(const std::string& path);
-  const std::string& path() const override { return file_.path(); }
+  const std::string& path() const override { return file_->path(); }
   uint32_t version() const { return version_; }
 
   bool has(const std::string& key) const override { return kv_.count(key) != 0; }
@@ -54,14 +55,15 @@ class GgufFile final : public ModelMetadata {
 
   const std::vector<TensorInfo>& tensors() const { return tensors_; }
   const TensorInfo* find_tensor(const std::string& name) const;
-  // Loads a tensor into `to` (matrices) with PyTorch shape (ggml ne reversed).
-  Weight load(const TensorInfo& t, DType to) const;
+  // Loads a tensor into `to` (matrices) with PyTorch shape (ggml ne reversed): a view of the
+  // mapping when `how` is kMap and the file holds it as `to`, else a copy.
+  Weight load(const TensorInfo& t, DType to, WeightLoad how = WeightLoad::kCopy) const;
   static std::string type_name(uint32_t t);
 
  private:
   Weight convert(const TensorInfo& t, DType to) const;  // load() before the mapping is released
   Value read_value(ByteReader& r, Type t, int depth) const;
-  MappedFile file_;
+  std::shared_ptr<const MappedFile> file_;
   uint32_t version_ = 0;
   std::map<std::string, Value> kv_;
   std::vector<TensorInfo> tensors_;

@@ -61,7 +61,8 @@ std::unique_ptr<Tokenizer> gguf_tokenizer(const GgufFile& f) {
 }
 
 Model load(const ModelSpec& spec, const LoadOptions& opts) {
-  check_spec_options(spec, {});
+  check_spec_options(spec, {"load"});
+  const WeightLoad how = weight_load_option(spec);
   GgufFile f(spec.path);
   const std::string arch_name = f.get_string("general.architecture");
   const Architecture* arch = architectures().by_name(arch_name);
@@ -92,7 +93,7 @@ Model load(const ModelSpec& spec, const LoadOptions& opts) {
   auto load_tensor = [&](const std::string& name, bool matrix) -> Weight {
     const auto* t = f.find_tensor(name);
     if (!t) input_error("{}: missing tensor {}", spec.path, name);
-    return f.load(*t, matrix ? m.weight_dtype : DType::kF32);
+    return f.load(*t, matrix ? m.weight_dtype : DType::kF32, how);
   };
   for (auto s : global_slots(m.traits, m.hp.tie_embeddings)) m[s] = load_tensor(gguf_tensor_name(s), slot_is_matrix(s));
   m.layers.resize(size_t(m.hp.n_layers));

@@ -41,7 +41,8 @@ int first_id(const nlohmann::json& cfg, const char* field) {
 }
 
 Model load(const ModelSpec& spec, const LoadOptions& opts) {
-  check_spec_options(spec, {});
+  check_spec_options(spec, {"load"});
+  const WeightLoad how = weight_load_option(spec);
   const fs::path dir(spec.path);
   if (!fs::is_directory(dir)) input_error("{}: not a directory", spec.path);
   const fs::path cfg_path = dir / "config.json";
@@ -109,7 +110,7 @@ Model load(const ModelSpec& spec, const LoadOptions& opts) {
     if (it == where_is.end()) input_error("{}: missing tensor {}", spec.path, name);
     const auto* e = it->second->find(name);
     if (!e) input_error("{}: tensor {} is not in {}", spec.path, name, it->second->path());
-    return it->second->load(*e, matrix ? m.weight_dtype : DType::kF32);
+    return it->second->load(*e, matrix ? m.weight_dtype : DType::kF32, how);
   };
   for (auto s : global_slots(m.traits, m.hp.tie_embeddings))
     m[s] = load_tensor(arch->hf_global_name(s), slot_is_matrix(s));

@@ -3,6 +3,7 @@
 // run.c's order, with its tokenizer.bin (`?tokenizer=PATH`, else tok<V>.bin or tokenizer.bin
 // next to the model).
 #include <filesystem>
+#include <optional>
 
 #include "engine/arch/arch.h"
 #include "engine/core/error.h"
@@ -18,8 +19,10 @@ namespace {
 bool probe(const std::string& path) { return fs::is_regular_file(path) && fs::path(path).extension() == ".bin"; }
 
 Model load(const ModelSpec& spec, const LoadOptions& opts) {
-  check_spec_options(spec, {"tokenizer"});
-  MappedFile f(spec.path);
+  check_spec_options(spec, {"tokenizer", "load"});
+  const WeightLoad how = weight_load_option(spec);
+  const auto file = std::make_shared<const MappedFile>(spec.path);
+  const MappedFile& f = *file;
   ByteReader r(f);
   int32_t h[7];
   const char* names[7] = {"dim", "hidden_dim", "n_layers", "n_heads", "n_kv_heads", "vocab_size", "seq_len"};
@@ -69,8 +72,12 @@ Model load(const ModelSpec& spec, const LoadOptions& opts) {
   auto take = [&](std::vector<int64_t> shape, bool matrix) {
     int64_t n = 1;
     for (auto s : shape) n *= s;
-    Weight w = convert_weight(DType::kF32, f.data() + off, matrix ? m.weight_dtype : DType::kF32, std::move(shape),
-                              [&](size_t o, size_t b) { f.release(off + o, b); });
+    const DType to = matrix ? m.weight_dtype : DType::kF32;
+    std::optional<Weight> mapped;
+    if (how == WeightLoad::kMap && to == DType::kF32) mapped = map_weight(file, off, to, shape);
+    Weight w = mapped ? std::move(*mapped)
+                      : convert_weight(DType::kF32, f.data() + off, to, std::move(shape),
+                                       [&](size_t o, size_t b) { f.release(off + o, b); });
     off += uint64_t(n) * 4;
     return w;
   };

@@ -7,8 +7,8 @@
 
 namespace hg {
 
-SafetensorsFile::SafetensorsFile(const std::string& path) : file_(path) {
-  ByteReader r(file_);
+SafetensorsFile::SafetensorsFile(const std::string& path) : file_(std::make_shared<const MappedFile>(path)) {
+  ByteReader r(*file_);
   const uint64_t n = r.read<uint64_t>("header length");
   if (n > 100u * 1024 * 1024) input_error("{}: header length {} is implausible", path, n);
   const std::string header = r.read_bytes(n, "JSON header");
@@ -45,7 +45,7 @@ SafetensorsFile::SafetensorsFile(const std::string& path) : file_(path) {
                   shape_str(e.shape), dt, numel * dtype_size(e.dtype));
     e.offset = base + b;
     e.bytes = en - b;
-    file_.require(e.offset, e.bytes, ("data of tensor " + name).c_str());
+    file_->require(e.offset, e.bytes, ("data of tensor " + name).c_str());
     entries_[name] = std::move(e);
   }
 }
@@ -55,9 +55,11 @@ const SafetensorsFile::Entry* SafetensorsFile::find(const std::string& name) con
   return it == entries_.end() ? nullptr : &it->second;
 }
 
-Weight SafetensorsFile::load(const Entry& e, DType to) const {
-  return convert_weight(e.dtype, file_.data() + e.offset, to, e.shape,
-                        [&](size_t off, size_t n) { file_.release(e.offset + off, n); });
+Weight SafetensorsFile::load(const Entry& e, DType to, WeightLoad how) const {
+  if (how == WeightLoad::kMap && e.dtype == to)
+    if (auto w = map_weight(file_, e.offset, to, e.shape)) return std::move(*w);
+  return convert_weight(e.dtype, file_->data() + e.offset, to, e.shape,
+                        [&](size_t off, size_t n) { file_->release(e.offset + off, n); });
 }
 
 }  // namespace hg

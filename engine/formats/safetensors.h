@@ -8,6 +8,7 @@
 
 #include "engine/core/mapped_file.h"
 #include "engine/core/tensor.h"
+#include "engine/formats/formats.h"
 
 namespace hg {
 
@@ -20,13 +21,14 @@ class SafetensorsFile {
     uint64_t bytes;
   };
   explicit SafetensorsFile(const std::string& path);
-  const std::string& path() const { return file_.path(); }
+  const std::string& path() const { return file_->path(); }
   const Entry* find(const std::string& name) const;
   const std::map<std::string, Entry>& entries() const { return entries_; }
-  Weight load(const Entry& e, DType to) const;
+  // A view of the mapping when `how` is kMap and the file holds the tensor as `to`, else a copy.
+  Weight load(const Entry& e, DType to, WeightLoad how = WeightLoad::kCopy) const;
 
  private:
-  MappedFile file_;
+  std::shared_ptr<const MappedFile> file_;
   std::map<std::string, Entry> entries_;
 };
 

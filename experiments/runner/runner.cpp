@@ -155,6 +155,8 @@ Json weights_record(const Model& m) {
   const ProcessMemory mem = process_memory();
   return {{"bytes", m.weight_bytes()},
           {"load_s", m.load_seconds},
+          {"mapped_bytes", m.mapped_weight_bytes},
+          {"unlocked_bytes", m.unlocked_weight_bytes},
           {"process_resident_bytes", mem.resident_bytes},
           {"process_peak_resident_bytes", mem.peak_resident_bytes}};
 }

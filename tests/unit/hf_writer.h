@@ -17,14 +17,19 @@ namespace hg::test {
 
 inline std::string st_dtype(DType t) { return t == DType::kF32 ? "F32" : t == DType::kBF16 ? "BF16" : "F16"; }
 
-inline void write_safetensors(const std::string& path, const std::vector<std::pair<std::string, const Weight*>>& ts) {
+// The header is padded with spaces to a multiple of 8 bytes, as the safetensors library writes it
+// (pad = false: not, so that tensors start at odd offsets).
+inline void write_safetensors(const std::string& path, const std::vector<std::pair<std::string, const Weight*>>& ts,
+                              bool pad = true) {
   nlohmann::json h = nlohmann::json::object();
   std::string data;
   for (auto& [name, w] : ts) {
     h[name] = {{"dtype", st_dtype(w->dtype)}, {"shape", w->shape}, {"data_offsets", {data.size(), data.size() + w->bytes()}}};
     data.append(static_cast<const char*>(w->buf.data()), w->bytes());
   }
-  const std::string hs = h.dump();
+  std::string hs = h.dump();
+  if (pad) hs.append((8 - hs.size() % 8) % 8, ' ');
+  else if (hs.size() % 2 == 0) hs += ' ';
   const uint64_t n = hs.size();
   write_file(path, std::string(reinterpret_cast<const char*>(&n), 8) + hs + data);
 }

@@ -1,7 +1,13 @@
 // F16/BF16 conversions against the F16C hardware converter and known values.
 #include <immintrin.h>
 
+#include <algorithm>
+#include <cstring>
+#include <mutex>
+
 #include "engine/core/dtype.h"
+#include "engine/core/tensor.h"
+#include "engine/core/thread_pool.h"
 #include "test_util.h"
 
 namespace hg {
@@ -59,6 +65,41 @@ TEST(DType, ParseNames) {
   EXPECT_TRUE(parse_dtype("bf16", &t));
   EXPECT_EQ(t, DType::kBF16);
   EXPECT_FALSE(parse_dtype("q4_0", &t));
+}
+
+}  // namespace
+}  // namespace hg
+
+namespace hg {
+namespace {
+
+// convert_weight splits rows across the pool as the decode GEMV does: the result is the same
+// with any thread count, and consumed() is told each byte of the source exactly once.
+TEST(ConvertWeight, ParallelCopyMatchesSerialAndReleasesEverySourceByteOnce) {
+  const int64_t rows = 1000, cols = 37;  // 16 blocks of 64 rows, the last one short
+  auto src = test::random_vec(size_t(rows * cols), 5);
+  const int saved = num_threads();
+  for (DType to : {DType::kF32, DType::kF16, DType::kBF16}) {
+    set_num_threads(1);
+    const Weight serial = convert_weight(DType::kF32, src.data(), to, {rows, cols});
+    set_num_threads(2);
+    std::mutex mu;
+    std::vector<std::pair<size_t, size_t>> told;
+    const Weight parallel = convert_weight(DType::kF32, src.data(), to, {rows, cols}, [&](size_t off, size_t n) {
+      std::lock_guard<std::mutex> lock(mu);
+      told.emplace_back(off, n);
+    });
+    ASSERT_EQ(serial.bytes(), parallel.bytes());
+    EXPECT_EQ(std::memcmp(serial.buf.data(), parallel.buf.data(), serial.bytes()), 0) << dtype_name(to);
+    std::sort(told.begin(), told.end());
+    size_t next = 0;
+    for (auto [off, n] : told) {
+      EXPECT_EQ(off, next);
+      next = off + n;
+    }
+    EXPECT_EQ(next, src.size() * sizeof(float)) << dtype_name(to);
+  }
+  set_num_threads(saved);
 }
 
 }  // namespace

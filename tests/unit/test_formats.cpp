@@ -14,6 +14,7 @@
 #include "engine/decoder/generate.h"
 #include "engine/formats/formats.h"
 #include "engine/formats/gguf_writer.h"
+#include "engine/formats/safetensors.h"
 #include "engine/tokenizer/tokenizer.h"
 #include "hf_writer.h"
 #include "test_util.h"
@@ -203,7 +204,7 @@ TEST(Formats, LoadingHoldsTheWeightsOnce) {
   const std::string gguf = test::temp_path("rss_110m.gguf");
   write_gguf(m, gguf);
   const std::string hf = test::write_hf(m, "rss_110m_hf", 3);
-  for (const std::string& path : {gguf, hf}) {
+  for (const std::string& path : {gguf, hf, gguf + "?load=map", hf + "?load=map"}) {
     if (!reset_peak_resident()) GTEST_SKIP() << "cannot reset the peak resident memory (/proc/self/clear_refs)";
     const int64_t before = process_memory().resident_bytes;
     Model g = load_model(path);
@@ -213,7 +214,56 @@ TEST(Formats, LoadingHoldsTheWeightsOnce) {
     EXPECT_LT(grown, 1.1 * double(weights) + 48e6)
         << path << ": the load's peak grew by " << grown / 1e6 << " MB for " << weights / 1e6 << " MB of weights";
     EXPECT_EQ(g.weight_bytes(), weights);
+    // Every tensor is F32 in the file and in the engine: mapped whole, or not at all.
+    EXPECT_EQ(g.mapped_weight_bytes, path.ends_with("?load=map") ? weights : 0) << path;
   }
+  std::filesystem::remove(gguf);
+  std::filesystem::remove_all(hf);
+}
+
+// load=map gives views of the file with the same bytes as load=copy; a weight converted to another
+// type is a copy either way; an unknown load option is an input error.
+TEST(Formats, MappedWeightsHoldTheFilesBytes) {
+  Model m = load_model("synthetic:stories110m?layers=1&dtype=f16");
+  const std::string gguf = test::temp_path("map_15m.gguf");
+  write_gguf(m, gguf);
+  const std::string hf = test::write_hf(m, "map_15m_hf", 2);
+  for (const std::string& path : {gguf, hf}) {
+    Model copied = load_model(path), mapped = load_model(path + "?load=map");
+    LoadOptions to_f32;
+    to_f32.weight_dtype = DType::kF32;
+    Model converted = load_model(path + "?load=map", to_f32);
+    EXPECT_EQ(copied.mapped_weight_bytes, 0) << path;
+    EXPECT_GT(mapped.mapped_weight_bytes, 0) << path;
+    int64_t matrices = 0;
+    std::vector<const Weight*> a, b, c;
+    copied.for_each_weight([&](const Weight& w) { a.push_back(&w); });
+    mapped.for_each_weight([&](const Weight& w) { b.push_back(&w); });
+    converted.for_each_weight([&](const Weight& w) { c.push_back(&w); });
+    ASSERT_EQ(a.size(), b.size());
+    for (size_t i = 0; i < a.size(); ++i) {
+      if (a[i]->empty()) continue;
+      EXPECT_FALSE(a[i]->mapped());
+      EXPECT_TRUE(b[i]->mapped()) << path << " weight " << i;
+      ASSERT_EQ(a[i]->bytes(), b[i]->bytes());
+      EXPECT_EQ(std::memcmp(a[i]->buf.data(), b[i]->buf.data(), a[i]->bytes()), 0) << path << " weight " << i;
+      if (a[i]->dtype == DType::kF16) {
+        ++matrices;
+        EXPECT_FALSE(c[i]->mapped()) << "converted to F32, so copied";
+      }
+    }
+    EXPECT_GT(matrices, 0);
+    expect_input_error(path + "?load=mmap", "load=mmap: expected map or copy");
+  }
+  // Tensors at odd offsets (a header not padded) cannot be views: they are copied, same bytes.
+  std::vector<std::pair<std::string, const Weight*>> one = {{"w", &m.layers[0][Slot::kWq]}};
+  const std::string odd = test::temp_path("odd.safetensors");
+  test::write_safetensors(odd, one, false);
+  SafetensorsFile f(odd);
+  const Weight w = f.load(*f.find("w"), DType::kF16, WeightLoad::kMap);
+  EXPECT_FALSE(w.mapped());
+  EXPECT_EQ(std::memcmp(w.buf.data(), m.layers[0][Slot::kWq].buf.data(), w.bytes()), 0);
+  std::filesystem::remove(odd);
   std::filesystem::remove(gguf);
   std::filesystem::remove_all(hf);
 }

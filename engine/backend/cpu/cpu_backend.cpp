@@ -19,7 +19,7 @@ namespace {
 
 // Decode batches up to this many rows use cpu::gemv; larger ones oneDNN.
 constexpr int64_t kGemvMaxRows = 4;
-constexpr int64_t kGemvRows = 64;     // weight rows per parallel task
+constexpr int64_t kGemvRows = kWeightRowBlock;  // weight rows per parallel task (as the loaders wrote them)
 // F16 weights converted per prefill block: 64 MiB of F32. Larger blocks make larger GEMMs
 // (docs/performance.md, "Tuning choices").
 constexpr int64_t kF16BlockBytes = int64_t(64) << 20;

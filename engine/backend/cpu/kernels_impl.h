@@ -691,16 +691,23 @@ struct GemvBf16Dot {
 };
 #endif
 
-// Weight rows read side by side per pass (RB): more concurrent streams read faster, except for F16,
-// whose conversions cost more than the extra streams gain (docs/performance.md, "Tuning choices").
-// MR·RB accumulators + RB weight vectors + x stay within the 32 registers.
+// Weight rows read side by side per pass (RB): more concurrent streams read faster, except for F16
+// on AMD cores, whose conversions cost more than the extra streams gain; Intel's read F16 faster
+// with 8 too (docs/performance.md, "Tuning choices"). MR·RB accumulators + RB weight vectors + x
+// stay within the 32 registers.
 template <int MR, typename P>
-constexpr int gemv_rows_per_pass() { return !std::is_same_v<typename P::W, F16Tag> && MR <= 2 ? 8 : 4; }
+constexpr int gemv_rows_per_pass(bool f16_wide) {
+  return MR <= 2 && (f16_wide || !std::is_same_v<typename P::W, F16Tag>) ? 8 : 4;
+}
+bool f16_gemv_wide() {
+  static const bool wide = __builtin_cpu_is("intel");
+  return wide;
+}
 
 // y[m, n] for MR x rows and weight rows [n0, n1) (the layout of cpu::gemv), with step policy P.
-template <int MR, typename P>
+template <int MR, typename P, bool kF16Wide = false>
 void gemv_t(const typename P::X* x, const typename P::W* W, int64_t K, int64_t n0, int64_t n1, float* y, int64_t ldy) {
-  constexpr int S = P::kStep, RB = gemv_rows_per_pass<MR, P>();
+  constexpr int S = P::kStep, RB = gemv_rows_per_pass<MR, P>(kF16Wide);
   const int64_t kb_full = K / S;
   const typename P::Mask all = typename P::Mask(~uint64_t(0)), tail = P::tail(K % S);
   for (int64_t nb = n0; nb < n1; nb += 16) {
@@ -892,8 +899,12 @@ void gemv(const float* x, int M, const void* W, DType wt, int64_t K, int64_t n0,
       using P = decltype(policy);
       const auto* wp = static_cast<const typename P::W*>(W);
       switch (M) {
-        case 1: return gemv_t<1, P>(xs, wp, K, n0, n1, y, ldy);
-        case 2: return gemv_t<2, P>(xs, wp, K, n0, n1, y, ldy);
+        case 1:
+          if (std::is_same_v<typename P::W, F16Tag> && f16_gemv_wide()) return gemv_t<1, P, true>(xs, wp, K, n0, n1, y, ldy);
+          return gemv_t<1, P>(xs, wp, K, n0, n1, y, ldy);
+        case 2:
+          if (std::is_same_v<typename P::W, F16Tag> && f16_gemv_wide()) return gemv_t<2, P, true>(xs, wp, K, n0, n1, y, ldy);
+          return gemv_t<2, P>(xs, wp, K, n0, n1, y, ldy);
         case 3: return gemv_t<3, P>(xs, wp, K, n0, n1, y, ldy);
         default: return gemv_t<4, P>(xs, wp, K, n0, n1, y, ldy);
       }
