@@ -43,6 +43,9 @@ struct Dev {
   size_t n;
 };
 
+// cuBLAS is opened at run time, not linked: with the toolkit installed it opens, device or not.
+TEST(CudaBuild, CublasOpensAtRunTime) { EXPECT_GE(cuda::open_cublas(), 12); }
+
 TEST(CudaKernels, GemmMatchesCpu) {
   HG_REQUIRE_CUDA_DEVICE();
   auto cpu = make_cpu_backend();

@@ -190,10 +190,46 @@ TEST(Formats, GgufExportLoadsToTheSameLogits) {
 }
 
 // Loading holds every weight once: a loader copies each tensor out of the file's mapping and
-// drops the mapping's pages, so the load's peak resident memory grows by the weights' bytes (plus
-// the tokenizer and bookkeeping), not by twice them. GGUF and sharded safetensors; the
-// stories110m shape with 4 layers in F32 (310 MB of weights). The peak is the kernel's VmHWM,
-// reset through /proc/self/clear_refs before the load.
+// drops the mapping's pages (load=copy), or uses the mapping itself (load=map), so the load's peak
+// resident memory grows by the weights' bytes (plus the tokenizer and bookkeeping), not by twice
+// them. GGUF, sharded safetensors and llama2.c; the stories110m shape with 4 layers in F32 (310 MB
+// of weights). The peak is the kernel's VmHWM, reset through /proc/self/clear_refs before the load.
+
+// Writes an F32 Llama model (untied) as a llama2.c .bin in run.c's order, and a tokenizer.bin of
+// placeholder pieces beside it; returns the .bin's path.
+std::string write_llama2c(const Model& m, const std::string& name) {
+  const HParams& hp = m.hp;
+  const std::string dir = test::temp_path(name);
+  std::filesystem::create_directories(dir);
+  std::ofstream f(dir + "/model.bin", std::ios::binary);
+  const int32_t h[7] = {hp.d_model, hp.d_ff, hp.n_layers, hp.n_heads, hp.n_kv_heads, -hp.n_vocab, hp.max_pos};
+  f.write(reinterpret_cast<const char*>(h), sizeof h);
+  auto put = [&](const Weight& w) {
+    std::vector<float> v(size_t(w.numel()));
+    to_f32(w.dtype, w.buf.data(), v.data(), v.size());
+    f.write(reinterpret_cast<const char*>(v.data()), std::streamsize(v.size() * 4));
+  };
+  put(m[GlobalSlot::kTokEmbd]);
+  for (Slot s : {Slot::kAttnNorm, Slot::kWq, Slot::kWk, Slot::kWv, Slot::kWo, Slot::kFfnNorm, Slot::kWGate,
+                 Slot::kWDown, Slot::kWUp})
+    for (auto& l : m.layers) put(l[s]);
+  put(m[GlobalSlot::kOutNorm]);
+  const std::vector<float> rope(size_t(hp.max_pos) * size_t(hp.head_dim), 0.0f);  // cos and sin tables, unused
+  f.write(reinterpret_cast<const char*>(rope.data()), std::streamsize(rope.size() * 4));
+  put(m[GlobalSlot::kOutput]);
+  std::ofstream t(dir + "/tokenizer.bin", std::ios::binary);
+  const int32_t max_len = 16;
+  t.write(reinterpret_cast<const char*>(&max_len), 4);
+  for (int i = 0; i < hp.n_vocab; ++i) {
+    const std::string piece = i == 0 ? "<unk>" : i == 1 ? "\n<s>\n" : i == 2 ? "\n</s>\n" : "t" + std::to_string(i);
+    const float score = -float(i);
+    const int32_t len = int32_t(piece.size());
+    t.write(reinterpret_cast<const char*>(&score), 4);
+    t.write(reinterpret_cast<const char*>(&len), 4);
+    t.write(piece.data(), len);
+  }
+  return dir + "/model.bin";
+}
 
 TEST(Formats, LoadingHoldsTheWeightsOnce) {
 #if defined(__SANITIZE_ADDRESS__)
@@ -204,7 +240,8 @@ TEST(Formats, LoadingHoldsTheWeightsOnce) {
   const std::string gguf = test::temp_path("rss_110m.gguf");
   write_gguf(m, gguf);
   const std::string hf = test::write_hf(m, "rss_110m_hf", 3);
-  for (const std::string& path : {gguf, hf, gguf + "?load=map", hf + "?load=map"}) {
+  const std::string l2c = "llama2c:" + write_llama2c(m, "rss_110m_llama2c");
+  for (const std::string& path : {gguf, hf, l2c, gguf + "?load=map", hf + "?load=map", l2c + "?load=map"}) {
     if (!reset_peak_resident()) GTEST_SKIP() << "cannot reset the peak resident memory (/proc/self/clear_refs)";
     const int64_t before = process_memory().resident_bytes;
     Model g = load_model(path);
@@ -219,6 +256,7 @@ TEST(Formats, LoadingHoldsTheWeightsOnce) {
   }
   std::filesystem::remove(gguf);
   std::filesystem::remove_all(hf);
+  std::filesystem::remove_all(test::temp_path("rss_110m_llama2c"));
 }
 
 // load=map gives views of the file with the same bytes as load=copy; a weight converted to another

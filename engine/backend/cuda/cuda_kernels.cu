@@ -1,5 +1,6 @@
 // CUDA kernels and cuBLAS GEMM. One stream and one cuBLAS handle per thread (created lazily).
 #include <cublas_v2.h>
+#include <dlfcn.h>
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
@@ -26,13 +27,50 @@
     cublasStatus_t st_ = (call);                                                                         \
     if (st_ != CUBLAS_STATUS_SUCCESS)                                                                    \
       throw std::runtime_error(std::string(__FILE__) + ":" + std::to_string(__LINE__) + ": " #call ": " + \
-                               cublasGetStatusString(st_));                                              \
+                               cublas().status_string(st_));                                             \
   } while (0)
 
 #define HG_CUDA_LAUNCHED() HG_CUDA_CHECK(cudaGetLastError())
 
 namespace hg::cuda {
 namespace {
+
+// cuBLAS is opened when the first CUDA context needs it, not linked: a process that links it holds
+// about 150 MB more resident memory from start-up (its initialisers), GPU or not.
+struct CublasApi {
+  decltype(&cublasCreate_v2) create = nullptr;
+  decltype(&cublasDestroy_v2) destroy = nullptr;
+  decltype(&cublasSetStream_v2) set_stream = nullptr;
+  decltype(&cublasSgemm_v2) sgemm = nullptr;
+  // cublasGemmEx is overloaded in the header (an inline wrapper for an older compute-type argument).
+  cublasStatus_t (*gemm_ex)(cublasHandle_t, cublasOperation_t, cublasOperation_t, int, int, int, const void*,
+                            const void*, cudaDataType, int, const void*, cudaDataType, int, const void*, void*,
+                            cudaDataType, int, cublasComputeType_t, cublasGemmAlgo_t) = nullptr;
+  decltype(&cublasGetStatusString) status_string = nullptr;
+  decltype(&cublasGetProperty) get_property = nullptr;
+};
+
+const CublasApi& cublas() {
+  static const CublasApi api = [] {
+    const std::string name = "libcublas.so." + std::to_string(CUBLAS_VER_MAJOR);
+    void* lib = dlopen(name.c_str(), RTLD_NOW | RTLD_LOCAL);
+    if (!lib) throw std::runtime_error("cannot open " + name + " (cuBLAS): " + dlerror());
+    CublasApi a;
+    auto bind = [&](auto& fn, const char* symbol) {
+      fn = reinterpret_cast<std::remove_reference_t<decltype(fn)>>(dlsym(lib, symbol));
+      if (!fn) throw std::runtime_error(name + " has no " + symbol);
+    };
+    bind(a.create, "cublasCreate_v2");
+    bind(a.destroy, "cublasDestroy_v2");
+    bind(a.set_stream, "cublasSetStream_v2");
+    bind(a.sgemm, "cublasSgemm_v2");
+    bind(a.gemm_ex, "cublasGemmEx");
+    bind(a.status_string, "cublasGetStatusString");
+    bind(a.get_property, "cublasGetProperty");
+    return a;
+  }();
+  return api;
+}
 
 struct Ctx {
   cudaStream_t stream = nullptr;
@@ -45,13 +83,13 @@ struct Ctx {
   size_t buf_floats[8] = {};
   Ctx() {
     HG_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
-    HG_CUBLAS_CHECK(cublasCreate(&blas));
-    HG_CUBLAS_CHECK(cublasSetStream(blas, stream));
+    HG_CUBLAS_CHECK(cublas().create(&blas));
+    HG_CUBLAS_CHECK(cublas().set_stream(blas, stream));
   }
   ~Ctx() {
     for (float* b : buf)
       if (b) cudaFree(b);
-    if (blas) cublasDestroy(blas);
+    if (blas) cublas().destroy(blas);
     if (stream) cudaStreamDestroy(stream);
   }
   float* scratch(int i, size_t floats) {
@@ -593,6 +631,12 @@ void kv_write(const float* src, int64_t n, int H_kv, int D, const int32_t* pos, 
   HG_CUDA_LAUNCHED();
 }
 
+int open_cublas() {
+  int major = 0;
+  cublas().get_property(MAJOR_VERSION, &major);
+  return major;
+}
+
 int device_count() {
   int n = 0;
   return cudaGetDeviceCount(&n) == cudaSuccess ? n : 0;
@@ -649,7 +693,7 @@ void gemm(const float* x, int64_t M, const void* w, DType wt, int64_t N, int64_t
     return;
   }
   if (wt == DType::kF32) {
-    HG_CUBLAS_CHECK(cublasSgemm(c.blas, CUBLAS_OP_T, CUBLAS_OP_N, int(N), int(M), int(K), &alpha,
+    HG_CUBLAS_CHECK(cublas().sgemm(c.blas, CUBLAS_OP_T, CUBLAS_OP_N, int(N), int(M), int(K), &alpha,
                                 static_cast<const float*>(w), int(K), x, int(K), &beta, y, int(N)));
   } else {
     const bool bf = wt == DType::kBF16;
@@ -657,7 +701,7 @@ void gemm(const float* x, int64_t M, const void* w, DType wt, int64_t N, int64_t
     else f32_to_f16_k<<<blocks(M * K, 256), 256, 0, c.stream>>>(x, static_cast<__half*>(x_half), M * K);
     HG_CUDA_LAUNCHED();
     const cudaDataType_t t = bf ? CUDA_R_16BF : CUDA_R_16F;
-    HG_CUBLAS_CHECK(cublasGemmEx(c.blas, CUBLAS_OP_T, CUBLAS_OP_N, int(N), int(M), int(K), &alpha, w, t, int(K), x_half,
+    HG_CUBLAS_CHECK(cublas().gemm_ex(c.blas, CUBLAS_OP_T, CUBLAS_OP_N, int(N), int(M), int(K), &alpha, w, t, int(K), x_half,
                                  t, int(K), &beta, y, CUDA_R_32F, int(N), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
   }
   if (bias) add_bias(y, bias, M, N);

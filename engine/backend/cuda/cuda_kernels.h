@@ -13,6 +13,10 @@
 namespace hg::cuda {
 
 int device_count();
+// Opens cuBLAS (libcublas.so.<major>, found like any shared library) if it is not open yet and
+// returns its version; throws std::runtime_error naming the library when it cannot. The first CUDA
+// context does this itself: cuBLAS is not linked, so processes that never use it do not hold it.
+int open_cublas();
 void* dev_alloc(size_t bytes);
 void dev_free(void* p);
 void* host_alloc_pinned(size_t bytes);
