@@ -237,9 +237,9 @@ int cmd_bench(const std::vector<std::string>& args) {
   const double kv_per_token = 2.0 * hp.n_layers * hp.n_kv_heads * hp.head_dim * double(dtype_size(kv));
   fmt::print("model {} | weights {} ({:.1f} MB read per token) | KV cache {} ({:.0f} B per cached token) | measured\n",
              model.source, dtype_name(model.weight_dtype), weight_bytes / 1e6, dtype_name(kv), kv_per_token);
-  fmt::print("host memory: 2 MiB pages {} (transparent huge pages: {}) | CPU kernels: {}\n",
+  fmt::print("host memory: 2 MiB pages {} (transparent huge pages: {}) | CPU kernels: {}, {} tuning\n",
              huge_pages_advised() ? "advised" : "not advised (HG_NO_HUGE_PAGES)", thp_mode(),
-             cpu_isa_name(active_cpu_isa()));
+             cpu_isa_name(active_cpu_isa()), cpu_tuning_name(cpu_tuning()));
   fmt::print("{:>8} {:>7} {:>12} {:>10} {:>14} {:>12} {:>7} {:>11} {:>9}\n", "context", "threads", "decode tok/s",
              "read GB/s", "MB per token", "limit tok/s", "ratio", "ratio range", "1-stream");
   std::mt19937_64 rng(1);

@@ -52,8 +52,8 @@ int cmd_info(const std::vector<std::string>& args) {
                                                    double(m.unlocked_weight_bytes) / (1 << 20))
                                      : std::string(),
              double(m.weight_bytes() - m.mapped_weight_bytes) / (1 << 20));
-  fmt::print("CPU kernels:    {} (best on this CPU: {}; HG_CPU_ISA=portable|avx512|avx512_bf16 chooses)\n",
-             cpu_isa_name(active_cpu_isa()), cpu_isa_name(best_cpu_isa()));
+  fmt::print("CPU kernels:    {}, {} tuning (best on this CPU: {}; HG_CPU_ISA=portable|avx512|avx512_bf16 chooses)\n",
+             cpu_isa_name(active_cpu_isa()), cpu_tuning_name(cpu_tuning()), cpu_isa_name(best_cpu_isa()));
   fmt::print("KV bytes/token: {} (F32 cache; K and V, all layers)\n",
              int64_t(2) * hp.n_layers * hp.n_kv_heads * hp.head_dim * 4);
   const Tokenizer& t = *m.tokenizer;

@@ -86,6 +86,31 @@ CpuIsa set_active_cpu_isa(CpuIsa isa) {
   return prev;
 }
 
+std::string_view cpu_tuning_name(CpuTuning t) { return t == CpuTuning::kAmd ? "AMD" : "Intel"; }
+
+namespace {
+std::atomic<int> g_tuning{-1};  // -1: not detected yet
+}  // namespace
+
+CpuTuning cpu_tuning() {
+  int v = g_tuning.load(std::memory_order_relaxed);
+  if (v < 0) {
+#if defined(__x86_64__)
+    v = __builtin_cpu_is("amd") ? int(CpuTuning::kAmd) : int(CpuTuning::kIntel);
+#else
+    v = int(CpuTuning::kIntel);
+#endif
+    g_tuning.store(v, std::memory_order_relaxed);
+  }
+  return CpuTuning(v);
+}
+
+CpuTuning set_cpu_tuning(CpuTuning t) {
+  const CpuTuning prev = cpu_tuning();
+  g_tuning.store(int(t), std::memory_order_relaxed);
+  return prev;
+}
+
 int64_t last_level_cache_bytes() {
   static const int64_t bytes = [] {
     for (int name : {_SC_LEVEL4_CACHE_SIZE, _SC_LEVEL3_CACHE_SIZE, _SC_LEVEL2_CACHE_SIZE})

@@ -31,6 +31,15 @@ CpuIsa active_cpu_isa();
 // For tests and benchmarks that compare the levels; not safe while kernels run on other threads.
 CpuIsa set_active_cpu_isa(CpuIsa isa);
 
+// Which vendor's variants the CPU kernels use where the vendors' cores differ in what was measured
+// (docs/performance.md, "Tuning choices"): AMD's cores split 512-bit work into halves or run it on
+// narrower units. Detected from the CPU (anything not AMD is tuned as Intel); tests set both.
+enum class CpuTuning { kIntel, kAmd };
+std::string_view cpu_tuning_name(CpuTuning t);
+CpuTuning cpu_tuning();
+// Returns the previous tuning; not safe while kernels run on other threads.
+CpuTuning set_cpu_tuning(CpuTuning t);
+
 // The last-level cache's size in bytes (sysconf, then sysfs; 32 MiB when neither says): what a
 // buffer must well exceed for a pass over it to read from memory.
 int64_t last_level_cache_bytes();

@@ -172,6 +172,7 @@ Json provenance() {
     j["compiler"] = "g++ " __VERSION__;
     j["cpu"] = cpu_model();
     j["cpu_kernels"] = std::string(cpu_isa_name(active_cpu_isa()));
+    j["cpu_tuning"] = std::string(cpu_tuning_name(cpu_tuning()));
     j["host_threads"] = std::thread::hardware_concurrency();
     const int gpus = cuda_device_count_or_zero();
     j["gpu"] = gpus > 0 ? Json(make_backend("cuda")->device_name()) : Json();

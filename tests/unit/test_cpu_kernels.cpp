@@ -490,22 +490,26 @@ TEST(CpuFeatures, LevelsAreOrderedAndTheActiveOneIsSupported) {
   EXPECT_GT(last_level_cache_bytes(), 0);
 }
 
-// Each level this CPU has against the oracle, in one process: the decode GEMV in every weight
-// type (with the BF16 rounding of x where that level's GEMV does it) and the fused attention in
-// every KV type, and the levels against each other where their arithmetic is the same.
+// Each level this CPU has, with each vendor's tuning, against the oracle, in one process: the
+// decode GEMV in every weight type (with the BF16 rounding of x where that level's GEMV does it)
+// and the fused attention in every KV type (G = 4, D = 64: the shape whose logits differ by
+// vendor), and the levels against each other where their arithmetic is the same.
 TEST(KernelLevels, EveryLevelMatchesRef) {
   const int64_t K = 1000, N = 97;
   auto x = test::random_vec(size_t(2 * K), 91);
   auto wf = test::random_vec(size_t(N * K), 92);
-  const int H = 8, Hkv = 2, D = 64, n = 1003;
+  const int H = 8, Hkv = 2, D = 64, n = 1003;  // G = 4
   auto q = test::random_vec(size_t(H * D), 93);
   auto Kf = test::random_vec(size_t(Hkv * n * D), 94, -3, 3);
   auto Vf = test::random_vec(size_t(Hkv * n * D), 95);
   auto ref = make_ref_backend();
   std::vector<std::pair<CpuIsa, std::vector<float>>> f16_gemv;  // per level, for the cross-check
-  for (CpuIsa isa : supported_cpu_isas()) {
+  const CpuTuning tuning = cpu_tuning();
+  for (CpuIsa isa : supported_cpu_isas())
+  for (CpuTuning vendor : {CpuTuning::kIntel, CpuTuning::kAmd}) {
     ScopedCpuIsa scoped(isa);
-    SCOPED_TRACE(std::string(cpu_isa_name(isa)));
+    set_cpu_tuning(vendor);
+    SCOPED_TRACE(std::string(cpu_isa_name(isa)) + ", " + std::string(cpu_tuning_name(vendor)) + " tuning");
     auto cpu = make_cpu_backend();
     for (DType t : {DType::kF32, DType::kF16, DType::kBF16}) {
       Weight w = convert_weight(DType::kF32, wf.data(), t, {N, K});
@@ -537,6 +541,7 @@ TEST(KernelLevels, EveryLevelMatchesRef) {
       EXPECT_TRUE(test::all_close(out.data(), outr.data(), out.size(), kTolAttention)) << dtype_name(t);
     }
   }
+  set_cpu_tuning(tuning);
   // F16 weights are converted exactly at every level: the levels differ only in summation order.
   for (size_t i = 1; i < f16_gemv.size(); ++i)
     EXPECT_TRUE(test::all_close(f16_gemv[i].second.data(), f16_gemv[0].second.data(), f16_gemv[0].second.size(),

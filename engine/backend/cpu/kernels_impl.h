@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "engine/backend/cpu/kernel_table.h"
+#include "engine/core/cpu_features.h"
 #include "engine/core/dtype.h"
 
 #if HG_KERNEL_AVX512
@@ -321,6 +322,11 @@ void weighted_v_kv(const float* p, int G, const T* V, int64_t n, int D, float* o
 }
 
 #if HG_AVX512
+// Tuning by vendor, where the two differ in what was measured (docs/performance.md, "Tuning
+// choices"): AMD cores (Zen 4 and 5) split 512-bit work into halves or run it on narrower units.
+inline bool amd_core() { return cpu_tuning() == CpuTuning::kAmd; }
+inline bool half_width_d64_logits() { return amd_core(); }
+
 // A loaded value kept in a register: without it GCC folds the load into every FMA that uses the
 // value (one 512-bit load per FMA), and this core issues one 512-bit load per cycle, so a block
 // shared by G heads was loaded G times and the loads, not the FMAs, set the pace.
@@ -465,20 +471,21 @@ inline void logits16(const float* q, const T* K, int kk, int D_, float scale, fl
   };
   int c = 0;
   if constexpr (G * KB == 16 && DT == 64) {
-    // D = 64: 256-bit accumulators, so that each step's 16 sums start from 8 lanes instead of 16.
-    // The FMAs are the same work (this core runs one 512-bit or two 256-bit FMAs per cycle); the
-    // reduction, a large part of a step at this D, does half the shuffles. Keys in L2, one thread
-    // (BM_DecodeAttentionWarm, G = 4, D = 64, three interleaved runs): F16 13.37-13.46 → 12.31-12.36
-    // ns per key, F32 12.13-12.22 → 11.78-11.97, BF16 13.38-13.42 → 12.98-13.01. At D = 128 the
-    // FMAs outweigh the reduction and 256-bit pieces read the same or slower (BF16 23.1 → 24.4).
-    for (; c + KB <= kk; c += KB) {
-      __m256 a[G][KB];
-      step(Lanes8{}, std::integral_constant<int, KB>{}, c, a);
-      alignas(64) float r[16];
-      _mm512_store_ps(r, _mm512_mul_ps(hsum8x16(&a[0][0]), _mm512_set1_ps(scale)));
-      for (int h = 0; h < G; ++h) std::memcpy(s + h * ld + c, r + h * KB, KB * sizeof(float));
-    }
-  } else if constexpr (G * KB == 16) {
+    // D = 64 on AMD cores: 256-bit accumulators, so that each step's 16 sums start from 8 lanes
+    // instead of 16. The FMAs are the same work there (one 512-bit or two 256-bit FMAs per cycle);
+    // the reduction, a large part of a step at this D, does half the shuffles. Intel cores run
+    // 256-bit FMAs and F16 conversions on the same two ports as 512-bit ones, so the halves cost
+    // twice: 512-bit steps there (docs/performance.md, "Tuning choices").
+    if (half_width_d64_logits())
+      for (; c + KB <= kk; c += KB) {
+        __m256 a[G][KB];
+        step(Lanes8{}, std::integral_constant<int, KB>{}, c, a);
+        alignas(64) float r[16];
+        _mm512_store_ps(r, _mm512_mul_ps(hsum8x16(&a[0][0]), _mm512_set1_ps(scale)));
+        for (int h = 0; h < G; ++h) std::memcpy(s + h * ld + c, r + h * KB, KB * sizeof(float));
+      }
+  }
+  if constexpr (G * KB == 16) {
     // A step's 16 accumulators reduce in registers, one hsum16 per step (lane h·KB + i), instead
     // of being stored as partial vectors and reduced per head: L2-resident G = 4 logits went from
     // 12.4 to 10.1 ns per key (F32) and 12.2 to 11.5 (F16).
@@ -699,10 +706,7 @@ template <int MR, typename P>
 constexpr int gemv_rows_per_pass(bool f16_wide) {
   return MR <= 2 && (f16_wide || !std::is_same_v<typename P::W, F16Tag>) ? 8 : 4;
 }
-bool f16_gemv_wide() {
-  static const bool wide = __builtin_cpu_is("intel");
-  return wide;
-}
+inline bool f16_gemv_wide() { return !amd_core(); }
 
 // y[m, n] for MR x rows and weight rows [n0, n1) (the layout of cpu::gemv), with step policy P.
 template <int MR, typename P, bool kF16Wide = false>
