@@ -15,11 +15,24 @@ const KernelTable& table() {
   }
   return portable::kernel_table();
 }
+// The read references (sum, sum_one_stream, sum_rows) measure the machine, not the kernels: they
+// run at the best level this CPU has whatever level the kernels run at.
+const KernelTable& best_table() {
+  static const KernelTable& t = []() -> const KernelTable& {
+    switch (best_cpu_isa()) {
+      case CpuIsa::kAvx512Bf16: return avx512_bf16::kernel_table();
+      case CpuIsa::kAvx512: return avx512::kernel_table();
+      case CpuIsa::kPortable: break;
+    }
+    return portable::kernel_table();
+  }();
+  return t;
+}
 }  // namespace
 
 float dot(const float* a, const float* b, int64_t n) { return table().dot(a, b, n); }
-float sum(const float* p, int64_t n) { return table().sum(p, n); }
-float sum_one_stream(const float* p, int64_t n) { return table().sum_one_stream(p, n); }
+float sum(const float* p, int64_t n) { return best_table().sum(p, n); }
+float sum_one_stream(const float* p, int64_t n) { return best_table().sum_one_stream(p, n); }
 void rms_norm_row(const float* x, const float* w, int64_t n, float eps, float* y) {
   table().rms_norm_row(x, w, n, eps, y);
 }
@@ -56,7 +69,7 @@ void gather_rows(void* dst, const void* src, int64_t row_bytes, int64_t src_stri
   table().gather_rows(dst, src, row_bytes, src_stride, idx, n);
 }
 float sum_rows(const float* src, int64_t row_floats, int64_t src_stride, const int32_t* idx, int64_t n) {
-  return table().sum_rows(src, row_floats, src_stride, idx, n);
+  return best_table().sum_rows(src, row_floats, src_stride, idx, n);
 }
 void group_weighted_v(const float* p, int G, const float* V, int64_t n, int D, float* out) {
   table().group_weighted_v(p, G, V, n, D, out);

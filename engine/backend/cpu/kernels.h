@@ -15,6 +15,8 @@ float dot(const float* a, const float* b, int64_t n);
 // prefetch (the best read this machine does): what the bandwidth measurements (calibrate, bench,
 // hg_bench) read.
 float sum(const float* p, int64_t n);
+// (sum, sum_one_stream and sum_rows, the read references, run at the best level the CPU has, not the
+// active one: they measure the machine.)
 // Σ p[0, n) read front to back as one stream, four independent AVX-512 partial sums, no software
 // prefetch: the plain read-only reduction, a second, weaker reference beside sum's.
 float sum_one_stream(const float* p, int64_t n);

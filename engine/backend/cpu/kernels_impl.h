@@ -4,6 +4,7 @@
 // so that no standard-library function compiled for AVX-512 can be shared with the portable path
 // (inline functions of different translation units are merged by the linker).
 #include <algorithm>
+#include <bit>
 #include <cmath>
 #include <cstring>
 #include <type_traits>
@@ -25,6 +26,42 @@
 #endif
 
 namespace hg::cpu::HG_KERNEL_NS {
+
+namespace {
+// exp(x) for x in [-87.3, 88] (clamped): exp512's reduction and polynomial in scalar code that the
+// compiler vectorises (integer rounding and exponent bits instead of library calls).
+inline float exp_portable(float x) {
+  x = std::min(std::max(x, -87.3f), 88.0f);
+  const float t = x * 1.44269504088896341f;
+  const int32_t ni = int32_t(t + (t >= 0 ? 0.5f : -0.5f));
+  const float n = float(ni);
+  float r = x - n * 0.693359375f;
+  r = r - n * -2.12194440e-4f;
+  float p = 1.9875691500e-4f;
+  p = p * r + 1.3981999507e-3f;
+  p = p * r + 8.3334519073e-3f;
+  p = p * r + 4.1665795894e-2f;
+  p = p * r + 1.6666665459e-1f;
+  p = p * r + 5.0000001201e-1f;
+  p = p * (r * r) + (r + 1.0f);
+  return p * std::bit_cast<float>(uint32_t(ni + 127) << 23);
+}
+
+// F16 bits to F32 in integer and float steps without branches, which the compiler vectorises
+// (a scalar conversion does not): the exponent rebased, infinities and NaNs moved to F32's top
+// exponent, subnormals renormalised by a float subtraction. Exact; NaN payloads kept unquieted,
+// as f16_to_f32 keeps them.
+inline float f16_bits_to_f32(uint16_t h) {
+  const uint32_t o0 = uint32_t(h & 0x7fff) << 13;
+  const uint32_t e = o0 & 0x0f800000u;
+  uint32_t o = o0 + ((127u - 15u) << 23);
+  const float sub = std::bit_cast<float>(o + (1u << 23)) - std::bit_cast<float>(113u << 23);
+  const uint32_t inf_nan = 0u - uint32_t(e == 0x0f800000u), subnormal = 0u - uint32_t(e == 0);
+  o += inf_nan & ((128u - 16u) << 23);
+  o = (o & ~subnormal) | (std::bit_cast<uint32_t>(sub) & subnormal);
+  return std::bit_cast<float>(o | (uint32_t(h & 0x8000) << 16));
+}
+}  // namespace
 
 // Storage tags for 16-bit KV elements (both are uint16_t in memory).
 struct F16Tag {
@@ -72,8 +109,13 @@ float dot(const float* a, const float* b, int64_t n) {
   }
   return _mm512_reduce_add_ps(_mm512_add_ps(acc0, acc1));
 #else
+  float acc[16] = {};  // 16 partial sums: the form the compiler vectorises
+  int64_t i = 0;
+  for (; i + 16 <= n; i += 16)
+    for (int j = 0; j < 16; ++j) acc[j] += a[i + j] * b[i + j];
   float s = 0;
-  for (int64_t i = 0; i < n; ++i) s += a[i] * b[i];
+  for (float v : acc) s += v;
+  for (; i < n; ++i) s += a[i] * b[i];
   return s;
 #endif
 }
@@ -183,7 +225,7 @@ void swiglu(const float* gate, const float* up, int64_t n, float* y) {
     _mm512_storeu_ps(y + i, _mm512_mul_ps(s, _mm512_loadu_ps(up + i)));
   }
 #endif
-  for (; i < n; ++i) y[i] = gate[i] / (1.0f + std::exp(-gate[i])) * up[i];
+  for (; i < n; ++i) y[i] = gate[i] / (1.0f + exp_portable(-gate[i])) * up[i];
 }
 
 void relu(float* x, int64_t n) {
@@ -214,7 +256,7 @@ float exp_shift_sum(float* x, int64_t n, float shift) {
   }
   sum = _mm512_reduce_add_ps(acc);
 #endif
-  for (; i < n; ++i) sum += (x[i] = std::exp(x[i] - shift));
+  for (; i < n; ++i) sum += (x[i] = exp_portable(x[i] - shift));
   return sum;
 }
 
@@ -246,7 +288,7 @@ void f16_to_f32_row(const uint16_t* x, float* y, int64_t n) {
   for (; i + 16 <= n; i += 16)
     _mm512_storeu_ps(y + i, _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(x + i))));
 #endif
-  for (; i < n; ++i) y[i] = f16_to_f32(x[i]);
+  for (; i < n; ++i) y[i] = f16_bits_to_f32(x[i]);
 }
 
 namespace {
@@ -263,11 +305,25 @@ inline __m512 load16(const T* p, __mmask16 m) {
   }
 }
 #endif
+// Element i of a row of type T as F32, in forms the compiler vectorises.
 template <typename T>
 inline float elem(const T* p, int64_t i) {
   if constexpr (std::is_same_v<T, float>) return p[i];
-  else if constexpr (std::is_same_v<T, F16Tag>) return f16_to_f32(reinterpret_cast<const uint16_t*>(p)[i]);
-  else return bf16_to_f32(reinterpret_cast<const uint16_t*>(p)[i]);
+  else if constexpr (std::is_same_v<T, F16Tag>) return f16_bits_to_f32(p[i].bits);
+  else return std::bit_cast<float>(uint32_t(p[i].bits) << 16);
+}
+
+// Σ a[i] · elem(b, i) over 16 partial sums, the form the compiler vectorises (the portable level).
+template <typename T>
+inline float portable_dot(const float* a, const T* b, int64_t n) {
+  float acc[16] = {};
+  int64_t i = 0;
+  for (; i + 16 <= n; i += 16)
+    for (int j = 0; j < 16; ++j) acc[j] += a[i + j] * elem(b, i + j);
+  float s = 0;
+  for (float v : acc) s += v;
+  for (; i < n; ++i) s += a[i] * elem(b, i);
+  return s;
 }
 
 // q·k for a K row of type T.
@@ -291,9 +347,7 @@ inline float dot_kv(const float* q, const T* k, int D) {
     return _mm512_reduce_add_ps(_mm512_add_ps(a0, a1));
   }
 #else
-  float s = 0;
-  for (int i = 0; i < D; ++i) s += q[i] * elem(k, i);
-  return s;
+  return portable_dot(q, k, D);
 #endif
 }
 
@@ -315,9 +369,15 @@ void weighted_v_kv(const float* p, int G, const T* V, int64_t n, int D, float* o
     }
   }
 #else
-  for (int64_t t = 0; t < n; ++t)
-    for (int h = 0; h < G; ++h)
-      for (int d = 0; d < D; ++d) out[int64_t(h) * D + d] += p[h * n + t] * elem(V, t * D + d);
+  std::vector<float> row(static_cast<size_t>(D));  // V[t] converted once for the G heads
+  for (int64_t t = 0; t < n; ++t) {
+    for (int d = 0; d < D; ++d) row[size_t(d)] = elem(V, t * D + d);
+    for (int h = 0; h < G; ++h) {
+      const float ph = p[h * n + t];
+      float* o = out + int64_t(h) * D;
+      for (int d = 0; d < D; ++d) o[d] += ph * row[size_t(d)];
+    }
+  }
 #endif
 }
 
@@ -930,12 +990,24 @@ void gemv(const float* x, int M, const void* W, DType wt, int64_t K, int64_t n0,
     dispatch(GemvConvert<T>{}, x);
 #else
     const T* w = static_cast<const T*>(W);
-    for (int m = 0; m < M; ++m)
-      for (int64_t n = n0; n < n1; ++n) {
-        float s = 0;
-        for (int64_t k = 0; k < K; ++k) s += x[int64_t(m) * K + k] * elem(w, n * K + k);
-        y[int64_t(m) * ldy + n] = s;
+    for (int m = 0; m < M; ++m) {
+      const float* xm = x + int64_t(m) * K;
+      int64_t n = n0;
+      for (; n + 4 <= n1; n += 4) {  // 4 weight rows side by side (4 streams), each x value loaded once
+        float acc[4][16] = {};
+        int64_t k = 0;
+        for (; k + 16 <= K; k += 16)
+          for (int r = 0; r < 4; ++r)
+            for (int j = 0; j < 16; ++j) acc[r][j] += xm[k + j] * elem(w, (n + r) * K + k + j);
+        for (int r = 0; r < 4; ++r) {
+          float s = 0;
+          for (float v : acc[r]) s += v;
+          for (int64_t kk = k; kk < K; ++kk) s += xm[kk] * elem(w, (n + r) * K + kk);
+          y[int64_t(m) * ldy + n + r] = s;
+        }
       }
+      for (; n < n1; ++n) y[int64_t(m) * ldy + n] = portable_dot(xm, w + n * K, K);
+    }
 #endif
   };
   switch (wt) {
