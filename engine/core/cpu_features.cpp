@@ -88,26 +88,24 @@ CpuIsa set_active_cpu_isa(CpuIsa isa) {
 
 std::string_view cpu_tuning_name(CpuTuning t) { return t == CpuTuning::kAmd ? "AMD" : "Intel"; }
 
-namespace {
-std::atomic<int> g_tuning{-1};  // -1: not detected yet
-}  // namespace
+namespace detail {
+std::atomic<int> g_cpu_tuning{-1};
 
-CpuTuning cpu_tuning() {
-  int v = g_tuning.load(std::memory_order_relaxed);
-  if (v < 0) {
+int detect_cpu_tuning() {
 #if defined(__x86_64__)
-    v = __builtin_cpu_is("amd") ? int(CpuTuning::kAmd) : int(CpuTuning::kIntel);
+  const int v = __builtin_cpu_is("amd") ? int(CpuTuning::kAmd) : int(CpuTuning::kIntel);
 #else
-    v = int(CpuTuning::kIntel);
+  const int v = int(CpuTuning::kIntel);
 #endif
-    g_tuning.store(v, std::memory_order_relaxed);
-  }
-  return CpuTuning(v);
+  int expected = -1;
+  g_cpu_tuning.compare_exchange_strong(expected, v, std::memory_order_relaxed);  // a set tuning wins
+  return g_cpu_tuning.load(std::memory_order_relaxed);
 }
+}  // namespace detail
 
 CpuTuning set_cpu_tuning(CpuTuning t) {
   const CpuTuning prev = cpu_tuning();
-  g_tuning.store(int(t), std::memory_order_relaxed);
+  detail::g_cpu_tuning.store(int(t), std::memory_order_relaxed);
   return prev;
 }
 

@@ -1,6 +1,7 @@
 // The instruction sets the CPU kernels are built for, chosen at run time by what this CPU has
 // (cpuid, including the OS's support for the 512-bit registers), not by the build machine.
 #pragma once
+#include <atomic>
 #include <cstdint>
 #include <string_view>
 #include <vector>
@@ -36,7 +37,15 @@ CpuIsa set_active_cpu_isa(CpuIsa isa);
 // narrower units. Detected from the CPU (anything not AMD is tuned as Intel); tests set both.
 enum class CpuTuning { kIntel, kAmd };
 std::string_view cpu_tuning_name(CpuTuning t);
-CpuTuning cpu_tuning();
+namespace detail {
+extern std::atomic<int> g_cpu_tuning;  // -1 until detected
+int detect_cpu_tuning();
+}  // namespace detail
+// Inline: the kernels ask in their inner loops.
+inline CpuTuning cpu_tuning() {
+  const int v = detail::g_cpu_tuning.load(std::memory_order_relaxed);
+  return CpuTuning(v >= 0 ? v : detail::detect_cpu_tuning());
+}
 // Returns the previous tuning; not safe while kernels run on other threads.
 CpuTuning set_cpu_tuning(CpuTuning t);
 

@@ -38,7 +38,8 @@ void fill(float* p, size_t n, uint64_t seed) {
   for (size_t i = 0; i < n; ++i) p[i] = u(g);
 }
 
-// The paired reference: 512 MiB read in turn, so each pass streams from memory.
+// The paired reference: max(512 MiB, 3 × the last-level cache) read in turn, so each pass
+// streams from memory.
 ReadProbe& probe() {
   static ReadProbe p;
   return p;
@@ -85,6 +86,17 @@ void run_paired(benchmark::State& st, double bytes_per_iter, int threads, F&& ke
 int cold_copies(double bytes) {
   const double need = std::max(96.0 * (1 << 20), 3.0 * double(last_level_cache_bytes()));
   return std::max(1, int(std::ceil(need / bytes)));
+}
+
+// cold_copies(bytes) buffers of `bytes` floats' worth (host_alloc memory, 2 MiB pages), filled by
+// fill() with `seed`: a benchmark reads the next one on each call.
+std::vector<AlignedBuffer> cold_buffers(size_t bytes, uint64_t seed) {
+  std::vector<AlignedBuffer> out;
+  for (int c = cold_copies(double(bytes)); c > 0; --c) {
+    out.emplace_back(bytes);
+    fill(static_cast<float*>(out.back().data()), bytes / 4, seed);
+  }
+  return out;
 }
 
 // Read-only reduction over 1 GiB with `threads` threads: the machine's read bandwidth.
@@ -358,18 +370,20 @@ void BM_GroupLogits(benchmark::State& st) {
   const int G = 4, D = 128;
   // Keys and logits in host_alloc memory (2 MiB pages), as HybridGen's offloaded keys and logits
   // buffers are; a std::vector sits on 4 KiB pages here.
-  AlignedBuffer kbuf(size_t(N * D) * 4), lbuf(size_t(G * N) * 4);
-  float* K = static_cast<float*>(kbuf.data());
+  const std::vector<AlignedBuffer> keys = cold_buffers(size_t(N * D) * 4, 7);
+  AlignedBuffer lbuf(size_t(G * N) * 4);
   float* lg = static_cast<float*>(lbuf.data());
   std::vector<float> q(size_t(G * D));
-  fill(K, size_t(N * D), 7);
   fill(lg, size_t(G * N), 0);
   fill(q.data(), q.size(), 8);
   auto be = make_cpu_backend();
-  run_paired(st, double(N * D * 4), int(st.range(1)),
-             [&] { be->group_logits(q.data(), G, K, N, D, 0.088f, lg); }, double(G * N * 4));
+  size_t it = 0;
+  run_paired(st, double(N * D * 4), int(st.range(1)), [&] {
+    const float* K = static_cast<const float*>(keys[it++ % keys.size()].data());
+    be->group_logits(q.data(), G, K, N, D, 0.088f, lg);
+  }, double(G * N * 4));
 }
-// 256K keys = 128 MiB: larger than the last-level cache, so every pass streams from memory.
+// 256K keys = 128 MiB, in copies cycled so that every pass streams from memory.
 BENCHMARK(BM_GroupLogits)->ArgNames({"N", "threads"})->Args({262144, 1})->Args({262144, 2})->UseManualTime();
 
 // The kernels as HybridGen's stages call them, per KV head of the 8B shape (H_kv = 8, G = 4,
@@ -385,15 +399,16 @@ void BM_GroupLogitsStage(benchmark::State& st) {
   const int64_t N = st.range(0);
   const int Hkv = 8, G = 4, D = 128;
   const bool max = st.range(2) == 1;
-  AlignedBuffer kbuf(size_t(Hkv * N * D) * 4), lbuf(size_t(G * N) * 4);
-  float* K = static_cast<float*>(kbuf.data());
+  const std::vector<AlignedBuffer> keys = cold_buffers(size_t(Hkv * N * D) * 4, 7);
+  AlignedBuffer lbuf(size_t(G * N) * 4);
   float* lg = static_cast<float*>(lbuf.data());
   std::vector<float> q(size_t(Hkv * G * D));
-  fill(K, size_t(Hkv * N * D), 7);
   fill(lg, size_t(G * N), 0);
   fill(q.data(), q.size(), 8);
   auto be = make_cpu_backend();
+  size_t it = 0;
   run_paired(st, double(Hkv * N * D * 4), int(st.range(1)), [&] {
+    const float* K = static_cast<const float*>(keys[it++ % keys.size()].data());
     for (int g = 0; g < Hkv; ++g) {
       const float* qg = q.data() + g * G * D;
       if (max)
@@ -420,17 +435,18 @@ void BM_PostSelection(benchmark::State& st) {
   const int64_t N = st.range(0);
   const int Hkv = 8, G = 4, D = 128;
   const int32_t K = 128;
-  AlignedBuffer kbuf(size_t(Hkv * N * D) * 4), lbuf(size_t(G * N) * 4);
-  float* Ks = static_cast<float*>(kbuf.data());
+  const std::vector<AlignedBuffer> keys = cold_buffers(size_t(Hkv * N * D) * 4, 7);
+  AlignedBuffer lbuf(size_t(G * N) * 4);
   float* lg = static_cast<float*>(lbuf.data());
   std::vector<float> q(size_t(Hkv * G * D)), kg(size_t(K * D)), sel_lg(size_t(G * K));
-  fill(Ks, size_t(Hkv * N * D), 7);
   fill(lg, size_t(G * N), 0);
   fill(q.data(), q.size(), 8);
   std::vector<int32_t> sel;
   auto be = make_cpu_backend();
   const bool scores = st.range(2) == 1;
+  size_t it = 0;
   run_paired(st, double(Hkv * N * D * 4), int(st.range(1)), [&] {
+    const float* Ks = static_cast<const float*>(keys[it++ % keys.size()].data());
     for (int g = 0; g < Hkv; ++g) {
       const float* qg = q.data() + g * G * D;
       const float* Kg = Ks + g * N * D;
@@ -455,7 +471,8 @@ BENCHMARK(BM_PostSelection)
     ->ArgsProduct({{32768}, {1, 2}, {0, 1}})
     ->UseManualTime();
 
-// Gather of selected V rows (D = 128 F32, 512 B rows) out of 1M rows (512 MiB) with
+// Gather of selected V rows (D = 128 F32, 512 B rows) out of 1M rows (512 MiB; more where the
+// last-level cache is large) with
 // cpu::gather_rows, as InfiniGen's fetch and HybridGen's CPU stage run it on one worker. The
 // strategies select positions in token order (sorted); `sorted: 0` is a random order. Bytes read:
 // K · D · 4. The baseline (`prefetch: 0`) is a plain memcpy per row. `hugepages: 0` opts the
@@ -465,7 +482,8 @@ BENCHMARK(BM_PostSelection)
 // thread like the gather) right after each gather: the random-row read rate, which is what bounds
 // a gather.
 void BM_GatherRows(benchmark::State& st) {
-  const int64_t N = 1 << 20, K = st.range(0), D = 128;
+  // At least 1M rows, and three times the last-level cache.
+  const int64_t D = 128, N = std::max<int64_t>(1 << 20, 3 * last_level_cache_bytes() / (D * 4)), K = st.range(0);
   AlignedBuffer vbuf(size_t(N * D) * 4);
   if (!st.range(3)) madvise(vbuf.data(), vbuf.bytes(), MADV_NOHUGEPAGE);  // before the first touch
   float* V = static_cast<float*>(vbuf.data());

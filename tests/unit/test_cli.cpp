@@ -7,6 +7,7 @@
 #include <sstream>
 
 #include "engine/backend/backend.h"
+#include "engine/core/cpu_features.h"
 #include "engine/runtime/memory.h"
 #include "test_util.h"
 
@@ -18,8 +19,9 @@ struct CmdResult {
   std::string out;  // stdout and stderr
 };
 
-CmdResult run(const std::string& args) {
-  const std::string cmd = std::string(HG_BINARY) + " " + args + " 2>&1";
+// env: assignments placed before the command ("NAME=value ...").
+CmdResult run(const std::string& args, const std::string& env = "") {
+  const std::string cmd = env + " " + std::string(HG_BINARY) + " " + args + " 2>&1";
   CmdResult r{-1, ""};
   FILE* p = popen(cmd.c_str(), "r");
   if (!p) return r;
@@ -63,6 +65,17 @@ TEST(Cli, BadInputExitsTwoWithOneLine) {
     const CmdResult r = run(args);
     EXPECT_EQ(r.status, 2) << args << "\n" << r.out;
     EXPECT_EQ(std::count(r.out.begin(), r.out.end(), '\n'), 1) << args << "\n" << r.out;
+  }
+  // The CPU kernels' level from the environment: unknown, or one this CPU lacks.
+  std::vector<std::pair<std::string, std::string>> env_cases = {
+      {"HG_CPU_ISA=avx2", "HG_CPU_ISA=avx2: expected portable, avx512 or avx512_bf16"}};
+  if (!cpu_supports(CpuIsa::kAvx512Bf16))
+    env_cases.emplace_back("HG_CPU_ISA=avx512_bf16", "HG_CPU_ISA=avx512_bf16: this CPU does not support it");
+  for (const auto& [env, what] : env_cases) {
+    const CmdResult r = run("info --model synthetic:tiny-llama", env);
+    EXPECT_EQ(r.status, 2) << env << "\n" << r.out;
+    EXPECT_EQ(std::count(r.out.begin(), r.out.end(), '\n'), 1) << env << "\n" << r.out;
+    EXPECT_NE(r.out.find(what), std::string::npos) << r.out;
   }
 }
 

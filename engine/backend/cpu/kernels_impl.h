@@ -404,13 +404,18 @@ constexpr int prefetch_rows(int row_bytes) {
   return std::min(kPrefetchRows, std::max(16, kPrefetchBytes / row_bytes));
 }
 
-// Whether the attention kernels prefetch at all. Rows of at most 128 bytes (D = 64 in F16/BF16)
-// read by one or two query heads per KV head are left to the hardware prefetcher: the keys of 4
-// rows side by side span 512 contiguous bytes, a pattern the hardware streams, and every other
-// shape reads less without software prefetches (docs/performance.md, "Tuning choices").
+// Whether the attention kernels prefetch at all. On AMD cores rows of at most 128 bytes (D = 64 in
+// F16/BF16) read by one or two query heads per KV head are left to the hardware prefetcher: the
+// keys of 4 rows side by side span 512 contiguous bytes, a pattern it streams, and every other
+// shape reads less without software prefetches. Intel cores read every shape faster with them
+// (docs/performance.md, "Tuning choices").
 template <int G, int DT, typename T>
-constexpr bool attention_prefetches() {
+constexpr bool attention_prefetches_on_amd() {
   return !(G <= 2 && DT > 0 && DT * int(sizeof(T)) <= 128);
+}
+template <int G, int DT, typename T>
+inline bool attention_prefetches() {
+  return attention_prefetches_on_amd<G, DT, T>() || !amd_core();
 }
 
 // Lane i of the result is the sum of the 16 lanes of v[i] (a transposing tree: 15 shuffle pairs
@@ -516,7 +521,7 @@ inline void logits16(const float* q, const T* K, int kk, int D_, float scale, fl
     for (int h = 0; h < G; ++h)
       for (int i = 0; i < NK; ++i) a[h][i] = W::zero();
     for (int b = 0; b < nbw; ++b) {
-      if constexpr (attention_prefetches<G, DT, T>())
+      if (attention_prefetches<G, DT, T>())
         if ((b * L * int(sizeof(T))) % 64 == 0)
           for (int i = 0; i < NK; ++i)
             _mm_prefetch(ahead + i * row_bytes + b * L * int(sizeof(T)), _MM_HINT_T2);
@@ -603,7 +608,7 @@ inline void weighted_v_blocks(const float* p, int64_t ld, const T* V, int cn, in
   for (int c = 0; c < cn; ++c) {
     const T* v = V + int64_t(c) * D + b0 * 16;
     const char* ahead = reinterpret_cast<const char*>(V + int64_t(c) * D + ahead_elems);
-    if constexpr (attention_prefetches<G, DT, T>())
+    if (attention_prefetches<G, DT, T>())
       for (int off = pf_begin; off < pf_end; off += 64) _mm_prefetch(ahead + off, _MM_HINT_T2);
     __m512 vv[BB];
     for (int j = 0; j < BB; ++j) vv[j] = in_register(load16(v + j * 16, mk[j]));
