@@ -7,25 +7,19 @@
 
 namespace hg::cpu {
 namespace {
-const KernelTable& table() {
-  switch (active_cpu_isa()) {
+const KernelTable& table_for(CpuIsa isa) {
+  switch (isa) {
     case CpuIsa::kAvx512Bf16: return avx512_bf16::kernel_table();
     case CpuIsa::kAvx512: return avx512::kernel_table();
     case CpuIsa::kPortable: break;
   }
   return portable::kernel_table();
 }
+const KernelTable& table() { return table_for(active_cpu_isa()); }
 // The read references (sum, sum_one_stream, sum_rows) measure the machine, not the kernels: they
 // run at the best level this CPU has whatever level the kernels run at.
 const KernelTable& best_table() {
-  static const KernelTable& t = []() -> const KernelTable& {
-    switch (best_cpu_isa()) {
-      case CpuIsa::kAvx512Bf16: return avx512_bf16::kernel_table();
-      case CpuIsa::kAvx512: return avx512::kernel_table();
-      case CpuIsa::kPortable: break;
-    }
-    return portable::kernel_table();
-  }();
+  static const KernelTable& t = table_for(best_cpu_isa());
   return t;
 }
 }  // namespace
