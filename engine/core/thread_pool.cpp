@@ -31,7 +31,7 @@ std::atomic<int> g_bound_team{0};
 // convert_weight first-touches and the decode GEMV reads) stays on one node.
 void bind_team_to_nodes() {
   const int nodes = numa_nodes_bound();
-  if (nodes <= 1) return;
+  if (nodes <= 1 || omp_in_parallel()) return;  // a nested call binds nothing (its team is one thread)
   const int team = omp_get_max_threads();
   if (g_bound_team.load(std::memory_order_acquire) == team) return;
 #pragma omp parallel num_threads(team)
