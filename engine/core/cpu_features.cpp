@@ -1,8 +1,8 @@
 #include "engine/core/cpu_features.h"
 
-#include <atomic>
 #include <unistd.h>
 
+#include <atomic>
 #include <cstdlib>
 #include <fstream>
 #include <string>
