@@ -186,12 +186,14 @@ BENCHMARK(BM_DecodeAttention)
 // or p loads and no reductions. The attention's GB/s over this one's is what the kernel's own work costs on
 // top of streaming with that arithmetic.
 template <typename T>
+inline __m512 peer_load(const T* p) {  // 16 values as F32 (a function: lambdas miss the pragma's target)
+  if constexpr (std::is_same_v<T, float>) return _mm512_loadu_ps(p);
+  else return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+}
+
+template <typename T>
 float attention_stream_peer(const T* K, const T* V, int64_t n) {
   constexpr int D = 128, kAhead = std::min(64, 16384 / (D * int(sizeof(T))));
-  auto load = [](const T* p) {
-    if constexpr (std::is_same_v<T, float>) return _mm512_loadu_ps(p);
-    else return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
-  };
   constexpr int kLine = 64 / int(sizeof(T));  // values per 64-byte line
   __m512 acc[16];
   for (auto& a : acc) a = _mm512_setzero_ps();
@@ -206,7 +208,7 @@ float attention_stream_peer(const T* K, const T* V, int64_t n) {
           for (int i = 0; i < 4; ++i) _mm_prefetch(reinterpret_cast<const char*>(K + (r + kAhead + i) * D + b), _MM_HINT_T2);
 #pragma GCC unroll 4
         for (int i = 0; i < 4; ++i) {
-          const __m512 x = load(K + (r + i) * D + b);
+          const __m512 x = peer_load(K + (r + i) * D + b);
 #pragma GCC unroll 4
           for (int k = 0; k < 4; ++k) acc[i * 4 + k] = _mm512_fmadd_ps(x, c, acc[i * 4 + k]);
         }
@@ -215,7 +217,7 @@ float attention_stream_peer(const T* K, const T* V, int64_t n) {
 #pragma GCC unroll 8
       for (int b = 0; b < D; b += 16) {
         if (b % kLine == 0) _mm_prefetch(reinterpret_cast<const char*>(V + (r + kAhead) * D + b), _MM_HINT_T2);
-        const __m512 x = load(V + r * D + b);
+        const __m512 x = peer_load(V + r * D + b);
 #pragma GCC unroll 4
         for (int k = 0; k < 4; ++k) acc[(b / 16 % 4) * 4 + k] = _mm512_fmadd_ps(x, c, acc[(b / 16 % 4) * 4 + k]);
       }

@@ -232,11 +232,13 @@ TEST(RuntimeTiming, CpuPoolWorkOverlapsEmulatedAcceleratorWork) {
   auto t0 = std::chrono::steady_clock::now();
   busy_matmul(rt.cpu_backend(), 5);
   const double per = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() / 5;
-  const int reps = std::max(3, int(0.15 / std::max(per, 1e-4)));
-  // Other tests may share the two cores (ctest -j2): the overlap must show in one of three tries.
+  int reps = std::max(3, int(0.15 / std::max(per, 1e-4)));
+  // Other tests may share the two cores (ctest -j2): the overlap must show in one of five tries.
+  // A calibration taken while the cores were busy makes stages too short to overlap measurably:
+  // a try whose stages took under 50 ms doubles the work.
   std::string tries;
   bool shown = false;
-  for (int attempt = 0; attempt < 3 && !shown; ++attempt) {
+  for (int attempt = 0; attempt < 5 && !shown; ++attempt) {
     rt.log().clear();
     StageWork w;
     Event c = rt.cpu().submit("cpu logits (layer i+1)", w, {}, [&] { busy_matmul(rt.cpu_backend(), reps); });
@@ -258,6 +260,7 @@ TEST(RuntimeTiming, CpuPoolWorkOverlapsEmulatedAcceleratorWork) {
     shown = m.overlap_cpu_accel_s > 0.5 * std::min(m.cpu_s, m.accel_s) && m.critical_path_s < 0.9 * m.sum_stages_s;
     tries += fmt::format(" [cpu {:.3f} s, accel {:.3f} s, overlap {:.3f} s, critical {:.3f} of {:.3f} s]", m.cpu_s,
                          m.accel_s, m.overlap_cpu_accel_s, m.critical_path_s, m.sum_stages_s);
+    if (std::min(m.cpu_s, m.accel_s) < 0.05) reps *= 2;
   }
   EXPECT_TRUE(shown) << tries;
 }

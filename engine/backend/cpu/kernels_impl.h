@@ -173,7 +173,11 @@ float sum(const float* p, int64_t n) {
 // whole 16-float vectors of p[0, n) front to back, vector k into part k % 4, and returns how many
 // floats it read; `total` is the sum of the parts.
 struct FourSums {
-  __m512 a[4] = {_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps()};
+  __m512 a[4];
+  // An explicit constructor: GCC compiles an implicit one without the AVX-512 target pragma.
+  FourSums() {
+    for (auto& v : a) v = _mm512_setzero_ps();
+  }
   int64_t add(const float* p, int64_t n) {
     int64_t i = 0;
     for (; i + 64 <= n; i += 64)
