@@ -42,13 +42,6 @@ void MappedFile::release(uint64_t off, uint64_t n) const {
   ::madvise(const_cast<uint8_t*>(data_) + b, size_t(e - b), MADV_DONTNEED);  // advice: failure changes nothing
 }
 
-std::optional<Weight> map_weight(const std::shared_ptr<const MappedFile>& f, uint64_t off, DType t,
-                                 std::vector<int64_t> shape) {
-  const uint8_t* p = f->data() + off;
-  if (reinterpret_cast<uintptr_t>(p) % dtype_size(t) != 0) return std::nullopt;
-  return view_weight(t, std::move(shape), p, f);
-}
-
 void MappedFile::require(uint64_t off, uint64_t n, const char* what) const {
   if (off > size_ || n > size_ - off)
     input_error("{}: truncated: {} needs bytes [{}, {}) but the file has {}", path_, what, off, off + n,

@@ -3,13 +3,9 @@
 #pragma once
 #include <cstdint>
 #include <cstring>
-#include <memory>
-#include <optional>
 #include <string>
-#include <vector>
 
 #include "engine/core/error.h"
-#include "engine/core/tensor.h"
 
 namespace hg {
 
@@ -35,11 +31,6 @@ class MappedFile {
   const uint8_t* data_ = nullptr;
   size_t size_ = 0;
 };
-
-// A weight over the file's bytes from `off` (no copy; the weight keeps the mapping alive) when they
-// are aligned to the type's size; nullopt otherwise. Bounds are the caller's to check.
-std::optional<Weight> map_weight(const std::shared_ptr<const MappedFile>& f, uint64_t off, DType t,
-                                 std::vector<int64_t> shape);
 
 // Sequential little-endian reader over a MappedFile.
 class ByteReader {

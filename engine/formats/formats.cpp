@@ -49,6 +49,14 @@ WeightLoad weight_load_option(const ModelSpec& spec) {
   input_error("model '{}': option load={}: expected map or copy", spec.path, it->second);
 }
 
+Weight load_tensor(const std::shared_ptr<const MappedFile>& f, uint64_t off, DType from, DType to,
+                   std::vector<int64_t> shape, WeightLoad how) {
+  const uint8_t* src = f->data() + off;
+  if (how == WeightLoad::kMap && from == to && reinterpret_cast<uintptr_t>(src) % dtype_size(to) == 0)
+    return view_weight(to, std::move(shape), src, f);
+  return convert_weight(from, src, to, std::move(shape), [&](size_t o, size_t n) { f->release(off + o, n); });
+}
+
 void check_spec_options(const ModelSpec& s, const std::vector<std::string>& allowed) {
   for (auto& [k, v] : s.options) {
     bool ok = false;

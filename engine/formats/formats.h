@@ -3,10 +3,12 @@
 // "synthetic:<preset>[?layers=N&dtype=bf16&seed=S]". Options after '?' are format-specific.
 #pragma once
 #include <map>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
 
+#include "engine/core/mapped_file.h"
 #include "engine/core/model.h"
 
 namespace hg {
@@ -29,6 +31,11 @@ struct LoadOptions {
 enum class WeightLoad { kMap, kCopy };
 struct ModelSpec;
 WeightLoad weight_load_option(const ModelSpec& spec);
+// A tensor of `shape` stored as `from` in the file from byte `off` (bounds checked by the caller),
+// held as `to` the way `how` says: a view of the mapping (kMap, `from` is `to`, the bytes aligned to
+// the type), or else a copy whose file pages are released as they are copied.
+Weight load_tensor(const std::shared_ptr<const MappedFile>& f, uint64_t off, DType from, DType to,
+                   std::vector<int64_t> shape, WeightLoad how);
 
 // "path?key=value&key2=value2" → path and options; keys are checked by the loader.
 struct ModelSpec {

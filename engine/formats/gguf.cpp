@@ -182,23 +182,18 @@ const GgufFile::TensorInfo* GgufFile::find_tensor(const std::string& name) const
 }
 
 Weight GgufFile::load(const TensorInfo& t, DType to, WeightLoad how) const {
-  const bool same = (t.type == kTF32 && to == DType::kF32) || (t.type == kTF16 && to == DType::kF16) ||
-                    (t.type == kTBF16 && to == DType::kBF16);
-  if (how == WeightLoad::kMap && same)
-    if (auto w = map_weight(file_, t.offset, to, std::vector<int64_t>(t.ne.rbegin(), t.ne.rend()))) return std::move(*w);
-  Weight w = convert(t, to);
-  file_->release(t.offset, t.bytes);
+  Weight w = convert(t, to, how);
+  if (!w.mapped()) file_->release(t.offset, t.bytes);
   return w;
 }
 
-Weight GgufFile::convert(const TensorInfo& t, DType to) const {
+Weight GgufFile::convert(const TensorInfo& t, DType to, WeightLoad how) const {
   std::vector<int64_t> shape(t.ne.rbegin(), t.ne.rend());
   const uint8_t* src = file_->data() + t.offset;
-  const auto consumed = [&](size_t off, size_t n) { file_->release(t.offset + off, n); };
   switch (t.type) {
-    case kTF32: return convert_weight(DType::kF32, src, to, shape, consumed);
-    case kTF16: return convert_weight(DType::kF16, src, to, shape, consumed);
-    case kTBF16: return convert_weight(DType::kBF16, src, to, shape, consumed);
+    case kTF32: return load_tensor(file_, t.offset, DType::kF32, to, shape, how);
+    case kTF16: return load_tensor(file_, t.offset, DType::kF16, to, shape, how);
+    case kTBF16: return load_tensor(file_, t.offset, DType::kBF16, to, shape, how);
     case kTQ8_0: {
       // Block of 32: f16 scale d, then 32 int8 q; value = d * q.
       int64_t n = 1;

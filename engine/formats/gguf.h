@@ -61,7 +61,7 @@ class GgufFile final : public ModelMetadata {
   static std::string type_name(uint32_t t);
 
  private:
-  Weight convert(const TensorInfo& t, DType to) const;  // load() before the mapping is released
+  Weight convert(const TensorInfo& t, DType to, WeightLoad how) const;  // load() before the mapping is released
   Value read_value(ByteReader& r, Type t, int depth) const;
   std::shared_ptr<const MappedFile> file_;
   uint32_t version_ = 0;

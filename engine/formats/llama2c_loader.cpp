@@ -3,7 +3,6 @@
 // run.c's order, with its tokenizer.bin (`?tokenizer=PATH`, else tok<V>.bin or tokenizer.bin
 // next to the model).
 #include <filesystem>
-#include <optional>
 
 #include "engine/arch/arch.h"
 #include "engine/core/error.h"
@@ -72,12 +71,7 @@ Model load(const ModelSpec& spec, const LoadOptions& opts) {
   auto take = [&](std::vector<int64_t> shape, bool matrix) {
     int64_t n = 1;
     for (auto s : shape) n *= s;
-    const DType to = matrix ? m.weight_dtype : DType::kF32;
-    std::optional<Weight> mapped;
-    if (how == WeightLoad::kMap && to == DType::kF32) mapped = map_weight(file, off, to, shape);
-    Weight w = mapped ? std::move(*mapped)
-                      : convert_weight(DType::kF32, f.data() + off, to, std::move(shape),
-                                       [&](size_t o, size_t b) { f.release(off + o, b); });
+    Weight w = load_tensor(file, off, DType::kF32, matrix ? m.weight_dtype : DType::kF32, std::move(shape), how);
     off += uint64_t(n) * 4;
     return w;
   };

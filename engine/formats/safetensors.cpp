@@ -56,10 +56,7 @@ const SafetensorsFile::Entry* SafetensorsFile::find(const std::string& name) con
 }
 
 Weight SafetensorsFile::load(const Entry& e, DType to, WeightLoad how) const {
-  if (how == WeightLoad::kMap && e.dtype == to)
-    if (auto w = map_weight(file_, e.offset, to, e.shape)) return std::move(*w);
-  return convert_weight(e.dtype, file_->data() + e.offset, to, e.shape,
-                        [&](size_t off, size_t n) { file_->release(e.offset + off, n); });
+  return load_tensor(file_, e.offset, e.dtype, to, e.shape, how);
 }
 
 }  // namespace hg

@@ -27,6 +27,14 @@
 
 namespace hg::cpu::HG_KERNEL_NS {
 
+// Storage tags for 16-bit KV elements (both are uint16_t in memory).
+struct F16Tag {
+  uint16_t bits;
+};
+struct BF16Tag {
+  uint16_t bits;
+};
+
 namespace {
 // exp(x) for x in [-87.3, 88] (clamped): exp512's reduction and polynomial in scalar code that the
 // compiler vectorises (integer rounding and exponent bits instead of library calls).
@@ -61,15 +69,28 @@ inline float f16_bits_to_f32(uint16_t h) {
   o = (o & ~subnormal) | (std::bit_cast<uint32_t>(sub) & subnormal);
   return std::bit_cast<float>(o | (uint32_t(h & 0x8000) << 16));
 }
-}  // namespace
 
-// Storage tags for 16-bit KV elements (both are uint16_t in memory).
-struct F16Tag {
-  uint16_t bits;
-};
-struct BF16Tag {
-  uint16_t bits;
-};
+// Element i of a row of type T as F32, in forms the compiler vectorises.
+template <typename T>
+inline float elem(const T* p, int64_t i) {
+  if constexpr (std::is_same_v<T, float>) return p[i];
+  else if constexpr (std::is_same_v<T, F16Tag>) return f16_bits_to_f32(p[i].bits);
+  else return std::bit_cast<float>(uint32_t(p[i].bits) << 16);
+}
+
+// Σ a[i] · elem(b, i) over 16 partial sums, the form the compiler vectorises (the portable level).
+template <typename T>
+inline float portable_dot(const float* a, const T* b, int64_t n) {
+  float acc[16] = {};
+  int64_t i = 0;
+  for (; i + 16 <= n; i += 16)
+    for (int j = 0; j < 16; ++j) acc[j] += a[i + j] * elem(b, i + j);
+  float s = 0;
+  for (float v : acc) s += v;
+  for (; i < n; ++i) s += a[i] * elem(b, i);
+  return s;
+}
+}  // namespace
 
 #if HG_AVX512
 namespace {
@@ -109,14 +130,7 @@ float dot(const float* a, const float* b, int64_t n) {
   }
   return _mm512_reduce_add_ps(_mm512_add_ps(acc0, acc1));
 #else
-  float acc[16] = {};  // 16 partial sums: the form the compiler vectorises
-  int64_t i = 0;
-  for (; i + 16 <= n; i += 16)
-    for (int j = 0; j < 16; ++j) acc[j] += a[i + j] * b[i + j];
-  float s = 0;
-  for (float v : acc) s += v;
-  for (; i < n; ++i) s += a[i] * b[i];
-  return s;
+  return portable_dot(a, b, n);
 #endif
 }
 
@@ -309,27 +323,6 @@ inline __m512 load16(const T* p, __mmask16 m) {
   }
 }
 #endif
-// Element i of a row of type T as F32, in forms the compiler vectorises.
-template <typename T>
-inline float elem(const T* p, int64_t i) {
-  if constexpr (std::is_same_v<T, float>) return p[i];
-  else if constexpr (std::is_same_v<T, F16Tag>) return f16_bits_to_f32(p[i].bits);
-  else return std::bit_cast<float>(uint32_t(p[i].bits) << 16);
-}
-
-// Σ a[i] · elem(b, i) over 16 partial sums, the form the compiler vectorises (the portable level).
-template <typename T>
-inline float portable_dot(const float* a, const T* b, int64_t n) {
-  float acc[16] = {};
-  int64_t i = 0;
-  for (; i + 16 <= n; i += 16)
-    for (int j = 0; j < 16; ++j) acc[j] += a[i + j] * elem(b, i + j);
-  float s = 0;
-  for (float v : acc) s += v;
-  for (; i < n; ++i) s += a[i] * elem(b, i);
-  return s;
-}
-
 // q·k for a K row of type T.
 template <typename T>
 inline float dot_kv(const float* q, const T* k, int D) {
@@ -373,7 +366,8 @@ void weighted_v_kv(const float* p, int G, const T* V, int64_t n, int D, float* o
     }
   }
 #else
-  std::vector<float> row(static_cast<size_t>(D));  // V[t] converted once for the G heads
+  thread_local std::vector<float> row;  // V[t] converted once for the G heads
+  row.resize(size_t(D));
   for (int64_t t = 0; t < n; ++t) {
     for (int d = 0; d < D; ++d) row[size_t(d)] = elem(V, t * D + d);
     for (int h = 0; h < G; ++h) {
@@ -971,15 +965,17 @@ void gemv(const float* x, int M, const void* W, DType wt, int64_t K, int64_t n0,
     auto dispatch = [&](auto policy, const auto* xs) {
       using P = decltype(policy);
       const auto* wp = static_cast<const typename P::W*>(W);
+      auto rows = [&](auto mr) {  // MR x rows; F16 with MR ≤ 2 has the vendor's rows per pass
+        constexpr int MR = decltype(mr)::value;
+        if constexpr (MR <= 2 && std::is_same_v<typename P::W, F16Tag>)
+          if (f16_gemv_wide()) return gemv_t<MR, P, true>(xs, wp, K, n0, n1, y, ldy);
+        return gemv_t<MR, P>(xs, wp, K, n0, n1, y, ldy);
+      };
       switch (M) {
-        case 1:
-          if (std::is_same_v<typename P::W, F16Tag> && f16_gemv_wide()) return gemv_t<1, P, true>(xs, wp, K, n0, n1, y, ldy);
-          return gemv_t<1, P>(xs, wp, K, n0, n1, y, ldy);
-        case 2:
-          if (std::is_same_v<typename P::W, F16Tag> && f16_gemv_wide()) return gemv_t<2, P, true>(xs, wp, K, n0, n1, y, ldy);
-          return gemv_t<2, P>(xs, wp, K, n0, n1, y, ldy);
-        case 3: return gemv_t<3, P>(xs, wp, K, n0, n1, y, ldy);
-        default: return gemv_t<4, P>(xs, wp, K, n0, n1, y, ldy);
+        case 1: return rows(std::integral_constant<int, 1>{});
+        case 2: return rows(std::integral_constant<int, 2>{});
+        case 3: return rows(std::integral_constant<int, 3>{});
+        default: return rows(std::integral_constant<int, 4>{});
       }
     };
     if (M > 4) {
