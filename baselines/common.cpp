@@ -30,8 +30,9 @@ const float* host_view(Backend& be, const float* p, size_t n, std::vector<float>
   return staging.data();
 }
 
-AttentionArgs attention_args(const KvShape& s, std::span<const AttnRow> rows, const float* q, float scale, float* out) {
-  return attention_args(s.H, s.H_kv, s.D, scale, q, rows, out);
+AttentionArgs attention_args(const KvShape& s, std::span<const AttnRow> rows, const float* q, float scale, float* out,
+                             DType kv_dtype) {
+  return attention_args(s.H, s.H_kv, s.D, scale, q, rows, out, kv_dtype);
 }
 
 void grow_allocation(MemorySystem& mem, Tier tier, Allocation& a, int64_t bytes, bool slack) {

@@ -23,12 +23,30 @@ std::map<int32_t, int32_t> first_new_position(std::span<const TokenRow> rows);
 // queue's). The array must be complete: a transfer waits for the submitting thread's device work.
 const float* host_view(Backend& be, const float* p, size_t n, std::vector<float>& staging);
 
-AttentionArgs attention_args(const KvShape& s, std::span<const AttnRow> rows, const float* q, float scale, float* out);
+AttentionArgs attention_args(const KvShape& s, std::span<const AttnRow> rows, const float* q, float scale, float* out,
+                             DType kv_dtype = DType::kF32);
 
 // A buffer a strategy keeps between calls: grown on `tier` to at least `bytes` when smaller (its
 // contents are not kept), else left as it is. With `slack` it grows by half again at least when
 // the tier has room for that, so that a buffer following a cache that grows by a token per step
 // reallocates rarely.
+// The shared KV element type as a strategy resolved it: the type it stores and moves, the bytes of
+// n elements of it, and the effective_params() entry when it differs from the request.
+class KvElement {
+ public:
+  KvElement() = default;
+  KvElement(const StrategyContext& ctx, const StrategyParams& p)
+      : requested_(requested_kv_dtype(p)), dtype_(effective_kv_dtype(ctx, p)) {}
+  DType dtype() const { return dtype_; }
+  int64_t bytes(int64_t elems) const { return elems * int64_t(dtype_size(dtype_)); }
+  void report(std::map<std::string, std::string>& out) const {
+    if (dtype_ != requested_) out["kv_dtype"] = std::string(dtype_name(dtype_));
+  }
+
+ private:
+  DType requested_ = DType::kF32, dtype_ = DType::kF32;
+};
+
 void grow_allocation(MemorySystem& mem, Tier tier, Allocation& a, int64_t bytes, bool slack = false);
 
 }  // namespace hg

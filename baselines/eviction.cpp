@@ -10,7 +10,19 @@
 namespace hg {
 
 EvictingStrategy::EvictingStrategy(const StrategyContext& ctx, const char* name, const StrategyParams& p)
-    : be_(ctx.backend), rt_(require_runtime(ctx, name)), home_dram_(p.get("kv_home") == "dram") {}
+    : be_(ctx.backend),
+      rt_(require_runtime(ctx, name)),
+      kv_(ctx, p),
+      home_dram_(p.get("kv_home") == "dram"),
+      overlap_(p.get_bool("overlap")) {
+  if (const double b = p.get_float("budget"); b > 0) budget_ = b;
+}
+
+std::map<std::string, std::string> EvictingStrategy::effective_params() const {
+  std::map<std::string, std::string> e;
+  kv_.report(e);
+  return e;
+}
 
 ParamSpec kv_home_param() {
   return {
@@ -32,8 +44,11 @@ void EvictingStrategy::begin(const KvShape& shape, std::span<const int32_t> capa
   std::vector<int32_t> slots(prompt_.size());
   for (size_t b = 0; b < prompt_.size(); ++b)
     slots[b] = std::max(prompt_[b], budget(int(b), capacity_[b])) + 1;
-  store_.reset(shape, slots, rt_.memory(), home_dram_ ? Tier::kDram : Tier::kGpu, &be_);
-  staged_.clear();
+  settle();
+  store_.reset(shape, slots, rt_.memory(), home_dram_ ? Tier::kDram : Tier::kGpu, &be_, kv_.dtype());
+  for (auto& s : staged_) s.clear();
+  version_.assign(size_t(shape.n_layers) * prompt_.size(), 0);
+  exposed_ = exposed_last_ = 0;
   scores_.assign(size_t(shape.n_layers) * prompt_.size() * size_t(shape.H_kv), {});
   for (size_t i = 0; i < scores_.size(); ++i)
     scores_[i].assign(size_t(slots[(i / size_t(shape.H_kv)) % prompt_.size()]), 0.0);
@@ -44,6 +59,7 @@ void EvictingStrategy::evict_to(int layer, int seq, int32_t keep) {
   for (int g = 0; g < shape_.H_kv; ++g) {
     const int32_t n = store_.count(layer, seq, g);
     if (n <= keep) continue;
+    ++version_[size_t(layer) * prompt_.size() + size_t(seq)];
     victims(layer, seq, g, n - keep, victims_);
     HG_CHECK(int32_t(victims_.size()) == n - keep);
     // Dropped in the policy's order. Each removal moves the last slot into the freed one, so a victim
@@ -86,6 +102,7 @@ void EvictingStrategy::append(int layer, std::span<const TokenRow> rows, const f
     }
     ks = kin_.data();
   }
+  new_k_ = ks, new_v_ = v;  // as stored: what an overlapped load adds to its staged copy
   // Rows in the store's memory: the accelerator's (kv_home gpu) or dram.
   auto insert = [&](const float* kr, const float* vr) {
     for (size_t i = 0; i < rows.size(); ++i)
@@ -99,7 +116,7 @@ void EvictingStrategy::append(int layer, std::span<const TokenRow> rows, const f
   // The new tokens' K and V, computed on the accelerator, go to their home in dram.
   rt_.transfers()
       .run(
-          Tier::kGpu, Tier::kDram, int64_t(n) * 4 * 2,
+          Tier::kGpu, Tier::kDram, kv_.bytes(int64_t(n)) * 2,
           [&] {
             std::vector<float> hk, hv;
             insert(host_view(be_, ks, n, hk), host_view(be_, v, n, hv));
@@ -108,37 +125,117 @@ void EvictingStrategy::append(int layer, std::span<const TokenRow> rows, const f
       .wait();
 }
 
-std::map<int32_t, std::pair<const float*, const float*>> EvictingStrategy::kv_on_accelerator(
-    int layer, std::span<const TokenRow> rows) {
-  std::map<int32_t, std::pair<const float*, const float*>> at;
-  for (auto& r : rows) at[r.seq] = {store_.k(layer, r.seq), store_.v(layer, r.seq)};
-  if (!home_dram_) return at;
-  const int D = shape_.D, Hkv = shape_.H_kv;
+Event EvictingStrategy::load_retained(int layer, std::map<int32_t, std::vector<int32_t>> counts) {
+  const int D = shape_.D, Hkv = shape_.H_kv, par = layer % 2;
   int64_t bytes = 0;
-  for (auto& [seq, kv] : at) {
+  for (auto& [seq, n] : counts) {
     const int64_t stride = store_.head_stride(seq);
-    Allocation& a = staged_[seq];
-    grow_allocation(rt_.memory(), Tier::kGpu, a, int64_t(2) * Hkv * stride * 4, true);
-    for (int g = 0; g < Hkv; ++g) bytes += int64_t(2) * store_.count(layer, seq, g) * D * 4;
-    kv = {a.as<float>(), a.as<float>() + Hkv * stride};
+    grow_allocation(rt_.memory(), Tier::kGpu, staged_[par][seq], int64_t(2) * kv_.bytes(Hkv * stride), true);
+    for (int g = 0; g < Hkv; ++g) bytes += int64_t(2) * kv_.bytes(int64_t(n[size_t(g)]) * D);
   }
-  // Each head's retained slots [0, count), K then V, in the store's layout.
-  rt_.transfers()
-      .run(
-          Tier::kDram, Tier::kGpu, bytes,
-          [&] {
-            for (auto& [seq, kv] : at) {
-              const int64_t stride = store_.head_stride(seq);
-              for (int g = 0; g < Hkv; ++g) {
-                const size_t len = size_t(store_.count(layer, seq, g)) * size_t(D) * 4;
-                float* dst = staged_.at(seq).as<float>();
-                be_.upload(dst + g * stride, store_.k(layer, seq) + g * stride, len);
-                be_.upload(dst + (Hkv + g) * stride, store_.v(layer, seq) + g * stride, len);
-              }
-            }
-          },
-          {}, "retained kv to the accelerator")
-      .wait();
+  // Each head's retained slots [0, count), K then V, in the store's layout; the counts as they were
+  // when the load was queued (a decode row's append may add a slot while it runs).
+  return rt_.transfers().run(
+      Tier::kDram, Tier::kGpu, bytes,
+      [this, layer, par, counts, D, Hkv] {
+        for (auto& [seq, n] : counts) {
+          const int64_t stride = kv_.bytes(store_.head_stride(seq));
+          const char* K = static_cast<const char*>(store_.k_raw(layer, seq));
+          const char* V = static_cast<const char*>(store_.v_raw(layer, seq));
+          char* dst = staged_[par].at(seq).as<char>();
+          for (int g = 0; g < Hkv; ++g) {
+            const size_t len = size_t(kv_.bytes(int64_t(n[size_t(g)]) * D));
+            be_.upload(dst + g * stride, K + g * stride, len);
+            be_.upload(dst + (Hkv + g) * stride, V + g * stride, len);
+          }
+        }
+      },
+      {}, "retained kv to the accelerator, layer " + std::to_string(layer));
+}
+
+std::map<int32_t, std::vector<int32_t>> EvictingStrategy::retained_counts(int layer,
+                                                                        std::span<const TokenRow> rows) const {
+  std::map<int32_t, std::vector<int32_t>> c;
+  for (auto& r : rows) {
+    auto& v = c[r.seq];
+    if (!v.empty()) continue;
+    for (int g = 0; g < shape_.H_kv; ++g) v.push_back(store_.count(layer, r.seq, g));
+  }
+  return c;
+}
+
+void EvictingStrategy::prefetch(int layer, std::span<const TokenRow> rows, bool next_step) {
+  if (!home_dram_ || !overlap_ || layer >= shape_.n_layers) return;
+  for (auto& r : rows) {
+    if (r.pos < prompt_len(r.seq)) return;  // prefill chunks load what they need when they run
+    if (!next_step && r.pos == prompt_len(r.seq)) return;  // the first decode step prunes the layer first
+  }
+  Prefetch& p = prefetch_[size_t(layer % 2)];
+  if (p.done.valid()) p.done.wait();
+  p.layer = layer;
+  p.counts = retained_counts(layer, rows);
+  p.version.clear();
+  for (auto& [seq, n] : p.counts) p.version[seq] = version_[size_t(layer) * prompt_.size() + size_t(seq)];
+  p.done = load_retained(layer, p.counts);
+}
+
+void EvictingStrategy::settle() {
+  for (auto& p : prefetch_) {
+    if (p.done.valid()) p.done.wait();
+    p = {};
+  }
+}
+
+std::map<int32_t, std::pair<const void*, const void*>> EvictingStrategy::kv_on_accelerator(
+    int layer, std::span<const TokenRow> rows) {
+  std::map<int32_t, std::pair<const void*, const void*>> at;
+  for (auto& r : rows) at[r.seq] = {store_.k_raw(layer, r.seq), store_.v_raw(layer, r.seq)};
+  if (!home_dram_) return at;
+  const int D = shape_.D, Hkv = shape_.H_kv, par = layer % 2;
+  const auto counts = retained_counts(layer, rows);
+  // The prefetched load serves when it was for this layer, nothing was evicted since and the only
+  // slots added since are this call's decode rows (appended last, so the load holds all the others).
+  Prefetch& p = prefetch_[size_t(par)];
+  bool hit = p.done.valid() && p.layer == layer && p.counts.size() == counts.size();
+  if (hit)
+    for (auto& [seq, n] : counts) {
+      auto it = p.counts.find(seq);
+      if (it == p.counts.end() || p.version.at(seq) != version_[size_t(layer) * prompt_.size() + size_t(seq)]) {
+        hit = false;
+        break;
+      }
+      for (int g = 0; g < Hkv; ++g)
+        if (n[size_t(g)] != it->second[size_t(g)] + int32_t(std::count_if(rows.begin(), rows.end(), [&](const TokenRow& r) {
+              return r.seq == seq;
+            })))
+          hit = false;
+    }
+  if (hit) {
+    p.done.wait();
+    // The decode rows' own K and V: already on the accelerator (appended from there), written into
+    // their slots of the staged copy in the store's element type.
+    for (size_t i = 0; i < rows.size(); ++i) {
+      const TokenRow r = rows[i];
+      const int64_t stride = store_.head_stride(r.seq);
+      char* dst = staged_[par].at(r.seq).as<char>();
+      for (int g = 0; g < Hkv; ++g) {
+        const int32_t slot = counts.at(r.seq)[size_t(g)] - 1;
+        const int64_t at_row = (int64_t(i) * Hkv + g) * D;
+        be_.write_kv(new_k_ + at_row, 1, 1, D, &slot, dst + kv_.bytes(g * stride), 0, kv_.dtype());
+        be_.write_kv(new_v_ + at_row, 1, 1, D, &slot, dst + kv_.bytes((Hkv + g) * stride), 0, kv_.dtype());
+      }
+    }
+  } else {
+    ++exposed_;  // a load the step waits for
+    if (p.done.valid()) p.done.wait();
+    p = {};
+    load_retained(layer, counts).wait();
+  }
+  p.done = {};
+  for (auto& [seq, kv] : at) {
+    char* a = staged_[par].at(seq).as<char>();
+    kv = {a, a + kv_.bytes(Hkv * store_.head_stride(seq))};
+  }
   return at;
 }
 
@@ -191,10 +288,11 @@ void EvictingStrategy::attend(int layer, std::span<const TokenRow> rows, const f
         std::iota(order.begin(), order.end(), 0);
         std::sort(order.begin(), order.end(), [&](int32_t a2, int32_t b2) { return pos[a2] < pos[b2]; });
         const int64_t src = g * store_.head_stride(seq), dst = int64_t(off) + int64_t(g) * ld * D;
-        be_.gather_rows(krot_.data() + dst, kv.at(seq).first + src, int64_t(D) * 4, int64_t(D) * 4,
-                        order.data(), nmax);
-        be_.gather_rows(vrot_.data() + dst, kv.at(seq).second + src, int64_t(D) * 4, int64_t(D) * 4,
-                        order.data(), nmax);
+        // F32 only: the native path re-rotates F32 keys (StreamingLLM stores F32 for it).
+        const auto* ks = static_cast<const float*>(kv.at(seq).first);
+        const auto* vs = static_cast<const float*>(kv.at(seq).second);
+        be_.gather_rows(krot_.data() + dst, ks + src, int64_t(D) * 4, int64_t(D) * 4, order.data(), nmax);
+        be_.gather_rows(vrot_.data() + dst, vs + src, int64_t(D) * 4, int64_t(D) * 4, order.data(), nmax);
         be_.rope(krot_.data() + dst, nmax, 1, D, ranks_.data(), *shape_.rope);
       }
     }
@@ -220,7 +318,7 @@ void EvictingStrategy::attend(int layer, std::span<const TokenRow> rows, const f
     const size_t nb = std::min(block, rows.size() - b0);
     const size_t qoff = b0 * size_t(H) * size_t(D);
     AttentionArgs a = attention_args(shape_, std::span<const AttnRow>(attn_rows_).subspan(b0, nb), qa + qoff,
-                                     scale, out + qoff);
+                                     scale, out + qoff, rerotate ? DType::kF32 : kv_.dtype());
     a.logits_out = taps() & kLogits ? logits_.data() : nullptr;
     a.probs_out = taps() & kProbs ? probs_.data() : nullptr;
     a.tap_ld = ld;
@@ -259,6 +357,24 @@ void EvictingStrategy::attend(int layer, std::span<const TokenRow> rows, const f
       context_[size_t(r.seq)] = r.pos;
       evict_to(layer, r.seq, budget(r.seq, r.pos));
     }
+  // The next layer's retained set is fixed now (its evictions ran last step): load it while this
+  // layer's FFN and the next one's projections run; after the last layer, the next step's layer 0.
+  if (layer + 1 < shape_.n_layers) prefetch(layer + 1, rows, false);
+  else last_rows_.assign(rows.begin(), rows.end());
+}
+
+void EvictingStrategy::end_step() {
+  exposed_last_ = exposed_;
+  exposed_ = 0;
+  if (!last_rows_.empty()) prefetch(0, last_rows_, true);
+  last_rows_.clear();
+}
+
+EvictingStrategy::~EvictingStrategy() {
+  try {
+    settle();
+  } catch (...) {  // a failed load was reported to its reader already, or has none left
+  }
 }
 
 void EvictingStrategy::lowest_non_recent(int layer, int seq, int g, int32_t recent, int32_t count,
@@ -284,7 +400,8 @@ void EvictingStrategy::lowest_non_recent(int layer, int seq, int g, int32_t rece
 std::map<std::string, double> EvictingStrategy::step_stats() const {
   double held = 0;
   for (size_t b = 0; b < prompt_.size(); ++b) held += store_.count(0, int(b), 0);
-  return {{"held_tokens_layer0_head0", held}, {"evicted_total", double(evicted_)}};
+  return {{"held_tokens_layer0_head0", held}, {"evicted_total", double(evicted_)},
+          {"exposed_loads", double(exposed_last_)}};
 }
 
 }  // namespace hg

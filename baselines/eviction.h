@@ -10,6 +10,7 @@
 // the query heads of the group.
 #pragma once
 #include <algorithm>
+#include <array>
 #include <vector>
 
 #include "baselines/common.h"
@@ -23,11 +24,15 @@ ParamSpec kv_home_param();
 class EvictingStrategy : public KvStrategy {
  public:
   EvictingStrategy(const StrategyContext& ctx, const char* name, const StrategyParams& p);
+  ~EvictingStrategy() override;
+  void end_step() override;
   void begin(const KvShape& shape, std::span<const int32_t> capacity,
              std::span<const int32_t> prompt_len) override;
   void append(int layer, std::span<const TokenRow> rows, const float* k, const float* v) override;
   void attend(int layer, std::span<const TokenRow> rows, const float* q, float scale, float* out) override;
   std::map<std::string, double> step_stats() const override;
+  DType kv_dtype() const override { return kv_.dtype(); }
+  std::map<std::string, std::string> effective_params() const override;
   const SlotStore& store() const { return store_; }
   // Tokens the policy keeps for sequence `seq` once it holds `context` tokens (ratio budgets are a
   // fraction of the current context; at the first decode step that is the prompt).
@@ -66,6 +71,9 @@ class EvictingStrategy : public KvStrategy {
   // The backend for the policy's own arithmetic on host arrays (the taps, read back on the host).
   Backend& host_backend() { return rt_.cpu_backend(); }
   int32_t prompt_len(int seq) const { return prompt_[size_t(seq)]; }
+  // The shared `budget` (attended fraction of the context) when set, else 0: the policy's own
+  // parameters size it.
+  double shared_budget() const { return budget_; }
   // The context the current eviction of `seq` is sized for (tokens before the decode row).
   int32_t context(int seq) const { return context_[size_t(seq)]; }
 
@@ -88,10 +96,32 @@ class EvictingStrategy : public KvStrategy {
   void evict_to(int layer, int seq, int32_t keep);
   // kv_home dram: the retained K and V of `rows`' sequences in `layer`, sent to the gpu tier; returns
   // seq → (K, V) in the store's layout (the store itself for kv_home gpu).
-  std::map<int32_t, std::pair<const float*, const float*>> kv_on_accelerator(int layer,
-                                                                             std::span<const TokenRow> rows);
+  // With `overlap` (as FlexGen's): the retained set of `layer` for `rows`' sequences is loaded into
+  // its layer parity's staged copy on the copy queue while the layer before it computes; the
+  // attention waits only when the set changed since (the first decode step's pruning) or was not
+  // prefetched. Without it every load is waited for where it is needed (InfiniGen's serial schedule).
+  std::map<int32_t, std::pair<const void*, const void*>> kv_on_accelerator(int layer, std::span<const TokenRow> rows);
+  Event load_retained(int layer, std::map<int32_t, std::vector<int32_t>> counts);
+  std::map<int32_t, std::vector<int32_t>> retained_counts(int layer, std::span<const TokenRow> rows) const;
+  // next_step: a load for the next step's rows (after the last layer), else for this step's.
+  void prefetch(int layer, std::span<const TokenRow> rows, bool next_step);
+  void settle();
+  struct Prefetch {
+    int layer = -1;
+    std::map<int32_t, std::vector<int32_t>> counts;  // seq → retained slots per KV head when queued
+    std::map<int32_t, int64_t> version;              // seq → evictions of the layer when queued
+    Event done;
+  };
+  std::array<Prefetch, 2> prefetch_;  // per layer parity
+  std::vector<int64_t> version_;      // per (layer, seq): eviction rounds so far
+  std::vector<TokenRow> last_rows_;   // the last layer's rows: the next step's layer-0 prefetch
+  const float* new_k_ = nullptr;      // this layer's appended rows (the decoder's, valid until attend)
+  const float* new_v_ = nullptr;
+  bool overlap_ = true;
+  int exposed_ = 0, exposed_last_ = 0;
   Backend& be_;
   Runtime& rt_;
+  KvElement kv_;
   KvShape shape_;
   SlotStore store_;
   std::vector<int32_t> prompt_, capacity_, context_;
@@ -106,8 +136,9 @@ class EvictingStrategy : public KvStrategy {
   std::vector<int32_t> ranks_;            // 0, 1, 2, …
   std::map<int32_t, size_t> rotated_;     // seq → offset of its rotated K/V copy in this call
   bool home_dram_ = true;                 // kv_home: dram
-  std::map<int32_t, Allocation> staged_;  // kv_home dram: each sequence's retained K|V on the gpu tier
+  std::array<std::map<int32_t, Allocation>, 2> staged_;  // kv_home dram, per layer parity: seq → retained K|V on the gpu tier
   int64_t evicted_ = 0;
+  double budget_ = 0;
 };
 
 }  // namespace hg

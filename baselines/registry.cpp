@@ -21,13 +21,12 @@ namespace {
 std::vector<StrategyInfo> register_strategies() {
   std::vector<StrategyInfo> s;
   s.push_back({"full", "all KV on the accelerator, exact attention (the oracle)",
-               {{"kv_dtype", ParamSpec::Type::kEnum, "f32", "", "element type of the KV cache", {"f32", "f16", "bf16"}}},
+               {},
                [](const StrategyContext& c, const StrategyParams& p) {
-                 DType t = DType::kF32;
-                 parse_dtype(p.get("kv_dtype"), &t);
-                 return std::make_unique<FullStrategy>(c.backend, c.runtime, t);
+                 return std::make_unique<FullStrategy>(c.backend, c.runtime, effective_kv_dtype(c, p),
+                                                       requested_kv_dtype(p));
                },
-               /*runs_on_cuda=*/true});
+               /*runs_on_cuda=*/true, /*budgeted=*/false, /*native_16bit_kv=*/true});
   s.push_back(flexgen_info());
   s.push_back(moe_lightning_info());
   s.push_back(h2o_info());
@@ -37,6 +36,13 @@ std::vector<StrategyInfo> register_strategies() {
   s.push_back(hybridgen_info());
   s.push_back({"null", "no KV, zero attention output: not a method; measures the harness's own overhead", {},
                [](const StrategyContext&, const StrategyParams&) { return std::make_unique<NullStrategy>(); }});
+  // The shared parameters, declared once: every method stores and moves KV of one element type,
+  // and every budgeted method reads one attended fraction.
+  for (auto& i : s) {
+    if (i.name == "null") continue;
+    i.params.push_back(kv_dtype_param());
+    if (i.budgeted) i.params.push_back(budget_param());
+  }
   return s;
 }
 }  // namespace
@@ -55,6 +61,21 @@ void check_strategy_device(const StrategyInfo& info, DeviceKind device) {
                                      info.name, on));
 }
 
+DType requested_kv_dtype(const StrategyParams& p) {
+  DType t = DType::kF32;
+  if (p.all().count("kv_dtype")) parse_dtype(p.get("kv_dtype"), &t);
+  return t;
+}
+
+DType effective_kv_dtype(const StrategyContext& ctx, const StrategyParams& p) {
+  const DType want = requested_kv_dtype(p);
+  if (want == DType::kF32) return want;
+  if (ctx.runtime && ctx.runtime->dry()) return want;  // dry: no values; bytes at the element size
+  // The CUDA backend's attention and KV writes read F32 rows only.
+  if (!ctx.backend.host_memory()) return DType::kF32;
+  return ctx.native_16bit_kv ? want : DType::kF32;
+}
+
 const StrategyInfo& strategy_info(const std::string& name) {
   std::string names;
   for (auto& s : strategies()) {
@@ -69,9 +90,9 @@ std::unique_ptr<KvStrategy> make_strategy(const std::string& name, const Strateg
   const StrategyInfo& info = strategy_info(name);
   StrategyParams params(name, info.params, values);
   if (ctx.runtime) check_strategy_device(info, ctx.runtime->device());
-  if (ctx.runtime && ctx.runtime->device() == DeviceKind::kCuda && name == "full" && params.get("kv_dtype") != "f32")
-    throw UnsupportedError("strategy full on the cuda device: kv_dtype must be f32");
-  return info.make(ctx, std::move(params));
+  StrategyContext c = ctx;
+  c.native_16bit_kv = info.native_16bit_kv;
+  return info.make(c, std::move(params));
 }
 
 }  // namespace hg

@@ -16,8 +16,14 @@ namespace {
 class FlexGen final : public KvStrategy {
  public:
   FlexGen(const StrategyContext& ctx, const StrategyParams& p)
-      : be_(ctx.backend), rt_(require_runtime(ctx, "flexgen")), overlap_(p.get_bool("overlap")) {}
+      : be_(ctx.backend), rt_(require_runtime(ctx, "flexgen")), overlap_(p.get_bool("overlap")), kv_(ctx, p) {}
   std::string_view name() const override { return "flexgen"; }
+  DType kv_dtype() const override { return kv_.dtype(); }
+  std::map<std::string, std::string> effective_params() const override {
+    std::map<std::string, std::string> e;
+    kv_.report(e);
+    return e;
+  }
 
   ~FlexGen() override {
     try {
@@ -29,8 +35,9 @@ class FlexGen final : public KvStrategy {
   void begin(const KvShape& shape, std::span<const int32_t> capacity, std::span<const int32_t>) override {
     settle();  // a prefetch for a step that did not come still writes into the staging layers
     shape_ = shape;
-    stage_.reset(KvShape{2, shape.H, shape.H_kv, shape.D, shape.rope}, capacity, &rt_.memory(), Tier::kGpu);
-    store_.reset(shape, capacity, &rt_.memory(), Tier::kDram);
+    stage_.reset(KvShape{2, shape.H, shape.H_kv, shape.D, shape.rope}, capacity, &rt_.memory(), Tier::kGpu,
+                 kv_.dtype());
+    store_.reset(shape, capacity, &rt_.memory(), Tier::kDram, kv_.dtype());
     loaded_ = {-1, -1};
     prefetch_ = {};
     next_first_.clear();
@@ -43,7 +50,7 @@ class FlexGen final : public KvStrategy {
     const size_t n = rows.size() * size_t(shape_.H_kv) * size_t(shape_.D);
     std::vector<TokenRow> r(rows.begin(), rows.end());
     writeback_ = rt_.transfers().run(
-        Tier::kGpu, Tier::kDram, int64_t(n) * 4 * 2,
+        Tier::kGpu, Tier::kDram, kv_.bytes(int64_t(n)) * 2,
         [this, layer, r = std::move(r), k, v, n] {
           std::vector<float> hk, hv;
           store_.write(layer, r, host_view(be_, k, n, hk), host_view(be_, v, n, hv));
@@ -71,9 +78,9 @@ class FlexGen final : public KvStrategy {
     }
     attn_rows_.resize(rows.size());
     for (size_t i = 0; i < rows.size(); ++i)
-      attn_rows_[i] = AttnRow{stage_.k(slot, rows[i].seq), stage_.v(slot, rows[i].seq), stage_.head_stride(rows[i].seq),
-                              rows[i].pos + 1};
-    be_.attention(attention_args(shape_, attn_rows_, q, scale, out));
+      attn_rows_[i] = AttnRow{stage_.k_raw(slot, rows[i].seq), stage_.v_raw(slot, rows[i].seq),
+                              stage_.head_stride(rows[i].seq), rows[i].pos + 1};
+    be_.attention(attention_args(shape_, attn_rows_, q, scale, out, kv_.dtype()));
     writeback_.wait();  // k, v are the decoder's scratch: done before the next layer reuses it
   }
 
@@ -97,16 +104,16 @@ class FlexGen final : public KvStrategy {
     const int slot = layer % 2;
     loaded_[size_t(slot)] = layer;
     int64_t bytes = 0;
-    for (auto& [seq, n] : first) bytes += int64_t(n) * shape_.H_kv * shape_.D * 4 * 2;
+    for (auto& [seq, n] : first) bytes += kv_.bytes(int64_t(n) * shape_.H_kv * shape_.D) * 2;
     return rt_.transfers().run(
         Tier::kDram, Tier::kGpu, bytes,
         [this, layer, slot, first] {
           // Per sequence, tokens [0, n) of every KV head: one strided copy each for K and V (the
           // staging store has the dram store's head stride).
           for (auto& [seq, n] : first) {
-            const size_t pitch = size_t(store_.head_stride(seq)) * 4, len = size_t(n) * size_t(shape_.D) * 4;
-            be_.upload_2d(stage_.k(slot, seq), pitch, store_.k(layer, seq), pitch, len, size_t(shape_.H_kv));
-            be_.upload_2d(stage_.v(slot, seq), pitch, store_.v(layer, seq), pitch, len, size_t(shape_.H_kv));
+            const size_t pitch = size_t(kv_.bytes(store_.head_stride(seq))), len = size_t(kv_.bytes(int64_t(n) * shape_.D));
+            be_.upload_2d(stage_.k_raw(slot, seq), pitch, store_.k_raw(layer, seq), pitch, len, size_t(shape_.H_kv));
+            be_.upload_2d(stage_.v_raw(slot, seq), pitch, store_.v_raw(layer, seq), pitch, len, size_t(shape_.H_kv));
           }
         },
         {writeback_}, "kv load layer " + std::to_string(layer));
@@ -130,6 +137,7 @@ class FlexGen final : public KvStrategy {
   Backend& be_;
   Runtime& rt_;
   bool overlap_;
+  KvElement kv_;
   std::map<int32_t, int32_t> next_first_, prefetched_first_;
   int exposed_ = 0, exposed_last_ = 0;  // loads waited for in this step, in the last one
   KvShape shape_;
@@ -145,9 +153,9 @@ class FlexGen final : public KvStrategy {
 StrategyInfo flexgen_info() {
   return {"flexgen",
           "attention on the accelerator; all KV on dram, each layer's KV copied over per step (FlexGen)",
-          {{"overlap", ParamSpec::Type::kBool, "true", "", "prefetch layer i+1's KV while layer i computes", {}}},
+          {overlap_param()},
           [](const StrategyContext& c, const StrategyParams& p) { return std::make_unique<FlexGen>(c, p); },
-          /*runs_on_cuda=*/true};
+          /*runs_on_cuda=*/true, /*budgeted=*/false, /*native_16bit_kv=*/true};
 }
 
 }  // namespace hg

@@ -14,9 +14,16 @@ namespace hg {
 
 class FullStrategy final : public KvStrategy {
  public:
-  explicit FullStrategy(Backend& backend, Runtime* runtime = nullptr, DType kv_dtype = DType::kF32)
-      : be_(backend), rt_(runtime), kv_dtype_(kv_dtype) {}
+  // requested: the kv_dtype asked for, when the store's differs (reported in effective_params()).
+  explicit FullStrategy(Backend& backend, Runtime* runtime = nullptr, DType kv_dtype = DType::kF32,
+                        DType requested = DType::kF32)
+      : be_(backend), rt_(runtime), kv_dtype_(kv_dtype), requested_(requested) {}
   std::string_view name() const override { return "full"; }
+  DType kv_dtype() const override { return kv_dtype_; }
+  std::map<std::string, std::string> effective_params() const override {
+    if (kv_dtype_ == requested_) return {};
+    return {{"kv_dtype", std::string(dtype_name(kv_dtype_))}};
+  }
   void begin(const KvShape& shape, std::span<const int32_t> capacity, std::span<const int32_t> prompt_len) override;
   void append(int layer, std::span<const TokenRow> rows, const float* k, const float* v) override;
   void attend(int layer, std::span<const TokenRow> rows, const float* q, float scale, float* out) override;
@@ -25,7 +32,7 @@ class FullStrategy final : public KvStrategy {
  private:
   Backend& be_;
   Runtime* rt_;
-  DType kv_dtype_;
+  DType kv_dtype_, requested_;
   KvStore store_;
   std::vector<AttnRow> attn_rows_;
 };

@@ -20,6 +20,7 @@ class H2o : public EvictingStrategy {
         heavy_tokens_(int32_t(p.get_int("heavy_tokens"))), recent_tokens_(int32_t(p.get_int("recent_tokens"))) {
     // kv_ratio: the whole budget as one fraction, split evenly as the authors' defaults split it.
     if (const double kv = p.get_float("kv_ratio"); kv > 0) heavy_ratio_ = recent_ratio_ = kv / 2;
+    if (shared_budget() > 0) heavy_ratio_ = recent_ratio_ = shared_budget() / 2, heavy_tokens_ = recent_tokens_ = 0;
     if (p.get_float("kv_ratio") < 0 || p.get_float("kv_ratio") > 1) input_error("strategy h2o: kv_ratio must be in [0, 1]");
     if (heavy_ratio_ < 0 || recent_ratio_ < 0 || heavy_ratio_ + recent_ratio_ <= 0)
       input_error("strategy h2o: heavy_ratio and recent_ratio must be >= 0 and not both 0");
@@ -56,9 +57,9 @@ StrategyInfo h2o_info() {
             "whole budget as a fraction of the current context, half heavy and half recent (0: the two ratios)", {}},
            {"heavy_tokens", ParamSpec::Type::kInt, "0", "tokens", "heavy-hitter budget in tokens (0: heavy_ratio)", {}},
            {"recent_tokens", ParamSpec::Type::kInt, "0", "tokens", "recent-window budget in tokens (0: recent_ratio)", {}},
-           kv_home_param()},
+           kv_home_param(), overlap_param()},
           [](const StrategyContext& c, const StrategyParams& p) { return std::make_unique<H2o>(c, p); },
-          /*runs_on_cuda=*/true};
+          /*runs_on_cuda=*/true, /*budgeted=*/true, /*native_16bit_kv=*/true};
 }
 
 }  // namespace hg

@@ -2,6 +2,8 @@
 // transfers of logits and V rows to the accelerator (hybridgen.h).
 #include "baselines/hybridgen/hybridgen.h"
 
+#include <atomic>
+
 namespace hg {
 
 void HybridGen::prepare(int layer, std::span<const TokenRow> rows, const float* x) {
@@ -48,6 +50,17 @@ void HybridGen::prepare(int layer, std::span<const TokenRow> rows, const float* 
     std::lock_guard<std::mutex> l(mu_);
     t_query_ += since(t0);
   }
+  // With query_on=cpu the layer's speculative queries are one projection over all M rows (W_q read
+  // once per layer, not once per sequence): the first of the layer's stages to run computes it for
+  // all, and the first submitted is charged its work.
+  struct SpecQuery {
+    std::once_flag once;
+    std::vector<float> q;
+    std::atomic<bool> charged{false};
+  };
+  auto sq = std::make_shared<SpecQuery>();
+  std::vector<int32_t> need_pos;
+  for (size_t j : need) need_pos.push_back(rows[j].pos);
   for (size_t j = 0; j < need.size(); ++j) {
     const TokenRow r = rows[need[j]];
     auto res = std::make_shared<CpuResult>();
@@ -61,27 +74,31 @@ void HybridGen::prepare(int layer, std::span<const TokenRow> rows, const float* 
     // accelerator is about to wait for.
     const bool behind =
         layer > 0 && offloaded_[pidx(layer - 1, r.seq)] > 0 && !pending_[pidx(layer - 1, r.seq)];
-    auto submit = [this, layer, r, what, from, j, n, sent, res, K, pre] {
+    auto submit = [this, layer, r, what, from, j, n, sent, res, K, pre, sq, M, need_pos] {
+      const int64_t projects = !query_on_accel_ && !sq->charged.exchange(true) ? M : 0;
       res->done = rt_.cpu().submit(
-          what + std::to_string(layer), cpu_stage_work(layer, r, K, pre, !query_on_accel_), {sent},
-          [this, layer, r, from, j, n, res, K, pre] {
-            const float* in = from->data() + j * size_t(n);
+          what + std::to_string(layer), cpu_stage_work(layer, r, K, pre, projects), {sent},
+          [this, layer, r, from, j, n, res, K, pre, sq, M, need_pos, projects] {
             const auto t0 = Clock::now();
-            std::vector<float> q;
+            const float* q = from->data() + j * size_t(n);
             if (!query_on_accel_) {
-              const int64_t d = model_->hp.d_model;
-              std::vector<float> h(static_cast<size_t>(d));
-              q.resize(size_t(shape_.H) * size_t(shape_.D));
-              project_query(rt_.cpu_backend(), layer, in, 1, &r.pos, h.data(), q.data());
-              const double measured = since(t0);
-              std::lock_guard<std::mutex> l(mu_);
-              t_query_ += measured;
-              // The part of the CPU stage that does not scale with the tokens scored (the scheduler's
-              // estimate of post mode from pre), on the stage clock when there is one.
-              t_fixed_ +=
-                  rt_.stage_seconds(StageKind::kCpuCompute, query_work(layer, 1, Tier::kDram), measured);
+              std::call_once(sq->once, [&] {
+                const int64_t d = model_->hp.d_model;
+                const auto tq = Clock::now();
+                std::vector<float> h(size_t(M * d));
+                sq->q.resize(size_t(M) * size_t(shape_.H) * size_t(shape_.D));
+                project_query(rt_.cpu_backend(), layer, from->data(), M, need_pos.data(), h.data(), sq->q.data());
+                const double measured = since(tq);
+                std::lock_guard<std::mutex> l(mu_);
+                t_query_ += measured;
+                // The part of the CPU stages that does not scale with the tokens scored (the
+                // scheduler's estimate of post mode from pre), on the stage clock when there is one.
+                t_fixed_ +=
+                    rt_.stage_seconds(StageKind::kCpuCompute, query_work(layer, M, Tier::kDram), measured);
+              });
+              q = sq->q.data() + j * size_t(shape_.H) * size_t(shape_.D);
             }
-            cpu_stage(layer, r, query_on_accel_ ? in : q.data(), K, pre, !query_on_accel_, *res, t0);
+            cpu_stage(layer, r, q, K, pre, projects, *res, t0);
           });
     };
     if (behind)
@@ -113,13 +130,13 @@ StageWork HybridGen::query_work(int layer, int64_t M, Tier where) const {
   return w;
 }
 
-StageWork HybridGen::cpu_stage_work(int layer, const TokenRow& r, int32_t K, bool pre, bool project) const {
+StageWork HybridGen::cpu_stage_work(int layer, const TokenRow& r, int32_t K, bool pre, int64_t project) const {
   const int Hkv = shape_.H_kv, D = shape_.D;
   const int32_t n_off = offloaded_[pidx(layer, r.seq)], k = std::min(K, n_off);
   const int64_t keys = pre ? k : int64_t(n_off) + k;
   StageWork w;
   w.flops = 2.0 * double(shape_.H) * D * double(keys);
-  const int64_t key_bytes = int64_t(Hkv) * D * 4;
+  const int64_t key_bytes = kv_.bytes(int64_t(Hkv) * D);
   if (!pre) {
     for (Tier t : {Tier::kDram, Tier::kFar}) {
       const int32_t n_t = offloaded_kv_.key_rows_before(t, layer, r.seq, n_off);
@@ -133,8 +150,8 @@ StageWork HybridGen::cpu_stage_work(int layer, const TokenRow& r, int32_t K, boo
         w.rows[size_t(t)] += Hkv;
       });
   }
-  if (project) {
-    const StageWork q = query_work(layer, 1, Tier::kDram);
+  if (project > 0) {
+    const StageWork q = query_work(layer, project, Tier::kDram);
     w.flops += q.flops;
     w.bytes[size_t(Tier::kDram)] += q.bytes[size_t(Tier::kDram)];
   }
@@ -146,7 +163,7 @@ std::pair<int32_t, int32_t> HybridGen::pre_runs(int32_t K, int32_t n_off) const 
   return {sel.sinks, sel.recent};
 }
 
-void HybridGen::cpu_stage(int layer, const TokenRow& r, const float* q, int32_t K, bool pre, bool project,
+void HybridGen::cpu_stage(int layer, const TokenRow& r, const float* q, int32_t K, bool pre, int64_t project,
                           CpuResult& res, Clock::time_point t0) {
   const StageWork work = cpu_stage_work(layer, r, K, pre, project);
   const int Hkv = shape_.H_kv, D = shape_.D, G = shape_.H / Hkv;
@@ -268,7 +285,7 @@ void HybridGen::cpu_stage(int layer, const TokenRow& r, const float* q, int32_t 
     for (int g = 0; g < Hkv; ++g) {
       const auto& sel = res.sel[size_t(g)];
       const int32_t b = ti == 0 ? 0 : res.n_tier[size_t(g)][0], e = b + res.n_tier[size_t(g)][size_t(ti)];
-      bytes += int64_t(e - b) * D * 4;
+      bytes += kv_.bytes(int64_t(e - b) * D);
       for (int32_t i = b; i < e; ++i)
         runs += i == b || sel[size_t(i)] != sel[size_t(i) - 1] + 1 ||
                 sel[size_t(i)] / page_ != sel[size_t(i) - 1] / page_;
@@ -301,6 +318,7 @@ void HybridGen::cpu_stage(int layer, const TokenRow& r, const float* q, int32_t 
         {}, "selected V to gpu"));
   }
   for (auto& e : ev) e.wait();
+  res.arrived = std::move(ev);
 }
 
 void HybridGen::result_buffers(int layer, int seq, int32_t K, CpuResult& res) {

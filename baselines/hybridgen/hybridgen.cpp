@@ -16,7 +16,9 @@ HybridGen::HybridGen(const StrategyContext& ctx, const StrategyParams& p)
       dram_kv_bytes_(p.get_int("dram_kv_bytes")),
       sched_cfg_(config(p)),
       sched_(sched_cfg_),
-      k_min_ratio_(p.get_float("kv_ratio")) {
+      k_min_ratio_(p.get_float("kv_ratio")),
+      budget_(p.get_float("budget")),
+      kv_(ctx, p) {
   if (k_min_ratio_ < 0 || k_min_ratio_ > 1) input_error("strategy hybridgen: kv_ratio must be in [0, 1]");
   if (resident_tokens_ < 1 || page_ < 1)
     input_error("strategy hybridgen: gpu_kv_tokens and page_tokens must be >= 1");
@@ -45,14 +47,34 @@ void HybridGen::begin(const KvShape& shape, std::span<const int32_t> capacity,
   offloaded_.assign(pending_.size(), 0);
   last_pos_.assign(pending_.size(), -1);
   sched_ = FeedbackScheduler(sched_cfg_);
-  if (k_min_ratio_ > 0) {
-    const int32_t p0 = prompt_len.empty() ? 1 : *std::max_element(prompt_len.begin(), prompt_len.end());
-    sched_.set_k_min(int64_t(std::floor(k_min_ratio_ * p0)));
-  }
+  if (k_min_ratio_ > 0 || budget_ > 0)
+    set_k_min_for(prompt_len.empty() ? 1 : *std::max_element(prompt_len.begin(), prompt_len.end()));
   t_cpu_ = t_tx_ = t_query_ = t_fixed_ = waited_ = 0;
   seen_pos_max_ = 0;
   in_step_ = false;
   last_ = {};
+}
+
+void HybridGen::set_k_min_for(int64_t context) {
+  if (budget_ > 0) {
+    // The shared budget counts the resident ring too: K_min is what the ring leaves of it.
+    const int64_t resident = std::min<int64_t>(context, int64_t(resident_tokens_) + 1);
+    sched_.set_k_min(std::max<int64_t>(1, int64_t(std::floor(budget_ * double(context))) - resident));
+  } else {
+    sched_.set_k_min(int64_t(std::floor(k_min_ratio_ * double(context))));
+  }
+}
+
+std::map<std::string, std::string> HybridGen::effective_params() const {
+  std::map<std::string, std::string> e;
+  kv_.report(e);
+  // K as the scheduler set it at the last step, and what a CPU stage selects with it.
+  if (last_.count("K")) {
+    e["K"] = fmt::format("{}", last_.at("K"));
+    if (last_.count("K_effective")) e["K_effective"] = fmt::format("{}", last_.at("K_effective"));
+  }
+  e["k_min"] = fmt::format("{}", sched_.k_min());
+  return e;
 }
 
 void HybridGen::attend(int layer, std::span<const TokenRow> rows, const float* q, float scale, float* out) {
@@ -107,7 +129,7 @@ void HybridGen::end_step() {
            {"t_cpu_ms", t_cpu * 1e3},        {"t_tx_ms", t_tx * 1e3},
            {"t_gpu_ms", t_gpu * 1e3},        {"wait_ms", waited_ * 1e3},
            {"cpu_hidden_pct", 100 * hidden}, {"t_query_ms", t_query * 1e3}};
-  if (k_min_ratio_ > 0) sched_.set_k_min(int64_t(std::floor(k_min_ratio_ * double(seen_pos_max_ + 1))));
+  if (k_min_ratio_ > 0 || budget_ > 0) set_k_min_for(seen_pos_max_ + 1);
   sched_.update(t_cpu, t_tx, t_gpu, n_off, t_fixed);
   waited_ = 0;
   last_["tokens_gpu"] = double(std::min<int64_t>(resident_tokens_, seen_pos_max_ + 1));
@@ -158,6 +180,9 @@ void HybridGen::attend_hybrid(int layer, const TokenRow& r, const float* q, floa
   if (res) {
     const auto t0 = Clock::now();
     res->done.wait();
+    // The merge reads the logits and V rows those transfers brought: waiting on each (done by now)
+    // makes the accelerator's next segment follow them in the modeled replay too.
+    for (const Event& e : res->arrived) e.wait();
     waited_ += since(t0);
   }
   // One softmax over the CPU's logits of the selected offloaded tokens and those resident
@@ -194,7 +219,7 @@ StrategyInfo hybridgen_info() {
            {"k_growth", T::kFloat, "2.0", "", "factor by which the scheduler raises or lowers K", {}},
            {"pre_sinks", T::kInt, "4", "tokens", "pre mode: first tokens always selected (rest: most recent)", {}}},
           [](const StrategyContext& c, const StrategyParams& p) { return std::make_unique<HybridGen>(c, p); },
-          /*runs_on_cuda=*/true};
+          /*runs_on_cuda=*/true, /*budgeted=*/true, /*native_16bit_kv=*/false};
   // clang-format on
 }
 

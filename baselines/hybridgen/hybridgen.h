@@ -37,6 +37,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <atomic>
 #include <string>
 #include <vector>
 
@@ -65,6 +66,7 @@ struct CpuResult {
   float* logits = nullptr;                     // gpu tier: [H_kv][G][k] (the layer parity's buffer)
   float* v = nullptr;                          // gpu tier: [H_kv][k][D]
   Event done;                                  // CPU compute and both transfers finished
+  std::vector<Event> arrived;                  // the transfers of logits and V rows (set before done)
 };
 
 class HybridGen final : public KvStrategy {
@@ -79,6 +81,17 @@ class HybridGen final : public KvStrategy {
     return resident + std::min<int64_t>(sched_.k(), std::max<int64_t>(0, r.pos + 1 - resident));
   }
 
+  // Decode: the resident ring on the accelerator, the K selected offloaded tokens by CPU logits.
+  AttendedKeys attended_keys(const TokenRow& r) const override {
+    const int64_t all = accel_attention_keys(r);
+    if (r.pos < prompt_[size_t(r.seq)]) return {all, 0};
+    const int64_t resident = std::min<int64_t>(r.pos + 1, int64_t(resident_tokens_) + 1);
+    return {resident, all - resident};
+  }
+  // F32 rows on the real path (the CPU stage's logit kernels read F32 keys); transfers and the
+  // CPU stage's key reads are charged at kv_dtype.
+  DType kv_dtype() const override { return kv_.dtype(); }
+  std::map<std::string, std::string> effective_params() const override;
   static SchedulerConfig config(const StrategyParams& p) {
     SchedulerConfig c;
     c.adaptive_k = p.get("k") == "adaptive";
@@ -148,13 +161,15 @@ class HybridGen final : public KvStrategy {
   // Keys are charged to the tier that holds them: post streams each tier's offloaded keys and reads
   // its share of the K selected again; pre reads the heuristic's runs, one gathered row per run of
   // consecutive rows of one tier and KV head.
-  StageWork cpu_stage_work(int layer, const TokenRow& r, int32_t K, bool pre, bool project) const;
+  // project: rows of the layer's batched speculative query this stage is charged (0: none).
+  StageWork cpu_stage_work(int layer, const TokenRow& r, int32_t K, bool pre, int64_t project) const;
   // Pre mode's selection of K of n_off offloaded positions: sinks [0, s) and the most recent
   // [r0, n_off), as StreamingLLM keeps them.
   std::pair<int32_t, int32_t> pre_runs(int32_t K, int32_t n_off) const;
 
-  // project: this stage projected its own query (its time, t0 on, includes that).
-  void cpu_stage(int layer, const TokenRow& r, const float* q, int32_t K, bool pre, bool project,
+  // project: rows of the batched speculative query charged to this stage (its time, t0 on,
+  // includes the projection when it ran it).
+  void cpu_stage(int layer, const TokenRow& r, const float* q, int32_t K, bool pre, int64_t project,
                  CpuResult& res, Clock::time_point t0);
 
   // The result buffers of `layer`'s CPU stage: one pair per layer parity and sequence on the gpu tier (the
@@ -202,6 +217,9 @@ class HybridGen final : public KvStrategy {
   std::vector<int32_t> offloaded_, last_pos_;   // per (layer, seq): tokens on the CPU side; newest position
   int32_t seen_pos_max_ = 0;
   double k_min_ratio_ = 0;  // > 0: k_min is this fraction of the current context
+  double budget_ = 0;       // > 0: resident + k_min is this fraction of the current context
+  KvElement kv_;
+  void set_k_min_for(int64_t context);
   bool in_step_ = false;
   Clock::time_point step_start_;
   std::mutex mu_;

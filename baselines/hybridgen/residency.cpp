@@ -46,7 +46,7 @@ void HybridGen::append(int layer, std::span<const TokenRow> rows, const float* k
 void HybridGen::offload(int layer, const std::vector<std::pair<int, int32_t>>& leaving,
                         std::span<const TokenRow> rows, const float* k, const float* v) {
   const int Hkv = shape_.H_kv, D = shape_.D;
-  const int64_t row = int64_t(Hkv) * D * 4;
+  const int64_t row = kv_.bytes(int64_t(Hkv) * D);
   std::array<int64_t, kNumTiers> kbytes{}, vbytes{};
   for (auto& [seq, pos] : leaving) {
     vrow(layer, seq, 0, pos);  // allocates the V page on its tier on first use
@@ -156,7 +156,7 @@ void HybridGen::attend_exact(int layer, const std::vector<TokenRow>& rows, const
         if (rows == 0) continue;
         rt_.transfers()
             .run(
-                t, Tier::kGpu, int64_t(rows) * Hkv * D * 4,
+                t, Tier::kGpu, kv_.bytes(int64_t(rows) * Hkv * D),
                 [&, t] {
                   // Each run of the tier's rows, one strided copy of all heads.
                   offloaded_kv_.key_runs(
@@ -173,7 +173,7 @@ void HybridGen::attend_exact(int layer, const std::vector<TokenRow>& rows, const
       }
       for (Tier t : {Tier::kDram, Tier::kFar}) {
         int64_t bytes = 0;
-        for (int32_t p = 0; p < n_off; ++p) bytes += vtier(layer, seq, p) == t ? int64_t(Hkv) * D * 4 : 0;
+        for (int32_t p = 0; p < n_off; ++p) bytes += vtier(layer, seq, p) == t ? kv_.bytes(int64_t(Hkv) * D) : 0;
         if (bytes == 0) continue;
         rt_.transfers()
             .run(

@@ -29,6 +29,7 @@ class FeedbackScheduler {
  public:
   explicit FeedbackScheduler(const SchedulerConfig& c);
   int64_t k() const { return k_; }
+  int64_t k_min() const { return c_.k_min; }
   // Moves the lower bound of K (a k_min given as a fraction of the growing context): adaptive K is
   // raised to it where it is below; a fixed K becomes it.
   void set_k_min(int64_t k_min);

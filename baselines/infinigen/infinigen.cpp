@@ -55,7 +55,10 @@ class InfiniGen final : public KvStrategy {
         dry_fetch_ratio_(p.get_float("dry_fetch_ratio")),
         max_kv_ratio_(p.get_float("max_kv_ratio")),
         full_layers_(int(p.get_int("full_layers"))),
-        calib_tokens_(int32_t(p.get_int("calib_tokens"))) {
+        calib_tokens_(int32_t(p.get_int("calib_tokens"))),
+        kv_(ctx, p) {
+    // The shared budget caps the fetched share (and sets it in dry runs, which have no logits).
+    if (const double b = p.get_float("budget"); b > 0) max_kv_ratio_ = dry_fetch_ratio_ = b;
     if (!model_) input_error("strategy infinigen needs the model's weights");
     if (calib_tokens_ < 0)
       input_error("strategy infinigen: calib_tokens must be >= 0 (0: the whole first prompt)");
@@ -70,6 +73,14 @@ class InfiniGen final : public KvStrategy {
     forget_skew();
   }
   std::string_view name() const override { return "infinigen"; }
+  // F32 rows on the real path (its skewed partial keys and fetch buffers are F32); transfers and
+  // the accelerator's KV reads are charged at kv_dtype.
+  DType kv_dtype() const override { return kv_.dtype(); }
+  std::map<std::string, std::string> effective_params() const override {
+    std::map<std::string, std::string> e;
+    kv_.report(e);
+    return e;
+  }
   // Prefill: every visible key. Decode: the full layers' keys, the fetched share of the others'
   // (the last fetch's fraction of the length).
   int64_t accel_attention_keys(const TokenRow& r) const override {
@@ -111,7 +122,7 @@ class InfiniGen final : public KvStrategy {
     const float* kh = nullptr;  // the rows' keys on the host, once written back
     rt_.transfers()
         .run(
-            Tier::kGpu, Tier::kDram, int64_t(n) * 4 * 2,
+            Tier::kGpu, Tier::kDram, kv_.bytes(int64_t(n)) * 2,
             [&] {
               kh = host_view(be_, k, n, host_k_);
               store_.write(layer, rows, kh, host_view(be_, v, n, host_v_));
@@ -169,7 +180,7 @@ class InfiniGen final : public KvStrategy {
       const int sq = seq, nn = n;
       rt_.transfers()
           .run(
-              Tier::kDram, Tier::kGpu, int64_t(2) * Hkv * n * D * 4,
+              Tier::kDram, Tier::kGpu, int64_t(2) * kv_.bytes(int64_t(Hkv) * n * D),
               [&] {
                 upload_prefix(kb, store_.k(layer, sq), sq, nn);
                 upload_prefix(vb, store_.v(layer, sq), sq, nn);
@@ -291,7 +302,7 @@ class InfiniGen final : public KvStrategy {
       float* kb = prompt_k_.as<float>();
       rt_.transfers()
           .run(
-              Tier::kDram, Tier::kGpu, int64_t(Hkv) * n * D * 4,
+              Tier::kDram, Tier::kGpu, kv_.bytes(int64_t(Hkv) * n * D),
               [&] { upload_prefix(kb, store_.k(layer, b), b, n); }, {}, "prompt keys for the partial cache")
           .wait();
       for (int g = 0; g < Hkv; ++g)
@@ -374,7 +385,7 @@ class InfiniGen final : public KvStrategy {
       }
       be_.synchronize();  // the attention reading them runs on another thread's stream
     };
-    f->done = rt_.transfers().run_gather(Tier::kDram, Tier::kGpu, int64_t(2) * Hkv * count * D * 4, n_rows,
+    f->done = rt_.transfers().run_gather(Tier::kDram, Tier::kGpu, int64_t(2) * kv_.bytes(int64_t(Hkv) * count * D), n_rows,
                                          std::move(fetch), {}, "speculative kv fetch");
     fetch_[size_t(layer) * size_t(B_) + size_t(r.seq)] = f;
   }
@@ -386,6 +397,7 @@ class InfiniGen final : public KvStrategy {
   double last_fetch_frac_ = 1.0;  // the last fetch's count over the length (forward_work's estimate)
   int full_layers_;
   int32_t calib_tokens_;
+  KvElement kv_;
   KvShape shape_;
   int B_ = 0, dp_ = 1;
   std::vector<int32_t> prompt_;
@@ -438,7 +450,7 @@ StrategyInfo infinigen_info() {
             "skew calibrated on the first prompt's first tokens (0: all)",
             {}}},
           [](const StrategyContext& c, const StrategyParams& p) { return std::make_unique<InfiniGen>(c, p); },
-          /*runs_on_cuda=*/true};
+          /*runs_on_cuda=*/true, /*budgeted=*/true, /*native_16bit_kv=*/false};
 }
 
 }  // namespace hg

@@ -134,6 +134,7 @@ class Keyformer : public EvictingStrategy {
     if (kv_tokens_ < 0) input_error("strategy keyformer: kv_tokens must be >= 0");
     if (!(kv_ratio_ > 0) || recent_ratio_ < 0 || recent_ratio_ > 1 || !(tau_init_ > 0) || !(tau_end_ > 0))
       input_error("strategy keyformer: need kv_ratio > 0, 0 <= recent_ratio <= 1, tau_init and tau_end > 0");
+    if (shared_budget() > 0) kv_ratio_ = shared_budget(), kv_tokens_ = 0;
   }
   std::string_view name() const override { return "keyformer"; }
   int32_t budget(int, int32_t n) const override {
@@ -190,9 +191,9 @@ StrategyInfo keyformer_info() {
            {"tau_init", ParamSpec::Type::kFloat, "1.0", "", "Gumbel-softmax temperature at the prompt", {}},
            {"tau_end", ParamSpec::Type::kFloat, "2.0", "", "temperature at the last generated token", {}},
            {"seed", ParamSpec::Type::kInt, "0", "", "Gumbel noise seed", {}},
-           kv_home_param()},
+           kv_home_param(), overlap_param()},
           [](const StrategyContext& c, const StrategyParams& p) { return std::make_unique<Keyformer>(c, p); },
-          /*runs_on_cuda=*/true};
+          /*runs_on_cuda=*/true, /*budgeted=*/true, /*native_16bit_kv=*/true};
 }
 
 }  // namespace hg

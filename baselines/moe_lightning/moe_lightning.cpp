@@ -17,10 +17,21 @@ namespace {
 class MoeLightning final : public KvStrategy {
  public:
   MoeLightning(const StrategyContext& ctx, const StrategyParams& p)
-      : be_(ctx.backend), rt_(require_runtime(ctx, "moe_lightning")), mb_(int(p.get_int("micro_batches"))) {
+      : be_(ctx.backend), rt_(require_runtime(ctx, "moe_lightning")), mb_(int(p.get_int("micro_batches"))),
+        kv_(ctx, p) {
     if (mb_ < 1) input_error("strategy moe_lightning: micro_batches must be >= 1");
   }
   std::string_view name() const override { return "moe_lightning"; }
+  DType kv_dtype() const override { return kv_.dtype(); }
+  std::map<std::string, std::string> effective_params() const override {
+    std::map<std::string, std::string> e;
+    kv_.report(e);
+    return e;
+  }
+  // Decode: every visible key, its logits on the CPU.
+  AttendedKeys attended_keys(const TokenRow& r) const override {
+    return prefill(r) ? AttendedKeys{int64_t(r.pos) + 1, 0} : AttendedKeys{0, int64_t(r.pos) + 1};
+  }
   // Decode attention runs on the CPU over dram: the accelerator reads no K or V then. Prefill rows
   // attend on the accelerator over every visible key.
   int64_t accel_attention_keys(const TokenRow& r) const override {
@@ -30,11 +41,11 @@ class MoeLightning final : public KvStrategy {
   void begin(const KvShape& shape, std::span<const int32_t> capacity, std::span<const int32_t> prompt_len) override {
     shape_ = shape;
     prompt_.assign(prompt_len.begin(), prompt_len.end());
-    store_.reset(shape, capacity, &rt_.memory(), Tier::kDram);
+    store_.reset(shape, capacity, &rt_.memory(), Tier::kDram, kv_.dtype());
     // One layer of the prompt on the accelerator (its tokens only; decode needs none).
     std::vector<int32_t> cap(prompt_.begin(), prompt_.end());
     for (auto& c : cap) c = std::max(c, 1);
-    stage_.reset(KvShape{1, shape.H, shape.H_kv, shape.D, shape.rope}, cap, &rt_.memory(), Tier::kGpu);
+    stage_.reset(KvShape{1, shape.H, shape.H_kv, shape.D, shape.rope}, cap, &rt_.memory(), Tier::kGpu, kv_.dtype());
   }
 
   void append(int layer, std::span<const TokenRow> rows, const float* k, const float* v) override {
@@ -46,7 +57,7 @@ class MoeLightning final : public KvStrategy {
     const size_t n = rows.size() * size_t(shape_.H_kv) * size_t(shape_.D);
     std::vector<TokenRow> r(rows.begin(), rows.end());
     kv_in_ = rt_.transfers().run(
-        Tier::kGpu, Tier::kDram, int64_t(n) * 4 * 2,
+        Tier::kGpu, Tier::kDram, kv_.bytes(int64_t(n)) * 2,
         [this, layer, r = std::move(r), k, v, n] {
           std::vector<float> hk, hv;
           Backend& dev = rt_.accel_backend();
@@ -87,9 +98,9 @@ class MoeLightning final : public KvStrategy {
           [this, layer, r, qc, oc, scale] {
             std::vector<AttnRow> ar(r.size());
             for (size_t i = 0; i < r.size(); ++i)
-              ar[i] = AttnRow{store_.k(layer, r[i].seq), store_.v(layer, r[i].seq), store_.head_stride(r[i].seq),
-                              r[i].pos + 1};
-            rt_.cpu_backend().attention(attention_args(shape_, ar, qc, scale, oc));
+              ar[i] = AttnRow{store_.k_raw(layer, r[i].seq), store_.v_raw(layer, r[i].seq),
+                              store_.head_stride(r[i].seq), r[i].pos + 1};
+            rt_.cpu_backend().attention(attention_args(shape_, ar, qc, scale, oc, kv_.dtype()));
           });
       done.push_back(rt_.transfers().copy(out + b * row_floats, Tier::kGpu, oc, Tier::kDram, bytes, {att}, "out to gpu"));
     }
@@ -112,7 +123,7 @@ class MoeLightning final : public KvStrategy {
   void attend_prefill(int layer, std::span<const TokenRow> rows, const float* q, float scale, float* out) {
     const auto first = first_new_position(rows);
     int64_t bytes = 0;
-    for (auto& [seq, n] : first) bytes += int64_t(n) * shape_.H_kv * shape_.D * 4 * 2;
+    for (auto& [seq, n] : first) bytes += kv_.bytes(int64_t(n) * shape_.H_kv * shape_.D) * 2;
     if (bytes > 0) {
       rt_.transfers()
           .run(
@@ -120,10 +131,11 @@ class MoeLightning final : public KvStrategy {
               [this, layer, &first] {
                 for (auto& [seq, n] : first) {
                   if (n == 0) continue;
-                  const size_t src = size_t(store_.head_stride(seq)) * 4, dst = size_t(stage_.head_stride(seq)) * 4;
-                  const size_t len = size_t(n) * size_t(shape_.D) * 4;
-                  be_.upload_2d(stage_.k(0, seq), dst, store_.k(layer, seq), src, len, size_t(shape_.H_kv));
-                  be_.upload_2d(stage_.v(0, seq), dst, store_.v(layer, seq), src, len, size_t(shape_.H_kv));
+                  const size_t src = size_t(kv_.bytes(store_.head_stride(seq)));
+                  const size_t dst = size_t(kv_.bytes(stage_.head_stride(seq)));
+                  const size_t len = size_t(kv_.bytes(int64_t(n) * shape_.D));
+                  be_.upload_2d(stage_.k_raw(0, seq), dst, store_.k_raw(layer, seq), src, len, size_t(shape_.H_kv));
+                  be_.upload_2d(stage_.v_raw(0, seq), dst, store_.v_raw(layer, seq), src, len, size_t(shape_.H_kv));
                 }
               },
               {kv_in_}, "prompt kv back, layer " + std::to_string(layer))
@@ -131,8 +143,9 @@ class MoeLightning final : public KvStrategy {
     }
     std::vector<AttnRow> ar(rows.size());
     for (size_t i = 0; i < rows.size(); ++i)
-      ar[i] = AttnRow{stage_.k(0, rows[i].seq), stage_.v(0, rows[i].seq), stage_.head_stride(rows[i].seq), rows[i].pos + 1};
-    be_.attention(attention_args(shape_, ar, q, scale, out));
+      ar[i] = AttnRow{stage_.k_raw(0, rows[i].seq), stage_.v_raw(0, rows[i].seq), stage_.head_stride(rows[i].seq),
+                      rows[i].pos + 1};
+    be_.attention(attention_args(shape_, ar, q, scale, out, kv_.dtype()));
   }
 
   StageWork work(int layer, const std::vector<TokenRow>& r) const {
@@ -141,7 +154,7 @@ class MoeLightning final : public KvStrategy {
     int64_t keys = 0;
     for (auto& x : r) keys += x.pos + 1;
     w.flops = 4.0 * shape_.H * shape_.D * double(keys);
-    w.bytes[size_t(Tier::kDram)] = 2 * keys * shape_.H_kv * shape_.D * 4;
+    w.bytes[size_t(Tier::kDram)] = 2 * kv_.bytes(keys * shape_.H_kv * shape_.D);
     return w;
   }
   Backend& be_;
@@ -149,6 +162,7 @@ class MoeLightning final : public KvStrategy {
   int mb_;
   KvShape shape_;
   std::vector<int32_t> prompt_;
+  KvElement kv_;
   KvStore store_, stage_;  // stage_: one layer of the prompt on the gpu tier
   Allocation qbuf_, obuf_;
   Event kv_in_;
@@ -160,7 +174,7 @@ StrategyInfo moe_lightning_info() {
   return {"moe_lightning", "attention on the CPU over KV in dram; q/k/v to the CPU, output back (MoE-Lightning)",
           {{"micro_batches", ParamSpec::Type::kInt, "1", "", "rows split into this many CPU-attention micro-batches", {}}},
           [](const StrategyContext& c, const StrategyParams& p) { return std::make_unique<MoeLightning>(c, p); },
-          /*runs_on_cuda=*/true};
+          /*runs_on_cuda=*/true, /*budgeted=*/false, /*native_16bit_kv=*/true};
 }
 
 }  // namespace hg

@@ -17,10 +17,16 @@ namespace {
 class StreamingLlm final : public EvictingStrategy {
  public:
   StreamingLlm(const StrategyContext& ctx, const StrategyParams& p)
-      : EvictingStrategy(ctx, "streamingllm", p), sinks_(int32_t(p.get_int("sinks"))), window_(int32_t(p.get_int("window"))),
+      : EvictingStrategy(rerotating(ctx, p), "streamingllm", p), sinks_(int32_t(p.get_int("sinks"))), window_(int32_t(p.get_int("window"))),
         cache_pos_(p.get("positions") == "cache"), kv_ratio_(p.get_float("kv_ratio")) {
     if (sinks_ < 0 || window_ < 1) input_error("strategy streamingllm: sinks must be >= 0 and window >= 1");
     if (kv_ratio_ < 0 || kv_ratio_ > 1) input_error("strategy streamingllm: kv_ratio must be in [0, 1]");
+    if (shared_budget() > 0) kv_ratio_ = shared_budget();
+  }
+  // Re-rotating cached keys (positions: cache) rotates F32 rows: such a run stores F32 on the real path.
+  static StrategyContext rerotating(StrategyContext c, const StrategyParams& p) {
+    if (p.get("positions") == "cache") c.native_16bit_kv = false;
+    return c;
   }
   std::string_view name() const override { return "streamingllm"; }
   // With kv_ratio, the window is the rest of kv_ratio·n after the sinks (at least one token).
@@ -60,9 +66,9 @@ StrategyInfo streamingllm_info() {
            {"kv_ratio", ParamSpec::Type::kFloat, "0", "ratio",
             "instead of window: sinks + window = this fraction of the current context (0: window)", {}},
            {"positions", ParamSpec::Type::kEnum, "cache", "", "RoPE positions of kept keys", {"cache", "original"}},
-           kv_home_param()},
+           kv_home_param(), overlap_param()},
           [](const StrategyContext& c, const StrategyParams& p) { return std::make_unique<StreamingLlm>(c, p); },
-          /*runs_on_cuda=*/true};
+          /*runs_on_cuda=*/true, /*budgeted=*/true, /*native_16bit_kv=*/true};
 }
 
 }  // namespace hg

@@ -30,7 +30,8 @@ StageWork forward_work(const Model& m, std::span<const TokenRow> rows, const KvS
   const int64_t embd = hp.tie_embeddings ? 0 : int64_t(m[GlobalSlot::kTokEmbd].bytes());
   w.bytes[size_t(Tier::kGpu)] = m.weight_bytes() - embd +
                                 int64_t(rows.size()) * hp.d_model * int64_t(dtype_size(m.weight_dtype)) +
-                                int64_t(2) * hp.n_layers * hp.n_kv_heads * hp.head_dim * 4 * read_keys;
+                                int64_t(2) * hp.n_layers * hp.n_kv_heads * hp.head_dim *
+                                    int64_t(dtype_size(kv ? kv->kv_dtype() : DType::kF32)) * read_keys;
   return w;
 }
 
@@ -167,6 +168,12 @@ GenerateResult generate(const Model& model, Backend& backend, KvStrategy& kv,
       row_seq.push_back(b);
     }
     if (rows.empty()) break;
+    GenerateResult::Attended att;
+    for (auto& r : rows) {
+      const KvStrategy::AttendedKeys a = kv.attended_keys(r);
+      att.accel += a.accel, att.cpu += a.cpu, att.context += int64_t(r.pos) + 1;
+    }
+    res.attended.push_back(att);
     t0 = clock::now();
     forward(toks, rows, want, logits.data());
     res.decode_tokens += int64_t(rows.size());

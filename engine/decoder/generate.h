@@ -44,12 +44,18 @@ struct GenerateResult {
   double prefill_s = 0;  // the prefill forward, or the seeded fill
   double decode_s = 0;   // Σ step_s
   std::vector<double> step_s;  // each decode step: its forward and sampling
+  // Each decode step, summed over its rows: keys attended with logits on the accelerator, on the
+  // CPU (KvStrategy::attended_keys), and the visible context (position + 1).
+  struct Attended {
+    int64_t accel = 0, cpu = 0, context = 0;
+  };
+  std::vector<Attended> attended;
 };
 
 // Work of one forward over `rows` (for the event log and the modeled clock): 2 FLOPs per weight
 // per row, attention 4·H·D FLOPs per key each row attends on the accelerator (`kv`'s
 // accel_attention_keys; every visible key without one); bytes read on the accelerator: all weights
-// once plus K and V (F32 cache) of each sequence's keys once per forward, as a fused attention
+// once plus K and V (at the strategy's kv_dtype) of each sequence's keys once per forward, as a fused attention
 // kernel reads a block of keys once for all query rows of the chunk.
 StageWork forward_work(const Model& m, std::span<const TokenRow> rows, const KvStrategy* kv = nullptr);
 

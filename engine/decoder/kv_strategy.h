@@ -9,6 +9,8 @@
 #include <string>
 #include <string_view>
 
+#include "engine/core/dtype.h"
+
 namespace hg {
 
 struct RopeTable;
@@ -56,6 +58,19 @@ class KvStrategy {
   // modeled clock's attention work, forward_work()): every visible key unless the strategy keeps
   // or computes fewer there (eviction budgets, attention on the CPU, selected tokens).
   virtual int64_t accel_attention_keys(const TokenRow& r) const { return int64_t(r.pos) + 1; }
+  // Keys whose values enter row r's attention output in the coming forward, by where their logits
+  // are computed: what result rows report as the attended budget. Default: the accelerator's keys.
+  struct AttendedKeys {
+    int64_t accel = 0, cpu = 0;
+  };
+  virtual AttendedKeys attended_keys(const TokenRow& r) const { return {accel_attention_keys(r), 0}; }
+  // Element type of the K and V the strategy stores and moves (the accelerator's KV reads in
+  // forward_work() are charged at its size).
+  virtual DType kv_dtype() const { return DType::kF32; }
+  // Settings the strategy ran with that differ from, or are derived from, its parameters (a 16-bit
+  // kv_dtype stored as F32, HybridGen's effective K, a budget in tokens), as name → value for
+  // result rows; the runner reads them without knowing the strategy.
+  virtual std::map<std::string, std::string> effective_params() const { return {}; }
 };
 
 }  // namespace hg

@@ -8,8 +8,9 @@
 namespace hg {
 
 void SlotStore::reset(const KvShape& shape, std::span<const int32_t> slots, MemorySystem& mem, Tier tier,
-                      Backend* device) {
+                      Backend* device, DType dtype) {
   shape_ = shape;
+  dtype_ = dtype;
   device_ = device && !device->host_memory() && tier == Tier::kGpu ? device : nullptr;
   cap_.assign(slots.begin(), slots.end());
   k_.clear();
@@ -17,7 +18,7 @@ void SlotStore::reset(const KvShape& shape, std::span<const int32_t> slots, Memo
   bytes_ = 0;
   for (int l = 0; l < shape.n_layers; ++l)
     for (size_t b = 0; b < cap_.size(); ++b) {
-      const int64_t n = int64_t(shape.H_kv) * cap_[b] * shape.D * 4;
+      const int64_t n = int64_t(shape.H_kv) * cap_[b] * shape.D * elem_bytes();
       k_.push_back(mem.allocate(tier, n));
       v_.push_back(mem.allocate(tier, n));
       bytes_ += 2 * n;
@@ -35,9 +36,9 @@ int32_t SlotStore::insert(int layer, int seq, int g, int32_t pos, const float* k
     throw OutOfMemoryError(fmt::format("slot store: head {} of layer {} of sequence {} is full ({} slots)", g, layer,
                                        seq, cap_[size_t(seq)]));
   const int32_t s = count_[i]++;
-  const int D = shape_.D;
-  copy_row(k(layer, seq) + g * head_stride(seq) + int64_t(s) * D, k_row);
-  copy_row(v(layer, seq) + g * head_stride(seq) + int64_t(s) * D, v_row);
+  const int64_t head = g * head_stride(seq) * elem_bytes();
+  put_row(static_cast<char*>(k_raw(layer, seq)) + head, s, k_row);
+  put_row(static_cast<char*>(v_raw(layer, seq)) + head, s, v_row);
   pos_[i][size_t(s)] = pos;
   return s;
 }
@@ -47,20 +48,27 @@ int32_t SlotStore::remove(int layer, int seq, int g, int32_t slot) {
   HG_CHECK(slot >= 0 && slot < count_[i]);
   const int32_t last = --count_[i];
   if (slot != last) {
-    const int D = shape_.D;
-    float* K = k(layer, seq) + g * head_stride(seq);
-    float* V = v(layer, seq) + g * head_stride(seq);
-    copy_row(K + int64_t(slot) * D, K + int64_t(last) * D);
-    copy_row(V + int64_t(slot) * D, V + int64_t(last) * D);
+    const int64_t row = int64_t(shape_.D) * elem_bytes();
+    char* K = static_cast<char*>(k_raw(layer, seq)) + g * head_stride(seq) * elem_bytes();
+    char* V = static_cast<char*>(v_raw(layer, seq)) + g * head_stride(seq) * elem_bytes();
+    copy_row(K + int64_t(slot) * row, K + int64_t(last) * row);
+    copy_row(V + int64_t(slot) * row, V + int64_t(last) * row);
     pos_[i][size_t(slot)] = pos_[i][size_t(last)];
   }
   pos_[i][size_t(last)] = -1;
   return last;
 }
 
-void SlotStore::copy_row(float* dst, const float* src) const {
-  if (device_) device_->copy(dst, src, size_t(shape_.D) * 4);
-  else std::memcpy(dst, src, size_t(shape_.D) * 4);
+void SlotStore::copy_row(void* dst, const void* src) const {
+  const size_t n = size_t(shape_.D) * size_t(elem_bytes());
+  if (device_) device_->copy(dst, src, n);
+  else std::memcpy(dst, src, n);
+}
+
+void SlotStore::put_row(void* head, int32_t slot, const float* row) const {
+  if (dtype_ == DType::kF32) return copy_row(static_cast<float*>(head) + int64_t(slot) * shape_.D, row);
+  if (device_) device_->write_kv(row, 1, 1, shape_.D, &slot, head, 0, dtype_);
+  else write_kv_host(row, 1, 1, shape_.D, &slot, head, 0, dtype_);
 }
 
 }  // namespace hg

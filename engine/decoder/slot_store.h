@@ -5,6 +5,7 @@
 #pragma once
 #include <cstdint>
 #include <span>
+#include <stdexcept>
 #include <vector>
 
 #include "engine/backend/backend.h"
@@ -18,14 +19,20 @@ class SlotStore {
   // slots[b]: capacity C_b of sequence b (per layer and KV head). Allocated on `tier` of `mem`.
   // With `device` (a backend with memory of its own, the gpu tier on its allocations) the rows
   // live in its memory: insert() then takes rows in its memory and copies go through it.
+  // dtype: element type of the stored rows (rows arrive as F32 and are converted).
   void reset(const KvShape& shape, std::span<const int32_t> slots, MemorySystem& mem, Tier tier,
-             Backend* device = nullptr);
+             Backend* device = nullptr, DType dtype = DType::kF32);
   int32_t count(int layer, int seq, int g) const { return count_[idx(layer, seq, g)]; }
   int32_t capacity(int seq) const { return cap_[size_t(seq)]; }
   const int32_t* positions(int layer, int seq, int g) const { return pos_[idx(layer, seq, g)].data(); }
-  // K/V of (layer, seq): [H_kv, C, D]; head stride C·D floats.
-  float* k(int layer, int seq) { return k_[size_t(layer) * cap_.size() + size_t(seq)].as<float>(); }
-  float* v(int layer, int seq) { return v_[size_t(layer) * cap_.size() + size_t(seq)].as<float>(); }
+  // K/V of (layer, seq): [H_kv, C, D] of dtype(); head stride C·D elements.
+  void* k_raw(int layer, int seq) { return k_[size_t(layer) * cap_.size() + size_t(seq)].data(); }
+  void* v_raw(int layer, int seq) { return v_[size_t(layer) * cap_.size() + size_t(seq)].data(); }
+  // The same of an F32 store (a logic error on another).
+  float* k(int layer, int seq) { return static_cast<float*>(f32(k_raw(layer, seq))); }
+  float* v(int layer, int seq) { return static_cast<float*>(f32(v_raw(layer, seq))); }
+  DType dtype() const { return dtype_; }
+  int64_t elem_bytes() const { return int64_t(dtype_size(dtype_)); }
   int64_t head_stride(int seq) const { return int64_t(cap_[size_t(seq)]) * shape_.D; }
   // Appends a token to head g; returns its slot. Throws OutOfMemoryError when the head is full.
   // k_row and v_row are in the store's memory kind (the device's, when it has one).
@@ -40,8 +47,14 @@ class SlotStore {
   size_t idx(int layer, int seq, int g) const {
     return (size_t(layer) * cap_.size() + size_t(seq)) * size_t(shape_.H_kv) + size_t(g);
   }
-  void copy_row(float* dst, const float* src) const;
+  void copy_row(void* dst, const void* src) const;
+  void put_row(void* head, int32_t slot, const float* row) const;  // converts to dtype_
+  void* f32(void* p) const {
+    if (dtype_ != DType::kF32) throw std::logic_error("SlotStore: float access to a non-F32 store");
+    return p;
+  }
   KvShape shape_;
+  DType dtype_ = DType::kF32;
   Backend* device_ = nullptr;  // copies within device memory
   std::vector<int32_t> cap_;
   std::vector<Allocation> k_, v_;

@@ -2,6 +2,7 @@
 #include "engine/decoder/strategy_params.h"
 
 #include <charconv>
+#include <cmath>
 
 #include "engine/core/error.h"
 #include "engine/core/yaml_util.h"
@@ -16,6 +17,24 @@ std::string param_type_name(ParamSpec::Type t) {
     case ParamSpec::Type::kEnum: return "enum";
   }
   return "?";
+}
+
+ParamSpec kv_dtype_param() {
+  return {"kv_dtype", ParamSpec::Type::kEnum, "f16", "",
+          "element type of the KV cache: what is stored, moved over the link and read by attention",
+          {"f32", "f16", "bf16"}};
+}
+
+ParamSpec budget_param() {
+  return {"budget", ParamSpec::Type::kFloat, "0", "ratio",
+          "attended fraction of the current context, the same for every budgeted method (0: the method's own "
+          "budget parameters)",
+          {}, 0.0, 1.0};
+}
+
+ParamSpec overlap_param() {
+  return {"overlap", ParamSpec::Type::kBool, "true", "",
+          "prefetch layer i+1's KV while layer i computes (false: every load waited for where it is needed)", {}};
 }
 
 namespace {
@@ -68,6 +87,16 @@ StrategyParams::StrategyParams(const std::string& owner, const std::vector<Param
         for (auto& c : spec->choices) expect += " " + c;
       }
       input_error("strategy {}: {}={} is not valid (expected {})", owner, k, v, expect);
+    }
+    if (spec->type == ParamSpec::Type::kInt || spec->type == ParamSpec::Type::kFloat) {
+      const double x = std::stod(v);
+      if (!(x >= spec->min && x <= spec->max)) {
+        auto num = [](double b) { return fmt::format("{}", b); };
+        const std::string range = std::isinf(spec->max) ? ">= " + num(spec->min)
+                                  : std::isinf(spec->min) ? "<= " + num(spec->max)
+                                                          : "in [" + num(spec->min) + ", " + num(spec->max) + "]";
+        input_error("strategy {}: {}={} is out of range (expected {})", owner, k, v, range);
+      }
     }
     v_[k] = v;
   }

@@ -2,6 +2,7 @@
 // `hgbench strategies`, `--set S.param=value` and YAML use it. Values are validated strictly:
 // an unknown name is an error with the nearest valid one, a bad value names what was expected.
 #pragma once
+#include <limits>
 #include <map>
 #include <string>
 #include <vector>
@@ -16,7 +17,21 @@ struct ParamSpec {
   std::string unit;  // "tokens", "ratio", "" …
   std::string doc;
   std::vector<std::string> choices;  // for kEnum
+  // Inclusive range of a kInt or kFloat value, checked when parameters are validated (`validate`,
+  // `--set`, before any run).
+  double min = -std::numeric_limits<double>::infinity();
+  double max = std::numeric_limits<double>::infinity();
 };
+
+// The parameters every KV strategy takes, declared once here so that a comparison holds them equal
+// by construction: `kv_dtype` (element type of every K and V the strategy stores or moves; the
+// paper's FP16 by default) for all, `budget` (the attended fraction of the context, matched across
+// the budgeted methods) for those whose attention is not exact.
+ParamSpec kv_dtype_param();
+ParamSpec budget_param();
+// The link schedule of every strategy that loads KV from host memory each step (FlexGen, and the
+// eviction methods with kv_home dram): prefetch layer i+1's data while layer i runs, or serially.
+ParamSpec overlap_param();
 
 class StrategyParams {
  public:

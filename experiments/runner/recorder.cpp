@@ -308,9 +308,11 @@ std::string write_summary(const std::string& dir, const std::vector<Json>& rows,
   if (!f) input_error("{}: cannot write", csv_path);
   std::vector<std::string> head = {"point_id", "point_index", "model", "prompt_tokens", "decode_tokens", "batch",
                                    "placement", "gpu_memory_bytes", "platform", "label", "strategy", "status",
-                                   "repeats_ok", "time_basis", "time_s_median", "time_s_min", "time_s_max",
-                                   "decode_token_s_median", "normalized_time", "speedup_vs_baseline",
-                                   "h2d_bytes_per_step", "reason"};
+                                   "repeats_ok", "time_basis", "time_metric", "time_s_median", "time_s_min",
+                                   "time_s_max", "prefill_s_median", "decode_s_median", "decode_token_s_median",
+                                   "normalized_time", "speedup_vs_baseline", "attended_fraction",
+                                   "attended_accel_tokens", "attended_cpu_tokens", "kv_dtype", "h2d_bytes_per_step",
+                                   "reason"};
   csv_row(f, head);
   std::map<std::string, std::vector<double>> norm_by_label;
   for (auto& [pi, pj] : points) {
@@ -321,12 +323,20 @@ std::string write_summary(const std::string& dir, const std::vector<Json>& rows,
       const std::vector<double> t = times(pi, label);
       const Json* ok = nullptr;
       std::string reason, strategy = rs.front()->value("strategy", "");
-      std::vector<double> tok;
+      std::vector<double> tok, pre, dec, frac, acc, cpu;
       double h2d = 0;
       for (const Json* r : rs) {
         if (r->value("status", "") == "ok") {
           ok = r;
-          tok.push_back((*r)["figures"].value("decode_token_s", NAN));
+          const Json& fg = (*r)["figures"];
+          tok.push_back(fg.value("decode_token_s", NAN));
+          pre.push_back(fg.value("prefill_s", NAN));
+          dec.push_back(fg.value("decode_s", NAN));
+          if (fg.contains("attended")) {
+            frac.push_back(fg["attended"].value("fraction", NAN));
+            acc.push_back(fg["attended"].value("accel_tokens", NAN));
+            cpu.push_back(fg["attended"].value("cpu_tokens", NAN));
+          }
           for (auto& [k, v] : (*r)["link_bytes_per_step"].items())
             if (k.size() > 5 && k.substr(k.size() - 5) == "->gpu") h2d += v.get<double>() / double(t.size());
         } else {
@@ -340,14 +350,23 @@ std::string write_summary(const std::string& dir, const std::vector<Json>& rows,
                   json_str(pj["gpu_memory_bytes"]), json_str(pj["platform"]), label, strategy,
                   ok ? (t.size() == rs.size() ? "ok" : "partial") : "failed", std::to_string(t.size()),
                   ok ? ok->value("time_basis", "") : "", num(med), t.empty() ? "" : num(*std::min_element(t.begin(), t.end())),
-                  t.empty() ? "" : num(*std::max_element(t.begin(), t.end())), num(median_of(tok)), num(nt),
-                  num(base / med), num(h2d), reason});
+                  ok ? ok->at("figures").value("time_metric", "decode") : "",
+                  num(med), t.empty() ? "" : num(*std::min_element(t.begin(), t.end())),
+                  t.empty() ? "" : num(*std::max_element(t.begin(), t.end())), num(median_of(pre)),
+                  num(median_of(dec)), num(median_of(tok)), num(nt), num(base / med), num(median_of(frac)),
+                  num(median_of(acc)), num(median_of(cpu)), ok ? ok->at("figures").value("kv_dtype", "") : "",
+                  num(h2d), reason});
     }
   }
   std::fclose(f);
 
   // The table: strategies down, points across, geometric mean last (the paper's Figs. 15-19).
-  std::string out = fmt::format("decode time normalised to {} per point ({}){}\n", baseline,
+  bool end_to_end = false;
+  for (auto& r : rows)
+    if (r.value("status", "") == "ok" && r.contains("figures"))
+      end_to_end = end_to_end || r["figures"].value("time_metric", "") == "end_to_end";
+  std::string out = fmt::format("{} normalised to {} per point, lower is better ({}){}\n",
+                                end_to_end ? "end-to-end latency (prefill + decode)" : "decode time", baseline,
                                 modeled ? (dry ? "MODELED, dry execution" : "MODELED") : "measured",
                                 modeled ? " — modeled on a platform profile, not measured" : "");
   std::vector<std::string> names;
@@ -374,6 +393,36 @@ std::string write_summary(const std::string& dir, const std::vector<Json>& rows,
       if (std::isfinite(nt) && nt > 0) logsum += std::log(nt), ++n;
     }
     out += fmt::format("{:>9}\n", n ? fmt::format("{:.2f}", std::exp(logsum / n)) : "-");
+  }
+  // Beside the times: how much of the context each strategy attended (budgets are matched only
+  // where these agree) and the KV element type it stored.
+  auto ok_fig = [&](int pi, const std::string& label, const char* key, const char* sub) {
+    std::vector<double> v;
+    for (const Json* r : cells[{pi, label}])
+      if (r->value("status", "") == "ok" && (*r)["figures"].contains(key))
+        v.push_back(sub ? (*r)["figures"][key].value(sub, NAN) : NAN);
+    return median_of(v);
+  };
+  bool any_attended = false;
+  for (auto& [pi, pj] : points)
+    for (auto& label : labels) any_attended = any_attended || std::isfinite(ok_fig(pi, label, "attended", "fraction"));
+  if (any_attended) {
+    out += "\nattended fraction of the context per decode step (mean), and the KV element type\n";
+    out += fmt::format("{:<{}}", "strategy", w0);
+    for (size_t i = 0; i < names.size(); ++i) out += fmt::format("{:>{}}", names[i], widths[i]);
+    out += fmt::format("{:>9}\n", "kv");
+    for (auto& label : labels) {
+      out += fmt::format("{:<{}}", label, w0);
+      size_t i = 0;
+      std::string dt;
+      for (auto& [pi, pj] : points) {
+        const double fr = ok_fig(pi, label, "attended", "fraction");
+        out += fmt::format("{:>{}}", std::isfinite(fr) ? fmt::format("{:.3f}", fr) : "-", widths[i++]);
+        for (const Json* r : cells[{pi, label}])
+          if (r->value("status", "") == "ok" && dt.empty()) dt = (*r)["figures"].value("kv_dtype", "");
+      }
+      out += fmt::format("{:>9}\n", dt.empty() ? "-" : dt);
+    }
   }
   std::ofstream(dir + "/table.txt") << out;
   return out;

@@ -139,6 +139,19 @@ Figures figures(const Measurement& m, const PlatformProfile* profile) {
     for (double d : dec) sum += d;
     f.m_end_to_end_s = f.m_prefill_s + sum;
   }
+  {
+    // The measured steps are the last step_s.size() of the generation's.
+    const size_t n = m.gen.attended.size(), first = n - std::min(n, m.step_s.size());
+    double ctx = 0, rows = 0;
+    for (size_t i = first; i < n; ++i) {
+      const auto& a = m.gen.attended[i];
+      f.attended_accel += double(a.accel), f.attended_cpu += double(a.cpu), ctx += double(a.context);
+      rows += 1;
+    }
+    if (ctx > 0) f.attended_fraction = (f.attended_accel + f.attended_cpu) / ctx;
+    const double per_row = rows * double(std::max<size_t>(1, m.gen.tokens.size()));
+    if (rows > 0) f.attended_accel /= per_row, f.attended_cpu /= per_row;
+  }
   if (!m.step_stats.empty()) {
     f.stats_last = m.step_stats.back();
     std::map<std::string, int> n;
@@ -385,6 +398,10 @@ Json Runner::run_once(const Point& p, const StrategyEntry& entry, int repeat, bo
   go.n_new = p.decode_tokens;
   go.stop_at_eos = false;
   go.sampler.greedy = true;
+  // The whole prompt in one forward, each layer over all of its rows (as FlexGen and Hugging Face
+  // prefill): every strategy writes each prompt token's KV once and no offloading strategy reads
+  // earlier chunks' KV back over the link.
+  go.max_rows = std::max(1, p.prompt_tokens * p.batch);
   const Measurement m = measure_generation(&rt, model, rt.accel_backend(), *kv, prompts, go);
   if (!record) return {};
   const Figures f = figures(m, prof && (dry || spec_.clock != "measured") ? &*prof : nullptr);
@@ -398,8 +415,16 @@ Json Runner::run_once(const Point& p, const StrategyEntry& entry, int repeat, bo
   r["params"] = par;
   if (!p.placement.empty() && !has_placement) r["placement_note"] = entry.name + " has no placement parameter";
   Json fig;
+  // time_s: the compared figure, end-to-end latency (prefill + every decode step).
+  fig["time_metric"] = "end_to_end";
   fig["time_s"] = f.time_s();
+  fig["prefill_s"] = f.prefill_time_s();
+  fig["decode_s"] = f.decode_time_s();
   fig["decode_token_s"] = f.token_s();
+  fig["attended"] = {{"accel_tokens", f.attended_accel},
+                     {"cpu_tokens", f.attended_cpu},
+                     {"fraction", f.attended_fraction}};
+  fig["kv_dtype"] = std::string(dtype_name(kv->kv_dtype()));
   fig["prefill_tokens"] = f.prefill_tokens;
   fig["decode_tokens"] = f.decode_tokens;
   fig["decode_steps"] = f.decode_steps;
@@ -447,17 +472,9 @@ Json Runner::run_once(const Point& p, const StrategyEntry& entry, int repeat, bo
                                               {"capacity_bytes", m.tiers[size_t(t)].capacity}};
   r["tiers"] = tiers;
   r["strategy_stats"] = {{"last", f.stats_last}, {"mean", f.stats_mean}};
-  // Requested against effective where the strategy clamped a setting.
+  // What the strategy ran with where it differs from, or is derived from, its parameters.
   Json rve = Json::object();
-  if (f.stats_last.count("K")) {
-    // Requested: k_fixed, or the K the scheduler set at the last step; effective: the tokens a CPU
-    // stage selected with it (no more than were offloaded).
-    const bool fixed = effective.all().count("k") && effective.get("k") == "fixed";
-    const double req = fixed ? double(effective.get_int("k_fixed")) : f.stats_last.at("K");
-    const double off = f.stats_last.count("tokens_offloaded") ? f.stats_last.at("tokens_offloaded") : req;
-    const double eff = std::min(f.stats_last.at("K"), off);
-    if (req != eff) rve["K"] = {{"requested", req}, {"effective", eff}};
-  }
+  for (auto& [k, v] : kv->effective_params()) rve[k] = v;
   r["requested_vs_effective"] = rve;
   Json dev;
   dev["device"] = rt.device_description();

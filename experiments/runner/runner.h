@@ -64,9 +64,14 @@ struct Figures {
   // Bytes per decode step over each link [src][dst], and in the prefill.
   std::array<std::array<double, kNumTiers>, kNumTiers> link_bytes_per_step{}, link_bytes_prefill{};
   std::map<std::string, double> stats_last, stats_mean;
-  // The time rows are compared by: the decode phase (every decode step, the generation latency the
-  // strategies differ in; the prefill is exact attention for all of them), modeled when modeled.
-  double time_s() const { return modeled ? m_end_to_end_s - m_prefill_s : decode_s; }
+  // Mean over the measured decode steps of the keys attended per row (logits on the accelerator,
+  // on the CPU) and of their share of the visible context.
+  double attended_accel = 0, attended_cpu = 0, attended_fraction = 0;
+  // The time rows are compared by: end-to-end latency (the prefill and every decode step, the
+  // paper's metric in Figs. 15-17), modeled when modeled; decode_time_s() is the decode phase.
+  double time_s() const { return modeled ? m_end_to_end_s : end_to_end_s; }
+  double decode_time_s() const { return modeled ? m_end_to_end_s - m_prefill_s : decode_s; }
+  double prefill_time_s() const { return modeled ? m_prefill_s : prefill_s; }
   double token_s() const { return modeled ? m_decode_token_s : decode_token_s; }
 };
 Figures figures(const Measurement& m, const PlatformProfile* profile);

@@ -288,7 +288,7 @@ ExperimentSpec parse_node(YAML::Node y, const std::string& file) {
 
   // sweep
   std::vector<std::string> valid = sweep_keys();
-  if (s.eval.enabled) valid = {"shots", "context", "limit", "kv_ratio"};
+  if (s.eval.enabled) valid = {"shots", "context", "limit", "kv_ratio", "budget"};
   for (auto& e : s.strategies)
     for (auto& p : strategy_info(e.name).params) {
       const std::string k = e.name + "." + p.name;
@@ -309,6 +309,13 @@ ExperimentSpec parse_node(YAML::Node y, const std::string& file) {
             for (auto& ps : strategy_info(e.name).params)
               if (ps.name == "kv_ratio") check_param(file, v, e.name, "kv_ratio", r), any = true;
           if (!any) fail(file, v, "sweep 'kv_ratio': no strategy of this file has a kv_ratio parameter");
+          vals.push_back(r);
+        } else if (key == "budget") {  // the shared attended fraction of every budgeted strategy
+          const std::string r = scalar(file, v, key);
+          bool any = false;
+          for (auto& e : s.strategies)
+            if (strategy_info(e.name).budgeted) check_param(file, v, e.name, "budget", r), any = true;
+          if (!any) fail(file, v, "sweep 'budget': no strategy of this file takes a budget (exact attention only)");
           vals.push_back(r);
         } else if (key == "shots" || key == "limit") {
           vals.push_back(std::to_string(integer(file, v, key, 0)));
@@ -392,8 +399,8 @@ std::string resolve_execute(ExperimentSpec& s, bool have_gpu) {
 }
 
 const std::vector<std::string>& sweep_keys() {
-  static const std::vector<std::string> k = {"prompt_tokens", "decode_tokens", "batch",
-                                             "placement",     "gpu_memory_bytes", "platform"};
+  static const std::vector<std::string> k = {"prompt_tokens",    "decode_tokens", "batch",  "placement",
+                                             "gpu_memory_bytes", "platform",      "budget"};
   return k;
 }
 
@@ -466,6 +473,10 @@ std::vector<Point> expand(const ExperimentSpec& spec) {
         for (auto& e : spec.strategies)
           for (auto& ps : strategy_info(e.name).params)
             if (ps.name == "kv_ratio") p.strategy_params[e.name]["kv_ratio"] = v;
+      }
+      else if (k == "budget") {  // every budgeted strategy; exact ones attend everything
+        for (auto& e : spec.strategies)
+          if (strategy_info(e.name).budgeted) p.strategy_params[e.name]["budget"] = v;
       }
       else if (k == "prompt_tokens") p.prompt_tokens = std::stoi(v);
       else if (k == "decode_tokens") p.decode_tokens = std::stoi(v);

@@ -125,8 +125,17 @@ void expect_steps_close(const std::vector<std::vector<float>>& got, const std::v
 void expect_matches_oracle(const Model& m, const std::string& name, const std::map<std::string, std::string>& params,
                            const std::vector<int32_t>& toks, int prompt, double rtol, const std::string& what,
                            std::function<void(Runtime&, KvStrategy&)> after) {
+  // The oracle stores KV in the element type the strategy stores (its kv_dtype, or F32 where it
+  // runs a 16-bit request as F32), so that both round K and V alike.
+  DType dt = DType::kF32;
+  {
+    RuntimeConfig rc;
+    rc.device = "emulated";
+    Runtime rt(rc);
+    dt = make_strategy(name, StrategyContext{rt.accel_backend(), &rt, &m}, params)->kv_dtype();
+  }
   auto ref = make_ref_backend();
-  FullStrategy oracle(*ref);
+  FullStrategy oracle(*ref, nullptr, dt, dt);
   const auto want = step_logits(m, *ref, oracle, toks, prompt);
   expect_steps_close(emulated_step_logits(m, name, params, toks, prompt, std::move(after)), want, rtol, what);
 }

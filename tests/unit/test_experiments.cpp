@@ -356,8 +356,9 @@ TEST(ExperimentRun, SubmitWritesAnArrayAndAMergeJob) {
 
 TEST(ExperimentRun, DryAndRealAgreeOnBytesPerLinkAndFlopsPerStage) {
   // Strategies whose token counts do not depend on values (InfiniGen's do: it is left out).
-  ExperimentSpec dry = parse_experiment(kDry, "t.yaml");
-  ExperimentSpec real = parse_experiment(kDry, "t.yaml", {"execute=real"});
+  // HybridGen's real path stores F32 (its CPU-stage kernels read F32 keys): both runs use F32 for it.
+  ExperimentSpec dry = parse_experiment(kDry, "t.yaml", {"hybridgen.kv_dtype=f32"});
+  ExperimentSpec real = parse_experiment(kDry, "t.yaml", {"execute=real", "hybridgen.kv_dtype=f32"});
   const auto pts = expand(dry), rpts = expand(real);
   Runner rd(dry), rr(real);
   for (size_t i = 0; i < pts.size(); ++i)

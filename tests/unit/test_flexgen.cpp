@@ -34,7 +34,7 @@ TEST(FlexGen, TransfersPerStepAndExposedLoads) {
   const auto& hp = m.hp;
   const int prompt = 17;
   const auto toks = token_stream(prompt + 6, hp.n_vocab, 5);
-  const int64_t row_kv = int64_t(hp.n_kv_heads) * hp.head_dim * 4;  // one token's K (or V) of one layer
+  const int64_t row_kv = int64_t(hp.n_kv_heads) * hp.head_dim * 2;  // one token's K (or V) of one layer, F16 (the default kv_dtype)
   for (const bool overlap : {true, false}) {
     RuntimeConfig rc;
     rc.device = "emulated";

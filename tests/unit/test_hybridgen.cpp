@@ -57,7 +57,7 @@ TEST(HybridGen, PreModeAttendsLikeStreamingLlmWithTheSameTokens) {
     const auto toks = token_stream(45, m.hp.n_vocab, 12);
     const auto sl = emulated_step_logits(
         m, "streamingllm",
-        {{"sinks", std::to_string(sinks)}, {"window", std::to_string(R + K - sinks)}, {"positions", "original"}},
+        {{"sinks", std::to_string(sinks)}, {"window", std::to_string(R + K - sinks)}, {"positions", "original"}, {"kv_dtype", "f32"}},
         toks, 23);
     for (const char* placement : {"semantic", "interleave"}) {
       const auto hg = emulated_step_logits(m, "hybridgen",

@@ -33,7 +33,7 @@ TEST(MoeLightning, PrefillAttendsOnTheAcceleratorAndDecodeOnTheCpu) {
   const int prompt = 23;
   const auto toks = token_stream(prompt + 5, m.hp.n_vocab, 9);
   auto ref = make_ref_backend();
-  FullStrategy oracle(*ref);
+  FullStrategy oracle(*ref, nullptr, DType::kF16, DType::kF16);  // the default kv_dtype, as moe_lightning stores
   const auto want = step_logits(m, *ref, oracle, toks, prompt);
   for (int max_rows : {512, 8}) {
     RuntimeConfig rc;
@@ -65,7 +65,8 @@ TEST(MoeLightning, TransfersPerStepAreQkvOutAndOutputBack) {
   const auto& hp = m.hp;
   const int prompt = 17;
   const auto toks = token_stream(prompt + 6, hp.n_vocab, 5);
-  const int64_t row_kv = int64_t(hp.n_kv_heads) * hp.head_dim * 4, q = int64_t(hp.n_heads) * hp.head_dim * 4;
+  // K and V at the default kv_dtype (F16); q and the output stay F32 activations.
+  const int64_t row_kv = int64_t(hp.n_kv_heads) * hp.head_dim * 2, q = int64_t(hp.n_heads) * hp.head_dim * 4;
   RuntimeConfig rc;
   rc.device = "emulated";
   Runtime rt(rc);

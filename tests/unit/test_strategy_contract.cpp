@@ -56,7 +56,12 @@ INSTANTIATE_TEST_SUITE_P(
                       ExactCase{"synthetic:tiny-llama", "streamingllm", {{"window", "1000"}}},
                       ExactCase{"synthetic:tiny-qwen2", "h2o", {{"heavy_ratio", "1"}, {"recent_ratio", "1"}}},
                       ExactCase{"models/stories260K/stories260K.gguf", "flexgen", {}},
-                      ExactCase{"models/stories260K/stories260K.gguf", "moe_lightning", {}}),
+                      ExactCase{"models/stories260K/stories260K.gguf", "moe_lightning", {}},
+                      // F32 KV: the machinery alone against the F32 oracle.
+                      ExactCase{"synthetic:tiny-qwen2", "flexgen", {{"kv_dtype", "f32"}}},
+                      ExactCase{"synthetic:tiny-qwen2", "moe_lightning", {{"kv_dtype", "f32"}}},
+                      ExactCase{"synthetic:tiny-qwen2", "h2o", {{"heavy_ratio", "1"}, {"recent_ratio", "1"}, {"kv_dtype", "bf16"}}},
+                      ExactCase{"synthetic:tiny-llama", "streamingllm", {{"window", "1000"}, {"positions", "original"}}}),
     [](const auto& i) {
       std::string s = i.param.model.substr(i.param.model.rfind('/') + 1) + "_" + i.param.strategy;
       for (auto& [k, v] : i.param.params) s += "_" + k + v;
@@ -139,24 +144,31 @@ INSTANTIATE_TEST_SUITE_P(Strategies, BudgetedStrategies,
 
 // H2O, Keyformer and StreamingLLM keep their retained KV in dram by default (the paper's baselines
 // run on the FlexGen engine): each decode step sends the new token's K and V there and the retained
-// set (budget plus the new token) to the accelerator, per layer; `kv_home: gpu` moves nothing. The
-// logits are the same either way.
+// set to the accelerator, per layer, at kv_dtype's 2 bytes per element; `kv_home: gpu` moves
+// nothing. With `overlap` (the default, FlexGen's schedule) layer l+1's retained set is loaded
+// while layer l runs, and the new token's K and V are written into the loaded copy on the
+// accelerator; after the last layer, the next step's layer 0 is loaded. The first decode step
+// prunes each layer before it attends, so it waits for its loads. The logits are the same either way.
 TEST(TransferAccounting, EvictionStrategiesSendTheirRetainedKvEveryStep) {
   Model m = load_model("synthetic:tiny-qwen2");
   const auto& hp = m.hp;
   const int prompt = 30;
   const auto toks = token_stream(prompt + 6, hp.n_vocab, 5);
-  const int64_t row_kv = int64_t(hp.n_kv_heads) * hp.head_dim * 4;
   for (const char* name : {"h2o", "keyformer", "streamingllm"}) {
     std::map<std::string, std::vector<std::vector<float>>> logits;
-    for (const char* home : {"dram", "gpu"}) {
+    for (const char* home : {"dram", "serial", "gpu"}) {
       RuntimeConfig rc;
       rc.device = "emulated";
       Runtime rt(rc);
-      std::map<std::string, std::string> params = {{"kv_home", home}};
+      const bool serial = std::string(home) == "serial";
+      std::map<std::string, std::string> params = {{"kv_home", serial ? "dram" : home},
+                                                   {"overlap", serial ? "false" : "true"}};
       if (std::string(name) == "streamingllm") params["window"] = "12";
       auto kv = make_strategy(name, StrategyContext{rt.accel_backend(), &rt, &m}, params);
       auto* ev = dynamic_cast<EvictingStrategy*>(kv.get());
+      // F16 by default; StreamingLLM re-rotating its keys (positions: cache) stores F32.
+      EXPECT_EQ(kv->kv_dtype(), std::string(name) == "streamingllm" ? DType::kF32 : DType::kF16) << name;
+      const int64_t row_kv = int64_t(hp.n_kv_heads) * hp.head_dim * int64_t(dtype_size(kv->kv_dtype()));
       TransferTotals before;
       int32_t held_before = 0;
       rt.accel().submit("run", {}, {}, [&] {
@@ -165,11 +177,22 @@ TEST(TransferAccounting, EvictionStrategiesSendTheirRetainedKvEveryStep) {
           const int64_t h2d = now.bytes_between(Tier::kDram, Tier::kGpu) - before.bytes_between(Tier::kDram, Tier::kGpu);
           const int64_t d2h = now.bytes_between(Tier::kGpu, Tier::kDram) - before.bytes_between(Tier::kGpu, Tier::kDram);
           if (step > 0) {
-            if (std::string(home) == "dram") {
+            const int32_t held_now = ev->store().count(0, 0, 0);
+            if (serial) {
               EXPECT_EQ(d2h, hp.n_layers * 2 * row_kv) << name << " step " << step;
               // The first decode step prunes the prompt to the budget before it attends.
               const int32_t held = step == 1 ? std::min(held_before, ev->budget(0, prompt)) : held_before;
               EXPECT_EQ(h2d, hp.n_layers * 2 * (held + 1) * row_kv) << name << " step " << step;
+              EXPECT_EQ(ev->step_stats().at("exposed_loads"), hp.n_layers) << name;
+            } else if (std::string(home) == "dram") {
+              EXPECT_EQ(d2h, hp.n_layers * 2 * row_kv) << name << " step " << step;
+              // Step 1: every layer waits for its pruned set and the new token; later steps load each
+              // layer's set as the last step left it, the new token written on the accelerator. Each
+              // step ends with the next step's layer 0.
+              const int64_t loads = step == 1 ? hp.n_layers * (std::min(held_before, ev->budget(0, prompt)) + 1)
+                                              : (hp.n_layers - 1) * held_before;
+              EXPECT_EQ(h2d, 2 * (loads + held_now) * row_kv) << name << " step " << step;
+              EXPECT_EQ(ev->step_stats().at("exposed_loads"), step == 1 ? hp.n_layers : 0) << name << " step " << step;
             } else {
               EXPECT_EQ(d2h + h2d, 0) << name << " step " << step;
             }
