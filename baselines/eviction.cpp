@@ -193,6 +193,28 @@ std::map<int32_t, std::pair<const void*, const void*>> EvictingStrategy::kv_on_a
   if (!home_dram_) return at;
   const int D = shape_.D, Hkv = shape_.H_kv, par = layer % 2;
   const auto counts = retained_counts(layer, rows);
+  // A prefill call that begins its sequences (nothing of them stored before it): every key it
+  // attends is one of its own rows, already on the accelerator, written into the staged copy there.
+  const auto first = first_new_position(rows);
+  const bool fresh = std::all_of(rows.begin(), rows.end(), [&](const TokenRow& r) { return r.pos < prompt_len(r.seq); }) &&
+                     std::all_of(first.begin(), first.end(), [](const auto& f) { return f.second == 0; });
+  if (fresh) {
+    std::vector<int32_t> pos;
+    for (size_t i0 = 0; i0 < rows.size();) {
+      size_t i1 = i0;
+      pos.clear();
+      while (i1 < rows.size() && rows[i1].seq == rows[i0].seq) pos.push_back(rows[i1++].pos);
+      const int32_t seq = rows[i0].seq;
+      const int64_t stride = store_.head_stride(seq);
+      grow_allocation(rt_.memory(), Tier::kGpu, staged_[par][seq], int64_t(2) * kv_.bytes(Hkv * stride), true);
+      char* dst = staged_[par].at(seq).as<char>();
+      const int64_t at_row = int64_t(i0) * Hkv * D;
+      be_.write_kv(new_k_ + at_row, int64_t(i1 - i0), Hkv, D, pos.data(), dst, stride, kv_.dtype());
+      be_.write_kv(new_v_ + at_row, int64_t(i1 - i0), Hkv, D, pos.data(), dst + kv_.bytes(Hkv * stride), stride,
+                   kv_.dtype());
+      i0 = i1;
+    }
+  }
   // The prefetched load serves when it was for this layer, nothing was evicted since and the only
   // slots added since are this call's decode rows (appended last, so the load holds all the others).
   Prefetch& p = prefetch_[size_t(par)];
@@ -210,7 +232,9 @@ std::map<int32_t, std::pair<const void*, const void*>> EvictingStrategy::kv_on_a
             })))
           hit = false;
     }
-  if (hit) {
+  if (fresh) {
+    // nothing to load
+  } else if (hit) {
     p.done.wait();
     // The decode rows' own K and V: already on the accelerator (appended from there), written into
     // their slots of the staged copy in the store's element type.

@@ -51,12 +51,12 @@ class H2o : public EvictingStrategy {
 
 StrategyInfo h2o_info() {
   return {"h2o", "heavy hitters (accumulated attention) + recent window, decode-time eviction (H2O)",
-          {{"heavy_ratio", ParamSpec::Type::kFloat, "0.1", "ratio", "heavy-hitter budget, fraction of the current context", {}},
-           {"recent_ratio", ParamSpec::Type::kFloat, "0.1", "ratio", "recent-window budget, fraction of the current context", {}},
+          {{"heavy_ratio", ParamSpec::Type::kFloat, "0.1", "ratio", "heavy-hitter budget, fraction of the current context", {}, 0, 1},
+           {"recent_ratio", ParamSpec::Type::kFloat, "0.1", "ratio", "recent-window budget, fraction of the current context", {}, 0, 1},
            {"kv_ratio", ParamSpec::Type::kFloat, "0", "ratio",
-            "whole budget as a fraction of the current context, half heavy and half recent (0: the two ratios)", {}},
-           {"heavy_tokens", ParamSpec::Type::kInt, "0", "tokens", "heavy-hitter budget in tokens (0: heavy_ratio)", {}},
-           {"recent_tokens", ParamSpec::Type::kInt, "0", "tokens", "recent-window budget in tokens (0: recent_ratio)", {}},
+            "whole budget as a fraction of the current context, half heavy and half recent (0: the two ratios)", {}, 0, 1},
+           {"heavy_tokens", ParamSpec::Type::kInt, "0", "tokens", "heavy-hitter budget in tokens (0: heavy_ratio)", {}, 0, kNoMax},
+           {"recent_tokens", ParamSpec::Type::kInt, "0", "tokens", "recent-window budget in tokens (0: recent_ratio)", {}, 0, kNoMax},
            kv_home_param(), overlap_param()},
           [](const StrategyContext& c, const StrategyParams& p) { return std::make_unique<H2o>(c, p); },
           /*runs_on_cuda=*/true, /*budgeted=*/true, /*native_16bit_kv=*/true};

@@ -211,6 +211,8 @@ class HybridGen final : public KvStrategy {
   std::vector<ResultPool> pool_;  // per layer parity and sequence (result_buffers)
   std::mutex pool_mu_;
   std::vector<int32_t> slots_;                  // append() scratch: ring slots of a run of rows
+  const float* new_k_ = nullptr;                // this layer's appended rows (the decoder's, valid until attend)
+  const float* new_v_ = nullptr;
   BackendArray<float> resident_logits_;         // attend_hybrid(): [H, used] in the accelerator's memory
   BackendArray<float> spec_x_, spec_h_;         // prepare() with query_on=accelerator: its scratch
   std::array<BackendArray<float>, 2> spec_in_;  // prepare(): the CPU stages' inputs per layer parity

@@ -16,6 +16,7 @@ void HybridGen::append(int layer, std::span<const TokenRow> rows, const float* k
     last_pos_[pidx(layer, r.seq)] = std::max(last_pos_[pidx(layer, r.seq)], r.pos);
   }
   if (!leaving.empty()) offload(layer, leaving, rows, k, v);
+  new_k_ = k, new_v_ = v;
   // New rows into their ring slots (position mod R+1), through the accelerator's write_kv: one
   // call per run of rows of one sequence. Of a run longer than the ring only the last R+1 rows
   // stay (the earlier ones were offloaded above), so no two rows of a call share a slot.
@@ -150,7 +151,20 @@ void HybridGen::attend_exact(int layer, const std::vector<TokenRow>& rows, const
     Allocation kb = rt_.memory().allocate(Tier::kGpu, int64_t(Hkv) * n * D * 4);
     Allocation vb = rt_.memory().allocate(Tier::kGpu, int64_t(Hkv) * n * D * 4);
     const size_t pitch = size_t(n) * size_t(D) * 4;
-    if (n_off > 0) {
+    // Every position of the sequence is a row of this call (a whole-prompt prefill): its keys and
+    // values are this call's own, on the accelerator; none is read back over the link.
+    int32_t own = 0;
+    for (auto& r : rows) own += r.seq == seq;
+    const bool fresh = own == n;
+    if (fresh) {
+      for (size_t i = 0; i < rows.size(); ++i)
+        if (rows[i].seq == seq) {
+          const int64_t at = int64_t(idx[i]) * Hkv * D;
+          be_.write_kv(new_k_ + at, 1, Hkv, D, &rows[i].pos, kb.data(), int64_t(n) * D, DType::kF32);
+          be_.write_kv(new_v_ + at, 1, Hkv, D, &rows[i].pos, vb.data(), int64_t(n) * D, DType::kF32);
+        }
+    }
+    if (n_off > 0 && !fresh) {
       for (Tier t : {Tier::kDram, Tier::kFar}) {
         const int32_t rows = offloaded_kv_.key_rows_before(t, layer, seq, n_off);
         if (rows == 0) continue;
@@ -195,7 +209,7 @@ void HybridGen::attend_exact(int layer, const std::vector<TokenRow>& rows, const
       }
     }
     // Resident positions [n_off, n) sit in ring slots p mod (R+1): at most two runs of slots.
-    for (int32_t p0 = n_off; p0 < n;) {
+    for (int32_t p0 = n_off; p0 < n && !fresh;) {
       const int32_t s0 = p0 % ring_slots, len = std::min(n - p0, ring_slots - s0);
       for (int g = 0; g < Hkv; ++g) {
         const int64_t src = g * ring_.head_stride(seq) + int64_t(s0) * D, dst = (int64_t(g) * n + p0) * D;

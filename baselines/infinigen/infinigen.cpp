@@ -18,6 +18,7 @@
 #include <Eigen/SVD>
 #include <algorithm>
 #include <cmath>
+#include <optional>
 
 #include "baselines/common.h"
 #include "baselines/speculation.h"
@@ -81,11 +82,12 @@ class InfiniGen final : public KvStrategy {
     kv_.report(e);
     return e;
   }
-  // Prefill: every visible key. Decode: the full layers' keys, the fetched share of the others'
-  // (the last fetch's fraction of the length).
+  // Prefill: every visible key. Decode: the full layers' keys (at least layer 0's), the fetched
+  // share of the others' (the last fetch's fraction of the length).
   int64_t accel_attention_keys(const TokenRow& r) const override {
     if (r.pos < prompt_[size_t(r.seq)]) return int64_t(r.pos) + 1;
-    const double L = double(shape_.n_layers), full = std::min(double(full_layers_), L);
+    // Layer 0 has no layer before it to speculate from: it always loads its full KV.
+    const double L = double(shape_.n_layers), full = std::min(std::max(double(full_layers_), 1.0), L);
     return int64_t(std::llround(double(r.pos + 1) * (full + (L - full) * last_fetch_frac_) / L));
   }
 
@@ -216,6 +218,7 @@ class InfiniGen final : public KvStrategy {
         ar[0] = AttnRow{fb.k.as<float>(), fb.v.as<float>(), int64_t(n) * D, r.pos + 1};
       }
       be_.attention(attention_args(shape_, ar, q + int64_t(i) * hd, scale, out + int64_t(i) * hd));
+      if (r.pos >= prompt_[size_t(r.seq)]) attended_sum_ += ar[0].n_keys;
     }
     // The end of the calibration prompt: skew this layer and build its partial key cache.
     for (auto& r : rows)
@@ -225,6 +228,13 @@ class InfiniGen final : public KvStrategy {
   std::map<std::string, double> step_stats() const override {
     return {{"fetched_tokens", double(last_fetch_)}};
   }
+  // The keys each layer attended in the step that ended, counted as they were fetched (the fetch
+  // counts follow the speculation's logits, known only once it ran).
+  void end_step() override {
+    last_attended_ = attended_sum_ / std::max(1, shape_.n_layers);
+    attended_sum_ = 0;
+  }
+  std::optional<AttendedKeys> last_attended() const override { return AttendedKeys{last_attended_, 0}; }
   bool needs_prompt_attention() const override { return true; }
 
  private:
@@ -415,6 +425,7 @@ class InfiniGen final : public KvStrategy {
   Allocation prompt_k_;  // calibrate(): a prompt's keys on the accelerator
   const float *new_k_ = nullptr, *new_v_ = nullptr;
   int32_t last_fetch_ = 0;
+  int64_t attended_sum_ = 0, last_attended_ = 0;  // decode rows' keys over this step's layers; the last step's per layer
 };
 
 }  // namespace

@@ -185,9 +185,9 @@ class Keyformer : public EvictingStrategy {
 
 StrategyInfo keyformer_info() {
   return {"keyformer", "key tokens by accumulated Gumbel-softmax score + recent window (Keyformer)",
-          {{"kv_ratio", ParamSpec::Type::kFloat, "0.6", "ratio", "KV budget, fraction of the current context", {}},
-           {"kv_tokens", ParamSpec::Type::kInt, "0", "tokens", "KV budget in tokens (0: kv_ratio)", {}},
-           {"recent_ratio", ParamSpec::Type::kFloat, "0.3", "ratio", "recent window, fraction of the budget", {}},
+          {{"kv_ratio", ParamSpec::Type::kFloat, "0.6", "ratio", "KV budget, fraction of the current context", {}, 0, 1},
+           {"kv_tokens", ParamSpec::Type::kInt, "0", "tokens", "KV budget in tokens (0: kv_ratio)", {}, 0, kNoMax},
+           {"recent_ratio", ParamSpec::Type::kFloat, "0.3", "ratio", "recent window, fraction of the budget", {}, 0, 1},
            {"tau_init", ParamSpec::Type::kFloat, "1.0", "", "Gumbel-softmax temperature at the prompt", {}},
            {"tau_end", ParamSpec::Type::kFloat, "2.0", "", "temperature at the last generated token", {}},
            {"seed", ParamSpec::Type::kInt, "0", "", "Gumbel noise seed", {}},

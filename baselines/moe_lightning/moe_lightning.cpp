@@ -172,7 +172,7 @@ class MoeLightning final : public KvStrategy {
 
 StrategyInfo moe_lightning_info() {
   return {"moe_lightning", "attention on the CPU over KV in dram; q/k/v to the CPU, output back (MoE-Lightning)",
-          {{"micro_batches", ParamSpec::Type::kInt, "1", "", "rows split into this many CPU-attention micro-batches", {}}},
+          {{"micro_batches", ParamSpec::Type::kInt, "1", "", "rows split into this many CPU-attention micro-batches", {}, 1, kNoMax}},
           [](const StrategyContext& c, const StrategyParams& p) { return std::make_unique<MoeLightning>(c, p); },
           /*runs_on_cuda=*/true, /*budgeted=*/false, /*native_16bit_kv=*/true};
 }

@@ -61,10 +61,10 @@ class StreamingLlm final : public EvictingStrategy {
 
 StrategyInfo streamingllm_info() {
   return {"streamingllm", "attention sinks + sliding window of the newest tokens (StreamingLLM)",
-          {{"sinks", ParamSpec::Type::kInt, "4", "tokens", "first tokens always kept", {}},
-           {"window", ParamSpec::Type::kInt, "1024", "tokens", "newest tokens kept", {}},
+          {{"sinks", ParamSpec::Type::kInt, "4", "tokens", "first tokens always kept", {}, 0, kNoMax},
+           {"window", ParamSpec::Type::kInt, "1024", "tokens", "newest tokens kept", {}, 1, kNoMax},
            {"kv_ratio", ParamSpec::Type::kFloat, "0", "ratio",
-            "instead of window: sinks + window = this fraction of the current context (0: window)", {}},
+            "instead of window: sinks + window = this fraction of the current context (0: window)", {}, 0, 1},
            {"positions", ParamSpec::Type::kEnum, "cache", "", "RoPE positions of kept keys", {"cache", "original"}},
            kv_home_param(), overlap_param()},
           [](const StrategyContext& c, const StrategyParams& p) { return std::make_unique<StreamingLlm>(c, p); },

@@ -173,9 +173,10 @@ GenerateResult generate(const Model& model, Backend& backend, KvStrategy& kv,
       const KvStrategy::AttendedKeys a = kv.attended_keys(r);
       att.accel += a.accel, att.cpu += a.cpu, att.context += int64_t(r.pos) + 1;
     }
-    res.attended.push_back(att);
     t0 = clock::now();
     forward(toks, rows, want, logits.data());
+    if (const auto a = kv.last_attended()) att.accel = a->accel, att.cpu = a->cpu;
+    res.attended.push_back(att);
     res.decode_tokens += int64_t(rows.size());
     for (size_t i = 0; i < row_seq.size(); ++i) take(row_seq[i], logits.data() + int64_t(i) * V);
     res.step_s.push_back(secs(t0));

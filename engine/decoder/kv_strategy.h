@@ -5,6 +5,7 @@
 #pragma once
 #include <cstdint>
 #include <map>
+#include <optional>
 #include <span>
 #include <string>
 #include <string_view>
@@ -64,6 +65,10 @@ class KvStrategy {
     int64_t accel = 0, cpu = 0;
   };
   virtual AttendedKeys attended_keys(const TokenRow& r) const { return {accel_attention_keys(r), 0}; }
+  // The same for the forward that just ended, summed over its decode rows and averaged over layers,
+  // from a strategy that counts them as it attends (InfiniGen: its fetch counts follow the
+  // speculation's logits); nullopt: attended_keys() before the forward is exact.
+  virtual std::optional<AttendedKeys> last_attended() const { return std::nullopt; }
   // Element type of the K and V the strategy stores and moves (the accelerator's KV reads in
   // forward_work() are charged at its size).
   virtual DType kv_dtype() const { return DType::kF32; }

@@ -9,6 +9,9 @@
 
 namespace hg {
 
+// No upper bound (ParamSpec::max).
+inline constexpr double kNoMax = std::numeric_limits<double>::infinity();
+
 struct ParamSpec {
   enum class Type { kInt, kFloat, kBool, kEnum };
   std::string name;

@@ -320,3 +320,34 @@ TEST(HybridGen, QueryOnTheAcceleratorMatchesTheCpuProjection) {
 
 }  // namespace
 }  // namespace hg
+
+namespace hg {
+namespace {
+using namespace test;
+
+// The merge reads the CPU's logits and the selected V rows: in the event log the accelerator's
+// work after them depends on each of those transfers (not only on the CPU stage that queued them),
+// so the modeled replay cannot start the merge before they arrive.
+TEST(HybridGen, MergeWaitsForTheLogitsAndValueRowsInTheLog) {
+  Model m = load_model("synthetic:tiny-llama");
+  for (const char* spec : {"true", "false"})
+    emulated_step_logits(m, "hybridgen",
+                         {{"gpu_kv_tokens", "6"}, {"k", "fixed"}, {"k_fixed", "8"}, {"mode", "post"},
+                          {"speculative_query", spec}},
+                         token_stream(40, m.hp.n_vocab, 4), 24, [&](Runtime& rt, KvStrategy&) {
+                           const auto log = rt.log().snapshot();
+                           std::set<int64_t> consumed;
+                           for (auto& r : log)
+                             if (r.kind == StageKind::kAccelCompute) consumed.insert(r.deps.begin(), r.deps.end());
+                           int n = 0;
+                           for (auto& r : log)
+                             if (r.name == "cpu logits to gpu" || r.name == "selected V to gpu") {
+                               ++n;
+                               EXPECT_TRUE(consumed.count(r.id)) << r.name << " (stage " << r.id << ") speculative " << spec;
+                             }
+                           EXPECT_GT(n, 0) << "speculative " << spec;
+                         });
+}
+
+}  // namespace
+}  // namespace hg
