@@ -42,6 +42,11 @@ class KvElement {
   void report(std::map<std::string, std::string>& out) const {
     if (dtype_ != requested_) out["kv_dtype"] = std::string(dtype_name(dtype_));
   }
+  std::map<std::string, std::string> effective() const {
+    std::map<std::string, std::string> e;
+    report(e);
+    return e;
+  }
 
  private:
   DType requested_ = DType::kF32, dtype_ = DType::kF32;

@@ -18,11 +18,7 @@ EvictingStrategy::EvictingStrategy(const StrategyContext& ctx, const char* name,
   if (const double b = p.get_float("budget"); b > 0) budget_ = b;
 }
 
-std::map<std::string, std::string> EvictingStrategy::effective_params() const {
-  std::map<std::string, std::string> e;
-  kv_.report(e);
-  return e;
-}
+std::map<std::string, std::string> EvictingStrategy::effective_params() const { return kv_.effective(); }
 
 ParamSpec kv_home_param() {
   return {
@@ -30,8 +26,8 @@ ParamSpec kv_home_param() {
       ParamSpec::Type::kEnum,
       "dram",
       "",
-      "where retained KV lives between steps: dram (sent to the accelerator every layer and step, as on the "
-      "FlexGen engine of the paper's baselines) or gpu",
+      "where retained KV lives between steps: dram (offloaded as FlexGen's cache is, sent to the accelerator "
+      "every layer and step) or gpu",
       {"dram", "gpu"}};
 }
 

@@ -1,9 +1,8 @@
 // Token-eviction strategies (StreamingLLM, H2O, Keyformer) share this engine: retained tokens
-// live in a SlotStore on `dram` (`kv_home: dram`, the default: as on the FlexGen engine the paper's
-// baselines run on, the new token's K and V go to dram and the retained set is sent to the
-// accelerator every layer and step) or on the accelerator's `gpu` tier (`kv_home: gpu`); attention
-// runs on the accelerator over the retained set
-// plus the current token (with logit/probability taps); a policy scores tokens and picks which to
+// live in a SlotStore on `dram` (`kv_home: dram`, the default: the KV cache offloaded as for
+// FlexGen, the paper's baseline; the new token's K and V go to dram and the retained set is sent to
+// the accelerator every layer and step, on FlexGen's overlap schedule) or on the accelerator's `gpu`
+// tier (`kv_home: gpu`); attention runs on the accelerator over the retained set plus the current token (with logit/probability taps); a policy scores tokens and picks which to
 // drop. Prefill keeps the whole prompt (causal attention over it, scores accumulated); the first
 // decode step prunes to the budget; every decode step then adds one token and evicts down to the
 // budget again. Evicted tokens never return. GQA: one retained set per KV head, scores summed over

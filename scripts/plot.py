@@ -60,12 +60,13 @@ def main(d):
     points = OrderedDict()
     times = defaultdict(list)
     acc = defaultdict(list)
-    modeled = dry = False
+    modeled = dry = e2e = False
     for r in rows:
         points.setdefault(r["point_index"], r["point"])
         if r.get("status") != "ok":
             continue
         times[(r["point_index"], r["label"])].append(r["figures"]["time_s"])
+        e2e |= r["figures"].get("time_metric") == "end_to_end"
         if "accuracy" in r:
             acc[(r["point_index"], r["label"])].append(r["accuracy"].get("acc", float("nan")))
         modeled |= r.get("time_basis", "").startswith("modeled")
@@ -86,7 +87,8 @@ def main(d):
         return "/".join(parts) or "point"
 
     basis = "MODELED (dry execution)" if dry else "MODELED" if modeled else "measured"
-    title = f"{cfg['name']}: decode time normalised to {baseline} — {basis}"
+    metric = "end-to-end latency" if e2e else "decode time"
+    title = f"{cfg['name']}: {metric} normalised to {baseline} (lower is better) — {basis}"
     norm = {}
     for pi in points:
         b = median(times[(pi, baseline)])
@@ -104,7 +106,7 @@ def main(d):
         ax.bar(xs, vals + [geo], width, label=l)
     ax.set_xticks([i + width * (len(labels) - 1) / 2 for i in range(len(groups))])
     ax.set_xticklabels(groups, rotation=30, ha="right")
-    ax.set_ylabel(f"decode time / {baseline} (ratio)")
+    ax.set_ylabel(f"{metric} / {baseline} (ratio)")
     ax.set_title(title, fontsize=9, pad=28)
     ax.legend(fontsize=7, ncol=min(8, len(labels)), loc="lower center", bbox_to_anchor=(0.5, 1.0), frameon=False)
     fig.tight_layout()

@@ -19,11 +19,7 @@ class FlexGen final : public KvStrategy {
       : be_(ctx.backend), rt_(require_runtime(ctx, "flexgen")), overlap_(p.get_bool("overlap")), kv_(ctx, p) {}
   std::string_view name() const override { return "flexgen"; }
   DType kv_dtype() const override { return kv_.dtype(); }
-  std::map<std::string, std::string> effective_params() const override {
-    std::map<std::string, std::string> e;
-    kv_.report(e);
-    return e;
-  }
+  std::map<std::string, std::string> effective_params() const override { return kv_.effective(); }
 
   ~FlexGen() override {
     try {

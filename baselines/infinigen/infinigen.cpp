@@ -77,11 +77,7 @@ class InfiniGen final : public KvStrategy {
   // F32 rows on the real path (its skewed partial keys and fetch buffers are F32); transfers and
   // the accelerator's KV reads are charged at kv_dtype.
   DType kv_dtype() const override { return kv_.dtype(); }
-  std::map<std::string, std::string> effective_params() const override {
-    std::map<std::string, std::string> e;
-    kv_.report(e);
-    return e;
-  }
+  std::map<std::string, std::string> effective_params() const override { return kv_.effective(); }
   // Prefill: every visible key. Decode: the full layers' keys (at least layer 0's), the fetched
   // share of the others' (the last fetch's fraction of the length).
   int64_t accel_attention_keys(const TokenRow& r) const override {

@@ -23,11 +23,7 @@ class MoeLightning final : public KvStrategy {
   }
   std::string_view name() const override { return "moe_lightning"; }
   DType kv_dtype() const override { return kv_.dtype(); }
-  std::map<std::string, std::string> effective_params() const override {
-    std::map<std::string, std::string> e;
-    kv_.report(e);
-    return e;
-  }
+  std::map<std::string, std::string> effective_params() const override { return kv_.effective(); }
   // Decode: every visible key, its logits on the CPU.
   AttendedKeys attended_keys(const TokenRow& r) const override {
     return prefill(r) ? AttendedKeys{int64_t(r.pos) + 1, 0} : AttendedKeys{0, int64_t(r.pos) + 1};

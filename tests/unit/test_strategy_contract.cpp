@@ -142,8 +142,8 @@ INSTANTIATE_TEST_SUITE_P(Strategies, BudgetedStrategies,
                          });
 
 
-// H2O, Keyformer and StreamingLLM keep their retained KV in dram by default (the paper's baselines
-// run on the FlexGen engine): each decode step sends the new token's K and V there and the retained
+// H2O, Keyformer and StreamingLLM keep their retained KV in dram by default (offloaded as FlexGen's
+// cache is): each decode step sends the new token's K and V there and the retained
 // set to the accelerator, per layer, at kv_dtype's 2 bytes per element; `kv_home: gpu` moves
 // nothing. With `overlap` (the default, FlexGen's schedule) layer l+1's retained set is loaded
 // while layer l runs, and the new token's K and V are written into the loaded copy on the
