@@ -312,7 +312,7 @@ std::string write_summary(const std::string& dir, const std::vector<Json>& rows,
                                    "time_s_max", "prefill_s_median", "decode_s_median", "decode_token_s_median",
                                    "normalized_time", "speedup_vs_baseline", "attended_fraction",
                                    "attended_accel_tokens", "attended_cpu_tokens", "kv_dtype", "h2d_bytes_per_step",
-                                   "reason"};
+                                   "modeled_over_measured", "reason"};
   csv_row(f, head);
   std::map<std::string, std::vector<double>> norm_by_label;
   for (auto& [pi, pj] : points) {
@@ -323,7 +323,7 @@ std::string write_summary(const std::string& dir, const std::vector<Json>& rows,
       const std::vector<double> t = times(pi, label);
       const Json* ok = nullptr;
       std::string reason, strategy = rs.front()->value("strategy", "");
-      std::vector<double> tok, pre, dec, frac, acc, cpu;
+      std::vector<double> tok, pre, dec, frac, acc, cpu, mom;
       double h2d = 0;
       for (const Json* r : rs) {
         if (r->value("status", "") == "ok") {
@@ -332,6 +332,7 @@ std::string write_summary(const std::string& dir, const std::vector<Json>& rows,
           tok.push_back(fg.value("decode_token_s", NAN));
           pre.push_back(fg.value("prefill_s", NAN));
           dec.push_back(fg.value("decode_s", NAN));
+          if (fg.contains("modeled_over_measured")) mom.push_back(fg["modeled_over_measured"].value("end_to_end", NAN));
           if (fg.contains("attended")) {
             frac.push_back(fg["attended"].value("fraction", NAN));
             acc.push_back(fg["attended"].value("accel_tokens", NAN));
@@ -355,7 +356,7 @@ std::string write_summary(const std::string& dir, const std::vector<Json>& rows,
                   t.empty() ? "" : num(*std::max_element(t.begin(), t.end())), num(median_of(pre)),
                   num(median_of(dec)), num(median_of(tok)), num(nt), num(base / med), num(median_of(frac)),
                   num(median_of(acc)), num(median_of(cpu)), ok ? ok->at("figures").value("kv_dtype", "") : "",
-                  num(h2d), reason});
+                  num(h2d), num(median_of(mom)), reason});
     }
   }
   std::fclose(f);
@@ -422,6 +423,26 @@ std::string write_summary(const std::string& dir, const std::vector<Json>& rows,
           if (r->value("status", "") == "ok" && dt.empty()) dt = (*r)["figures"].value("kv_dtype", "");
       }
       out += fmt::format("{:>9}\n", dt.empty() ? "-" : dt);
+    }
+  }
+  // Real runs replayed on a profile: the modeled clock against the measurement of the same run.
+  bool any_check = false;
+  for (auto& [pi, pj] : points)
+    for (auto& label : labels)
+      any_check = any_check || std::isfinite(ok_fig(pi, label, "modeled_over_measured", "end_to_end"));
+  if (any_check) {
+    out += "\nmodeled ÷ measured end-to-end latency (the modeled clock checked against the same run)\n";
+    out += fmt::format("{:<{}}", "strategy", w0);
+    for (size_t i = 0; i < names.size(); ++i) out += fmt::format("{:>{}}", names[i], widths[i]);
+    out += "\n";
+    for (auto& label : labels) {
+      out += fmt::format("{:<{}}", label, w0);
+      size_t i = 0;
+      for (auto& [pi, pj] : points) {
+        const double r = ok_fig(pi, label, "modeled_over_measured", "end_to_end");
+        out += fmt::format("{:>{}}", std::isfinite(r) ? fmt::format("{:.2f}", r) : "-", widths[i++]);
+      }
+      out += "\n";
     }
   }
   std::ofstream(dir + "/table.txt") << out;

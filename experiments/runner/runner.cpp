@@ -448,6 +448,10 @@ Json Runner::run_once(const Point& p, const StrategyEntry& entry, int repeat, bo
     md["pipeline"] = {{"accel_s", f.m_accel_s},       {"cpu_s", f.m_cpu_s},           {"transfer_s", f.m_transfer_s},
                       {"critical_s", f.m_critical_s}, {"serial_s", f.m_serial_s}};
     fig["modeled"] = md;
+    // A real run replayed on a profile: the modeled clock checked against this run's measurement.
+    if (!dry && f.end_to_end_s > 0)
+      fig["modeled_over_measured"] = {{"end_to_end", f.m_end_to_end_s / f.end_to_end_s},
+                                      {"decode_token", f.decode_token_s > 0 ? f.m_decode_token_s / f.decode_token_s : NAN}};
   }
   r["figures"] = fig;
   Json work;

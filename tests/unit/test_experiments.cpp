@@ -370,6 +370,9 @@ TEST(ExperimentRun, DryAndRealAgreeOnBytesPerLinkAndFlopsPerStage) {
       ASSERT_EQ(b["status"], "ok") << b.dump();
       EXPECT_EQ(a["time_basis"], "modeled (dry)");
       EXPECT_EQ(b["time_basis"], "modeled");
+      // The real run is the clock check's: modeled ÷ measured of the same run; a dry one has none.
+      EXPECT_FALSE(a["figures"].contains("modeled_over_measured"));
+      EXPECT_GT(b["figures"]["modeled_over_measured"]["end_to_end"].get<double>(), 0);
       const std::string what = dry.strategies[s].label + " at " + std::to_string(pts[i].prompt_tokens);
       EXPECT_EQ(a["link_bytes_per_step"], b["link_bytes_per_step"]) << what;
       EXPECT_EQ(a["link_bytes_prefill"], b["link_bytes_prefill"]) << what;
