@@ -43,9 +43,7 @@ TEST_P(ExactStrategies, MatchRefOracleAtEveryDecodeStep) {
   expect_matches_oracle(*m, c.strategy, c.params, token_stream(40, m->hp.n_vocab, 7), 23, 1e-4, c.strategy);
 }
 
-INSTANTIATE_TEST_SUITE_P(
-    Strategies, ExactStrategies,
-    ::testing::Values(ExactCase{"synthetic:tiny-qwen2", "full", {}},
+const ExactCase kExactCases[] = {ExactCase{"synthetic:tiny-qwen2", "full", {}},
                       ExactCase{"synthetic:tiny-qwen2", "flexgen", {{"overlap", "true"}}},
                       ExactCase{"synthetic:tiny-qwen2", "flexgen", {{"overlap", "false"}}},
                       ExactCase{"synthetic:tiny-qwen2", "moe_lightning", {{"micro_batches", "1"}}},
@@ -61,7 +59,16 @@ INSTANTIATE_TEST_SUITE_P(
                       ExactCase{"synthetic:tiny-qwen2", "flexgen", {{"kv_dtype", "f32"}}},
                       ExactCase{"synthetic:tiny-qwen2", "moe_lightning", {{"kv_dtype", "f32"}}},
                       ExactCase{"synthetic:tiny-qwen2", "h2o", {{"heavy_ratio", "1"}, {"recent_ratio", "1"}, {"kv_dtype", "bf16"}}},
-                      ExactCase{"synthetic:tiny-llama", "streamingllm", {{"window", "1000"}, {"positions", "original"}}}),
+                      ExactCase{"synthetic:tiny-llama", "streamingllm", {{"window", "1000"}, {"positions", "original"}}},
+                      // Every offloaded token selected (HybridGen), every column and token fetched (InfiniGen).
+                      ExactCase{"synthetic:tiny-qwen2", "hybridgen",
+                                {{"gpu_kv_tokens", "6"}, {"k", "fixed"}, {"k_fixed", "1000"}, {"mode", "post"},
+                                 {"speculative_query", "false"}}},
+                      ExactCase{"synthetic:tiny-qwen2", "infinigen",
+                                {{"partial_ratio", "1"}, {"max_kv_ratio", "1"}, {"alpha", "1e9"}, {"full_layers", "1"}}}};
+
+INSTANTIATE_TEST_SUITE_P(
+    Strategies, ExactStrategies, ::testing::ValuesIn(kExactCases),
     [](const auto& i) {
       std::string s = i.param.model.substr(i.param.model.rfind('/') + 1) + "_" + i.param.strategy;
       for (auto& [k, v] : i.param.params) s += "_" + k + v;
@@ -121,8 +128,7 @@ TEST_P(BudgetedStrategies, HoldExactlyTheirBudgetEveryStep) {
   }).wait();
 }
 
-INSTANTIATE_TEST_SUITE_P(Strategies, BudgetedStrategies,
-                         ::testing::Values(
+const BudgetCase kBudgetCases[] = {
                              // floor(0.1·n) heavy + floor(0.1·n) recent: 4 + 4 at the 40-token prompt
                              BudgetCase{"h2o", {}, [](int32_t n) { return 2 * (n / 10); }},
                              BudgetCase{"h2o", {{"heavy_ratio", "0.2"}, {"recent_ratio", "0.05"}},
@@ -132,7 +138,13 @@ INSTANTIATE_TEST_SUITE_P(Strategies, BudgetedStrategies,
                              BudgetCase{"keyformer", {{"kv_tokens", "17"}}, [](int32_t) { return 17; }},
                              BudgetCase{"streamingllm", {{"window", "12"}}, [](int32_t) { return 16; }},
                              BudgetCase{"streamingllm", {{"window", "12"}, {"positions", "original"}}, [](int32_t) { return 16; }},
-                             BudgetCase{"streamingllm", {{"kv_ratio", "0.5"}}, [](int32_t n) { return 4 + std::max(1, n / 2 - 4); }}),
+                             BudgetCase{"streamingllm", {{"kv_ratio", "0.5"}}, [](int32_t n) { return 4 + std::max(1, n / 2 - 4); }},
+                             // The shared budget: one attended fraction (heavy = recent = budget / 2 for H2O).
+                             BudgetCase{"h2o", {{"budget", "0.4"}}, [](int32_t n) { return 2 * (n / 5); }},
+                             BudgetCase{"keyformer", {{"budget", "0.3"}}, [](int32_t n) { return std::max(2, int32_t(std::lround(0.3 * n))); }},
+                             BudgetCase{"streamingllm", {{"budget", "0.5"}}, [](int32_t n) { return 4 + std::max(1, n / 2 - 4); }}};
+
+INSTANTIATE_TEST_SUITE_P(Strategies, BudgetedStrategies, ::testing::ValuesIn(kBudgetCases),
                          [](const auto& i) {
                            std::string s = i.param.strategy;
                            for (auto& [k, v] : i.param.params) s += "_" + k + v;
@@ -206,6 +218,16 @@ TEST(TransferAccounting, EvictionStrategiesSendTheirRetainedKvEveryStep) {
   }
 }
 
+
+// The contract covers every registered strategy: each has a case above (exact against the oracle,
+// or holding its budget), so a new strategy without one fails here.
+TEST(Strategies, EveryRegisteredStrategyHasContractCases) {
+  std::set<std::string> covered;
+  for (auto& c : kExactCases) covered.insert(c.strategy);
+  for (auto& c : kBudgetCases) covered.insert(c.strategy);
+  for (auto& s : strategies())
+    if (s.name != "null") EXPECT_TRUE(covered.count(s.name)) << s.name << " has no contract case";
+}
 
 TEST(Strategies, SchemaAndParamErrors) {
   std::set<std::string> names;
