@@ -39,13 +39,9 @@ class KvElement {
       : requested_(requested_kv_dtype(p)), dtype_(effective_kv_dtype(ctx, p)) {}
   DType dtype() const { return dtype_; }
   int64_t bytes(int64_t elems) const { return elems * int64_t(dtype_size(dtype_)); }
-  void report(std::map<std::string, std::string>& out) const {
-    if (dtype_ != requested_) out["kv_dtype"] = std::string(dtype_name(dtype_));
-  }
   std::map<std::string, std::string> effective() const {
-    std::map<std::string, std::string> e;
-    report(e);
-    return e;
+    if (dtype_ == requested_) return {};
+    return {{"kv_dtype", std::string(dtype_name(dtype_))}};
   }
 
  private:

@@ -55,7 +55,7 @@ void EvictingStrategy::evict_to(int layer, int seq, int32_t keep) {
   for (int g = 0; g < shape_.H_kv; ++g) {
     const int32_t n = store_.count(layer, seq, g);
     if (n <= keep) continue;
-    ++version_[size_t(layer) * prompt_.size() + size_t(seq)];
+    ++version(layer, seq);
     victims(layer, seq, g, n - keep, victims_);
     HG_CHECK(int32_t(victims_.size()) == n - keep);
     // Dropped in the policy's order. Each removal moves the last slot into the freed one, so a victim
@@ -171,7 +171,7 @@ void EvictingStrategy::prefetch(int layer, std::span<const TokenRow> rows, bool 
   p.layer = layer;
   p.counts = retained_counts(layer, rows);
   p.version.clear();
-  for (auto& [seq, n] : p.counts) p.version[seq] = version_[size_t(layer) * prompt_.size() + size_t(seq)];
+  for (auto& [seq, n] : p.counts) p.version[seq] = version(layer, seq);
   p.done = load_retained(layer, p.counts);
 }
 
@@ -182,6 +182,22 @@ void EvictingStrategy::settle() {
   }
 }
 
+bool EvictingStrategy::prefetch_serves(int layer, std::span<const TokenRow> rows,
+                                       const std::map<int32_t, std::vector<int32_t>>& counts) const {
+  // It was for this layer, nothing was evicted since, and the only slots added since are this
+  // call's decode rows (appended last, so the load holds all the others).
+  const Prefetch& p = prefetch_[size_t(layer % 2)];
+  if (!p.done.valid() || p.layer != layer || p.counts.size() != counts.size()) return false;
+  for (auto& [seq, n] : counts) {
+    auto it = p.counts.find(seq);
+    if (it == p.counts.end() || p.version.at(seq) != version_[vidx(layer, seq)]) return false;
+    const auto added = int32_t(std::count_if(rows.begin(), rows.end(), [&](const TokenRow& r) { return r.seq == seq; }));
+    for (size_t g = 0; g < n.size(); ++g)
+      if (n[g] != it->second[g] + added) return false;
+  }
+  return true;
+}
+
 std::map<int32_t, std::pair<const void*, const void*>> EvictingStrategy::kv_on_accelerator(
     int layer, std::span<const TokenRow> rows) {
   std::map<int32_t, std::pair<const void*, const void*>> at;
@@ -189,6 +205,7 @@ std::map<int32_t, std::pair<const void*, const void*>> EvictingStrategy::kv_on_a
   if (!home_dram_) return at;
   const int D = shape_.D, Hkv = shape_.H_kv, par = layer % 2;
   const auto counts = retained_counts(layer, rows);
+  Prefetch& p = prefetch_[size_t(par)];
   // A prefill call that begins its sequences (nothing of them stored before it): every key it
   // attends is one of its own rows, already on the accelerator, written into the staged copy there.
   const auto first = first_new_position(rows);
@@ -210,27 +227,7 @@ std::map<int32_t, std::pair<const void*, const void*>> EvictingStrategy::kv_on_a
                    kv_.dtype());
       i0 = i1;
     }
-  }
-  // The prefetched load serves when it was for this layer, nothing was evicted since and the only
-  // slots added since are this call's decode rows (appended last, so the load holds all the others).
-  Prefetch& p = prefetch_[size_t(par)];
-  bool hit = p.done.valid() && p.layer == layer && p.counts.size() == counts.size();
-  if (hit)
-    for (auto& [seq, n] : counts) {
-      auto it = p.counts.find(seq);
-      if (it == p.counts.end() || p.version.at(seq) != version_[size_t(layer) * prompt_.size() + size_t(seq)]) {
-        hit = false;
-        break;
-      }
-      for (int g = 0; g < Hkv; ++g)
-        if (n[size_t(g)] != it->second[size_t(g)] + int32_t(std::count_if(rows.begin(), rows.end(), [&](const TokenRow& r) {
-              return r.seq == seq;
-            })))
-          hit = false;
-    }
-  if (fresh) {
-    // nothing to load
-  } else if (hit) {
+  } else if (prefetch_serves(layer, rows, counts)) {
     p.done.wait();
     // The decode rows' own K and V: already on the accelerator (appended from there), written into
     // their slots of the staged copy in the store's element type.

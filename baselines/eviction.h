@@ -105,6 +105,11 @@ class EvictingStrategy : public KvStrategy {
   // next_step: a load for the next step's rows (after the last layer), else for this step's.
   void prefetch(int layer, std::span<const TokenRow> rows, bool next_step);
   void settle();
+  struct Prefetch;
+  bool prefetch_serves(int layer, std::span<const TokenRow> rows,
+                       const std::map<int32_t, std::vector<int32_t>>& counts) const;
+  size_t vidx(int layer, int seq) const { return size_t(layer) * prompt_.size() + size_t(seq); }
+  int64_t& version(int layer, int seq) { return version_[vidx(layer, seq)]; }
   struct Prefetch {
     int layer = -1;
     std::map<int32_t, std::vector<int32_t>> counts;  // seq → retained slots per KV head when queued

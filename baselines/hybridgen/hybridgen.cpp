@@ -66,8 +66,7 @@ void HybridGen::set_k_min_for(int64_t context) {
 }
 
 std::map<std::string, std::string> HybridGen::effective_params() const {
-  std::map<std::string, std::string> e;
-  kv_.report(e);
+  std::map<std::string, std::string> e = kv_.effective();
   // K as the scheduler set it at the last step, and what a CPU stage selects with it.
   if (last_.count("K")) {
     e["K"] = fmt::format("{}", last_.at("K"));

@@ -157,12 +157,21 @@ void HybridGen::attend_exact(int layer, const std::vector<TokenRow>& rows, const
     for (auto& r : rows) own += r.seq == seq;
     const bool fresh = own == n;
     if (fresh) {
-      for (size_t i = 0; i < rows.size(); ++i)
-        if (rows[i].seq == seq) {
-          const int64_t at = int64_t(idx[i]) * Hkv * D;
-          be_.write_kv(new_k_ + at, 1, Hkv, D, &rows[i].pos, kb.data(), int64_t(n) * D, DType::kF32);
-          be_.write_kv(new_v_ + at, 1, Hkv, D, &rows[i].pos, vb.data(), int64_t(n) * D, DType::kF32);
+      // One write per run of the call's consecutive rows.
+      std::vector<int32_t> pos;
+      for (size_t i = 0; i < rows.size();) {
+        if (rows[i].seq != seq) {
+          ++i;
+          continue;
         }
+        size_t j = i;
+        pos.clear();
+        while (j < rows.size() && rows[j].seq == seq && idx[j] == idx[i] + (j - i)) pos.push_back(rows[j++].pos);
+        const int64_t at = int64_t(idx[i]) * Hkv * D, m = int64_t(j - i);
+        be_.write_kv(new_k_ + at, m, Hkv, D, pos.data(), kb.data(), int64_t(n) * D, DType::kF32);
+        be_.write_kv(new_v_ + at, m, Hkv, D, pos.data(), vb.data(), int64_t(n) * D, DType::kF32);
+        i = j;
+      }
     }
     if (n_off > 0 && !fresh) {
       for (Tier t : {Tier::kDram, Tier::kFar}) {

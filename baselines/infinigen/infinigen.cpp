@@ -90,6 +90,7 @@ class InfiniGen final : public KvStrategy {
   void begin(const KvShape& shape, std::span<const int32_t> capacity,
              std::span<const int32_t> prompt_len) override {
     wait_fetches();  // a fetch still in flight writes into the kept buffers
+    attended_sum_ = last_attended_ = 0;
     shape_ = shape;
     B_ = int(capacity.size());
     prompt_.assign(prompt_len.begin(), prompt_len.end());
