@@ -395,56 +395,43 @@ std::string write_summary(const std::string& dir, const std::vector<Json>& rows,
     }
     out += fmt::format("{:>9}\n", n ? fmt::format("{:.2f}", std::exp(logsum / n)) : "-");
   }
-  // Beside the times: how much of the context each strategy attended (budgets are matched only
-  // where these agree) and the KV element type it stored.
+  // Beside the times, one block per recorded figure (shown when any row has it): how much of the
+  // context each strategy attended (budgets are matched only where these agree) with the KV element
+  // type it stored, and for real runs replayed on a profile the modeled clock against the same run.
   auto ok_fig = [&](int pi, const std::string& label, const char* key, const char* sub) {
     std::vector<double> v;
     for (const Json* r : cells[{pi, label}])
-      if (r->value("status", "") == "ok" && (*r)["figures"].contains(key))
-        v.push_back(sub ? (*r)["figures"][key].value(sub, NAN) : NAN);
+      if (r->value("status", "") == "ok" && (*r)["figures"].contains(key)) v.push_back((*r)["figures"][key].value(sub, NAN));
     return median_of(v);
   };
-  bool any_attended = false;
-  for (auto& [pi, pj] : points)
-    for (auto& label : labels) any_attended = any_attended || std::isfinite(ok_fig(pi, label, "attended", "fraction"));
-  if (any_attended) {
-    out += "\nattended fraction of the context per decode step (mean), and the KV element type\n";
-    out += fmt::format("{:<{}}", "strategy", w0);
+  auto kv_type = [&](const std::string& label) {
+    for (auto& [pi, pj] : points)
+      for (const Json* r : cells[{pi, label}])
+        if (r->value("status", "") == "ok") return (*r)["figures"].value("kv_dtype", std::string("-"));
+    return std::string("-");
+  };
+  auto block = [&](const char* title, const char* key, const char* sub, int digits, bool with_kv) {
+    bool any = false;
+    for (auto& [pi, pj] : points)
+      for (auto& label : labels) any = any || std::isfinite(ok_fig(pi, label, key, sub));
+    if (!any) return;
+    out += fmt::format("\n{}\n{:<{}}", title, "strategy", w0);
     for (size_t i = 0; i < names.size(); ++i) out += fmt::format("{:>{}}", names[i], widths[i]);
-    out += fmt::format("{:>9}\n", "kv");
-    for (auto& label : labels) {
-      out += fmt::format("{:<{}}", label, w0);
-      size_t i = 0;
-      std::string dt;
-      for (auto& [pi, pj] : points) {
-        const double fr = ok_fig(pi, label, "attended", "fraction");
-        out += fmt::format("{:>{}}", std::isfinite(fr) ? fmt::format("{:.3f}", fr) : "-", widths[i++]);
-        for (const Json* r : cells[{pi, label}])
-          if (r->value("status", "") == "ok" && dt.empty()) dt = (*r)["figures"].value("kv_dtype", "");
-      }
-      out += fmt::format("{:>9}\n", dt.empty() ? "-" : dt);
-    }
-  }
-  // Real runs replayed on a profile: the modeled clock against the measurement of the same run.
-  bool any_check = false;
-  for (auto& [pi, pj] : points)
-    for (auto& label : labels)
-      any_check = any_check || std::isfinite(ok_fig(pi, label, "modeled_over_measured", "end_to_end"));
-  if (any_check) {
-    out += "\nmodeled ÷ measured end-to-end latency (the modeled clock checked against the same run)\n";
-    out += fmt::format("{:<{}}", "strategy", w0);
-    for (size_t i = 0; i < names.size(); ++i) out += fmt::format("{:>{}}", names[i], widths[i]);
-    out += "\n";
+    out += with_kv ? fmt::format("{:>9}\n", "kv") : "\n";
     for (auto& label : labels) {
       out += fmt::format("{:<{}}", label, w0);
       size_t i = 0;
       for (auto& [pi, pj] : points) {
-        const double r = ok_fig(pi, label, "modeled_over_measured", "end_to_end");
-        out += fmt::format("{:>{}}", std::isfinite(r) ? fmt::format("{:.2f}", r) : "-", widths[i++]);
+        const double v = ok_fig(pi, label, key, sub);
+        out += fmt::format("{:>{}}", std::isfinite(v) ? fmt::format("{:.{}f}", v, digits) : "-", widths[i++]);
       }
-      out += "\n";
+      out += with_kv ? fmt::format("{:>9}\n", kv_type(label)) : "\n";
     }
-  }
+  };
+  block("attended fraction of the context per decode step (mean), and the KV element type", "attended", "fraction", 3,
+        true);
+  block("modeled ÷ measured end-to-end latency (the modeled clock checked against the same run)",
+        "modeled_over_measured", "end_to_end", 2, false);
   std::ofstream(dir + "/table.txt") << out;
   return out;
 }
