@@ -121,7 +121,6 @@ class EvictingStrategy : public KvStrategy {
   std::vector<TokenRow> last_rows_;   // the last layer's rows: the next step's layer-0 prefetch
   const float* new_k_ = nullptr;      // this layer's appended rows (the decoder's, valid until attend)
   const float* new_v_ = nullptr;
-  bool overlap_ = true;
   int exposed_ = 0, exposed_last_ = 0;
   Backend& be_;
   Runtime& rt_;
@@ -140,6 +139,7 @@ class EvictingStrategy : public KvStrategy {
   std::vector<int32_t> ranks_;            // 0, 1, 2, …
   std::map<int32_t, size_t> rotated_;     // seq → offset of its rotated K/V copy in this call
   bool home_dram_ = true;                 // kv_home: dram
+  bool overlap_ = true;
   std::array<std::map<int32_t, Allocation>, 2> staged_;  // kv_home dram, per layer parity: seq → retained K|V on the gpu tier
   int64_t evicted_ = 0;
   double budget_ = 0;

@@ -105,7 +105,7 @@ void Scorer::forward(std::span<const int32_t> t, std::span<const TokenRow> rows,
     return;
   }
   rt_->log().set_step(step_);
-  rt_->accel().submit(step_ == 0 ? "prefill" : "decode", forward_work(model_, rows, &kv_), {}, [&] {
+  rt_->accel().submit(step_ == 0 ? "prefill" : "decode", forward_work(model_, rows, &kv_, int64_t(want.size()), dec_.max_rows()), {}, [&] {
     dec_.forward(t, rows, want, lg);
   }).wait();
   ++step_;

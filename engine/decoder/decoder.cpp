@@ -31,6 +31,17 @@ KvShape Decoder::kv_shape() const {
                  model_.traits.pos == PosKind::kRope ? &rope_ : nullptr};
 }
 
+int64_t forward_launches(const Model& m, int64_t rows, int64_t logit_rows, int max_rows) {
+  const ArchTraits& tr = m.traits;
+  const int64_t chunks = (rows + max_rows - 1) / std::max(max_rows, 1);
+  // embed (+ position embed, add); per layer: norm, q, k, v, (2 rope), attention, o, add, norm,
+  // FFN (gate, up, swiglu | up, relu), down, add; per chunk with logits: a copy per row, norm, LM head.
+  const int64_t embed = tr.pos == PosKind::kLearned ? 3 : 1;
+  const int64_t layer = 10 + (tr.pos == PosKind::kRope ? 2 : 0) + (tr.ffn == FfnKind::kSwiGlu ? 3 : 2);
+  const int64_t head_chunks = std::min(chunks, logit_rows);
+  return chunks * (embed + layer * m.hp.n_layers) + logit_rows + 2 * head_chunks;
+}
+
 void Decoder::forward(std::span<const int32_t> tokens, std::span<const TokenRow> rows,
                       std::span<const int32_t> logit_rows, float* logits) {
   HG_CHECK(tokens.size() == rows.size());

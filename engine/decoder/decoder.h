@@ -14,6 +14,10 @@
 
 namespace hg {
 
+// Kernel launches of one Decoder::forward over `rows` rows in chunks of `max_rows` with logits for
+// `logit_rows` of them, counted from the ops forward issues (the strategy's attention as one).
+int64_t forward_launches(const Model& m, int64_t rows, int64_t logit_rows, int max_rows);
+
 class Decoder {
  public:
   Decoder(const Model& model, Backend& backend, KvStrategy& kv, int max_rows = 512);
@@ -25,6 +29,7 @@ class Decoder {
   const Model& model() const { return model_; }
   const KvStrategy& kv() const { return kv_; }
   const Backend& backend() const { return be_; }
+  int max_rows() const { return max_rows_; }
 
  private:
   void forward_chunk(const int32_t* tokens, const TokenRow* rows, int M);

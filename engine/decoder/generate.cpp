@@ -12,7 +12,8 @@
 
 namespace hg {
 
-StageWork forward_work(const Model& m, std::span<const TokenRow> rows, const KvStrategy* kv) {
+StageWork forward_work(const Model& m, std::span<const TokenRow> rows, const KvStrategy* kv, int64_t logit_rows,
+                       int max_rows) {
   const HParams& hp = m.hp;
   int64_t keys = 0, read_keys = 0;
   std::map<int32_t, int64_t> per_seq;  // keys read once per sequence
@@ -24,8 +25,12 @@ StageWork forward_work(const Model& m, std::span<const TokenRow> rows, const KvS
   for (auto& [s, n] : per_seq) read_keys += n;
   const double mat_params = double(m.n_params()) - double(m[GlobalSlot::kTokEmbd].numel()) +
                             (hp.tie_embeddings ? double(m[GlobalSlot::kTokEmbd].numel()) : 0.0);
+  const int64_t n_rows = int64_t(rows.size()), n_logits = logit_rows < 0 ? n_rows : std::min(logit_rows, n_rows);
+  const double head = double(m.output().numel());
   StageWork w;
-  w.flops = 2.0 * mat_params * double(rows.size()) + 4.0 * hp.n_layers * hp.n_heads * hp.head_dim * double(keys);
+  w.attn_flops = 4.0 * hp.n_layers * hp.n_heads * hp.head_dim * double(keys);
+  w.flops = 2.0 * ((mat_params - head) * double(n_rows) + head * double(n_logits)) + w.attn_flops;
+  w.launches = forward_launches(m, n_rows, n_logits, max_rows);
   // An untied embedding table is only gathered (one row per token), not streamed.
   const int64_t embd = hp.tie_embeddings ? 0 : int64_t(m[GlobalSlot::kTokEmbd].bytes());
   w.bytes[size_t(Tier::kGpu)] = m.weight_bytes() - embd +
@@ -102,7 +107,8 @@ GenerateResult generate(const Model& model, Backend& backend, KvStrategy& kv,
     rt->accel().submit(name, w, {}, fn).wait();
   };
   auto forward = [&](std::span<const int32_t> t, std::span<const TokenRow> r, std::span<const int32_t> w, float* lg) {
-    on_accel(step == 0 ? "prefill" : "decode", forward_work(model, r, &kv), [&] { dec.forward(t, r, w, lg); });
+    on_accel(step == 0 ? "prefill" : "decode", forward_work(model, r, &kv, int64_t(w.size()), dec.max_rows()),
+             [&] { dec.forward(t, r, w, lg); });
     ++step;
   };
   kv.begin(dec.kv_shape(), capacity, prompt_len);

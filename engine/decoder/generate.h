@@ -56,8 +56,10 @@ struct GenerateResult {
 // per row, attention 4·H·D FLOPs per key each row attends on the accelerator (`kv`'s
 // accel_attention_keys; every visible key without one); bytes read on the accelerator: all weights
 // once plus K and V (at the strategy's kv_dtype) of each sequence's keys once per forward, as a fused attention
-// kernel reads a block of keys once for all query rows of the chunk.
-StageWork forward_work(const Model& m, std::span<const TokenRow> rows, const KvStrategy* kv = nullptr);
+// kernel reads a block of keys once for all query rows of the chunk. The LM head's FLOPs count for the
+// `logit_rows` rows whose logits are computed (-1: every row); `launches` is forward_launches().
+StageWork forward_work(const Model& m, std::span<const TokenRow> rows, const KvStrategy* kv = nullptr,
+                       int64_t logit_rows = -1, int max_rows = 512);
 
 // on_token(seq, id) is called as tokens are produced (may be empty).
 GenerateResult generate(const Model& model, Backend& backend, KvStrategy& kv,

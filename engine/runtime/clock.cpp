@@ -17,13 +17,14 @@ PlatformProfile load_platform(const std::string& name_or_path, const std::string
   if (!std::filesystem::exists(file))
     input_error("platform '{}': no such profile (looked for {} and {})", name_or_path, name_or_path, file);
   const YAML::Node y = yaml_load_file(file);
-  check_keys(y, {"name", "source", "gpu", "cpu", "far", "link"}, file, "");
+  check_keys(y, {"name", "source", "gpu", "cpu", "far", "link", "fixed"}, file, "");
   PlatformProfile p;
   p.name = yaml_string(y, "name", std::filesystem::path(file).stem().string(), file, "");
   p.source = yaml_string(y, "source", "", file, "");
   if (y["gpu"]) {
-    check_keys(y["gpu"], {"flops_tflops", "mem_gbs", "mem_gib"}, file, "gpu");
+    check_keys(y["gpu"], {"flops_tflops", "attn_tflops", "mem_gbs", "mem_gib"}, file, "gpu");
     p.gpu_flops = yaml_number(y["gpu"], "flops_tflops", 0, true, file, "gpu") * 1e12;
+    p.gpu_attn_flops = yaml_number(y["gpu"], "attn_tflops", 0, false, file, "gpu") * 1e12;
     p.gpu_mem_gbs = yaml_number(y["gpu"], "mem_gbs", 0, true, file, "gpu");
     p.gpu_mem_gib = yaml_number(y["gpu"], "mem_gib", 0, false, file, "gpu");
   }
@@ -47,9 +48,16 @@ PlatformProfile load_platform(const std::string& name_or_path, const std::string
     p.h2d_gbs = yaml_number(y["link"], "h2d_gbs", 0, true, file, "link");
     p.d2h_gbs = yaml_number(y["link"], "d2h_gbs", p.h2d_gbs, false, file, "link");
   }
+  if (y["fixed"]) {
+    check_keys(y["fixed"], {"stage_us", "launch_us", "copy_us"}, file, "fixed");
+    p.stage_us = yaml_number(y["fixed"], "stage_us", 0, false, file, "fixed");
+    p.launch_us = yaml_number(y["fixed"], "launch_us", 0, false, file, "fixed");
+    p.copy_us = yaml_number(y["fixed"], "copy_us", 0, false, file, "fixed");
+  }
   for (auto [v, what] : {std::pair{p.cpu_flops, "cpu.flops_gflops"}, {p.dram_gbs, "cpu.dram_gbs"}, {p.far_gbs, "far.gbs"}})
     if (!(v > 0)) input_error("{}: {} must be positive", file, what);
-  for (auto [v, what] : {std::pair{p.dram_row_ns, "cpu.dram_row_ns"}, {p.far_row_ns, "far.row_ns"}})
+  for (auto [v, what] : {std::pair{p.dram_row_ns, "cpu.dram_row_ns"}, {p.far_row_ns, "far.row_ns"},
+                         {p.stage_us, "fixed.stage_us"}, {p.launch_us, "fixed.launch_us"}, {p.copy_us, "fixed.copy_us"}})
     if (!(v >= 0)) input_error("{}: {} must be zero or positive", file, what);
   return p;
 }
@@ -60,13 +68,15 @@ void save_platform(const PlatformProfile& p, const std::string& path, const std:
   out << "# " << comment << "\n";
   out << "name: " << p.name << "\nsource: \"" << p.source << "\"\n";
   if (p.gpu_flops > 0)
-    out << "gpu:\n  flops_tflops: " << p.gpu_flops / 1e12 << "\n  mem_gbs: " << p.gpu_mem_gbs
+    out << "gpu:\n  flops_tflops: " << p.gpu_flops / 1e12 << "\n  attn_tflops: " << p.gpu_attn_flops / 1e12
+        << "\n  mem_gbs: " << p.gpu_mem_gbs
         << "\n  mem_gib: " << p.gpu_mem_gib << "\n";
   out << "cpu:\n  flops_gflops: " << p.cpu_flops / 1e9 << "\n  dram_gbs: " << p.dram_gbs << "\n  dram_gib: " << p.dram_gib
       << "\n  dram_row_ns: " << p.dram_row_ns << "\n";
   out << "far:\n  gbs: " << p.far_gbs << "\n  latency_ns: " << p.far_latency_ns << "\n  gib: " << p.far_gib
       << "\n  row_ns: " << p.far_row_ns << "\n";
   if (p.h2d_gbs > 0) out << "link:\n  h2d_gbs: " << p.h2d_gbs << "\n  d2h_gbs: " << p.d2h_gbs << "\n";
+  out << "fixed:\n  stage_us: " << p.stage_us << "\n  launch_us: " << p.launch_us << "\n  copy_us: " << p.copy_us << "\n";
 }
 
 namespace {
@@ -84,14 +94,16 @@ double row_secs(const StageWork& w, const PlatformProfile& p) {
   return 1e-9 * (double(w.rows[size_t(Tier::kDram)]) * p.dram_row_ns +
                  double(w.rows[size_t(Tier::kFar)]) * p.far_row_ns);
 }
-}  // namespace
-
-double modeled_stage_seconds(const StageRecord& r, const PlatformProfile& p) {
+// A stage's work at the profile's rates (roofline), without fixed costs.
+double work_seconds(const StageRecord& r, const PlatformProfile& p) {
   const auto& w = r.work;
   const double lat = p.far_latency_ns * 1e-9;
   switch (r.kind) {
     case StageKind::kAccelCompute: {
-      const double c = w.flops > 0 ? (p.gpu_flops > 0 ? w.flops / p.gpu_flops : INFINITY) : 0.0;
+      const double attn_rate = p.gpu_attn_flops > 0 ? p.gpu_attn_flops : p.gpu_flops;
+      const double c = w.flops <= 0 ? 0.0
+                       : p.gpu_flops > 0 ? (w.flops - w.attn_flops) / p.gpu_flops + w.attn_flops / attn_rate
+                                         : INFINITY;
       return std::max(c, secs(double(w.bytes[size_t(Tier::kGpu)]), p.gpu_mem_gbs));
     }
     case StageKind::kCpuCompute: {
@@ -111,6 +123,15 @@ double modeled_stage_seconds(const StageRecord& r, const PlatformProfile& p) {
     }
   }
   return 0;
+}
+}  // namespace
+
+double modeled_stage_seconds(const StageRecord& r, const PlatformProfile& p) {
+  const auto& w = r.work;
+  double fixed = p.stage_us;
+  if (r.kind == StageKind::kAccelCompute) fixed += p.launch_us * double(w.launches);
+  if (r.kind == StageKind::kTransfer) fixed += p.copy_us;
+  return work_seconds(r, p) + 1e-6 * fixed;
 }
 
 namespace {

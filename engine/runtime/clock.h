@@ -17,6 +17,7 @@ struct PlatformProfile {
   std::string name;
   std::string source;      // "datasheet", "calibrated <date>", …
   double gpu_flops = 0;    // FLOP/s of the accelerator (BF16 tensor, dense)
+  double gpu_attn_flops = 0;  // FLOP/s of its attention kernel (prefill shape); 0: gpu_flops
   double gpu_mem_gbs = 0;  // HBM GB/s
   double gpu_mem_gib = 0;
   double cpu_flops = 0;    // FP32 FLOP/s of all cores
@@ -33,6 +34,12 @@ struct PlatformProfile {
   double far_row_ns = 0;
   double h2d_gbs = 0;      // host → device link GB/s
   double d2h_gbs = 0;      // device → host link GB/s
+  // Fixed costs (µs), added to a stage's work time: every stage's start after what it waited for
+  // (a queue thread's wake-up), each accelerator kernel launch (StageWork::launches) and each
+  // transfer's copy call. Calibrated profiles measure them; datasheet profiles leave them 0.
+  double stage_us = 0;
+  double launch_us = 0;
+  double copy_us = 0;
 };
 
 // Loads experiments/platforms/<name>.yaml or a path; strict keys (InputError names file:line and

@@ -19,6 +19,7 @@ std::string_view stage_kind_name(StageKind k);
 
 struct StageWork {
   double flops = 0;
+  double attn_flops = 0;  // the part of `flops` that is attention over keys (its own rate)
   std::array<int64_t, kNumTiers> bytes{};  // bytes read or written per tier by a compute stage
   // Transfers: bytes moved from src to dst.
   Tier src = Tier::kDram;
@@ -27,6 +28,8 @@ struct StageWork {
   // Separately addressed rows read per tier (gathers of selected K/V rows), counted on top of their
   // bytes: the modeled clock charges each one the profile's row cost for that tier. 0 for streams.
   std::array<int64_t, kNumTiers> rows{};
+  // Kernel launches an accelerator stage issues (the profile's per-launch cost; 0: not counted).
+  int64_t launches = 0;
 };
 
 struct StageRecord {

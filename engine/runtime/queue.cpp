@@ -4,6 +4,7 @@
 #include <omp.h>
 
 #include <algorithm>
+#include <cmath>
 
 namespace hg {
 
@@ -41,6 +42,8 @@ StageWork current_accel_work() {
   if (const AccelSegments* seg = tl_accel) {
     w = seg->base;
     w.flops += seg->extra.flops;
+    w.launches += seg->extra.launches;
+    w.attn_flops += seg->extra.attn_flops;
     for (size_t i = 0; i < w.bytes.size(); ++i) {
       w.bytes[i] += seg->extra.bytes[i];
       w.rows[i] += seg->extra.rows[i];
@@ -60,6 +63,8 @@ void set_accel_progress(double fraction) {
 void add_accel_work(const StageWork& w) {
   if (AccelSegments* seg = tl_accel) {
     seg->extra.flops += w.flops;
+    seg->extra.launches += w.launches;
+    seg->extra.attn_flops += w.attn_flops;
     for (size_t i = 0; i < w.bytes.size(); ++i) {
       seg->extra.bytes[i] += w.bytes[i];
       seg->extra.rows[i] += w.rows[i];
@@ -190,6 +195,8 @@ void Queue::run() {
     rec.step = t.step;
     rec.work = t.work;
     rec.work.flops += segments.extra.flops;
+    rec.work.launches += segments.extra.launches;
+    rec.work.attn_flops += segments.extra.attn_flops;
     for (size_t i = 0; i < rec.work.bytes.size(); ++i) {
       rec.work.bytes[i] += segments.extra.bytes[i];
       rec.work.rows[i] += segments.extra.rows[i];
@@ -221,6 +228,8 @@ void Queue::run() {
         part.end_s = g.end_s;
         if (progress) part.progress0 = std::max(0.0, g.p0), part.progress1 = g.p1;
         part.work.flops = rec.work.flops * f;
+        part.work.attn_flops = rec.work.attn_flops * f;
+        part.work.launches = int64_t(std::lround(double(rec.work.launches) * f));
         for (size_t i = 0; i < part.work.bytes.size(); ++i) {
           part.work.bytes[i] = int64_t(double(rec.work.bytes[i]) * f);
           part.work.rows[i] = int64_t(double(rec.work.rows[i]) * f);

@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstring>
 #include <functional>
 #include <random>
@@ -149,6 +150,19 @@ double best_rate_g(int min_reps, int max_reps, double seconds, double units, F&&
   }
   return best;
 }
+
+// The median of `reps` timed calls of f, in seconds per call of `per` inner repetitions.
+template <class F>
+double median_seconds(int reps, int per, F&& f) {
+  std::vector<double> t;
+  for (int r = 0; r < reps; ++r) {
+    const auto t0 = std::chrono::steady_clock::now();
+    for (int i = 0; i < per; ++i) f();
+    t.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() / per);
+  }
+  std::nth_element(t.begin(), t.begin() + reps / 2, t.end());
+  return t[size_t(reps / 2)];
+}
 }  // namespace
 
 double measure_read_gbs(MemorySystem& mem, Tier tier, int64_t bytes, double seconds) {
@@ -225,10 +239,10 @@ double measure_cpu_flops(double seconds) {
   });
 }
 
-// A device backend's rates, each the best of several timed passes that end with a 4-byte download
-// (which waits for the device): copy within device memory (bytes read + written, 1 GiB), pinned
-// host↔device copies (256 MiB), and a BF16 GEMM 4096×8192×8192 (cuBLAS, F32 accumulation).
-void measure_device(Backend& be, double seconds, PlatformProfile* p) {
+// A device backend's copy rates, each the best of several timed passes that end with a 4-byte
+// download (which waits for the device): copy within device memory (bytes read + written, 1 GiB,
+// reported only) and pinned host↔device copies (256 MiB).
+void measure_device(Backend& be, double seconds, PlatformProfile* p, double* copy_gbs) {
   const size_t big = size_t(1) << 30, link = size_t(256) << 20;
   BackendArray<char> a(be, big), b(be, big);
   const std::unique_ptr<char, std::function<void(char*)>> pinned(static_cast<char*>(be.alloc_host(link)),
@@ -243,7 +257,7 @@ void measure_device(Backend& be, double seconds, PlatformProfile* p) {
     be.download(&sink, b.data(), 4);
     return bytes / std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() / 1e9;
   };
-  p->gpu_mem_gbs = best_rate_g(3, 50, seconds, 2.0 * double(big), [&](int) {
+  *copy_gbs = best_rate_g(3, 50, seconds, 2.0 * double(big), [&](int) {
     return timed(2.0 * double(big), [&] { be.copy(b.data(), a.data(), big); });
   });
   p->h2d_gbs = best_rate_g(3, 50, seconds, double(link), [&](int) {
@@ -252,23 +266,102 @@ void measure_device(Backend& be, double seconds, PlatformProfile* p) {
   p->d2h_gbs = best_rate_g(3, 50, seconds, double(link), [&](int) {
     return timed(double(link), [&] { be.download(host, a.data(), link); });
   });
-  const int64_t M = 4096, K = 8192, N = 8192;
-  Weight w = make_weight(DType::kBF16, {N, K});
-  // Random operands: a matrix unit runs measurably faster on constants or zeros.
+  p->gpu_mem_gib = double(be.device_memory_bytes()) / double(int64_t(1) << 30);
+}
+}  // namespace
+
+namespace {
+// Achieved rates of the accelerator's weight kernels through its own backend, the median of timed
+// passes that each end with a 4-byte download (which waits for the device): a BF16 GEMM of the
+// prefill shape (FLOP/s) and a BF16 GEMV, one row through a 128 MiB weight (weight bytes per second).
+void measure_weight_rates(Backend& be, int64_t gemm_m, int64_t gemm_k, int64_t gemm_n, double seconds,
+                          PlatformProfile* p) {
   std::mt19937 g(3);
   std::uniform_real_distribution<float> u(-1, 1);
-  uint16_t* wp = static_cast<uint16_t*>(w.buf.data());
-  for (int64_t i = 0; i < N * K; ++i) wp[i] = f32_to_bf16(u(g));
-  std::vector<float> x(size_t(M * K));
-  for (auto& v : x) v = u(g);
-  BackendArray<float> dx(be, x.size()), dy(be, size_t(M * N));
-  be.upload(dx.data(), x.data(), x.size() * 4);
-  const double flops = 2.0 * double(M) * double(K) * double(N);
-  be.matmul(dx.data(), M, w, nullptr, dy.data());  // warm-up: weight upload, handle, kernel choice
-  p->gpu_flops = 1e9 * best_rate_g(3, 50, seconds, flops, [&](int) {
-                   return timed(flops, [&] { be.matmul(dx.data(), M, w, nullptr, dy.data()); });
+  // Random operands: a matrix unit runs measurably faster on constants or zeros.
+  auto weight = [&](int64_t n, int64_t k) {
+    Weight w = make_weight(DType::kBF16, {n, k});
+    uint16_t* wp = static_cast<uint16_t*>(w.buf.data());
+    for (int64_t i = 0; i < n * k; ++i) wp[i] = f32_to_bf16(u(g));
+    return w;
+  };
+  auto input = [&](int64_t n) {
+    std::vector<float> x(static_cast<size_t>(n));
+    for (auto& v : x) v = u(g);
+    BackendArray<float> d(be, x.size());
+    be.upload(d.data(), x.data(), x.size() * 4);
+    return d;
+  };
+  float sink = 0;
+  auto pass_s = [&](const Weight& w, const BackendArray<float>& x, int64_t m, BackendArray<float>& y) {
+    be.matmul(x.data(), m, w, nullptr, y.data());  // warm-up: weight upload, primitive, kernel choice
+    be.download(&sink, y.data(), 4);
+    const double one = median_seconds(1, 1, [&] { be.matmul(x.data(), m, w, nullptr, y.data()), be.download(&sink, y.data(), 4); });
+    const int reps = int(std::clamp(seconds / std::max(one, 1e-6), 3.0, 41.0)) | 1;
+    return median_seconds(reps, 1, [&] { be.matmul(x.data(), m, w, nullptr, y.data()), be.download(&sink, y.data(), 4); });
+  };
+  {
+    const Weight w = weight(gemm_n, gemm_k);
+    const BackendArray<float> x = input(gemm_m * gemm_k);
+    BackendArray<float> y(be, size_t(gemm_m * gemm_n));
+    p->gpu_flops = 2.0 * double(gemm_m * gemm_k * gemm_n) / pass_s(w, x, gemm_m, y);
+  }
+  const int64_t K = 8192, N = 8192;
+  const Weight w = weight(N, K);
+  const BackendArray<float> x = input(K);
+  BackendArray<float> y(be, size_t(N));
+  p->gpu_mem_gbs = double(w.bytes()) / pass_s(w, x, 1, y) / 1e9;
+}
+
+// The achieved FLOP/s of `be`'s attention in the prefill shape: a causal chunk of 512 query rows
+// after 1,536 cached positions, 32 query and 8 KV heads of 128, F16 K and V (4·H·D FLOPs per key).
+void measure_attention_flops(Backend& be, double seconds, PlatformProfile* p) {
+  constexpr int H = 32, Hkv = 8, D = 128, kRows = 512, kKeys = 2048;
+  std::mt19937 g(5);
+  std::uniform_real_distribution<float> u(-1, 1);
+  std::vector<uint16_t> kv(size_t(Hkv) * kKeys * D);
+  for (auto& x : kv) x = f32_to_f16(u(g));
+  std::vector<float> q(size_t(kRows) * H * D);
+  for (auto& x : q) x = u(g);
+  BackendArray<uint16_t> k(be, kv.size()), v(be, kv.size());
+  BackendArray<float> dq(be, q.size()), out(be, q.size());
+  be.upload(k.data(), kv.data(), kv.size() * 2);
+  be.upload(v.data(), kv.data(), kv.size() * 2);
+  be.upload(dq.data(), q.data(), q.size() * 4);
+  std::vector<AttnRow> rows(kRows);
+  double keys = 0;
+  for (int i = 0; i < kRows; ++i) {
+    rows[size_t(i)] = AttnRow{k.data(), v.data(), int64_t(kKeys) * D, kKeys - kRows + i + 1};
+    keys += rows[size_t(i)].n_keys;
+  }
+  const AttentionArgs a = attention_args(H, Hkv, D, 1.0f / std::sqrt(float(D)), dq.data(), rows, out.data(), DType::kF16);
+  float sink = 0;
+  auto pass = [&] { be.attention(a), be.download(&sink, out.data(), 4); };
+  pass();
+  const double one = median_seconds(1, 1, pass);
+  const int reps = int(std::clamp(seconds / std::max(one, 1e-6), 3.0, 41.0)) | 1;
+  p->gpu_attn_flops = 4.0 * H * D * keys / median_seconds(reps, 1, pass);
+}
+
+// Fixed costs: a stage's hand-off between queue threads (half an empty stage's submit-and-wait
+// round trip), a tiny kernel's launch on `be` (2,000 back to back, then synchronize) and a 64-byte
+// upload, each the median of 9 timed batches.
+void measure_fixed_costs(Backend& be, PlatformProfile* p) {
+  EventLog log;
+  {
+    Queue q("probe", StageKind::kAccelCompute, 0, &log, 1);
+    p->stage_us = 1e6 / 2 * median_seconds(9, 200, [&] { q.submit("probe", {}, {}, [] {}).wait(); });
+  }
+  BackendArray<float> a(be, 64), b(be, 64);
+  std::vector<float> h(64, 1.0f);
+  be.upload(a.data(), h.data(), 256);
+  be.upload(b.data(), h.data(), 256);
+  constexpr int kLaunches = 2000;
+  p->launch_us = 1e6 / kLaunches * median_seconds(9, 1, [&] {
+                   for (int i = 0; i < kLaunches; ++i) be.add(a.data(), b.data(), 64);
+                   be.synchronize();
                  });
-  p->gpu_mem_gib = double(be.device_memory_bytes()) / double(int64_t(1) << 30);
+  p->copy_us = 1e6 * median_seconds(9, 100, [&] { be.upload(a.data(), h.data(), 64); });
 }
 }  // namespace
 
@@ -276,46 +369,58 @@ PlatformProfile calibrate(const CalibrateOptions& o, std::string* notes) {
   MemorySystem mem(TierConfig{});
   PlatformProfile p;
   p.name = "this-machine";
-  p.dram_gbs = measure_read_gbs(mem, Tier::kDram, o.buffer_bytes, o.seconds_per_measure);
-  p.far_gbs = measure_read_gbs(mem, Tier::kFar, o.buffer_bytes, o.seconds_per_measure);
-  p.dram_row_ns = measure_row_ns(mem, Tier::kDram, o.buffer_bytes, o.seconds_per_measure);
-  p.far_row_ns = measure_row_ns(mem, Tier::kFar, o.buffer_bytes, o.seconds_per_measure);
-  p.cpu_flops = measure_cpu_flops(o.seconds_per_measure);
+  const bool gpu = cuda_device_count_or_zero() > 0;
+  // The CPU side is measured with the threads the runtime's CPU worker gets beside the accelerator
+  // (Runtime: all but one beside a GPU, the rest of the machine beside the emulated accelerator).
+  const int at = gpu ? 1 : std::min(num_threads(), emulated_accel_threads());
+  const int ct = std::max(1, num_threads() - at);
+  {
+    const PoolSize scoped(ct);
+    p.dram_gbs = measure_read_gbs(mem, Tier::kDram, o.buffer_bytes, o.seconds_per_measure);
+    p.far_gbs = measure_read_gbs(mem, Tier::kFar, o.buffer_bytes, o.seconds_per_measure);
+    p.dram_row_ns = measure_row_ns(mem, Tier::kDram, o.buffer_bytes, o.seconds_per_measure);
+    p.far_row_ns = measure_row_ns(mem, Tier::kFar, o.buffer_bytes, o.seconds_per_measure);
+    p.cpu_flops = measure_cpu_flops(o.seconds_per_measure);
+  }
   p.dram_gib = double(mem.ledger().usage(Tier::kDram).capacity) / double(1 << 30);
   p.far_gib = double(mem.ledger().usage(Tier::kFar).capacity) / double(1 << 30);
   const double copy = measure_copy_gbs(mem, Tier::kDram, Tier::kFar, o.buffer_bytes / 2, o.seconds_per_measure);
-  std::string n = fmt::format("dram read {:.1f} GB/s, far read {:.1f} GB/s, random 512 B rows +{:.0f} / +{:.0f} ns "
-                              "each over a stream (dram / far), dram→far copy {:.1f} GB/s (one worker), SGEMM {:.0f} "
-                              "GFLOP/s, {} threads", p.dram_gbs, p.far_gbs, p.dram_row_ns, p.far_row_ns, copy,
-                              p.cpu_flops / 1e9, num_threads());
+  std::string n = fmt::format("CPU worker ({} thread{}): dram read {:.1f} GB/s, far read {:.1f} GB/s, random 512 B "
+                              "rows +{:.0f} / +{:.0f} ns each over a stream (dram / far), SGEMM {:.0f} GFLOP/s; "
+                              "dram→far copy {:.1f} GB/s (one worker)",
+                              ct, ct == 1 ? "" : "s", p.dram_gbs, p.far_gbs, p.dram_row_ns, p.far_row_ns,
+                              p.cpu_flops / 1e9, copy);
   if (!mem.far_note().empty()) n += "; " + mem.far_note();
-  if (cuda_device_count_or_zero() > 0) {
+  if (gpu) {
     auto be = make_backend("cuda");
-    measure_device(*be, o.seconds_per_measure, &p);
+    double copy_gbs = 0;
+    measure_device(*be, o.seconds_per_measure, &p, &copy_gbs);
+    measure_weight_rates(*be, 4096, 8192, 8192, o.seconds_per_measure, &p);
+    measure_attention_flops(*be, o.seconds_per_measure, &p);
+    measure_fixed_costs(*be, &p);
     n += fmt::format(
-        "; GPU {}: device copy {:.0f} GB/s (read + write), host→device {:.1f} GB/s, device→host {:.1f} "
-        "GB/s (pinned), BF16 GEMM {:.0f} TFLOP/s (cuBLAS, F32 accumulation)",
-        be->device_name(), p.gpu_mem_gbs, p.h2d_gbs, p.d2h_gbs, p.gpu_flops / 1e12);
+        "; GPU {}: BF16 GEMM {:.0f} TFLOP/s, F16 prefill attention {:.1f} TFLOP/s and BF16 GEMV {:.0f} GB/s of "
+        "weights (achieved), device copy {:.0f} GB/s (read + write), host→device {:.1f} GB/s, device→host {:.1f} "
+        "GB/s (pinned)",
+        be->device_name(), p.gpu_flops / 1e12, p.gpu_attn_flops / 1e12, p.gpu_mem_gbs, copy_gbs, p.h2d_gbs, p.d2h_gbs);
   } else {
-    // No GPU: the emulated accelerator is this CPU with the threads the runtime gives it, and its
-    // "link" is a memcpy by the copy worker. Its rates are measured with those threads, so that a
-    // modeled replay of an emulated run matches the run (docs/performance.md, "Tuning choices").
-    const int at = std::min(num_threads(), emulated_accel_threads());
-    if (at == num_threads()) {
-      p.gpu_mem_gbs = p.dram_gbs;
-      p.gpu_flops = p.cpu_flops;
-    } else {
-      const PoolSize scoped(at);
-      p.gpu_mem_gbs = measure_read_gbs(mem, Tier::kDram, o.buffer_bytes, o.seconds_per_measure);
-      p.gpu_flops = measure_cpu_flops(o.seconds_per_measure);
-    }
+    // No GPU: the emulated accelerator is this CPU's backend on the threads the runtime gives it,
+    // and its "link" is a memcpy by the copy worker; its rates are the achieved rates of its own
+    // weight kernels on those threads, so that a modeled replay of an emulated run matches the run.
+    const PoolSize scoped(at);
+    auto be = make_cpu_backend();
+    measure_weight_rates(*be, 512, 4096, 4096, o.seconds_per_measure, &p);
+    measure_attention_flops(*be, o.seconds_per_measure, &p);
+    measure_fixed_costs(*be, &p);
     p.gpu_mem_gib = p.dram_gib;
     p.h2d_gbs = p.d2h_gbs = copy;
     n += fmt::format(
-        "; no GPU: gpu = the emulated accelerator ({} thread{}: read {:.1f} GB/s, SGEMM {:.0f} GFLOP/s), "
-        "link = memcpy copy bandwidth",
-        at, at == 1 ? "" : "s", p.gpu_mem_gbs, p.gpu_flops / 1e9);
+        "; no GPU: gpu = the emulated accelerator ({} thread{}: BF16 GEMM {:.0f} GFLOP/s, F16 prefill attention {:.0f} "
+        "GFLOP/s, BF16 GEMV {:.1f} GB/s of weights, achieved), link = memcpy copy bandwidth",
+        at, at == 1 ? "" : "s", p.gpu_flops / 1e9, p.gpu_attn_flops / 1e9, p.gpu_mem_gbs);
   }
+  n += fmt::format("; fixed costs: {:.1f} us per stage hand-off, {:.2f} us per kernel launch, {:.2f} us per copy",
+                   p.stage_us, p.launch_us, p.copy_us);
   if (notes) *notes = n;
   p.source = "calibrated by hgbench calibrate";
   return p;

@@ -69,45 +69,55 @@ class ContractBackend final : public Backend {
     std::memcpy(dst, src, n);
   }
   void copy(void* dst, const void* src, size_t n) override {
+    count("copy");
     dev(dst, n, "copy dst"), dev(src, n, "copy src");
     std::memmove(dst, src, n);
   }
   void matmul(const float* x, int64_t M, const Weight& w, const float* bias, float* y) override {
+    count("matmul");
     dev(x, M * w.cols() * 4, "matmul x"), host(w.buf.data(), "matmul weight"), host(bias, "matmul bias");
     dev(y, M * w.rows() * 4, "matmul y");
     cpu_->matmul(x, M, w, bias, y);
   }
   void rms_norm(const float* x, const float* w, int64_t M, int64_t n, float eps, float* y) override {
+    count("rms_norm");
     dev(x, M * n * 4, "rms_norm x"), host(w, "rms_norm w"), dev(y, M * n * 4, "rms_norm y");
     cpu_->rms_norm(x, w, M, n, eps, y);
   }
   void layer_norm(const float* x, const float* w, const float* b, int64_t M, int64_t n, float eps,
                   float* y) override {
+    count("layer_norm");
     dev(x, M * n * 4, "layer_norm x"), host(w, "layer_norm w"), host(b, "layer_norm b"),
         dev(y, M * n * 4, "layer_norm y");
     cpu_->layer_norm(x, w, b, M, n, eps, y);
   }
   void rope(float* x, int64_t M, int n_heads, int D, const int32_t* pos, const RopeTable& t) override {
+    count("rope");
     dev(x, M * n_heads * D * 4, "rope x"), host(pos, "rope pos");
     cpu_->rope(x, M, n_heads, D, pos, t);
   }
   void swiglu(const float* gate, const float* up, int64_t n, float* y) override {
+    count("swiglu");
     dev(gate, n * 4, "swiglu gate"), dev(up, n * 4, "swiglu up"), dev(y, n * 4, "swiglu y");
     cpu_->swiglu(gate, up, n, y);
   }
   void relu(float* x, int64_t n) override {
+    count("relu");
     dev(x, n * 4, "relu x");
     cpu_->relu(x, n);
   }
   void add(float* y, const float* x, int64_t n) override {
+    count("add");
     dev(y, n * 4, "add y"), dev(x, n * 4, "add x");
     cpu_->add(y, x, n);
   }
   void embed(const Weight& table, const int32_t* ids, int64_t M, float* y) override {
+    count("embed");
     host(table.buf.data(), "embed table"), host(ids, "embed ids"), dev(y, M * table.cols() * 4, "embed y");
     cpu_->embed(table, ids, M, y);
   }
   void attention(const AttentionArgs& a) override {
+    count("attention");
     dev(a.q, int64_t(a.n_rows) * a.H * a.D * 4, "attention q"),
         dev(a.out, int64_t(a.n_rows) * a.H * a.D * 4, "attention out");
     host(a.rows, "attention rows array");
@@ -187,6 +197,12 @@ class ContractBackend final : public Backend {
     return gathered_from_host_;
   }
 
+  // Calls of each model op and attention (the kernels Decoder::forward launches).
+  std::map<std::string, int64_t> calls() const {
+    std::lock_guard<std::mutex> l(mu_);
+    return calls_;
+  }
+
   std::vector<std::string> violations() const {
     std::lock_guard<std::mutex> l(mu_);
     return violations_;
@@ -209,6 +225,10 @@ class ContractBackend final : public Backend {
   void host(const void* p, const char* what) {
     if (p && owned(p, 1)) violate(std::string(what) + " is backend memory, expected a host array");
   }
+  void count(const char* op) {
+    std::lock_guard<std::mutex> l(mu_);
+    ++calls_[op];
+  }
   void violate(std::string v) {
     std::lock_guard<std::mutex> l(mu_);
     violations_.push_back(std::move(v));
@@ -217,6 +237,7 @@ class ContractBackend final : public Backend {
   std::map<const char*, size_t> mem_, mapped_;
   int64_t gathered_ = 0, gathered_from_host_ = 0;
   std::vector<std::string> violations_;
+  std::map<std::string, int64_t> calls_;
   mutable std::mutex mu_;
 };
 

@@ -21,6 +21,10 @@ TEST(Calibrate, ProfileIsMeasuredAndRoundTrips) {
                          {p.gpu_flops, "gpu_flops"}, {p.gpu_mem_gbs, "gpu_mem_gbs"}}) {
     EXPECT_TRUE(std::isfinite(v) && v > 0) << what << " = " << v << "\n" << notes;
   }
+  // Fixed costs: measured, and below a millisecond on any machine.
+  for (auto [v, what] : {std::pair{p.stage_us, "stage_us"}, {p.launch_us, "launch_us"}, {p.copy_us, "copy_us"}})
+    EXPECT_TRUE(std::isfinite(v) && v >= 0 && v < 1000) << what << " = " << v << "\n" << notes;
+  EXPECT_GT(p.stage_us, 0) << notes;
   // A microsecond per 512 B row would be a broken measurement on any DRAM.
   EXPECT_GE(p.dram_row_ns, 0.0);
   EXPECT_LT(p.dram_row_ns, 1000.0);
@@ -30,6 +34,7 @@ TEST(Calibrate, ProfileIsMeasuredAndRoundTrips) {
   EXPECT_NEAR(back.dram_gbs, p.dram_gbs, 1e-3 * p.dram_gbs);
   EXPECT_NEAR(back.cpu_flops, p.cpu_flops, 1e-3 * p.cpu_flops);
   EXPECT_NEAR(back.dram_row_ns, p.dram_row_ns, 1e-3 * p.dram_row_ns + 1e-6);
+  EXPECT_NEAR(back.stage_us, p.stage_us, 1e-3 * p.stage_us);
   // Without a GPU the "gpu" rates are the emulated accelerator's, and the notes say so.
   if (cuda_device_count_or_zero() == 0) {
     EXPECT_NE(notes.find("emulated accelerator (" + std::to_string(emulated_accel_threads()) + " thread"),

@@ -11,6 +11,8 @@
 #include <thread>
 
 #include "baselines/full/full.h"
+#include "contract_backend.h"
+#include "engine/decoder/decoder.h"
 #include "engine/core/error.h"
 #include "engine/decoder/generate.h"
 #include "engine/formats/formats.h"
@@ -328,6 +330,71 @@ TEST(ModeledClock, ToyPipelineByHand) {
   EXPECT_DOUBLE_EQ(modeled_stage_seconds(h, p), 3.0);
   h.work.bytes[size_t(Tier::kFar)] = 500'000'000;  // + 1 s of far bytes, + 1 ms latency
   EXPECT_DOUBLE_EQ(modeled_stage_seconds(h, p), 4.001);
+}
+
+// Fixed costs: every stage pays the hand-off, an accelerator stage each kernel launch, a transfer
+// its copy call; a profile without them (datasheets) charges the work alone.
+TEST(ModeledClock, FixedCostsPerStageLaunchAndCopy) {
+  PlatformProfile p;
+  p.name = "fixed";
+  p.cpu_flops = 1e9;
+  p.dram_gbs = p.far_gbs = 1;
+  p.gpu_flops = 1e9;
+  p.gpu_mem_gbs = 1;
+  p.h2d_gbs = p.d2h_gbs = 1;
+  StageRecord a;
+  a.kind = StageKind::kAccelCompute;
+  a.work.flops = 1e6;  // 1 ms
+  a.work.launches = 100;
+  StageRecord c;
+  c.kind = StageKind::kCpuCompute;
+  c.work.flops = 1e6;
+  StageRecord t;
+  t.kind = StageKind::kTransfer;
+  t.work.dst = Tier::kGpu;
+  t.work.transfer_bytes = 1'000'000;  // 1 ms
+  for (const StageRecord* r : {&a, &c, &t}) EXPECT_DOUBLE_EQ(modeled_stage_seconds(*r, p), 1e-3);
+  p.stage_us = 20;
+  p.launch_us = 3;
+  p.copy_us = 7;
+  EXPECT_NEAR(modeled_stage_seconds(a, p), 1e-3 + 20e-6 + 100 * 3e-6, 1e-12);
+  EXPECT_NEAR(modeled_stage_seconds(c, p), 1e-3 + 20e-6, 1e-12);
+  EXPECT_NEAR(modeled_stage_seconds(t, p), 1e-3 + 20e-6 + 7e-6, 1e-12);
+  // The costs survive a save and load.
+  const std::string out = test::temp_path("fixed.yaml");
+  save_platform(p, out, "test");
+  const PlatformProfile back = load_platform(out, "");
+  EXPECT_DOUBLE_EQ(back.stage_us, 20);
+  EXPECT_DOUBLE_EQ(back.launch_us, 3);
+  EXPECT_DOUBLE_EQ(back.copy_us, 7);
+}
+
+// The forward's modeled work: the LM head's FLOPs for the rows whose logits are computed only (a
+// prefill asks for one row per prompt), and as many launches as the decoder issues kernels,
+// counted on a backend that counts its calls (the strategy's attention as one per layer).
+TEST(ModeledClock, ForwardWorkChargesTheHeadForLogitRowsAndCountsLaunches) {
+  for (const char* preset : {"tiny-llama", "tiny-opt"}) {
+    Model m = load_model(std::string("synthetic:") + preset);
+    std::vector<TokenRow> rows;
+    std::vector<int32_t> toks;
+    for (int i = 0; i < 40; ++i) rows.push_back({0, i}), toks.push_back(1 + i % 50);
+    const StageWork all = forward_work(m, rows, nullptr, -1, 16), one = forward_work(m, rows, nullptr, 1, 16);
+    const double head = double(m.output().numel());
+    EXPECT_DOUBLE_EQ(all.flops - one.flops, 2.0 * head * 39) << preset;
+    test::ContractBackend cb;
+    FullStrategy kv(cb);
+    Decoder dec(m, cb, kv, 16);
+    const std::vector<int32_t> capacity = {64}, prompt = {40};
+    kv.begin(dec.kv_shape(), capacity, prompt);
+    std::vector<float> logits(size_t(m.hp.n_vocab));
+    const std::vector<int32_t> want = {39};
+    dec.forward(toks, rows, want, logits.data());
+    int64_t kernels = 0;
+    std::string ops;
+    for (const auto& [op, n] : cb.calls()) kernels += n, ops += fmt::format(" {}×{}", op, n);
+    EXPECT_EQ(one.launches, kernels) << preset << ":" << ops << ", " << m.hp.n_layers << " layers";
+    EXPECT_EQ(one.launches, forward_launches(m, 40, 1, 16)) << preset;
+  }
 }
 
 TEST(Platforms, CommittedProfilesLoadAndBadKeysAreNamed) {
