@@ -9,9 +9,12 @@
 namespace hg::cli {
 
 int cmd_calibrate(const std::vector<std::string>& args) {
-  CLI::App app{"Measures this machine (dram and far read bandwidth, the extra cost of a random 512 B row over a "
-               "stream on each, dram→far copy bandwidth, SGEMM FLOP/s; GPU rates when a device exists) and writes "
-               "the platform profile `this-machine` used by `clock: modeled:this-machine`.",
+  CLI::App app{"Measures this machine and writes the platform profile `this-machine` used by "
+               "`clock: modeled:this-machine`: on the CPU worker's threads, dram and far read bandwidth, the extra "
+               "cost of a random 512 B row over a stream on each, SGEMM FLOP/s; dram→far copy bandwidth; the "
+               "accelerator's achieved rates through its own backend (the GPU, else the emulated accelerator on "
+               "its threads): BF16 GEMM, F16 prefill attention, BF16 GEMV; host↔device copies on a GPU; and the "
+               "fixed costs of a stage hand-off, a kernel launch and a copy call.",
                "calibrate"};
   std::string out = std::string(HG_SOURCE_DIR) + "/experiments/platforms/this-machine.yaml";
   CalibrateOptions co;

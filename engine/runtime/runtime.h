@@ -78,8 +78,9 @@ class Runtime {
   std::optional<PlatformProfile> stage_clock_;
 };
 
-// Machine measurements for `hgbench calibrate` (profile `this-machine`): read bandwidth of dram
-// and far, copy bandwidth, CPU FLOP/s; GPU rates when a device exists.
+// Machine measurements for `hgbench calibrate` (profile `this-machine`): the CPU worker's read
+// bandwidth of dram and far, row costs and FLOP/s; copy bandwidth; the accelerator's achieved
+// kernel rates (GPU, else the emulated accelerator); fixed costs per stage, launch and copy.
 struct CalibrateOptions {
   double seconds_per_measure = 0.5;
   int64_t buffer_bytes = int64_t(512) << 20;
