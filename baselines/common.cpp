@@ -35,12 +35,12 @@ AttentionArgs attention_args(const KvShape& s, std::span<const AttnRow> rows, co
   return attention_args(s.H, s.H_kv, s.D, scale, q, rows, out, kv_dtype);
 }
 
-void grow_allocation(MemorySystem& mem, Tier tier, Allocation& a, int64_t bytes, bool slack) {
+void grow_allocation(MemorySystem& mem, Tier tier, Allocation& a, int64_t bytes, bool slack, MemUse use) {
   if (a.bytes() >= bytes) return;
   const int64_t want = slack ? std::max(bytes, a.bytes() + a.bytes() / 2) : bytes;
   a = {};
-  auto r = mem.try_allocate(tier, want);
-  a = std::holds_alternative<Allocation>(r) ? std::move(std::get<Allocation>(r)) : mem.allocate(tier, bytes);
+  auto r = mem.try_allocate(tier, want, use);
+  a = std::holds_alternative<Allocation>(r) ? std::move(std::get<Allocation>(r)) : mem.allocate(tier, bytes, use);
 }
 
 }  // namespace hg

@@ -48,6 +48,7 @@ class KvElement {
   DType requested_ = DType::kF32, dtype_ = DType::kF32;
 };
 
-void grow_allocation(MemorySystem& mem, Tier tier, Allocation& a, int64_t bytes, bool slack = false);
+void grow_allocation(MemorySystem& mem, Tier tier, Allocation& a, int64_t bytes, bool slack = false,
+                     MemUse use = MemUse::kOther);
 
 }  // namespace hg

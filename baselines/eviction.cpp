@@ -13,22 +13,27 @@ EvictingStrategy::EvictingStrategy(const StrategyContext& ctx, const char* name,
     : be_(ctx.backend),
       rt_(require_runtime(ctx, name)),
       kv_(ctx, p),
-      home_dram_(p.get("kv_home") == "dram"),
+      kv_home_(p.get("kv_home")),
       overlap_(p.get_bool("overlap")) {
   if (const double b = p.get_float("budget"); b > 0) budget_ = b;
 }
 
-std::map<std::string, std::string> EvictingStrategy::effective_params() const { return kv_.effective(); }
+std::map<std::string, std::string> EvictingStrategy::effective_params() const {
+  std::map<std::string, std::string> e = kv_.effective();
+  if (kv_home_ == "auto") e["kv_home"] = home_dram_ ? "dram" : "gpu";
+  return e;
+}
 
 ParamSpec kv_home_param() {
   return {
       "kv_home",
       ParamSpec::Type::kEnum,
-      "dram",
+      "auto",
       "",
       "where retained KV lives between steps: dram (offloaded as FlexGen's cache is, sent to the accelerator "
-      "every layer and step) or gpu",
-      {"dram", "gpu"}};
+      "every layer and step), gpu, or auto (gpu when the store fits the experiment's gpu_kv_bytes, else dram; "
+      "dram without one)",
+      {"auto", "dram", "gpu"}};
 }
 
 void EvictingStrategy::begin(const KvShape& shape, std::span<const int32_t> capacity,
@@ -41,6 +46,14 @@ void EvictingStrategy::begin(const KvShape& shape, std::span<const int32_t> capa
   for (size_t b = 0; b < prompt_.size(); ++b)
     slots[b] = std::max(prompt_[b], budget(int(b), capacity_[b])) + 1;
   settle();
+  home_dram_ = kv_home_ == "dram";
+  if (kv_home_ == "auto") {
+    // What fits stays on the accelerator: the whole store, every layer and sequence.
+    int64_t store = 0;
+    for (int32_t n : slots) store += int64_t(2) * shape.n_layers * shape.H_kv * kv_.bytes(int64_t(n) * shape.D);
+    const int64_t budget = rt_.memory().kv_budget();
+    home_dram_ = budget <= 0 || store > budget;
+  }
   store_.reset(shape, slots, rt_.memory(), home_dram_ ? Tier::kDram : Tier::kGpu, &be_, kv_.dtype());
   for (auto& s : staged_) s.clear();
   version_.assign(size_t(shape.n_layers) * prompt_.size(), 0);
@@ -126,7 +139,7 @@ Event EvictingStrategy::load_retained(int layer, std::map<int32_t, std::vector<i
   int64_t bytes = 0;
   for (auto& [seq, n] : counts) {
     const int64_t stride = store_.head_stride(seq);
-    grow_allocation(rt_.memory(), Tier::kGpu, staged_[par][seq], int64_t(2) * kv_.bytes(Hkv * stride), true);
+    grow_allocation(rt_.memory(), Tier::kGpu, staged_[par][seq], int64_t(2) * kv_.bytes(Hkv * stride), true, MemUse::kKv);
     for (int g = 0; g < Hkv; ++g) bytes += int64_t(2) * kv_.bytes(int64_t(n[size_t(g)]) * D);
   }
   // Each head's retained slots [0, count), K then V, in the store's layout; the counts as they were
@@ -219,7 +232,7 @@ std::map<int32_t, std::pair<const void*, const void*>> EvictingStrategy::kv_on_a
       while (i1 < rows.size() && rows[i1].seq == rows[i0].seq) pos.push_back(rows[i1++].pos);
       const int32_t seq = rows[i0].seq;
       const int64_t stride = store_.head_stride(seq);
-      grow_allocation(rt_.memory(), Tier::kGpu, staged_[par][seq], int64_t(2) * kv_.bytes(Hkv * stride), true);
+      grow_allocation(rt_.memory(), Tier::kGpu, staged_[par][seq], int64_t(2) * kv_.bytes(Hkv * stride), true, MemUse::kKv);
       char* dst = staged_[par].at(seq).as<char>();
       const int64_t at_row = int64_t(i0) * Hkv * D;
       be_.write_kv(new_k_ + at_row, int64_t(i1 - i0), Hkv, D, pos.data(), dst, stride, kv_.dtype());

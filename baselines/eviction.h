@@ -138,7 +138,8 @@ class EvictingStrategy : public KvStrategy {
   BackendArray<float> krot_, vrot_, qrot_, kin_;
   std::vector<int32_t> ranks_;            // 0, 1, 2, …
   std::map<int32_t, size_t> rotated_;     // seq → offset of its rotated K/V copy in this call
-  bool home_dram_ = true;                 // kv_home: dram
+  std::string kv_home_;                   // the parameter: auto, dram or gpu
+  bool home_dram_ = true;                 // this run's: retained KV on dram between steps
   bool overlap_ = true;
   std::array<std::map<int32_t, Allocation>, 2> staged_;  // kv_home dram, per layer parity: seq → retained K|V on the gpu tier
   int64_t evicted_ = 0;

@@ -8,6 +8,7 @@ HybridGen::HybridGen(const StrategyContext& ctx, const StrategyParams& p)
       rt_(require_runtime(ctx, "hybridgen")),
       model_(ctx.model),
       resident_tokens_(int32_t(p.get_int("gpu_kv_tokens"))),
+      gpu_kv_tokens_(resident_tokens_),
       page_(int32_t(p.get_int("page_tokens"))),
       speculative_(p.get_bool("speculative_query")),
       query_on_accel_(p.get("query_on") == "accelerator"),
@@ -31,6 +32,16 @@ void HybridGen::begin(const KvShape& shape, std::span<const int32_t> capacity,
   B_ = int(capacity.size());
   prompt_.assign(prompt_len.begin(), prompt_len.end());
   cap_.assign(capacity.begin(), capacity.end());
+  resident_tokens_ = gpu_kv_tokens_;
+  if (const int64_t budget = rt_.memory().kv_budget(); budget > 0) {
+    // What fits stays on the accelerator: the ring (F32, every layer and sequence) beside the
+    // prefill's one layer of each whole sequence (attend_exact).
+    const int64_t row = int64_t(2) * shape.H_kv * shape.D * 4;
+    int64_t staging = 0;
+    for (int32_t c : cap_) staging += row * c;
+    const int64_t per_token = row * shape.n_layers * B_;
+    resident_tokens_ = int32_t(std::clamp<int64_t>((budget - staging) / per_token - 1, 1, gpu_kv_tokens_));
+  }
   std::vector<int32_t> ring(static_cast<size_t>(B_)), off(static_cast<size_t>(B_));
   for (int b = 0; b < B_; ++b) {
     ring[size_t(b)] = std::min(resident_tokens_ + 1, cap_[size_t(b)]);
@@ -73,6 +84,7 @@ std::map<std::string, std::string> HybridGen::effective_params() const {
     if (last_.count("K_effective")) e["K_effective"] = fmt::format("{}", last_.at("K_effective"));
   }
   e["k_min"] = fmt::format("{}", sched_.k_min());
+  if (resident_tokens_ != gpu_kv_tokens_) e["gpu_kv_tokens"] = fmt::format("{}", resident_tokens_);
   return e;
 }
 

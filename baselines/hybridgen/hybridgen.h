@@ -188,7 +188,8 @@ class HybridGen final : public KvStrategy {
   Backend& be_;
   Runtime& rt_;
   const Model* model_;
-  int32_t resident_tokens_;  // gpu_kv_tokens: the newest tokens kept on the accelerator between steps
+  int32_t resident_tokens_;  // the newest tokens kept on the accelerator between steps (this run's)
+  int32_t gpu_kv_tokens_;    // the parameter; the accelerator's KV budget may lower it (begin)
   int32_t page_;             // page_tokens
   bool speculative_;
   bool query_on_accel_;  // query_on: accelerator

@@ -148,8 +148,8 @@ void HybridGen::attend_exact(int layer, const std::vector<TokenRow>& rows, const
   for (auto& [seq_, maxpos] : last) {
     const int32_t seq = seq_;  // a plain variable: lambdas below capture it
     const int32_t n = maxpos + 1, n_off = offloaded_[pidx(layer, seq)];
-    Allocation kb = rt_.memory().allocate(Tier::kGpu, int64_t(Hkv) * n * D * 4);
-    Allocation vb = rt_.memory().allocate(Tier::kGpu, int64_t(Hkv) * n * D * 4);
+    Allocation kb = rt_.memory().allocate(Tier::kGpu, int64_t(Hkv) * n * D * 4, MemUse::kKv);
+    Allocation vb = rt_.memory().allocate(Tier::kGpu, int64_t(Hkv) * n * D * 4, MemUse::kKv);
     const size_t pitch = size_t(n) * size_t(D) * 4;
     // Every position of the sequence is a row of this call (a whole-prompt prefill): its keys and
     // values are this call's own, on the accelerator; none is read back over the link.

@@ -30,8 +30,8 @@ void KvStore::reset(const KvShape& shape, std::span<const int32_t> capacity, Mem
       const size_t n = size_t(shape.H_kv) * size_t(capacity_[b]) * size_t(shape.D) * dtype_size(dtype);
       Slot& sl = buf_.emplace_back();
       if (mem) {
-        sl.tk = mem->allocate(tier, int64_t(n));
-        sl.tv = mem->allocate(tier, int64_t(n));
+        sl.tk = mem->allocate(tier, int64_t(n), MemUse::kKv);
+        sl.tv = mem->allocate(tier, int64_t(n), MemUse::kKv);
         sl.k = sl.tk.data();
         sl.v = sl.tv.data();
       } else if (device) {

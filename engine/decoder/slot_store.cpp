@@ -19,8 +19,8 @@ void SlotStore::reset(const KvShape& shape, std::span<const int32_t> slots, Memo
   for (int l = 0; l < shape.n_layers; ++l)
     for (size_t b = 0; b < cap_.size(); ++b) {
       const int64_t n = int64_t(shape.H_kv) * cap_[b] * shape.D * elem_bytes();
-      k_.push_back(mem.allocate(tier, n));
-      v_.push_back(mem.allocate(tier, n));
+      k_.push_back(mem.allocate(tier, n, MemUse::kKv));
+      v_.push_back(mem.allocate(tier, n, MemUse::kKv));
       bytes_ += 2 * n;
     }
   pos_.assign(size_t(shape.n_layers) * cap_.size() * size_t(shape.H_kv), {});

@@ -34,6 +34,9 @@ std::optional<Tier> parse_tier(std::string_view s) {
 }
 
 std::string OutOfMemory::message() const {
+  if (kv_budget)
+    return fmt::format("out of the accelerator's KV budget (gpu_kv_bytes {}): requested {} bytes of KV with {} in use",
+                       capacity, requested, in_use);
   return fmt::format("out of memory on tier {}: requested {} bytes with {} of {} in use", tier_name(tier), requested,
                      in_use, capacity);
 }
@@ -79,6 +82,7 @@ Allocation& Allocation::operator=(Allocation&& o) noexcept {
     ptr_ = o.ptr_;
     bytes_ = o.bytes_;
     tier_ = o.tier_;
+    kv_ = o.kv_;
     o.owner_ = nullptr;
     o.ptr_ = nullptr;
     o.bytes_ = 0;
@@ -147,8 +151,34 @@ void* MemorySystem::phantom_carve(size_t bytes) {
   return slabs_.back().first;
 }
 
-std::variant<Allocation, OutOfMemory> MemorySystem::try_allocate(Tier t, int64_t bytes) {
-  if (auto oom = ledger_.reserve(t, bytes)) return *oom;
+void MemorySystem::set_kv_budget(int64_t bytes) {
+  std::lock_guard<std::mutex> l(kv_mu_);
+  kv_budget_ = std::max<int64_t>(0, bytes);
+  kv_peak_ = kv_in_use_;
+}
+
+TierUsage MemorySystem::kv_usage() const {
+  std::lock_guard<std::mutex> l(kv_mu_);
+  return TierUsage{kv_budget_, kv_in_use_, kv_peak_};
+}
+
+std::variant<Allocation, OutOfMemory> MemorySystem::try_allocate(Tier t, int64_t bytes, MemUse use) {
+  const bool kv = use == MemUse::kKv && t == Tier::kGpu;
+  if (kv) {
+    std::lock_guard<std::mutex> l(kv_mu_);
+    if (kv_budget_ > 0 && kv_in_use_ + bytes > kv_budget_) return OutOfMemory{t, bytes, kv_in_use_, kv_budget_, true};
+    kv_in_use_ += bytes;
+    kv_peak_ = std::max(kv_peak_, kv_in_use_);
+  }
+  auto unkv = [&] {
+    if (!kv) return;
+    std::lock_guard<std::mutex> l(kv_mu_);
+    kv_in_use_ -= bytes;
+  };
+  if (auto oom = ledger_.reserve(t, bytes)) {
+    unkv();
+    return *oom;
+  }
   void* p = nullptr;
   const size_t n = size_t(std::max<int64_t>(bytes, 1));
   if (cfg_.phantom) {
@@ -168,6 +198,7 @@ std::variant<Allocation, OutOfMemory> MemorySystem::try_allocate(Tier t, int64_t
   }
   if (!p) {
     ledger_.release(t, bytes);
+    unkv();
     return OutOfMemory{t, bytes, ledger_.usage(t).in_use, ledger_.usage(t).capacity};
   }
   if (registers(t)) device_->host_register(p, n);
@@ -176,11 +207,12 @@ std::variant<Allocation, OutOfMemory> MemorySystem::try_allocate(Tier t, int64_t
   a.ptr_ = p;
   a.bytes_ = bytes;
   a.tier_ = t;
+  a.kv_ = kv;
   return a;
 }
 
-Allocation MemorySystem::allocate(Tier t, int64_t bytes) {
-  auto r = try_allocate(t, bytes);
+Allocation MemorySystem::allocate(Tier t, int64_t bytes, MemUse use) {
+  auto r = try_allocate(t, bytes, use);
   if (auto* oom = std::get_if<OutOfMemory>(&r)) throw OutOfMemoryError(oom->message());
   return std::move(std::get<Allocation>(r));
 }
@@ -196,8 +228,13 @@ void MemorySystem::free(Allocation& a) {
   else if (a.tier_ == Tier::kDram && numa_ && !cfg_.pinned_dram) numa_free(a.ptr_, n);
   else std::free(a.ptr_);
   ledger_.release(a.tier_, a.bytes_);
+  if (a.kv_) {
+    std::lock_guard<std::mutex> l(kv_mu_);
+    kv_in_use_ -= a.bytes_;
+  }
   a.ptr_ = nullptr;
   a.owner_ = nullptr;
+  a.kv_ = false;
 }
 
 }  // namespace hg

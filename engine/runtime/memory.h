@@ -35,8 +35,12 @@ struct OutOfMemory {
   int64_t requested = 0;
   int64_t in_use = 0;
   int64_t capacity = 0;
+  bool kv_budget = false;  // the accelerator's KV budget (gpu_kv_bytes), not the tier, was exceeded
   std::string message() const;
 };
+
+// What an allocation holds: KV on the gpu tier counts against the KV budget as well as the tier.
+enum class MemUse : uint8_t { kOther, kKv };
 
 class TierLedger {
  public:
@@ -91,6 +95,7 @@ class Allocation {
   void* ptr_ = nullptr;
   int64_t bytes_ = 0;
   Tier tier_ = Tier::kDram;
+  bool kv_ = false;  // counted against the KV budget
 };
 
 class MemorySystem {
@@ -110,8 +115,13 @@ class MemorySystem {
   explicit MemorySystem(const TierConfig& cfg, std::optional<DeviceAllocator> device = std::nullopt);
   ~MemorySystem();
 
-  std::variant<Allocation, OutOfMemory> try_allocate(Tier t, int64_t bytes);
-  Allocation allocate(Tier t, int64_t bytes);  // throws OutOfMemoryError
+  std::variant<Allocation, OutOfMemory> try_allocate(Tier t, int64_t bytes, MemUse use = MemUse::kOther);
+  Allocation allocate(Tier t, int64_t bytes, MemUse use = MemUse::kOther);  // throws OutOfMemoryError
+  // The bytes of KV the gpu tier may hold at once (every strategy's resident and staged KV; the
+  // experiments' gpu_kv_bytes); 0: no limit beyond the tier's capacity.
+  void set_kv_budget(int64_t bytes);
+  int64_t kv_budget() const { return kv_budget_; }
+  TierUsage kv_usage() const;  // KV on the gpu tier: budget, in use, peak
   const TierLedger& ledger() const { return ledger_; }
   TierLedger& ledger() { return ledger_; }
   // Empty when `far` is a real other node; else the one-line warning that result rows carry.
@@ -128,6 +138,8 @@ class MemorySystem {
   TierConfig cfg_;
   std::optional<DeviceAllocator> device_;
   TierLedger ledger_;
+  mutable std::mutex kv_mu_;
+  int64_t kv_budget_ = 0, kv_in_use_ = 0, kv_peak_ = 0;
   int local_node_ = 0;
   int far_node_ = 0;
   bool numa_ = false;

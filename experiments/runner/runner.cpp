@@ -83,6 +83,7 @@ Measurement measure_generation(Runtime* rt, const Model& model, Backend& backend
         m.decode_xfer.count[size_t(s)][size_t(d)] = all.count[size_t(s)][size_t(d)] - base.count[size_t(s)][size_t(d)];
       }
     for (int t = 0; t < kNumTiers; ++t) m.tiers[size_t(t)] = rt->memory().ledger().usage(Tier(t));
+    m.gpu_kv = rt->memory().kv_usage();
   }
   return m;
 }
@@ -378,6 +379,7 @@ Json Runner::run_once(const Point& p, const StrategyEntry& entry, int repeat, bo
   }
   if (p.gpu_memory_bytes > 0) rc.tiers.gpu_memory_bytes = p.gpu_memory_bytes;
   Runtime rt(rc);
+  rt.memory().set_kv_budget(p.gpu_kv_bytes);  // every strategy's KV on the accelerator, by construction
   const Model& model = model_for(p.model);
   reserve_weights(rt, model);
   std::map<std::string, std::string> params = point_params(p, entry);
@@ -474,6 +476,8 @@ Json Runner::run_once(const Point& p, const StrategyEntry& entry, int repeat, bo
   for (int t = 0; t < kNumTiers; ++t)
     tiers[std::string(tier_name(Tier(t)))] = {{"peak_bytes", m.tiers[size_t(t)].peak},
                                               {"capacity_bytes", m.tiers[size_t(t)].capacity}};
+  tiers["gpu"]["kv_peak_bytes"] = m.gpu_kv.peak;
+  tiers["gpu"]["kv_budget_bytes"] = m.gpu_kv.capacity;
   r["tiers"] = tiers;
   r["strategy_stats"] = {{"last", f.stats_last}, {"mean", f.stats_mean}};
   // What the strategy ran with where it differs from, or is derived from, its parameters.

@@ -33,6 +33,7 @@ struct Measurement {
   std::vector<StageRecord> log;
   TransferTotals prefill_xfer, decode_xfer;
   std::array<TierUsage, kNumTiers> tiers{};
+  TierUsage gpu_kv{};  // KV on the gpu tier: the budget (capacity; 0: none), in use, peak
   std::vector<std::map<std::string, double>> step_stats;  // per decode step after the warm-up
 };
 

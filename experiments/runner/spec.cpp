@@ -325,7 +325,7 @@ ExperimentSpec parse_node(YAML::Node y, const std::string& file) {
           vals.push_back(c);
         } else if (key == "prompt_tokens" || key == "decode_tokens" || key == "batch") {
           vals.push_back(std::to_string(integer(file, v, key, key == "decode_tokens" ? 0 : 1)));
-        } else if (key == "gpu_memory_bytes") {
+        } else if (key == "gpu_memory_bytes" || key == "gpu_kv_bytes") {
           vals.push_back(std::to_string(integer(file, v, key, 0)));
         } else if (key == "platform") {
           const std::string p = scalar(file, v, key);
@@ -399,8 +399,8 @@ std::string resolve_execute(ExperimentSpec& s, bool have_gpu) {
 }
 
 const std::vector<std::string>& sweep_keys() {
-  static const std::vector<std::string> k = {"prompt_tokens",    "decode_tokens", "batch",  "placement",
-                                             "gpu_memory_bytes", "platform",      "budget"};
+  static const std::vector<std::string> k = {"prompt_tokens", "decode_tokens",    "batch",    "placement",
+                                             "gpu_memory_bytes", "gpu_kv_bytes", "platform", "budget"};
   return k;
 }
 
@@ -483,6 +483,7 @@ std::vector<Point> expand(const ExperimentSpec& spec) {
       else if (k == "batch") p.batch = std::stoi(v);
       else if (k == "placement") p.placement = v;
       else if (k == "gpu_memory_bytes") p.gpu_memory_bytes = std::stoll(v);
+      else if (k == "gpu_kv_bytes") p.gpu_kv_bytes = std::stoll(v);
       else if (k == "platform") p.platform = v;
       else p.strategy_params[k.substr(0, k.find('.'))][k.substr(k.find('.') + 1)] = v;
     }
@@ -501,6 +502,7 @@ std::vector<Point> expand(const ExperimentSpec& spec) {
       j["batch"] = p.batch;
       j["placement"] = p.placement.empty() ? nlohmann::ordered_json() : nlohmann::ordered_json(p.placement);
       j["gpu_memory_bytes"] = p.gpu_memory_bytes;
+      if (p.gpu_kv_bytes > 0) j["gpu_kv_bytes"] = p.gpu_kv_bytes;
       j["platform"] = p.platform.empty() ? nlohmann::ordered_json() : nlohmann::ordered_json(p.platform);
       j["device"] = spec.device;
       j["clock"] = spec.clock.rfind("modeled", 0) == 0 ? "modeled" : "measured";

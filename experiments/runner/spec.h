@@ -61,6 +61,7 @@ struct Point {
   int batch = 1;
   std::string placement;        // "" → the strategies' defaults
   int64_t gpu_memory_bytes = 0; // 0 → the platform's (dry) or the device's
+  int64_t gpu_kv_bytes = 0;     // KV every strategy may hold on the accelerator at once; 0: no limit
   std::string platform;         // "" with a measured clock
   // Accuracy points (spec.eval.enabled).
   std::string task;

@@ -154,6 +154,49 @@ execute: dry
   }
 }
 
+// One accelerator KV budget for all (gpu_kv_bytes): every strategy's resident and staged KV on the
+// gpu tier stays within it, by construction (the memory system refuses more, naming the budget),
+// and what fits stays there: HybridGen's ring shrinks to fit, the eviction methods keep their
+// store on the accelerator when it fits and stream it from dram when it does not. 8 layers of the
+// 1B shape at 2K: the whole F16 KV is 33.6 MB, one layer of it 4.2 MB.
+TEST(FairFooting, EveryStrategyKeepsItsAcceleratorKvWithinOneBudget) {
+  for (const int64_t budget : {int64_t(16) << 20, int64_t(64) << 20}) {
+    const std::string y = "name: f\nmodels: [\"synthetic:llama-3.2-1b?layers=8\"]\nstrategies: [full, flexgen, "
+                          "moe_lightning, h2o, keyformer, streamingllm, infinigen, hybridgen]\nsweep:\n  "
+                          "prompt_tokens: [2048]\n  decode_tokens: [4]\n  gpu_kv_bytes: [" +
+                          std::to_string(budget) + "]\ndevice: emulated\nclock: modeled:machine-a\nexecute: dry\n";
+    ExperimentSpec spec = parse_experiment(y, "f.yaml");
+    Runner run(spec);
+    const Point p = expand(spec).at(0);
+    std::map<std::string, Json> rows;
+    for (auto& e : spec.strategies) run.run(p, e, {}, [&](Json r) { rows[e.label] = r; });
+    for (auto& [label, r] : rows) {
+      SCOPED_TRACE(label + " at " + std::to_string(budget) + " bytes");
+      EXPECT_EQ(r["point"]["gpu_kv_bytes"], budget);
+      if (label == "full" && budget < (int64_t(32) << 20)) {  // the oracle cannot offload
+        EXPECT_EQ(r["status"], "failed") << r.dump();
+        EXPECT_NE(r.value("reason", "").find("gpu_kv_bytes"), std::string::npos) << r.dump();
+        continue;
+      }
+      ASSERT_EQ(r["status"], "ok") << r.dump();
+      const Json& g = r["tiers"]["gpu"];
+      EXPECT_EQ(g["kv_budget_bytes"], budget);
+      EXPECT_LE(g["kv_peak_bytes"].get<int64_t>(), budget);
+      if (label != "moe_lightning") EXPECT_GT(g["kv_peak_bytes"].get<int64_t>(), 0);
+    }
+    const Json& rve_h2o = rows["h2o"]["requested_vs_effective"];
+    const Json& rve_hg = rows["hybridgen"]["requested_vs_effective"];
+    if (budget < (int64_t(32) << 20)) {
+      EXPECT_EQ(rve_h2o.value("kv_home", ""), "dram") << rve_h2o.dump();
+      ASSERT_TRUE(rve_hg.contains("gpu_kv_tokens")) << rve_hg.dump();
+      EXPECT_LT(std::stoi(rve_hg["gpu_kv_tokens"].get<std::string>()), 1024);
+    } else {
+      EXPECT_EQ(rve_h2o.value("kv_home", ""), "gpu") << rve_h2o.dump();
+      EXPECT_FALSE(rve_hg.contains("gpu_kv_tokens")) << rve_hg.dump();  // its default ring fits
+    }
+  }
+}
+
 // HybridGen's speculative query (query_on: cpu) is one projection of all rows per layer: W_q is
 // read once per layer whatever the batch, so batch 4 reads the keys of 4 sequences and W_q once.
 TEST(FairFooting, HybridGenReadsWqOncePerLayerAtAnyBatch) {
