@@ -171,11 +171,16 @@ class InfiniGen final : public KvStrategy {
       const bool spec = r.pos >= prompt_[size_t(r.seq)] && fetch_[size_t(layer) * size_t(B_) + size_t(r.seq)];
       if (!spec) full_n[r.seq] = std::max(full_n[r.seq], r.pos + 1);
     }
+    own_rows_.assign(size_t(B_), false);
     for (auto& [seq, n] : full_n) {
       Buffers& fb = full_pool_[size_t(seq)];
       grow(fb.k, int64_t(Hkv) * n * D * 4);
       grow(fb.v, int64_t(Hkv) * n * D * 4);
       float *kb = fb.k.as<float>(), *vb = fb.v.as<float>();
+      if (write_own_rows(rows, seq, n, kb, vb)) {
+        own_rows_[size_t(seq)] = true;
+        continue;
+      }
       const int sq = seq, nn = n;
       rt_.transfers()
           .run(
@@ -255,6 +260,29 @@ class InfiniGen final : public KvStrategy {
   bool ready(int layer) const { return !skew_[size_t(layer) * size_t(shape_.H_kv)].empty(); }
   // Tokens [0, n) of every KV head of `rows` (a dram store's K or V of `seq`) into dst [H_kv, n, D]
   // on the accelerator: one strided copy (inside a transfer's body).
+  // A whole-prompt prefill: every position of `seq` below n is a row of this call, so its keys and
+  // values are the call's own, on the accelerator; they are written into kb, vb [H_kv, n, D] there
+  // (one write per run of consecutive rows) and nothing is read back over the link.
+  bool write_own_rows(std::span<const TokenRow> rows, int32_t seq, int32_t n, float* kb, float* vb) {
+    int32_t own = 0;
+    for (auto& r : rows) own += r.seq == seq;
+    if (own != n) return false;
+    const int Hkv = shape_.H_kv, D = shape_.D;
+    std::vector<int32_t> pos;
+    for (size_t i = 0; i < rows.size();) {
+      if (rows[i].seq != seq) {
+        ++i;
+        continue;
+      }
+      const size_t i0 = i;
+      pos.clear();
+      while (i < rows.size() && rows[i].seq == seq) pos.push_back(rows[i++].pos);
+      const int64_t off = int64_t(i0) * Hkv * D;
+      be_.write_kv(new_k_ + off, int64_t(pos.size()), Hkv, D, pos.data(), kb, int64_t(n) * D, DType::kF32);
+      be_.write_kv(new_v_ + off, int64_t(pos.size()), Hkv, D, pos.data(), vb, int64_t(n) * D, DType::kF32);
+    }
+    return true;
+  }
   void upload_prefix(float* dst, const float* rows, int seq, int32_t n) {
     const size_t len = size_t(n) * size_t(shape_.D) * 4;
     be_.upload_2d(dst, len, rows, size_t(store_.head_stride(seq)) * 4, len, size_t(shape_.H_kv));
@@ -305,6 +333,13 @@ class InfiniGen final : public KvStrategy {
     // accelerator, skewed there.
     for (int b = 0; b < B_; ++b) {
       const int32_t n = prompt_[size_t(b)];
+      if (size_t(b) < own_rows_.size() && own_rows_[size_t(b)]) {  // this layer's prompt keys are on the accelerator
+        const float* kb = full_pool_[size_t(b)].k.as<float>();
+        for (int g = 0; g < Hkv; ++g)
+          be_.matmul(kb + int64_t(g) * n * D, n, skew_[size_t(layer) * size_t(Hkv) + size_t(g)], nullptr,
+                     partial_.k(layer, b) + g * partial_.head_stride(b));
+        continue;
+      }
       grow(prompt_k_, int64_t(Hkv) * n * D * 4);
       float* kb = prompt_k_.as<float>();
       rt_.transfers()
@@ -420,6 +455,7 @@ class InfiniGen final : public KvStrategy {
   std::vector<Buffers> full_pool_, fetch_pool_;
   Buffers spec_;
   Allocation prompt_k_;  // calibrate(): a prompt's keys on the accelerator
+  std::vector<bool> own_rows_;  // per sequence: this attend call's full buffers hold its own rows
   const float *new_k_ = nullptr, *new_v_ = nullptr;
   int32_t last_fetch_ = 0;
   int64_t attended_sum_ = 0, last_attended_ = 0;  // decode rows' keys over this step's layers; the last step's per layer

@@ -70,7 +70,8 @@ TEST(FairFooting, EveryStrategyDeclaresTheSharedParameters) {
 TEST(FairFooting, PrefillWritesEachTokensKvOnceAndReadsNothingBack) {
   const int prompt = 2048, layers = 2, kv_heads = 8, dim = 64;
   const double layer_kv = 2.0 * prompt * kv_heads * dim * 2;  // K and V of one layer, F16
-  const auto rows = dry_rows("[full, flexgen, moe_lightning, h2o, keyformer, streamingllm, hybridgen]", prompt, 2);
+  const auto rows =
+      dry_rows("[full, flexgen, moe_lightning, h2o, keyformer, streamingllm, infinigen, hybridgen]", prompt, 2);
   for (auto& [label, r] : rows) {
     const double up = link(r, "link_bytes_prefill", "dram->gpu"), down = link(r, "link_bytes_prefill", "gpu->dram");
     if (label == "full") {
@@ -80,6 +81,8 @@ TEST(FairFooting, PrefillWritesEachTokensKvOnceAndReadsNothingBack) {
     const double per_layer = layer_kv;
     if (label == "hybridgen")  // the resident ring's newest 1024 tokens stay on the accelerator
       EXPECT_EQ(down, layers * per_layer * (prompt - 1024) / prompt) << label;
+    else if (label == "infinigen")  // + the calibration prompt's F32 queries (32 heads) for the host's SVD
+      EXPECT_EQ(down, layers * (per_layer + double(prompt) * 32 * dim * 4)) << label;
     else
       EXPECT_EQ(down, layers * per_layer) << label;
     EXPECT_EQ(up, label == "flexgen" ? per_layer : 0.0) << label;
