@@ -204,6 +204,9 @@ int cmd_merge(const std::vector<std::string>& args) {
                rep.missing_shards.size(), mo.shards, nums, out, mo.shards, nums);
     return 1;
   }
+  if (rep.duplicates)
+    fmt::print(stderr, "merge: {} rows appear in more than one directory (a resubmitted shard); the first of each kept\n",
+               rep.duplicates);
   fmt::print("{}merged {} directories: {} rows into {}\n", rep.table, dirs.size(), rep.rows, out);
   return 0;
 }

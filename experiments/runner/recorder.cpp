@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <csv.h>
+#include <fmt/format.h>
 
 #include <algorithm>
 #include <cmath>
@@ -15,6 +16,7 @@
 #include <fstream>
 #include <map>
 #include <optional>
+#include <set>
 #include <sstream>
 
 #include "engine/core/error.h"
@@ -42,6 +44,68 @@ void write_config(const std::string& dir, const ExperimentSpec& spec, const std:
       << "\n"
       << e.c_str() << "\n";
   if (!out) input_error("{}/config.yaml: cannot write", dir);
+}
+
+// The settings in which two effective experiments differ ("key (a there, b here)"), the output
+// path and description aside.
+std::vector<std::string> config_differences(const YAML::Node& there, const YAML::Node& here) {
+  auto text = [](const YAML::Node& n) {
+    if (!n) return std::string("(absent)");
+    YAML::Emitter e;
+    e << YAML::Flow << n;
+    return std::string(e.c_str());
+  };
+  std::set<std::string> keys;
+  for (const auto& n : {there, here})
+    if (n.IsMap())
+      for (auto it = n.begin(); it != n.end(); ++it) keys.insert(it->first.Scalar());
+  std::vector<std::string> differ;
+  for (const std::string& k : keys) {
+    if (k == "output" || k == "description") continue;
+    const std::string a = text(there[k]), b = text(here[k]);
+    if (a != b) differ.push_back(fmt::format("{} ({} there, {} here)", k, a, b));
+  }
+  return differ;
+}
+
+YAML::Node load_config(const std::string& file) {
+  try {
+    return YAML::LoadFile(file);
+  } catch (const YAML::Exception& e) {
+    input_error("{}: cannot read it ({})", file, e.what());
+  }
+}
+
+// A directory continued with --resume holds this experiment: the same effective settings (its
+// config.yaml) and the same shard.
+void check_same_experiment(const std::string& dir, const ExperimentSpec& spec, const std::string& shard) {
+  const std::string cfg = dir + "/config.yaml";
+  if (!fs::exists(cfg)) return;  // killed before its config was written: nothing to mix with
+  const std::vector<std::string> differ = config_differences(load_config(cfg), spec.effective);
+  if (!differ.empty())
+    input_error("{}: --resume of another experiment: {} differ{} (give a new -o, or --force to replace it)", dir,
+                fmt::join(differ, "; "), differ.size() == 1 ? "s" : "");
+  std::string had;
+  if (std::ifstream sh(dir + "/shard.txt"); sh) std::getline(sh, had);
+  if (had != shard)
+    input_error("{}: --resume with shard '{}' of a directory of shard '{}'", dir, shard.empty() ? "none" : shard,
+                had.empty() ? "none" : had);
+}
+
+// A summary file that could not be written whole (a full disk) is an error, never a success.
+void close_checked(FILE* f, const std::string& path) {
+  const bool bad = std::ferror(f) != 0;
+  if (std::fclose(f) != 0 || bad)
+    throw IoError(fmt::format("{}: write failed ({}); rows.jsonl is intact: rerun `hgbench merge` or --resume to "
+                              "rewrite the summary", path, std::strerror(errno)));
+}
+void write_checked(const std::string& path, const std::string& text) {
+  std::ofstream o(path);
+  o << text;
+  o.close();
+  if (!o)
+    throw IoError(fmt::format("{}: write failed ({}); rows.jsonl is intact: rerun `hgbench merge` or --resume to "
+                              "rewrite the summary", path, std::strerror(errno)));
 }
 
 // The median, NaN when there is nothing (a strategy with no finished repeat at a point).
@@ -109,7 +173,7 @@ std::string write_accuracy_summary(const std::string& dir, const std::vector<Jso
                   g(acc, "acc_norm_stderr"), g(fid, "agreement"), g(fid, "mean_abs_ll_diff"), g(fid, "mean_kl"),
                   reason.count(key) ? reason[key] : ""});
     }
-  std::fclose(f);
+  close_checked(f, csv_path);
 
   // Point names: the axes that vary (task first).
   const std::vector<std::string> varying = varying_axes(points);
@@ -172,7 +236,7 @@ std::string write_accuracy_summary(const std::string& dir, const std::vector<Jso
         [&](const Json& r) { const double v = fid(r, "mean_kl"); return std::isfinite(v) ? fmt::format("{:.2e}", v) : std::string("ref"); },
         [&](const Json& r) { return fid(r, "mean_kl"); });
   }
-  std::ofstream(dir + "/table.txt") << out;
+  write_checked(dir + "/table.txt", out);
   return out;
 }
 
@@ -188,6 +252,7 @@ ResultDir::ResultDir(const std::string& dir, const ExperimentSpec& spec, bool re
   const bool non_empty = exists && !fs::is_empty(dir);
   if (resume) {
     if (!exists) input_error("{}: --resume needs an existing result directory", dir);
+    check_same_experiment(dir, spec, shard);
   } else if (non_empty) {
     if (!force)
       input_error("{}: the output directory is not empty (--resume to continue it, --force to replace it)", dir);
@@ -359,7 +424,7 @@ std::string write_summary(const std::string& dir, const std::vector<Json>& rows,
                   num(h2d), num(median_of(mom)), reason});
     }
   }
-  std::fclose(f);
+  close_checked(f, csv_path);
 
   // The table: strategies down, points across, geometric mean last (the paper's Figs. 15-19).
   bool end_to_end = false;
@@ -432,7 +497,7 @@ std::string write_summary(const std::string& dir, const std::vector<Json>& rows,
         true);
   block("modeled ÷ measured end-to-end latency (the modeled clock checked against the same run)",
         "modeled_over_measured", "end_to_end", 2, false);
-  std::ofstream(dir + "/table.txt") << out;
+  write_checked(dir + "/table.txt", out);
   return out;
 }
 
@@ -447,15 +512,33 @@ MergeReport merge_results(const std::vector<std::string>& dirs, const std::strin
   std::string baseline;
   std::optional<ExperimentSpec> spec;
   std::map<int, std::string> shard_dir;  // shard number → its directory
+  // The output is written after its inputs are read, over whatever it held: it must be none of them.
+  std::error_code ec;
+  const fs::path out_abs = fs::weakly_canonical(fs::absolute(out), ec);
+  for (auto& d : dirs) {
+    const fs::path d_abs = fs::weakly_canonical(fs::absolute(d), ec);
+    const auto within = [](const fs::path& a, const fs::path& b) {  // a is b or inside it
+      const auto r = a.lexically_relative(b);
+      return !r.empty() && *r.begin() != "..";
+    };
+    if (within(out_abs, d_abs) || within(d_abs, out_abs))
+      input_error("merge: --out {} is, or holds, the input directory {}; give a new directory", out, d);
+  }
+  YAML::Node first_cfg;
   for (auto& d : dirs) {
     if (opts.shards > 0 && !fs::exists(d + "/config.yaml")) continue;  // a shard that has not run
     std::ifstream cfg(d + "/config.yaml");
     if (!cfg) input_error("{}: no config.yaml (not a result directory)", d);
-    const YAML::Node y = YAML::LoadFile(d + "/config.yaml");
+    const YAML::Node y = load_config(d + "/config.yaml");
     const std::string name = y["name"] ? y["name"].as<std::string>() : "";
-    if (experiment.empty()) experiment = name, first_dir = d;
-    else if (name != experiment)
+    if (experiment.empty()) {
+      experiment = name, first_dir = d, first_cfg = y;
+    } else if (name != experiment) {
       input_error("{}: experiment '{}' does not match '{}' of {}", d, name, experiment, first_dir);
+    } else if (const auto differ = config_differences(first_cfg, y); !differ.empty()) {
+      input_error("{}: not a shard of the same experiment as {}: {} differ{}", d, first_dir, fmt::join(differ, "; "),
+                  differ.size() == 1 ? "s" : "");
+    }
     if (!spec) {
       spec = parse_experiment(YAML::Dump(y), d + "/config.yaml");
       baseline = spec->baseline;
@@ -473,7 +556,10 @@ MergeReport merge_results(const std::vector<std::string>& dirs, const std::strin
     }
     for (auto& r : read_rows(d)) {
       auto key = std::make_tuple(r.value("point_id", ""), r.value("label", ""), r.value("repeat", -1));
-      if (!seen.insert(key).second) continue;  // the same row in two shards (a resubmitted shard)
+      if (!seen.insert(key).second) {  // the same row in two shards (a resubmitted shard): the first kept
+        ++rep.duplicates;
+        continue;
+      }
       all.push_back(std::move(r));
     }
   }
@@ -506,7 +592,6 @@ MergeReport merge_results(const std::vector<std::string>& dirs, const std::strin
     return std::make_tuple(a.value("point_index", 0), label_order[a.value("label", "")], a.value("repeat", 0)) <
            std::make_tuple(b.value("point_index", 0), label_order[b.value("label", "")], b.value("repeat", 0));
   });
-  std::error_code ec;
   if (fs::exists(out) && !fs::is_empty(out)) {
     if (!opts.force) input_error("{}: the merge output directory is not empty (--force to replace it)", out);
     fs::remove_all(out);
@@ -515,9 +600,17 @@ MergeReport merge_results(const std::vector<std::string>& dirs, const std::strin
   if (ec) input_error("{}: cannot create ({})", out, ec.message());
   fs::copy_file(first_dir + "/config.yaml", out + "/config.yaml", fs::copy_options::overwrite_existing);
   {
-    std::ofstream o(out + "/" + kRows);
+    // Written beside, then renamed: a failed write (a full disk) leaves no torn rows.jsonl.
+    const std::string tmp = out + "/" + kRows + ".tmp";
+    std::ofstream o(tmp);
     for (auto& r : all) o << json_text(r) << "\n";
-    if (!o) input_error("{}/{}: write failed", out, kRows);
+    o.close();
+    if (!o) {
+      fs::remove(tmp, ec);
+      throw IoError(fmt::format("{}/{}: write failed ({}); the input directories are unchanged", out, kRows,
+                                std::strerror(errno)));
+    }
+    fs::rename(tmp, out + "/" + kRows);
   }
   std::vector<std::string> labels(label_order.size());
   for (auto& [l, i] : label_order) labels[size_t(i)] = l;

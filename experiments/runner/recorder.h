@@ -56,6 +56,7 @@ struct MergeReport {
   std::vector<std::string> missing;  // one line per shard that is absent or incomplete
   std::vector<int> missing_shards;
   std::string table;
+  size_t duplicates = 0;  // rows found in more than one directory (the first kept)
 };
 // Joins shard directories (each with config.yaml and rows.jsonl of the same experiment) into
 // `out`. Errors name the directory that does not fit. With opts.shards, directories that do not

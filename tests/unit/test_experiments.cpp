@@ -187,6 +187,30 @@ sweep:
   fs::remove_all(d);
 }
 
+// A result directory belongs to one experiment: --resume with another file, other settings or
+// another shard is refused (exit 2, naming what differs) and leaves the rows as they were.
+TEST(ExperimentRun, ResumeRefusesAnotherExperimentsDirectory) {
+  const std::string d = tmp_dir("resume_other");
+  const std::string body = "models: [\"synthetic:tiny-llama\"]\nstrategies: [full]\nsweep:\n  prompt_tokens: [8]\n"
+                           "  decode_tokens: [1]\n";
+  const std::string a = write_file(d, "a.yaml", "name: a\n" + body);
+  const std::string b = write_file(d, "b.yaml", "name: b\n" + body);
+  ASSERT_EQ(run_cli(a + " -o " + d + "/out").status, 0);
+  const auto before = read_rows(d + "/out");
+  Proc p = run_cli(b + " --resume " + d + "/out");
+  EXPECT_EQ(p.status, 2) << p.out;
+  EXPECT_NE(p.out.find("name"), std::string::npos) << p.out;
+  p = run_cli(a + " --resume " + d + "/out --set sweep.prompt_tokens=[16]");
+  EXPECT_EQ(p.status, 2) << p.out;
+  EXPECT_NE(p.out.find("sweep"), std::string::npos) << p.out;
+  p = run_cli(a + " --resume " + d + "/out --shard 1/2");
+  EXPECT_EQ(p.status, 2) << p.out;
+  EXPECT_EQ(read_rows(d + "/out").size(), before.size());
+  // The same experiment resumes (nothing left to run).
+  EXPECT_EQ(run_cli(a + " --resume " + d + "/out").status, 0);
+  fs::remove_all(d);
+}
+
 TEST(ExperimentRun, SigkillThenResumeYieldsTheRowsOfAnUninterruptedRun) {
   const std::string d = tmp_dir("resume");
   const std::string f = write_file(d, "e.yaml", R"(name: r
@@ -271,6 +295,16 @@ TEST(ExperimentRun, MergeOfTwoShardsEqualsTheUnshardedRun) {
     return std::count(all.begin(), all.end(), '\n');
   };
   EXPECT_EQ(lines(d + "/merged/summary.csv"), lines(d + "/all/summary.csv"));
+  // Nothing lost or mixed: an output that is one of the inputs is refused before anything is
+  // removed, and so is a shard of other settings.
+  Proc p = run_cli("merge " + d + "/s0 " + d + "/s1 --out " + d + "/s0 --shards 2 --force");
+  EXPECT_EQ(p.status, 2) << p.out;
+  EXPECT_EQ(read_rows(d + "/s0").size() + read_rows(d + "/s1").size(), all.size());
+  ASSERT_EQ(run_cli(f + " --shard 1/2 -o " + d + "/s1b --set seed=7").status, 0);
+  p = run_cli("merge " + d + "/s0 " + d + "/s1b --out " + d + "/mixed --shards 2");
+  EXPECT_EQ(p.status, 2) << p.out;
+  EXPECT_NE(p.out.find("seed"), std::string::npos) << p.out;
+  EXPECT_FALSE(fs::exists(d + "/mixed"));
   fs::remove_all(d);
 }
 
