@@ -151,28 +151,8 @@ void HybridGen::attend_exact(int layer, const std::vector<TokenRow>& rows, const
     Allocation kb = rt_.memory().allocate(Tier::kGpu, int64_t(Hkv) * n * D * 4, MemUse::kKv);
     Allocation vb = rt_.memory().allocate(Tier::kGpu, int64_t(Hkv) * n * D * 4, MemUse::kKv);
     const size_t pitch = size_t(n) * size_t(D) * 4;
-    // Every position of the sequence is a row of this call (a whole-prompt prefill): its keys and
-    // values are this call's own, on the accelerator; none is read back over the link.
-    int32_t own = 0;
-    for (auto& r : rows) own += r.seq == seq;
-    const bool fresh = own == n;
-    if (fresh) {
-      // One write per run of the call's consecutive rows.
-      std::vector<int32_t> pos;
-      for (size_t i = 0; i < rows.size();) {
-        if (rows[i].seq != seq) {
-          ++i;
-          continue;
-        }
-        size_t j = i;
-        pos.clear();
-        while (j < rows.size() && rows[j].seq == seq && idx[j] == idx[i] + (j - i)) pos.push_back(rows[j++].pos);
-        const int64_t at = int64_t(idx[i]) * Hkv * D, m = int64_t(j - i);
-        be_.write_kv(new_k_ + at, m, Hkv, D, pos.data(), kb.data(), int64_t(n) * D, DType::kF32);
-        be_.write_kv(new_v_ + at, m, Hkv, D, pos.data(), vb.data(), int64_t(n) * D, DType::kF32);
-        i = j;
-      }
-    }
+    // A whole-prompt prefill: its keys and values are this call's own, on the accelerator.
+    const bool fresh = write_own_kv(be_, rows, idx, seq, n, new_k_, new_v_, Hkv, D, kb.as<float>(), vb.as<float>());
     if (n_off > 0 && !fresh) {
       for (Tier t : {Tier::kDram, Tier::kFar}) {
         const int32_t rows = offloaded_kv_.key_rows_before(t, layer, seq, n_off);

@@ -177,7 +177,7 @@ class InfiniGen final : public KvStrategy {
       grow(fb.k, int64_t(Hkv) * n * D * 4);
       grow(fb.v, int64_t(Hkv) * n * D * 4);
       float *kb = fb.k.as<float>(), *vb = fb.v.as<float>();
-      if (write_own_rows(rows, seq, n, kb, vb)) {
+      if (write_own_kv(be_, rows, {}, seq, n, new_k_, new_v_, Hkv, D, kb, vb)) {  // a whole-prompt prefill
         own_rows_[size_t(seq)] = true;
         continue;
       }
@@ -260,29 +260,6 @@ class InfiniGen final : public KvStrategy {
   bool ready(int layer) const { return !skew_[size_t(layer) * size_t(shape_.H_kv)].empty(); }
   // Tokens [0, n) of every KV head of `rows` (a dram store's K or V of `seq`) into dst [H_kv, n, D]
   // on the accelerator: one strided copy (inside a transfer's body).
-  // A whole-prompt prefill: every position of `seq` below n is a row of this call, so its keys and
-  // values are the call's own, on the accelerator; they are written into kb, vb [H_kv, n, D] there
-  // (one write per run of consecutive rows) and nothing is read back over the link.
-  bool write_own_rows(std::span<const TokenRow> rows, int32_t seq, int32_t n, float* kb, float* vb) {
-    int32_t own = 0;
-    for (auto& r : rows) own += r.seq == seq;
-    if (own != n) return false;
-    const int Hkv = shape_.H_kv, D = shape_.D;
-    std::vector<int32_t> pos;
-    for (size_t i = 0; i < rows.size();) {
-      if (rows[i].seq != seq) {
-        ++i;
-        continue;
-      }
-      const size_t i0 = i;
-      pos.clear();
-      while (i < rows.size() && rows[i].seq == seq) pos.push_back(rows[i++].pos);
-      const int64_t off = int64_t(i0) * Hkv * D;
-      be_.write_kv(new_k_ + off, int64_t(pos.size()), Hkv, D, pos.data(), kb, int64_t(n) * D, DType::kF32);
-      be_.write_kv(new_v_ + off, int64_t(pos.size()), Hkv, D, pos.data(), vb, int64_t(n) * D, DType::kF32);
-    }
-    return true;
-  }
   void upload_prefix(float* dst, const float* rows, int seq, int32_t n) {
     const size_t len = size_t(n) * size_t(shape_.D) * 4;
     be_.upload_2d(dst, len, rows, size_t(store_.head_stride(seq)) * 4, len, size_t(shape_.H_kv));

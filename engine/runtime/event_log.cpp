@@ -2,9 +2,33 @@
 #include "engine/runtime/event_log.h"
 
 #include <algorithm>
+#include <cmath>
 #include <map>
 
 namespace hg {
+
+StageWork& StageWork::operator+=(const StageWork& o) {
+  flops += o.flops;
+  attn_flops += o.attn_flops;
+  launches += o.launches;
+  for (size_t i = 0; i < bytes.size(); ++i) {
+    bytes[i] += o.bytes[i];
+    rows[i] += o.rows[i];
+  }
+  return *this;
+}
+
+StageWork StageWork::scaled(double f) const {
+  StageWork w = *this;
+  w.flops = flops * f;
+  w.attn_flops = attn_flops * f;
+  w.launches = int64_t(std::lround(double(launches) * f));
+  for (size_t i = 0; i < bytes.size(); ++i) {
+    w.bytes[i] = int64_t(double(bytes[i]) * f);
+    w.rows[i] = int64_t(double(rows[i]) * f);
+  }
+  return w;
+}
 
 std::string_view stage_kind_name(StageKind k) {
   switch (k) {

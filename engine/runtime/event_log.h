@@ -30,6 +30,11 @@ struct StageWork {
   std::array<int64_t, kNumTiers> rows{};
   // Kernel launches an accelerator stage issues (the profile's per-launch cost; 0: not counted).
   int64_t launches = 0;
+
+  // Adds another compute stage's work (FLOPs, bytes, rows, launches; not the transfer fields).
+  StageWork& operator+=(const StageWork& o);
+  // This work's share f of each count (a stage split into segments).
+  StageWork scaled(double f) const;
 };
 
 struct StageRecord {

@@ -4,7 +4,6 @@
 #include <omp.h>
 
 #include <algorithm>
-#include <cmath>
 
 namespace hg {
 
@@ -41,13 +40,7 @@ StageWork current_accel_work() {
   StageWork w;
   if (const AccelSegments* seg = tl_accel) {
     w = seg->base;
-    w.flops += seg->extra.flops;
-    w.launches += seg->extra.launches;
-    w.attn_flops += seg->extra.attn_flops;
-    for (size_t i = 0; i < w.bytes.size(); ++i) {
-      w.bytes[i] += seg->extra.bytes[i];
-      w.rows[i] += seg->extra.rows[i];
-    }
+    w += seg->extra;
   }
   return w;
 }
@@ -61,15 +54,7 @@ void set_accel_progress(double fraction) {
 }
 
 void add_accel_work(const StageWork& w) {
-  if (AccelSegments* seg = tl_accel) {
-    seg->extra.flops += w.flops;
-    seg->extra.launches += w.launches;
-    seg->extra.attn_flops += w.attn_flops;
-    for (size_t i = 0; i < w.bytes.size(); ++i) {
-      seg->extra.bytes[i] += w.bytes[i];
-      seg->extra.rows[i] += w.rows[i];
-    }
-  }
+  if (AccelSegments* seg = tl_accel) seg->extra += w;
 }
 
 void Event::wait() const {
@@ -194,13 +179,7 @@ void Queue::run() {
     rec.queue = index_;
     rec.step = t.step;
     rec.work = t.work;
-    rec.work.flops += segments.extra.flops;
-    rec.work.launches += segments.extra.launches;
-    rec.work.attn_flops += segments.extra.attn_flops;
-    for (size_t i = 0; i < rec.work.bytes.size(); ++i) {
-      rec.work.bytes[i] += segments.extra.bytes[i];
-      rec.work.rows[i] += segments.extra.rows[i];
-    }
+    rec.work += segments.extra;
     const bool progress = segments.progress >= 0 && !segments.progress_broken;
     if (segments.done.empty()) {
       if (progress) rec.progress0 = 0, rec.progress1 = 1;
@@ -227,13 +206,7 @@ void Queue::run() {
         part.start_s = g.start_s;
         part.end_s = g.end_s;
         if (progress) part.progress0 = std::max(0.0, g.p0), part.progress1 = g.p1;
-        part.work.flops = rec.work.flops * f;
-        part.work.attn_flops = rec.work.attn_flops * f;
-        part.work.launches = int64_t(std::lround(double(rec.work.launches) * f));
-        for (size_t i = 0; i < part.work.bytes.size(); ++i) {
-          part.work.bytes[i] = int64_t(double(rec.work.bytes[i]) * f);
-          part.work.rows[i] = int64_t(double(rec.work.rows[i]) * f);
-        }
+        part.work = rec.work.scaled(f);
         log_->record(std::move(part));
       }
     }

@@ -163,6 +163,16 @@ double median_seconds(int reps, int per, F&& f) {
   std::nth_element(t.begin(), t.begin() + reps / 2, t.end());
   return t[size_t(reps / 2)];
 }
+
+// Seconds of one call of `pass` (which ends by waiting for the device): after a warm-up, the
+// median of an odd number (3-41) of calls filling about `seconds`.
+template <class F>
+double median_pass_seconds(double seconds, F&& pass) {
+  pass();  // warm-up: weight upload, primitive, kernel choice
+  const double one = median_seconds(1, 1, pass);
+  const int reps = int(std::clamp(seconds / std::max(one, 1e-6), 3.0, 41.0)) | 1;
+  return median_seconds(reps, 1, pass);
+}
 }  // namespace
 
 double measure_read_gbs(MemorySystem& mem, Tier tier, int64_t bytes, double seconds) {
@@ -268,9 +278,7 @@ void measure_device(Backend& be, double seconds, PlatformProfile* p, double* cop
   });
   p->gpu_mem_gib = double(be.device_memory_bytes()) / double(int64_t(1) << 30);
 }
-}  // namespace
 
-namespace {
 // Achieved rates of the accelerator's weight kernels through its own backend, the median of timed
 // passes that each end with a 4-byte download (which waits for the device): a BF16 GEMM of the
 // prefill shape (FLOP/s) and a BF16 GEMV, one row through a 128 MiB weight (weight bytes per second).
@@ -294,11 +302,7 @@ void measure_weight_rates(Backend& be, int64_t gemm_m, int64_t gemm_k, int64_t g
   };
   float sink = 0;
   auto pass_s = [&](const Weight& w, const BackendArray<float>& x, int64_t m, BackendArray<float>& y) {
-    be.matmul(x.data(), m, w, nullptr, y.data());  // warm-up: weight upload, primitive, kernel choice
-    be.download(&sink, y.data(), 4);
-    const double one = median_seconds(1, 1, [&] { be.matmul(x.data(), m, w, nullptr, y.data()), be.download(&sink, y.data(), 4); });
-    const int reps = int(std::clamp(seconds / std::max(one, 1e-6), 3.0, 41.0)) | 1;
-    return median_seconds(reps, 1, [&] { be.matmul(x.data(), m, w, nullptr, y.data()), be.download(&sink, y.data(), 4); });
+    return median_pass_seconds(seconds, [&] { be.matmul(x.data(), m, w, nullptr, y.data()), be.download(&sink, y.data(), 4); });
   };
   {
     const Weight w = weight(gemm_n, gemm_k);
@@ -336,11 +340,8 @@ void measure_attention_flops(Backend& be, double seconds, PlatformProfile* p) {
   }
   const AttentionArgs a = attention_args(H, Hkv, D, 1.0f / std::sqrt(float(D)), dq.data(), rows, out.data(), DType::kF16);
   float sink = 0;
-  auto pass = [&] { be.attention(a), be.download(&sink, out.data(), 4); };
-  pass();
-  const double one = median_seconds(1, 1, pass);
-  const int reps = int(std::clamp(seconds / std::max(one, 1e-6), 3.0, 41.0)) | 1;
-  p->gpu_attn_flops = 4.0 * H * D * keys / median_seconds(reps, 1, pass);
+  p->gpu_attn_flops =
+      4.0 * H * D * keys / median_pass_seconds(seconds, [&] { be.attention(a), be.download(&sink, out.data(), 4); });
 }
 
 // Fixed costs: a stage's hand-off between queue threads (half an empty stage's submit-and-wait

@@ -226,7 +226,9 @@ TEST(Strategies, EveryRegisteredStrategyHasContractCases) {
   for (auto& c : kExactCases) covered.insert(c.strategy);
   for (auto& c : kBudgetCases) covered.insert(c.strategy);
   for (auto& s : strategies())
-    if (s.name != "null") EXPECT_TRUE(covered.count(s.name)) << s.name << " has no contract case";
+    if (s.name != "null") {
+      EXPECT_TRUE(covered.count(s.name)) << s.name << " has no contract case";
+    }
 }
 
 TEST(Strategies, SchemaAndParamErrors) {
