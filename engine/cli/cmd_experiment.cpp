@@ -11,6 +11,7 @@
 #include "engine/backend/backend.h"
 #include "engine/cli/cli.h"
 #include "engine/core/error.h"
+#include "engine/formats/formats.h"
 #include "experiments/runner/recorder.h"
 #include "experiments/runner/runner.h"
 #include "experiments/runner/spec.h"
@@ -84,8 +85,22 @@ int cmd_run(const std::vector<std::string>& args) {
   return run_experiment(load_experiment(file, sets), output, resume, force, shard, list);
 }
 
+namespace {
+// Every model of the file can load (headers only), before anything runs or is written.
+void check_models(const ExperimentSpec& spec) {
+  for (const std::string& m : spec.models) {
+    try {
+      check_model_spec(m);
+    } catch (const InputError& e) {
+      input_error("{}: models: {}", spec.file, e.what());
+    }
+  }
+}
+}  // namespace
+
 int run_experiment(ExperimentSpec spec, const std::string& output, const std::string& resume, bool force,
                    const std::string& shard, bool list) {
+  check_models(spec);
   const std::string how = resolve_execute(spec, cuda_device_count_or_zero() > 0);
   const std::vector<Point> points = expand(spec);
   const auto [shard_i, shard_n] = shard.empty() ? std::pair{0, 1} : parse_shard(shard);
@@ -174,6 +189,7 @@ int cmd_validate(const std::vector<std::string>& args) {
   app.add_option("--set", sets, "override a key first: KEY=VALUE");
   if (int rc = parse_cli(app, "validate", args); rc >= 0) return rc;
   ExperimentSpec spec = load_experiment(file, sets);
+  check_models(spec);
   const auto points = expand(spec);
   fmt::print("{}: ok — {} points × {} strategies × {} repeats = {} rows (execute {}, clock {})\n", file, points.size(),
              spec.strategies.size(), spec.repeats, points.size() * spec.strategies.size() * size_t(spec.repeats),

@@ -10,6 +10,7 @@
 #include "engine/cli/cli.h"
 #include "engine/core/cpu_features.h"
 #include "engine/core/error.h"
+#include "engine/core/yaml_util.h"
 
 int main(int argc, char** argv) {
   // A file-size limit makes writes fail with EFBIG (reported with the path) instead of killing us.
@@ -18,6 +19,10 @@ int main(int argc, char** argv) {
   if (args.empty() || args[0] == "-h" || args[0] == "--help" || args[0] == "help") {
     hg::cli::print_usage();
     return args.empty() ? 2 : 0;
+  }
+  if (args[0] == "--version" || args[0] == "version") {
+    fmt::print("hgbench {} ({} build, g++ {})\n", HG_VERSION, HG_BUILD_TYPE, __VERSION__);
+    return 0;
   }
   std::string cmd = args[0];
   if (cmd.ends_with(".yaml") || cmd.ends_with(".yml")) cmd = "run";
@@ -30,11 +35,17 @@ int main(int argc, char** argv) {
 #endif
     hg::active_cpu_isa();  // HG_CPU_ISA checked before any work
     std::string names;
+    std::vector<std::string> all;
     for (auto& c : hg::cli::commands()) {
       if (cmd == c.name) return c.run(args);
       names += (names.empty() ? "" : ", ") + std::string(c.name);
+      all.emplace_back(c.name);
     }
-    fmt::print(stderr, "hgbench: unknown command '{}' (expected FILE.yaml or one of {}; see --help)\n", cmd, names);
+    size_t dist = 0;
+    std::string near = hg::nearest_key(cmd, all, &dist);
+    if (dist > std::max<size_t>(2, cmd.size() / 3)) near.clear();  // nothing close: no guess
+    fmt::print(stderr, "hgbench: unknown command '{}'{} (expected FILE.yaml or one of {}; see --help)\n", cmd,
+               near.empty() ? "" : " — did you mean '" + near + "'?", names);
     return 2;
   } catch (const hg::InputError& e) {  // bad file, field or argument; unsupported request
     fmt::print(stderr, "hgbench: error: {}\n", e.what());

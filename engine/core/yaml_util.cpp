@@ -7,7 +7,7 @@
 
 namespace hg {
 
-std::string nearest_key(const std::string& key, const std::vector<std::string>& candidates) {
+std::string nearest_key(const std::string& key, const std::vector<std::string>& candidates, size_t* distance) {
   std::string best;
   size_t best_d = SIZE_MAX;
   for (auto& c : candidates) {
@@ -24,6 +24,7 @@ std::string nearest_key(const std::string& key, const std::vector<std::string>& 
       best = c;
     }
   }
+  if (distance) *distance = best_d;
   return best;
 }
 

@@ -9,7 +9,8 @@
 namespace hg {
 
 // Levenshtein-nearest of `candidates` to `key` (for "did you mean" hints).
-std::string nearest_key(const std::string& key, const std::vector<std::string>& candidates);
+std::string nearest_key(const std::string& key, const std::vector<std::string>& candidates,
+                        size_t* distance = nullptr);
 // Throws InputError for any key of the map `node` not in `allowed`.
 void check_keys(const YAML::Node& node, const std::vector<std::string>& allowed, const std::string& file,
                 const std::string& path);

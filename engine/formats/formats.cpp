@@ -92,6 +92,28 @@ DType default_weight_dtype(DType src, const LoadOptions& opts) {
   return src;  // F16 and BF16 files stay half precision (read at half the bytes); F32 stays F32
 }
 
+void check_model_spec(const std::string& spec_str) {
+  const ModelSpec spec = parse_model_spec(spec_str);
+  const FormatRegistry& reg = model_formats();
+  if (spec.format == "synthetic") {
+    for (auto& p : synthetic_presets())
+      if (p.name == spec.path) return;
+    std::string names;
+    for (auto& p : synthetic_presets()) names += (names.empty() ? "" : ", ") + p.name;
+    input_error("model '{}': no synthetic preset '{}' (expected one of: {})", spec_str, spec.path, names);
+  }
+  if (!spec.format.empty()) {
+    if (!reg.by_name(spec.format)) input_error("model '{}': unknown format '{}'", spec_str, spec.format);
+    if (!std::filesystem::exists(spec.path)) input_error("model '{}': {}: no such file or directory", spec_str, spec.path);
+    return;
+  }
+  if (!std::filesystem::exists(spec.path)) input_error("model '{}': no such file or directory", spec_str);
+  for (auto& f : reg.all())
+    if (f.probe && f.probe(spec.path)) return;
+  input_error("model '{}': not a recognised model (expected a GGUF file, a Hugging Face directory with config.json, "
+              "or a llama2.c .bin)", spec_str);
+}
+
 Model load_model(const std::string& spec_str, const LoadOptions& opts) {
   ModelSpec spec = parse_model_spec(spec_str);
   const FormatRegistry& reg = model_formats();

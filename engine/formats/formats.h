@@ -67,6 +67,10 @@ class FormatRegistry {
 const FormatRegistry& model_formats();
 // Loads any supported model; throws InputError with the file and problem on bad input.
 Model load_model(const std::string& spec, const LoadOptions& opts = {});
+// Checks, without loading weights, that `spec` names a model that can load: a known format and,
+// for synthetic ones, a known preset; a path that exists and that a format recognises. InputError
+// (one line naming the model) otherwise.
+void check_model_spec(const std::string& spec);
 
 ModelFormat gguf_format();
 ModelFormat hf_format();

@@ -4,11 +4,15 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <ctime>
 #include <filesystem>
 #include <fstream>
 #include <random>
 
+#include <sys/utsname.h>
 #include <unistd.h>
+
+#include <oneapi/dnnl/dnnl.h>
 
 #include "baselines/registry.h"
 #include "datasets/score.h"
@@ -175,6 +179,16 @@ Json weights_record(const Model& m) {
           {"process_peak_resident_bytes", mem.peak_resident_bytes}};
 }
 
+// Now, as ISO 8601 UTC to the second.
+std::string utc_now() {
+  const std::time_t t = std::time(nullptr);
+  std::tm tm{};
+  gmtime_r(&t, &tm);
+  char b[32];
+  std::strftime(b, sizeof b, "%Y-%m-%dT%H:%M:%SZ", &tm);
+  return b;
+}
+
 Json provenance() {
   static const Json p = [] {
     Json j;
@@ -182,8 +196,27 @@ Json provenance() {
     const std::string commit = run_command("git -C '" + src + "' rev-parse HEAD 2>/dev/null");
     j["commit"] = commit.empty() ? "unknown" : commit;
     j["dirty"] = commit.empty() ? Json() : Json(!run_command("git -C '" + src + "' status --porcelain --untracked-files=no 2>/dev/null").empty());
+    j["version"] = HG_VERSION;
     j["build_type"] = HG_BUILD_TYPE;
     j["compiler"] = "g++ " __VERSION__;
+    if (utsname u{}; uname(&u) == 0) j["os"] = fmt::format("{} {} {}", u.sysname, u.release, u.machine);
+    if (std::ifstream os("/etc/os-release"); os)
+      for (std::string line; std::getline(os, line);)
+        if (line.rfind("PRETTY_NAME=", 0) == 0) j["distribution"] = line.substr(13, line.size() > 14 ? line.size() - 14 : 0);
+    const dnnl_version_t* dv = dnnl_version();
+    j["libraries"] = {{"onednn", fmt::format("{}.{}.{}", dv->major, dv->minor, dv->patch)},
+                      {"fmt", fmt::format("{}.{}.{}", FMT_VERSION / 10000, FMT_VERSION / 100 % 100, FMT_VERSION % 100)},
+                      {"nlohmann_json", fmt::format("{}.{}.{}", NLOHMANN_JSON_VERSION_MAJOR, NLOHMANN_JSON_VERSION_MINOR,
+                                                    NLOHMANN_JSON_VERSION_PATCH)}};
+    // The command line of this process, as typed (--set overrides included).
+    if (std::ifstream cl("/proc/self/cmdline", std::ios::binary); cl) {
+      std::string all((std::istreambuf_iterator<char>(cl)), {}), arg;
+      Json argv = Json::array();
+      for (char c : all)
+        if (c == '\0') argv.push_back(arg), arg.clear();
+        else arg += c;
+      j["command_line"] = argv;
+    }
     j["cpu"] = cpu_model();
     j["cpu_kernels"] = std::string(cpu_isa_name(active_cpu_isa()));
     j["cpu_tuning"] = std::string(cpu_tuning_name(cpu_tuning()));
@@ -247,6 +280,7 @@ Json failed_row(const ExperimentSpec& spec, const Point& p, const StrategyEntry&
   r["execute"] = spec.execute;
   r["point"] = p.values;
   r["provenance"] = provenance();
+  r["provenance"]["finished_utc"] = utc_now();
   return r;
 }
 
@@ -354,6 +388,7 @@ Json Runner::run_eval_once(const Point& p, const StrategyEntry& entry, int repea
   r["runtime"] = {{"device", rt.device_description()}};
   r["weights"] = weights_record(model);
   r["provenance"] = provenance();
+  r["provenance"]["finished_utc"] = utc_now();
   return r;
 }
 
@@ -490,6 +525,7 @@ Json Runner::run_once(const Point& p, const StrategyEntry& entry, int repeat, bo
   r["runtime"] = dev;
   r["weights"] = weights_record(model);
   r["provenance"] = provenance();
+  r["provenance"]["finished_utc"] = utc_now();
   return r;
 }
 

@@ -2,8 +2,10 @@
 // generate/info run.
 #include <sys/wait.h>
 
+#include <algorithm>
 #include <array>
 #include <cstdio>
+#include <filesystem>
 #include <sstream>
 
 #include "engine/backend/backend.h"
@@ -66,6 +68,23 @@ TEST(Cli, BadInputExitsTwoWithOneLine) {
     EXPECT_EQ(r.status, 2) << args << "\n" << r.out;
     EXPECT_EQ(std::count(r.out.begin(), r.out.end(), '\n'), 1) << args << "\n" << r.out;
   }
+  // An experiment whose model does not exist: one line naming it, before anything runs or is written.
+  const std::string out = test::temp_path("cli_missing_model");
+  for (const std::string cmd : {"", "validate "}) {
+    const CmdResult r = run(cmd + std::string(HG_SOURCE_DIR) + "/experiments/quickstart.yaml --set models=[/nonexistent] " +
+                            (cmd.empty() ? "-o " + out : ""));
+    EXPECT_EQ(r.status, 2) << cmd << r.out;
+    EXPECT_EQ(std::count(r.out.begin(), r.out.end(), '\n'), 1) << cmd << r.out;
+    EXPECT_NE(r.out.find("/nonexistent"), std::string::npos) << r.out;
+  }
+  EXPECT_FALSE(std::filesystem::exists(out));
+  // A misspelt command gets the nearest one; --version answers.
+  const CmdResult typo = run("valdate x.yaml");
+  EXPECT_EQ(typo.status, 2);
+  EXPECT_NE(typo.out.find("did you mean 'validate'"), std::string::npos) << typo.out;
+  const CmdResult version = run("--version");
+  EXPECT_EQ(version.status, 0);
+  EXPECT_EQ(version.out.rfind(std::string("hgbench ") + HG_VERSION, 0), 0u) << version.out;
   // The CPU kernels' level from the environment: unknown, or one this CPU lacks.
   std::vector<std::pair<std::string, std::string>> env_cases = {
       {"HG_CPU_ISA=avx2", "HG_CPU_ISA=avx2: expected portable, avx512 or avx512_bf16"}};
