@@ -76,19 +76,24 @@ class Backend {
   virtual void attention(const AttentionArgs& a) = 0;
 
   // Attention in parts, for strategies that split it (HybridGen, InfiniGen): G query heads of one
-  // KV group over n keys/values given as D-contiguous rows.
+  // KV group over n keys/values given as D-contiguous rows of element type kt (F32 queries,
+  // logits and outputs).
   // logits[h, t] = scale · q[h] · K[t]   (q [G, D], K [n, D], logits [G, n])
-  virtual void group_logits(const float* q, int G, const float* K, int64_t n, int D, float scale, float* logits) = 0;
+  virtual void group_logits(const float* q, int G, const void* K, int64_t n, int D, float scale, float* logits,
+                            DType kt = DType::kF32) = 0;
   // score[t] = max over h < G of logits[h, t] (NaN logits skipped; -inf when all are): HybridGen's
   // `post` selection score. The CPU backend reduces each block of logits before storing it (one
   // float written per key instead of G); the default (host backends) computes group_logits into a
   // scratch.
-  virtual void group_logit_max(const float* q, int G, const float* K, int64_t n, int D, float scale,
-                               float* score);
+  virtual void group_logit_max(const float* q, int G, const void* K, int64_t n, int D, float scale,
+                               float* score, DType kt = DType::kF32);
   // In place softmax over each of `rows` rows of length n.
   virtual void softmax_rows(float* x, int64_t rows, int64_t n) = 0;
   // out[h] = Σ_t p[h, t] · V[t]   (p [G, n], V [n, D], out [G, D])
-  virtual void group_weighted_v(const float* p, int G, const float* V, int64_t n, int D, float* out) = 0;
+  virtual void group_weighted_v(const float* p, int G, const void* V, int64_t n, int D, float* out,
+                                DType vt = DType::kF32) = 0;
+  // dst[i] = src[i] as F32, i < n (src of type st; both in this backend's memory).
+  virtual void convert_to_f32(const void* src, DType st, int64_t n, float* dst);
 
   // Decode attention of one query row over two key sets that share one softmax (HybridGen's merge
   // of CPU-computed and accelerator-computed logits). Set A arrives as scaled logits la [H, na]
@@ -96,18 +101,20 @@ class Backend {
   // first nb rows count. q [H, D] → out [H, D]; query head h uses KV head h / (H / H_kv). The
   // result does not depend on the order of either set. lb, when given, holds set B's scaled logits
   // [H, nb] already (computed with group_logits before set A was ready, so that work overlaps the
-  // wait for it). Default: the group ops above on a host scratch (host backends).
+  // wait for it). Va, Kb and Vb are of element type kv_dtype. Default: the group ops above on a
+  // host scratch (host backends).
   struct MergedAttention {
     int H = 0, H_kv = 0, D = 0;
     float scale = 1.0f;
     const float* q = nullptr;
     const float* la = nullptr;
-    const float* Va = nullptr;
+    const void* Va = nullptr;
     int64_t na = 0;
-    const float* Kb = nullptr;
-    const float* Vb = nullptr;
+    const void* Kb = nullptr;
+    const void* Vb = nullptr;
     int64_t ld_b = 0, nb = 0;
     const float* lb = nullptr;
+    DType kv_dtype = DType::kF32;
     float* out = nullptr;
   };
   virtual void merged_attention(const MergedAttention& a);

@@ -127,18 +127,22 @@ class ContractBackend final : public Backend {
     if (a.probs_out) dev(a.probs_out, taps, "attention probs tap");
     cpu_->attention(a);
   }
-  void group_logits(const float* q, int G, const float* K, int64_t n, int D, float scale,
-                    float* logits) override {
-    dev(q, 4, "group_logits q"), dev(K, 4, "group_logits K"), dev(logits, 4, "group_logits out");
-    cpu_->group_logits(q, G, K, n, D, scale, logits);
+  void group_logits(const float* q, int G, const void* K, int64_t n, int D, float scale, float* logits,
+                    DType kt) override {
+    dev(q, 4, "group_logits q"), dev(K, 2, "group_logits K"), dev(logits, 4, "group_logits out");
+    cpu_->group_logits(q, G, K, n, D, scale, logits, kt);
   }
   void softmax_rows(float* x, int64_t rows, int64_t n) override {
     dev(x, rows * n * 4, "softmax x");
     cpu_->softmax_rows(x, rows, n);
   }
-  void group_weighted_v(const float* p, int G, const float* V, int64_t n, int D, float* out) override {
-    dev(p, 4, "weighted_v p"), dev(V, 4, "weighted_v V"), dev(out, 4, "weighted_v out");
-    cpu_->group_weighted_v(p, G, V, n, D, out);
+  void group_weighted_v(const float* p, int G, const void* V, int64_t n, int D, float* out, DType vt) override {
+    dev(p, 4, "weighted_v p"), dev(V, 2, "weighted_v V"), dev(out, 4, "weighted_v out");
+    cpu_->group_weighted_v(p, G, V, n, D, out, vt);
+  }
+  void convert_to_f32(const void* src, DType st, int64_t n, float* dst) override {
+    dev(src, n * int64_t(dtype_size(st)), "convert_to_f32 src"), dev(dst, n * 4, "convert_to_f32 dst");
+    cpu_->convert_to_f32(src, st, n, dst);
   }
   void write_kv(const float* src, int64_t n, int H_kv, int D, const int32_t* pos, void* dst,
                 int64_t head_stride, DType dt) override {
@@ -158,11 +162,12 @@ class ContractBackend final : public Backend {
   }
   void merged_attention(const MergedAttention& a) override {
     dev(a.q, int64_t(a.H) * a.D * 4, "merged q"), dev(a.out, int64_t(a.H) * a.D * 4, "merged out");
+    const int64_t es = int64_t(dtype_size(a.kv_dtype));
     if (a.na)
       dev(a.la, int64_t(a.H) * a.na * 4, "merged la"),
-          dev(a.Va, int64_t(a.H_kv) * a.na * a.D * 4, "merged Va");
-    dev(a.Kb, int64_t(a.H_kv) * a.ld_b * a.D * 4, "merged Kb"),
-        dev(a.Vb, int64_t(a.H_kv) * a.ld_b * a.D * 4, "merged Vb");
+          dev(a.Va, int64_t(a.H_kv) * a.na * a.D * es, "merged Va");
+    dev(a.Kb, int64_t(a.H_kv) * a.ld_b * a.D * es, "merged Kb"),
+        dev(a.Vb, int64_t(a.H_kv) * a.ld_b * a.D * es, "merged Vb");
     if (a.lb) dev(a.lb, int64_t(a.H) * a.nb * 4, "merged lb");
     cpu_->merged_attention(a);
   }

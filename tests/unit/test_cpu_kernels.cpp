@@ -302,24 +302,87 @@ TEST(AttentionTaps, LogitsAndProbsMatchRef) {
   }
 }
 
-// Attention in parts (HybridGen's CPU logits): every compiled group size, D = 64/128 (unrolled)
-// and 40 (run-time), key counts around the 16-key block.
+// Attention in parts (HybridGen's CPU logits, its merge): every compiled group size, D = 64/128
+// (unrolled) and 40 (run-time), key counts around the 16-key block, keys and values of each KV
+// element type (the ref backend reads the same 16-bit rows).
 TEST_F(Backends, GroupLogitsAndWeightedVMatchRef) {
-  for (int G : {1, 3, 4, 8, 12})
-    for (int D : {64, 128, 40})
-      for (int64_t n : {1, 15, 16, 17, 1000}) {
-        auto q = test::random_vec(size_t(G * D), 91);
-        auto K = test::random_vec(size_t(n * D), 92, -2, 2);
-        std::vector<float> lg(size_t(G * n), -7.0f), lgr(lg.size(), -7.0f);
-        cpu->group_logits(q.data(), G, K.data(), n, D, 0.125f, lg.data());
-        ref->group_logits(q.data(), G, K.data(), n, D, 0.125f, lgr.data());
-        EXPECT_TRUE(test::all_close(lg.data(), lgr.data(), lg.size(), kTolAttention)) << G << " " << D << " " << n;
-        cpu->softmax_rows(lg.data(), G, n);
-        std::vector<float> o(size_t(G * D)), orf(o.size());
-        cpu->group_weighted_v(lg.data(), G, K.data(), n, D, o.data());
-        ref->group_weighted_v(lg.data(), G, K.data(), n, D, orf.data());
-        EXPECT_TRUE(test::all_close(o.data(), orf.data(), o.size(), kTolAttention)) << G << " " << D << " " << n;
+  for (DType dt : {DType::kF32, DType::kF16, DType::kBF16})
+    for (int G : {1, 3, 4, 8, 12})
+      for (int D : {64, 128, 40})
+        for (int64_t n : {1, 15, 16, 17, 1000}) {
+          const std::string what = fmt::format("{} G {} D {} n {}", dtype_name(dt), G, D, n);
+          auto q = test::random_vec(size_t(G * D), 91);
+          auto Kf = test::random_vec(size_t(n * D), 92, -2, 2);
+          std::vector<char> K(size_t(n * D) * dtype_size(dt));
+          from_f32(dt, Kf.data(), K.data(), Kf.size());
+          std::vector<float> lg(size_t(G * n), -7.0f), lgr(lg.size(), -7.0f);
+          cpu->group_logits(q.data(), G, K.data(), n, D, 0.125f, lg.data(), dt);
+          ref->group_logits(q.data(), G, K.data(), n, D, 0.125f, lgr.data(), dt);
+          EXPECT_TRUE(test::all_close(lg.data(), lgr.data(), lg.size(), kTolAttention)) << what;
+          cpu->softmax_rows(lg.data(), G, n);
+          std::vector<float> o(size_t(G * D)), orf(o.size());
+          cpu->group_weighted_v(lg.data(), G, K.data(), n, D, o.data(), dt);
+          ref->group_weighted_v(lg.data(), G, K.data(), n, D, orf.data(), dt);
+          EXPECT_TRUE(test::all_close(o.data(), orf.data(), o.size(), kTolAttention)) << what;
+          // The conversion strategies use to hand 16-bit keys to F32 matmuls: exact.
+          std::vector<float> back(Kf.size(), -7.0f), back_ref(Kf.size(), 7.0f);
+          cpu->convert_to_f32(K.data(), dt, int64_t(Kf.size()), back.data());
+          ref->convert_to_f32(K.data(), dt, int64_t(Kf.size()), back_ref.data());
+          EXPECT_EQ(0, std::memcmp(back.data(), back_ref.data(), back.size() * 4)) << what;
+        }
+}
+
+// HybridGen's merge of CPU logits and resident keys on the host backends, per KV element type,
+// against one softmax over both sets computed from the same rows in double precision.
+TEST_F(Backends, MergedAttentionMatchesOneSoftmaxForEachKvType) {
+  const int H = 8, H_kv = 2, D = 64, G = H / H_kv;
+  const int64_t na = 37, nb = 21, ld_b = 24;
+  for (DType dt : {DType::kF32, DType::kF16, DType::kBF16}) {
+    const auto q = test::random_vec(size_t(H * D), 95);
+    const auto la = test::random_vec(size_t(H * na), 96, -3, 3);
+    const size_t es = dtype_size(dt);
+    auto rows = [&](size_t n, uint64_t seed) {
+      const auto f = test::random_vec(n, seed);
+      std::vector<char> r(n * es);
+      from_f32(dt, f.data(), r.data(), n);
+      return r;
+    };
+    const auto Va = rows(size_t(H_kv * na * D), 97), Kb = rows(size_t(H_kv * ld_b * D), 98),
+               Vb = rows(size_t(H_kv * ld_b * D), 99);
+    auto at = [&](const std::vector<char>& r, int64_t i) {
+      float f;
+      to_f32(dt, r.data() + i * int64_t(es), &f, 1);
+      return double(f);
+    };
+    for (Backend* be : {cpu.get(), ref.get()}) {
+      std::vector<float> out(size_t(H * D), 7.0f);
+      Backend::MergedAttention m;
+      m.H = H, m.H_kv = H_kv, m.D = D, m.scale = 0.125f, m.q = q.data(), m.la = la.data(), m.Va = Va.data();
+      m.na = na, m.Kb = Kb.data(), m.Vb = Vb.data(), m.ld_b = ld_b, m.nb = nb, m.kv_dtype = dt, m.out = out.data();
+      be->merged_attention(m);
+      double worst = 0;
+      for (int h = 0; h < H; ++h) {
+        const int g = h / G;
+        std::vector<double> p;
+        for (int64_t t = 0; t < na; ++t) p.push_back(la[size_t(h * na + t)]);
+        for (int64_t t = 0; t < nb; ++t) {
+          double acc = 0;
+          for (int d = 0; d < D; ++d) acc += double(q[size_t(h * D + d)]) * at(Kb, (g * ld_b + t) * D + d);
+          p.push_back(acc * 0.125);
+        }
+        const double mx = *std::max_element(p.begin(), p.end());
+        double sum = 0;
+        for (double& x : p) sum += (x = std::exp(x - mx));
+        for (int d = 0; d < D; ++d) {
+          double o = 0;
+          for (int64_t t = 0; t < na; ++t) o += p[size_t(t)] / sum * at(Va, (g * na + t) * D + d);
+          for (int64_t t = 0; t < nb; ++t) o += p[size_t(na + t)] / sum * at(Vb, (g * ld_b + t) * D + d);
+          worst = std::max(worst, std::abs(o - double(out[size_t(h * D + d)])));
+        }
       }
+      EXPECT_LT(worst, 1e-5) << dtype_name(dt) << " " << be->name();
+    }
+  }
 }
 
 // HybridGen's post score: the max over G of the very logits group_logits gives, bit for bit, on
@@ -335,28 +398,31 @@ TEST_F(Backends, GroupLogitMaxIsTheMaxOfGroupLogits) {
         auto K = test::random_vec(size_t(n * D), 94, -2, 2);
         if (G > 1) q[size_t(D) + 3] = NAN;        // query head 1: all its logits NaN
         if (n > 16) K[size_t(16 * D) + 5] = NAN;  // key 16: NaN for every head
-        for (Backend* be : {cpu.get(), ref.get()}) {
-          std::vector<float> lg(size_t(G * n)), score(size_t(n) + 1, 7.0f);
-          be->group_logits(q.data(), G, K.data(), n, D, 0.125f, lg.data());
-          be->group_logit_max(q.data(), G, K.data(), n, D, 0.125f, score.data());
-          EXPECT_EQ(score[size_t(n)], 7.0f) << what << ": wrote past n";
-          int64_t mismatches = 0;
-          for (int64_t t = 0; t < n; ++t) {
-            float m = -INFINITY;
-            for (int h = 0; h < G; ++h) m = m < lg[size_t(h * n + t)] ? lg[size_t(h * n + t)] : m;
-            mismatches += std::memcmp(&m, &score[size_t(t)], 4) != 0;
+        for (Backend* be : {cpu.get(), ref.get()})
+          for (DType dt : {DType::kF32, DType::kF16}) {
+            std::vector<char> Kt(K.size() * dtype_size(dt));
+            from_f32(dt, K.data(), Kt.data(), K.size());
+            std::vector<float> lg(size_t(G * n)), score(size_t(n) + 1, 7.0f);
+            be->group_logits(q.data(), G, Kt.data(), n, D, 0.125f, lg.data(), dt);
+            be->group_logit_max(q.data(), G, Kt.data(), n, D, 0.125f, score.data(), dt);
+            EXPECT_EQ(score[size_t(n)], 7.0f) << what << ": wrote past n";
+            int64_t mismatches = 0;
+            for (int64_t t = 0; t < n; ++t) {
+              float m = -INFINITY;
+              for (int h = 0; h < G; ++h) m = m < lg[size_t(h * n + t)] ? lg[size_t(h * n + t)] : m;
+              mismatches += std::memcmp(&m, &score[size_t(t)], 4) != 0;
+            }
+            EXPECT_EQ(mismatches, 0) << what << " " << be->name() << " " << dtype_name(dt);
+            if (n > 16) {
+              EXPECT_EQ(score[16], -INFINITY) << what << " " << be->name() << " " << dtype_name(dt);
+            }
+            for (int32_t k : {1, 7, 64}) {
+              std::vector<int32_t> by_logits, by_score;
+              logit_top_k(lg.data(), G, n, int32_t(n), k, by_logits);
+              logit_top_k(score.data(), 1, n, int32_t(n), k, by_score);
+              EXPECT_EQ(by_logits, by_score) << what << " K " << k << " " << be->name() << " " << dtype_name(dt);
+            }
           }
-          EXPECT_EQ(mismatches, 0) << what << " " << be->name();
-          if (n > 16) {
-            EXPECT_EQ(score[16], -INFINITY) << what << " " << be->name();
-          }
-          for (int32_t k : {1, 7, 64}) {
-            std::vector<int32_t> by_logits, by_score;
-            logit_top_k(lg.data(), G, n, int32_t(n), k, by_logits);
-            logit_top_k(score.data(), 1, n, int32_t(n), k, by_score);
-            EXPECT_EQ(by_logits, by_score) << what << " K " << k << " " << be->name();
-          }
-        }
       }
 }
 

@@ -325,15 +325,17 @@ class CpuBackend final : public Backend {
   static int64_t key_blocks(int64_t n) {
     return std::max<int64_t>(1, std::min<int64_t>(num_threads() * 4, n / 256));
   }
-  void group_logits(const float* q, int G, const float* K, int64_t n, int D, float scale, float* logits) override {
+  void group_logits(const float* q, int G, const void* K, int64_t n, int D, float scale, float* logits,
+                    DType kt) override {
     const int64_t nb = key_blocks(n);
-    parallel_for(nb, [&](int64_t b) { cpu::group_logits(q, G, K, n, n * b / nb, n * (b + 1) / nb, D, scale, logits); });
+    parallel_for(nb,
+                 [&](int64_t b) { cpu::group_logits(q, G, K, kt, n, n * b / nb, n * (b + 1) / nb, D, scale, logits); });
   }
-  void group_logit_max(const float* q, int G, const float* K, int64_t n, int D, float scale,
-                       float* score) override {
+  void group_logit_max(const float* q, int G, const void* K, int64_t n, int D, float scale, float* score,
+                       DType kt) override {
     const int64_t nb = key_blocks(n);
     parallel_for(
-        nb, [&](int64_t b) { cpu::group_logit_max(q, G, K, n * b / nb, n * (b + 1) / nb, D, scale, score); });
+        nb, [&](int64_t b) { cpu::group_logit_max(q, G, K, kt, n * b / nb, n * (b + 1) / nb, D, scale, score); });
   }
 
   void softmax_rows(float* x, int64_t rows, int64_t n) override {
@@ -347,9 +349,10 @@ class CpuBackend final : public Backend {
     });
   }
 
-  void group_weighted_v(const float* p, int G, const float* V, int64_t n, int D, float* out) override {
-    cpu::group_weighted_v(p, G, V, n, D, out);
+  void group_weighted_v(const float* p, int G, const void* V, int64_t n, int D, float* out, DType vt) override {
+    cpu::group_weighted_v(p, G, V, vt, n, D, out);
   }
+  void convert_to_f32(const void* src, DType st, int64_t n, float* dst) override { cpu::to_f32(src, st, dst, n); }
   float max_value(const float* x, int64_t n) override { return cpu::max_value(x, n); }
   float exp_shift_sum(float* x, int64_t n, float shift) override { return cpu::exp_shift_sum(x, n, shift); }
   void gather_rows(void* dst, const void* src, int64_t row_bytes, int64_t src_stride, const int32_t* idx,

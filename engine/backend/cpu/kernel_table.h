@@ -24,13 +24,14 @@ struct KernelTable {
   void (*f16_to_f32_row)(const uint16_t*, float*, int64_t);
   void (*attention_group)(const float*, const void*, const void*, DType, int64_t, int, int, float, float*, float*,
                           float*, float*, int64_t, float*, const int32_t*);
-  void (*group_logits)(const float*, int, const float*, int64_t, int64_t, int64_t, int, float, float*);
-  void (*group_logit_max)(const float*, int, const float*, int64_t, int64_t, int, float, float*);
+  void (*group_logits)(const float*, int, const void*, DType, int64_t, int64_t, int64_t, int, float, float*);
+  void (*group_logit_max)(const float*, int, const void*, DType, int64_t, int64_t, int, float, float*);
   void (*gemv)(const float*, int, const void*, DType, int64_t, int64_t, int64_t, float*, int64_t);
   bool (*gemv_rounds_bf16_activations)();
   void (*gather_rows)(void*, const void*, int64_t, int64_t, const int32_t*, int64_t);
   float (*sum_rows)(const float*, int64_t, int64_t, const int32_t*, int64_t);
-  void (*group_weighted_v)(const float*, int, const float*, int64_t, int, float*);
+  void (*group_weighted_v)(const float*, int, const void*, DType, int64_t, int, float*);
+  void (*to_f32)(const void*, DType, float*, int64_t);
 };
 
 namespace portable {

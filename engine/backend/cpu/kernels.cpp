@@ -47,13 +47,13 @@ void attention_group(const float* q, const void* K, const void* V, DType kv, int
   table().attention_group(q, K, V, kv, n_keys, G, D, scale, out, scratch, logits_out, probs_out, tap_ld, lse_out,
                           key_limits);
 }
-void group_logits(const float* q, int G, const float* K, int64_t n, int64_t t0, int64_t t1, int D, float scale,
-                  float* logits) {
-  table().group_logits(q, G, K, n, t0, t1, D, scale, logits);
+void group_logits(const float* q, int G, const void* K, DType kt, int64_t n, int64_t t0, int64_t t1, int D,
+                  float scale, float* logits) {
+  table().group_logits(q, G, K, kt, n, t0, t1, D, scale, logits);
 }
-void group_logit_max(const float* q, int G, const float* K, int64_t t0, int64_t t1, int D, float scale,
+void group_logit_max(const float* q, int G, const void* K, DType kt, int64_t t0, int64_t t1, int D, float scale,
                      float* score) {
-  table().group_logit_max(q, G, K, t0, t1, D, scale, score);
+  table().group_logit_max(q, G, K, kt, t0, t1, D, scale, score);
 }
 void gemv(const float* x, int M, const void* W, DType wt, int64_t K, int64_t n0, int64_t n1, float* y, int64_t ldy) {
   table().gemv(x, M, W, wt, K, n0, n1, y, ldy);
@@ -65,8 +65,9 @@ void gather_rows(void* dst, const void* src, int64_t row_bytes, int64_t src_stri
 float sum_rows(const float* src, int64_t row_floats, int64_t src_stride, const int32_t* idx, int64_t n) {
   return best_table().sum_rows(src, row_floats, src_stride, idx, n);
 }
-void group_weighted_v(const float* p, int G, const float* V, int64_t n, int D, float* out) {
-  table().group_weighted_v(p, G, V, n, D, out);
+void group_weighted_v(const float* p, int G, const void* V, DType vt, int64_t n, int D, float* out) {
+  table().group_weighted_v(p, G, V, vt, n, D, out);
 }
+void to_f32(const void* x, DType xt, float* y, int64_t n) { table().to_f32(x, xt, y, n); }
 
 }  // namespace hg::cpu

@@ -48,13 +48,13 @@ void attention_group(const float* q, const void* K, const void* V, DType kv, int
 // one sequence batched as one group in prefill, each with its causal limit.
 // lse_out (optional, [G]): log Σ_t exp(logit) per head — what merging split-key partial results needs
 // (flash-decoding: out = Σ_c e^{lse_c − M} out_c / Σ_c e^{lse_c − M}).
-// logits[h, t] = scale · q[h] · K[t] for t in [t0, t1) (q [G, D], K [n, D], logits [G, n]).
-void group_logits(const float* q, int G, const float* K, int64_t n, int64_t t0, int64_t t1, int D, float scale,
-                  float* logits);
+// logits[h, t] = scale · q[h] · K[t] for t in [t0, t1) (q [G, D], K [n, D] of type kt, logits [G, n]).
+void group_logits(const float* q, int G, const void* K, DType kt, int64_t n, int64_t t0, int64_t t1, int D,
+                  float scale, float* logits);
 // score[t] = max over h < G of scale · q[h] · K[t] for t in [t0, t1), NaN logits skipped (-inf when
 // all are): the same logits as group_logits, bit for bit, reduced before they are stored, so that
 // one float per key is written instead of G.
-void group_logit_max(const float* q, int G, const float* K, int64_t t0, int64_t t1, int D, float scale,
+void group_logit_max(const float* q, int G, const void* K, DType kt, int64_t t0, int64_t t1, int D, float scale,
                      float* score);
 // y[m, n] = x[m, :] · W[n, :] for m < M, n in [n0, n1): the decode GEMV (W [N, K] row-major of
 // type wt, converted to F32 as it streams; F32 accumulation). y has row stride ldy.
@@ -70,7 +70,9 @@ void gather_rows(void* dst, const void* src, int64_t row_bytes, int64_t src_stri
 // Σ of the selected rows (row_floats floats at src + idx[i] · src_stride floats, i < n), read with
 // gather_rows' prefetch: the read-only random-row pass that gathers are compared against.
 float sum_rows(const float* src, int64_t row_floats, int64_t src_stride, const int32_t* idx, int64_t n);
-// out[h] = Σ_t p[h, t] · V[t] over all n rows.
-void group_weighted_v(const float* p, int G, const float* V, int64_t n, int D, float* out);
+// out[h] = Σ_t p[h, t] · V[t] over all n rows (V of type vt).
+void group_weighted_v(const float* p, int G, const void* V, DType vt, int64_t n, int D, float* out);
+// y[i] = x[i] as F32, i < n (x of type xt).
+void to_f32(const void* x, DType xt, float* y, int64_t n);
 
 }  // namespace hg::cpu

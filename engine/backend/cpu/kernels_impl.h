@@ -677,8 +677,8 @@ void attention_group_fused(const float* q, const T* K, const T* V, int64_t n, in
   }
 }
 
-template <int G, int DT>
-void group_logits_fixed(const float* q, const float* K, int64_t n, int64_t t0, int64_t t1, int D_, float scale,
+template <int G, int DT, typename T>
+void group_logits_fixed(const float* q, const T* K, int64_t n, int64_t t0, int64_t t1, int D_, float scale,
                         float* logits) {
   const int D = DT > 0 ? DT : D_;
   for (int64_t t = t0; t < t1; t += 16) {
@@ -693,8 +693,8 @@ void group_logits_fixed(const float* q, const float* K, int64_t n, int64_t t0, i
   }
 }
 
-template <int G, int DT>
-void group_logit_max_fixed(const float* q, const float* K, int64_t t0, int64_t t1, int D_, float scale,
+template <int G, int DT, typename T>
+void group_logit_max_fixed(const float* q, const T* K, int64_t t0, int64_t t1, int D_, float scale,
                            float* score) {
   const int D = DT > 0 ? DT : D_;
   for (int64_t t = t0; t < t1; t += 16) {
@@ -709,8 +709,8 @@ void group_logit_max_fixed(const float* q, const float* K, int64_t t0, int64_t t
 
 // out[h] = Σ_t p[h, t] · V[t]: the attention's V pass (accumulators in registers) over chunks of
 // 64 rows, so that each chunk's rows stay in L1 across the D-block passes.
-template <int G, int DT>
-void group_weighted_v_fixed(const float* p, const float* V, int64_t n, int D_, float* out) {
+template <int G, int DT, typename T>
+void group_weighted_v_fixed(const float* p, const T* V, int64_t n, int D_, float* out) {
   const int D = DT > 0 ? DT : D_;
   constexpr int BB = v_blocks_per_pass(G);
   const int nb = (D + 15) / 16;
@@ -886,9 +886,18 @@ void attention_group_t(const float* q, const T* K, const T* V, int64_t n_keys, i
     for (int d = 0; d < D; ++d) out[int64_t(h) * D + d] *= inv_sum[size_t(h)];
 }
 
-}  // namespace
+// Calls f(T{}) with T the storage type of KV elements of type dt (float, F16Tag, BF16Tag).
+template <typename F>
+void with_kv_type(DType dt, F&& f) {
+  switch (dt) {
+    case DType::kF32: return f(float{});
+    case DType::kF16: return f(F16Tag{});
+    case DType::kBF16: return f(BF16Tag{});
+  }
+}
 
-void group_weighted_v(const float* p, int G, const float* V, int64_t n, int D, float* out) {
+template <typename T>
+void group_weighted_v_t(const float* p, int G, const T* V, int64_t n, int D, float* out) {
 #if HG_AVX512
   if (with_group_size(G, [&](auto g) {
         with_head_dim(D, [&](auto d) { group_weighted_v_fixed<decltype(g)::value, decltype(d)::value>(p, V, n, D, out); });
@@ -898,8 +907,8 @@ void group_weighted_v(const float* p, int G, const float* V, int64_t n, int D, f
   weighted_v_kv(p, G, V, n, D, out);
 }
 
-void group_logit_max(const float* q, int G, const float* K, int64_t t0, int64_t t1, int D, float scale,
-                     float* score) {
+template <typename T>
+void group_logit_max_t(const float* q, int G, const T* K, int64_t t0, int64_t t1, int D, float scale, float* score) {
 #if HG_AVX512
   if (with_group_size(G, [&](auto g) {
         with_head_dim(D, [&](auto d) {
@@ -911,15 +920,16 @@ void group_logit_max(const float* q, int G, const float* K, int64_t t0, int64_t 
   for (int64_t t = t0; t < t1; ++t) {
     float m = -INFINITY;
     for (int h = 0; h < G; ++h) {
-      const float l = dot(q + int64_t(h) * D, K + t * D, D) * scale;
+      const float l = dot_kv(q + int64_t(h) * D, K + t * D, D) * scale;
       m = m < l ? l : m;
     }
     score[t] = m;
   }
 }
 
-void group_logits(const float* q, int G, const float* K, int64_t n, int64_t t0, int64_t t1, int D, float scale,
-                  float* logits) {
+template <typename T>
+void group_logits_t(const float* q, int G, const T* K, int64_t n, int64_t t0, int64_t t1, int D, float scale,
+                    float* logits) {
 #if HG_AVX512
   if (with_group_size(G, [&](auto g) {
         with_head_dim(D, [&](auto d) {
@@ -929,25 +939,45 @@ void group_logits(const float* q, int G, const float* K, int64_t n, int64_t t0, 
     return;
 #endif
   for (int64_t t = t0; t < t1; ++t) {
-    const float* k = K + t * D;
-    for (int h = 0; h < G; ++h) logits[h * n + t] = dot(q + int64_t(h) * D, k, D) * scale;
+    const T* k = K + t * D;
+    for (int h = 0; h < G; ++h) logits[h * n + t] = dot_kv(q + int64_t(h) * D, k, D) * scale;
+  }
+}
+
+}  // namespace
+
+void group_weighted_v(const float* p, int G, const void* V, DType vt, int64_t n, int D, float* out) {
+  with_kv_type(vt, [&](auto t) { group_weighted_v_t(p, G, static_cast<const decltype(t)*>(V), n, D, out); });
+}
+
+void group_logit_max(const float* q, int G, const void* K, DType kt, int64_t t0, int64_t t1, int D, float scale,
+                     float* score) {
+  with_kv_type(kt,
+               [&](auto t) { group_logit_max_t(q, G, static_cast<const decltype(t)*>(K), t0, t1, D, scale, score); });
+}
+
+void group_logits(const float* q, int G, const void* K, DType kt, int64_t n, int64_t t0, int64_t t1, int D,
+                  float scale, float* logits) {
+  with_kv_type(kt,
+               [&](auto t) { group_logits_t(q, G, static_cast<const decltype(t)*>(K), n, t0, t1, D, scale, logits); });
+}
+
+void to_f32(const void* x, DType xt, float* y, int64_t n) {
+  switch (xt) {
+    case DType::kF32: std::copy_n(static_cast<const float*>(x), n, y); return;
+    case DType::kF16: return f16_to_f32_row(static_cast<const uint16_t*>(x), y, n);
+    case DType::kBF16: return bf16_to_f32_row(static_cast<const uint16_t*>(x), y, n);
   }
 }
 
 void attention_group(const float* q, const void* K, const void* V, DType kv, int64_t n_keys, int G, int D, float scale,
                      float* out, float* scratch, float* logits_out, float* probs_out, int64_t tap_ld, float* lse_out,
                      const int32_t* key_limits) {
-  switch (kv) {
-    case DType::kF32:
-      return attention_group_t(q, static_cast<const float*>(K), static_cast<const float*>(V), n_keys, G, D, scale, out,
-                               scratch, logits_out, probs_out, tap_ld, lse_out, key_limits);
-    case DType::kF16:
-      return attention_group_t(q, static_cast<const F16Tag*>(K), static_cast<const F16Tag*>(V), n_keys, G, D, scale,
-                               out, scratch, logits_out, probs_out, tap_ld, lse_out, key_limits);
-    case DType::kBF16:
-      return attention_group_t(q, static_cast<const BF16Tag*>(K), static_cast<const BF16Tag*>(V), n_keys, G, D, scale,
-                               out, scratch, logits_out, probs_out, tap_ld, lse_out, key_limits);
-  }
+  with_kv_type(kv, [&](auto t) {
+    using T = decltype(t);
+    attention_group_t(q, static_cast<const T*>(K), static_cast<const T*>(V), n_keys, G, D, scale, out, scratch,
+                      logits_out, probs_out, tap_ld, lse_out, key_limits);
+  });
 }
 
 bool gemv_rounds_bf16_activations() {
@@ -1074,7 +1104,7 @@ const KernelTable& kernel_table() {
   static const KernelTable t{
       dot, sum, sum_one_stream, rms_norm_row, layer_norm_row, swiglu, relu, add, max_value, exp_shift_sum,
       f32_to_bf16_row, bf16_to_f32_row, f16_to_f32_row, attention_group, group_logits, group_logit_max,
-      gemv, gemv_rounds_bf16_activations, gather_rows, sum_rows, group_weighted_v,
+      gemv, gemv_rounds_bf16_activations, gather_rows, sum_rows, group_weighted_v, to_f32,
   };
   return t;
 }

@@ -93,10 +93,14 @@ class CudaBackend final : public Backend {
     cuda::embed(cached(table), table.dtype, table.cols(), upload_ids(ids, M), M, y);
   }
 
+  // The CUDA kernels read F32 caches only.
+  static void f32_only(DType dt, const char* op) {
+    if (dt != DType::kF32)
+      throw UnsupportedError(fmt::format("cuda {}: KV cache type {} (the cuda backend reads F32 caches)", op,
+                                         dtype_name(dt)));
+  }
   void attention(const AttentionArgs& a) override {
-    if (a.kv_dtype != DType::kF32)
-      throw UnsupportedError(fmt::format("cuda attention: KV cache type {} (the cuda backend reads F32 caches)",
-                                         dtype_name(a.kv_dtype)));
+    f32_only(a.kv_dtype, "attention");
     if (a.logits_out || a.probs_out) return attention_with_taps(a);
     rows_.resize(size_t(a.n_rows));
     for (int r = 0; r < a.n_rows; ++r) {
@@ -110,8 +114,10 @@ class CudaBackend final : public Backend {
     }
     cuda::attention_rows(rows_.data(), a.n_rows, a.H, a.H_kv, a.D, a.scale);
   }
-  void group_logits(const float* q, int G, const float* K, int64_t n, int D, float scale, float* logits) override {
-    cuda::attention_logits(q, K, n, n, G, 1, D, scale, logits);
+  void group_logits(const float* q, int G, const void* K, int64_t n, int D, float scale, float* logits,
+                    DType kt) override {
+    f32_only(kt, "group_logits");
+    cuda::attention_logits(q, static_cast<const float*>(K), n, n, G, 1, D, scale, logits);
   }
   void softmax_rows(float* x, int64_t rows, int64_t n) override { cuda::softmax_rows(x, rows, n); }
   // These three keep their scratch per thread (the copy queue's thread gathers too).
@@ -121,11 +127,18 @@ class CudaBackend final : public Backend {
                    int64_t n) override {
     cuda::gather_rows_host_idx(dst, src, row_bytes, src_stride, idx, n);
   }
-  void group_weighted_v(const float* p, int G, const float* V, int64_t n, int D, float* out) override {
-    cuda::weighted_v_sum(p, V, n, n, G, 1, D, out);
+  void group_weighted_v(const float* p, int G, const void* V, int64_t n, int D, float* out, DType vt) override {
+    f32_only(vt, "group_weighted_v");
+    cuda::weighted_v_sum(p, static_cast<const float*>(V), n, n, G, 1, D, out);
+  }
+  void convert_to_f32(const void* src, DType st, int64_t n, float* dst) override {
+    f32_only(st, "convert_to_f32");
+    copy(dst, src, size_t(n) * 4);
   }
   void merged_attention(const MergedAttention& a) override {
-    cuda::merged_attention(a.q, a.H, a.H_kv, a.D, a.scale, a.la, a.Va, a.na, a.Kb, a.Vb, a.ld_b, a.nb, a.lb,
+    f32_only(a.kv_dtype, "merged_attention");
+    cuda::merged_attention(a.q, a.H, a.H_kv, a.D, a.scale, a.la, static_cast<const float*>(a.Va), a.na,
+                           static_cast<const float*>(a.Kb), static_cast<const float*>(a.Vb), a.ld_b, a.nb, a.lb,
                            a.out);
   }
   void write_kv(const float* src, int64_t n, int H_kv, int D, const int32_t* pos, void* dst, int64_t head_stride,

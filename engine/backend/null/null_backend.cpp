@@ -25,10 +25,11 @@ class NullBackend final : public Backend {
         throw InputError(fmt::format("token id {} out of range [0, {})", ids[m], table.rows()));
   }
   void attention(const AttentionArgs&) override {}
-  void group_logits(const float*, int, const float*, int64_t, int, float, float*) override {}
+  void group_logits(const float*, int, const void*, int64_t, int, float, float*, DType) override {}
   void softmax_rows(float*, int64_t, int64_t) override {}
-  void group_weighted_v(const float*, int, const float*, int64_t, int, float*) override {}
-  void group_logit_max(const float*, int, const float*, int64_t, int, float, float*) override {}
+  void group_weighted_v(const float*, int, const void*, int64_t, int, float*, DType) override {}
+  void group_logit_max(const float*, int, const void*, int64_t, int, float, float*, DType) override {}
+  void convert_to_f32(const void*, DType, int64_t, float*) override {}
   void merged_attention(const MergedAttention&) override {}
   float max_value(const float*, int64_t) override { return 0; }
   float exp_shift_sum(float*, int64_t n, float) override { return float(n); }

@@ -136,11 +136,12 @@ class RefBackend final : public Backend {
     }
   }
 
-  void group_logits(const float* q, int G, const float* K, int64_t n, int D, float scale, float* logits) override {
+  void group_logits(const float* q, int G, const void* K, int64_t n, int D, float scale, float* logits,
+                    DType kt) override {
     for (int h = 0; h < G; ++h)
       for (int64_t t = 0; t < n; ++t) {
         double acc = 0;
-        for (int d = 0; d < D; ++d) acc += double(q[int64_t(h) * D + d]) * K[t * D + d];
+        for (int d = 0; d < D; ++d) acc += double(q[int64_t(h) * D + d]) * kv_at(kt, K, t * D + d);
         logits[int64_t(h) * n + t] = float(acc * scale);
       }
   }
@@ -156,11 +157,11 @@ class RefBackend final : public Backend {
     }
   }
 
-  void group_weighted_v(const float* p, int G, const float* V, int64_t n, int D, float* out) override {
+  void group_weighted_v(const float* p, int G, const void* V, int64_t n, int D, float* out, DType vt) override {
     for (int h = 0; h < G; ++h)
       for (int d = 0; d < D; ++d) {
         double acc = 0;
-        for (int64_t t = 0; t < n; ++t) acc += double(p[int64_t(h) * n + t]) * V[t * D + d];
+        for (int64_t t = 0; t < n; ++t) acc += double(p[int64_t(h) * n + t]) * kv_at(vt, V, t * D + d);
         out[int64_t(h) * D + d] = float(acc);
       }
   }
