@@ -24,7 +24,7 @@ std::map<int32_t, int32_t> first_new_position(std::span<const TokenRow> rows) {
 }
 
 bool write_own_kv(Backend& be, std::span<const TokenRow> rows, std::span<const size_t> at, int32_t seq, int32_t n,
-                  const float* k, const float* v, int H_kv, int D, float* dk, float* dv) {
+                  const float* k, const float* v, int H_kv, int D, void* dk, void* dv, DType dt) {
   int32_t own = 0;
   for (auto& r : rows) own += r.seq == seq;
   if (own != n) return false;
@@ -39,8 +39,8 @@ bool write_own_kv(Backend& be, std::span<const TokenRow> rows, std::span<const s
     pos.clear();
     while (j < rows.size() && rows[j].seq == seq && index(j) == index(i) + (j - i)) pos.push_back(rows[j++].pos);
     const int64_t off = int64_t(index(i)) * H_kv * D, m = int64_t(j - i);
-    be.write_kv(k + off, m, H_kv, D, pos.data(), dk, int64_t(n) * D, DType::kF32);
-    be.write_kv(v + off, m, H_kv, D, pos.data(), dv, int64_t(n) * D, DType::kF32);
+    be.write_kv(k + off, m, H_kv, D, pos.data(), dk, int64_t(n) * D, dt);
+    be.write_kv(v + off, m, H_kv, D, pos.data(), dv, int64_t(n) * D, dt);
     i = j;
   }
   return true;

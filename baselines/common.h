@@ -20,10 +20,11 @@ std::map<int32_t, int32_t> first_new_position(std::span<const TokenRow> rows);
 
 // A whole-prompt prefill: when the call's rows hold every position of `seq` below n, writes that
 // sequence's keys and values — the decoder's rows k, v [.., H_kv, D], row i at index at[i] (i when
-// `at` is empty) — into dk, dv [H_kv, n, D] F32 on the accelerator (one write per run of
+// `at` is empty) — into dk, dv [H_kv, n, D] on the accelerator (one write per run of
 // consecutive rows) and returns true; nothing is read back over the link. False otherwise.
+// dk, dv hold elements of type dt.
 bool write_own_kv(Backend& be, std::span<const TokenRow> rows, std::span<const size_t> at, int32_t seq, int32_t n,
-                  const float* k, const float* v, int H_kv, int D, float* dk, float* dv);
+                  const float* k, const float* v, int H_kv, int D, void* dk, void* dv, DType dt);
 
 // Host view of n floats that may live in the accelerator's memory: p itself on a host backend,
 // else a copy downloaded into `staging` (on the calling thread: inside a transfer's body, the copy

@@ -317,12 +317,17 @@ void EvictingStrategy::attend(int layer, std::span<const TokenRow> rows, const f
         order.resize(size_t(nmax));
         std::iota(order.begin(), order.end(), 0);
         std::sort(order.begin(), order.end(), [&](int32_t a2, int32_t b2) { return pos[a2] < pos[b2]; });
-        const int64_t src = g * store_.head_stride(seq), dst = int64_t(off) + int64_t(g) * ld * D;
-        // F32 only: the native path re-rotates F32 keys (StreamingLLM stores F32 for it).
-        const auto* ks = static_cast<const float*>(kv.at(seq).first);
-        const auto* vs = static_cast<const float*>(kv.at(seq).second);
-        be_.gather_rows(krot_.data() + dst, ks + src, int64_t(D) * 4, int64_t(D) * 4, order.data(), nmax);
-        be_.gather_rows(vrot_.data() + dst, vs + src, int64_t(D) * 4, int64_t(D) * 4, order.data(), nmax);
+        const int64_t src = kv_.bytes(g * store_.head_stride(seq)), dst = int64_t(off) + int64_t(g) * ld * D;
+        // The rows in rank order, as F32 (16-bit rows gathered, then converted): rope rotates F32.
+        const int64_t row = kv_.bytes(D);
+        const bool f32 = kv_.dtype() == DType::kF32;
+        if (!f32 && rot_stage_.size() < size_t(nmax * row)) rot_stage_ = BackendArray<char>(be_, size_t(nmax * row));
+        const auto [ks, vs] = kv.at(seq);
+        for (auto [from, to] : {std::pair{ks, krot_.data() + dst}, {vs, vrot_.data() + dst}}) {
+          void* gathered = f32 ? static_cast<void*>(to) : rot_stage_.data();
+          be_.gather_rows(gathered, static_cast<const char*>(from) + src, row, row, order.data(), nmax);
+          if (!f32) be_.convert_to_f32(gathered, kv_.dtype(), int64_t(nmax) * D, to);
+        }
         be_.rope(krot_.data() + dst, nmax, 1, D, ranks_.data(), *shape_.rope);
       }
     }

@@ -136,6 +136,7 @@ class EvictingStrategy : public KvStrategy {
   // Re-rotating policies: each sequence's keys (rotated at their rank) and values in position
   // order, the queries, and the new keys rotated back to position 0; all in the accelerator's memory.
   BackendArray<float> krot_, vrot_, qrot_, kin_;
+  BackendArray<char> rot_stage_;  // one head's 16-bit rows in rank order, before conversion
   std::vector<int32_t> ranks_;            // 0, 1, 2, …
   std::map<int32_t, size_t> rotated_;     // seq → offset of its rotated K/V copy in this call
   std::string kv_home_;                   // the parameter: auto, dram or gpu

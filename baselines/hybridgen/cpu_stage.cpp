@@ -178,17 +178,20 @@ void HybridGen::cpu_stage(int layer, const TokenRow& r, const float* q, int32_t 
   Backend& cb = rt_.cpu_backend();
   // This worker thread's scratch, grown (and zeroed) only when a stage needs more; the kernels
   // overwrite what they use. lg: [G, K] logits of one KV head's selected positions. Post mode
-  // also: score, one per offloaded position; kg, the K selected key rows.
-  thread_local std::vector<float> lg, score, kg;
+  // also: score, one per offloaded position; kg, the K selected key rows (kv_dtype).
+  thread_local std::vector<float> lg, score;
+  thread_local std::vector<char> kg;
   thread_local std::vector<int32_t> far_rows;
+  const DType dt = kv_.dtype();
+  const int64_t row = kv_.bytes(D);
   if (lg.size() < size_t(G) * size_t(K)) lg.resize(size_t(G) * size_t(K));
   if (!pre && score.size() < size_t(n_off)) score.resize(size_t(n_off));
-  if (kg.size() < size_t(K) * size_t(D)) kg.resize(size_t(K) * size_t(D));
+  if (kg.size() < size_t(K * row)) kg.resize(size_t(K * row));
   const int32_t n_dram = offloaded_kv_.key_rows_before(Tier::kDram, layer, r.seq, n_off);
   for (int g = 0; g < Hkv; ++g) {
     const float* qg = q + int64_t(g) * G * D;
-    const float* Kd = offloaded_kv_.keys(Tier::kDram, layer, r.seq, g);
-    const float* Kf = offloaded_kv_.keys(Tier::kFar, layer, r.seq, g);
+    const char* Kd = offloaded_kv_.keys(Tier::kDram, layer, r.seq, g);
+    const char* Kf = offloaded_kv_.keys(Tier::kFar, layer, r.seq, g);
     auto& sel = res.sel[size_t(g)];
     // Logit of query head h for the i-th selected position: [G, s] then [G, K − s] (pre mode's
     // two runs, sinks and most recent; post mode has s = 0).
@@ -199,8 +202,8 @@ void HybridGen::cpu_stage(int layer, const TokenRow& r, const float* q, int32_t 
       // (bit for bit), so the selection is the one over all [G, n_off] logits, and only one
       // float per position is written instead of G (BM_GroupLogitsStage, max:1).
       // Each tier's keys in one pass: scores [dram rows | far rows].
-      if (n_dram > 0) cb.group_logit_max(qg, G, Kd, n_dram, D, scale, score.data());
-      if (n_off > n_dram) cb.group_logit_max(qg, G, Kf, n_off - n_dram, D, scale, score.data() + n_dram);
+      if (n_dram > 0) cb.group_logit_max(qg, G, Kd, n_dram, D, scale, score.data(), dt);
+      if (n_off > n_dram) cb.group_logit_max(qg, G, Kf, n_off - n_dram, D, scale, score.data() + n_dram, dt);
       logit_top_k(score.data(), 1, n_off, n_off, K, sel);
       // The selected keys gathered tier by tier, then their logits; the selection back to positions.
       const auto on_dram =
@@ -208,10 +211,9 @@ void HybridGen::cpu_stage(int layer, const TokenRow& r, const float* q, int32_t 
       const int32_t sd = int32_t(on_dram - sel.begin());
       far_rows.assign(on_dram, sel.end());
       for (auto& i : far_rows) i -= n_dram;
-      cb.gather_rows(kg.data(), Kd, int64_t(D) * 4, int64_t(D) * 4, sel.data(), sd);
-      cb.gather_rows(kg.data() + int64_t(sd) * D, Kf, int64_t(D) * 4, int64_t(D) * 4, far_rows.data(),
-                     K - sd);
-      cb.group_logits(qg, G, kg.data(), K, D, scale, lg.data());
+      cb.gather_rows(kg.data(), Kd, row, row, sel.data(), sd);
+      cb.gather_rows(kg.data() + sd * row, Kf, row, row, far_rows.data(), K - sd);
+      cb.group_logits(qg, G, kg.data(), K, D, scale, lg.data(), dt);
       for (int32_t i = 0; i < K; ++i)
         sel[size_t(i)] = i < sd
                              ? offloaded_kv_.key_position(Tier::kDram, layer, r.seq, sel[size_t(i)])
@@ -226,20 +228,20 @@ void HybridGen::cpu_stage(int layer, const TokenRow& r, const float* q, int32_t 
       // tiers (interleaved pages) is gathered first, a copy per run of rows.
       const auto score_run = [&](int32_t a, int32_t len, float* out) {
         int runs = 0;
-        const float* at = nullptr;
-        offloaded_kv_.key_runs(layer, r.seq, a, a + len, [&](Tier t, int32_t row, int32_t, int32_t) {
-          at = (t == Tier::kDram ? Kd : Kf) + int64_t(row) * D;
+        const char* first = nullptr;
+        offloaded_kv_.key_runs(layer, r.seq, a, a + len, [&](Tier t, int32_t i, int32_t, int32_t) {
+          first = (t == Tier::kDram ? Kd : Kf) + i * row;
           ++runs;
         });
         if (runs > 1) {
           const int32_t zero = 0;
-          offloaded_kv_.key_runs(layer, r.seq, a, a + len, [&](Tier t, int32_t row, int32_t pos, int32_t n) {
-            cb.gather_rows(kg.data() + int64_t(pos - a) * D, (t == Tier::kDram ? Kd : Kf) + int64_t(row) * D,
-                           int64_t(n) * D * 4, 0, &zero, 1);
+          offloaded_kv_.key_runs(layer, r.seq, a, a + len, [&](Tier t, int32_t i, int32_t pos, int32_t n) {
+            cb.gather_rows(kg.data() + (pos - a) * row, (t == Tier::kDram ? Kd : Kf) + i * row, n * row, 0, &zero,
+                           1);
           });
-          at = kg.data();
+          first = kg.data();
         }
-        cb.group_logits(qg, G, at, len, D, scale, out);
+        cb.group_logits(qg, G, first, len, D, scale, out, dt);
       };
       if (s > 0) score_run(0, s, lg.data());
       if (K > s) score_run(r0, K - s, lg.data() + int64_t(G) * s);
@@ -301,14 +303,14 @@ void HybridGen::cpu_stage(int layer, const TokenRow& r, const float* q, int32_t 
             const auto& sel = res.sel[size_t(g)];
             const int32_t b = ti == 0 ? 0 : res.n_tier[size_t(g)][0],
                           e = b + res.n_tier[size_t(g)][size_t(ti)];
-            float* block = res.v + (int64_t(g) * K + b) * D;
+            char* block = at(res.v, (int64_t(g) * K + b) * D);
             for (int32_t i = b; i < e;) {
               const int32_t page = sel[size_t(i)] / page_;
               int32_t j = i;
               in_page.clear();
               for (; j < e && sel[size_t(j)] / page_ == page; ++j) in_page.push_back(sel[size_t(j)] % page_);
-              be_.gather_rows(block + int64_t(i - b) * D, vrow(layer, r.seq, g, page * page_), int64_t(D) * 4,
-                              int64_t(D) * 4, in_page.data(), j - i);
+              be_.gather_rows(at(block, int64_t(i - b) * D), vrow(layer, r.seq, g, page * page_), kv_.bytes(D),
+                              kv_.bytes(D), in_page.data(), j - i);
               i = j;
             }
           }
@@ -324,13 +326,13 @@ void HybridGen::cpu_stage(int layer, const TokenRow& r, const float* q, int32_t 
 void HybridGen::result_buffers(int layer, int seq, int32_t K, CpuResult& res) {
   const int Hkv = shape_.H_kv, D = shape_.D, G = shape_.H / Hkv;
   const int64_t lbytes = std::max<int64_t>(4, int64_t(Hkv) * G * K * 4),
-                vbytes = std::max<int64_t>(4, int64_t(Hkv) * K * D * 4);
+                vbytes = std::max<int64_t>(4, kv_.bytes(int64_t(Hkv) * K * D));
   std::lock_guard<std::mutex> l(pool_mu_);
   ResultPool& p = pool_[size_t(layer % 2) * size_t(B_) + size_t(seq)];
   grow_allocation(rt_.memory(), Tier::kGpu, p.logits, lbytes);
   grow_allocation(rt_.memory(), Tier::kGpu, p.v, vbytes);
   res.logits = p.logits.as<float>();
-  res.v = p.v.as<float>();
+  res.v = p.v.as<char>();
 }
 
 double HybridGen::transfer_seconds(Tier src, int64_t bytes, int64_t rows, double measured_s) const {

@@ -34,9 +34,9 @@ void HybridGen::begin(const KvShape& shape, std::span<const int32_t> capacity,
   cap_.assign(capacity.begin(), capacity.end());
   resident_tokens_ = gpu_kv_tokens_;
   if (const int64_t budget = rt_.memory().kv_budget(); budget > 0) {
-    // What fits stays on the accelerator: the ring (F32, every layer and sequence) beside the
+    // What fits stays on the accelerator: the ring (every layer and sequence) beside the
     // prefill's one layer of each whole sequence (attend_exact).
-    const int64_t row = int64_t(2) * shape.H_kv * shape.D * 4;
+    const int64_t row = 2 * kv_.bytes(int64_t(shape.H_kv) * shape.D);
     int64_t staging = 0;
     for (int32_t c : cap_) staging += row * c;
     const int64_t per_token = row * shape.n_layers * B_;
@@ -47,10 +47,10 @@ void HybridGen::begin(const KvShape& shape, std::span<const int32_t> capacity,
     ring[size_t(b)] = std::min(resident_tokens_ + 1, cap_[size_t(b)]);
     off[size_t(b)] = std::max(1, cap_[size_t(b)] - resident_tokens_);
   }
-  ring_.reset(shape, ring, &rt_.memory(), Tier::kGpu);
+  ring_.reset(shape, ring, &rt_.memory(), Tier::kGpu, kv_.dtype());
   const int64_t dram_avail =
       dram_kv_bytes_ > 0 ? dram_kv_bytes_ : rt_.memory().ledger().available(Tier::kDram);
-  offloaded_kv_.reset(shape, off, page_, *placement_, dram_avail, rt_.memory());
+  offloaded_kv_.reset(shape, off, page_, *placement_, dram_avail, rt_.memory(), kv_.dtype());
   pending_.assign(size_t(shape.n_layers) * size_t(B_), nullptr);
   deferred_.assign(pending_.size(), nullptr);
   pool_.clear();
@@ -186,8 +186,8 @@ void HybridGen::attend_hybrid(int layer, const TokenRow& r, const float* q, floa
   if (resident_logits_.size() < size_t(shape_.H) * size_t(used))
     resident_logits_ = BackendArray<float>(be_, size_t(shape_.H) * size_t(ring_slots));
   for (int g = 0; g < Hkv; ++g)
-    be_.group_logits(q + int64_t(g) * G * D, G, ring_.k(layer, r.seq) + g * ring_.head_stride(r.seq), used, D,
-                     scale, resident_logits_.data() + int64_t(g) * G * used);
+    be_.group_logits(q + int64_t(g) * G * D, G, at(ring_.k_raw(layer, r.seq), g * ring_.head_stride(r.seq)), used, D,
+                     scale, resident_logits_.data() + int64_t(g) * G * used, kv_.dtype());
   if (res) {
     const auto t0 = Clock::now();
     res->done.wait();
@@ -201,8 +201,8 @@ void HybridGen::attend_hybrid(int layer, const TokenRow& r, const float* q, floa
   Backend::MergedAttention m;
   m.H = shape_.H, m.H_kv = Hkv, m.D = D, m.scale = scale, m.q = q, m.lb = resident_logits_.data();
   if (res) m.la = res->logits, m.Va = res->v, m.na = res->k;
-  m.Kb = ring_.k(layer, r.seq), m.Vb = ring_.v(layer, r.seq), m.ld_b = ring_.head_stride(r.seq) / D,
-  m.nb = used;
+  m.Kb = ring_.k_raw(layer, r.seq), m.Vb = ring_.v_raw(layer, r.seq), m.ld_b = ring_.head_stride(r.seq) / D,
+  m.nb = used, m.kv_dtype = kv_.dtype();
   m.out = out;
   be_.merged_attention(m);
 }
@@ -230,7 +230,7 @@ StrategyInfo hybridgen_info() {
            {"k_growth", T::kFloat, "2.0", "", "factor by which the scheduler raises or lowers K", {}, 1, kNoMax},
            {"pre_sinks", T::kInt, "4", "tokens", "pre mode: first tokens always selected (rest: most recent)", {}, 0, kNoMax}},
           [](const StrategyContext& c, const StrategyParams& p) { return std::make_unique<HybridGen>(c, p); },
-          /*runs_on_cuda=*/true, /*budgeted=*/true, /*native_16bit_kv=*/false};
+          /*runs_on_cuda=*/true, /*budgeted=*/true, /*native_16bit_kv=*/true};
   // clang-format on
 }
 

@@ -64,7 +64,7 @@ struct CpuResult {
   std::vector<std::vector<int32_t>> sel;       // [H_kv] positions in tier order
   std::vector<std::array<int32_t, 2>> n_tier;  // [H_kv] selected positions on dram, on far
   float* logits = nullptr;                     // gpu tier: [H_kv][G][k] (the layer parity's buffer)
-  float* v = nullptr;                          // gpu tier: [H_kv][k][D]
+  char* v = nullptr;                           // gpu tier: [H_kv][k][D] of kv_dtype
   Event done;                                  // CPU compute and both transfers finished
   std::vector<Event> arrived;                  // the transfers of logits and V rows (set before done)
 };
@@ -88,8 +88,7 @@ class HybridGen final : public KvStrategy {
     const int64_t resident = std::min<int64_t>(r.pos + 1, int64_t(resident_tokens_) + 1);
     return {resident, all - resident};
   }
-  // F32 rows on the real path (the CPU stage's logit kernels read F32 keys); transfers and the
-  // CPU stage's key reads are charged at kv_dtype.
+  // The ring, the offloaded keys and values and the selected V rows are all of kv_dtype.
   DType kv_dtype() const override { return kv_.dtype(); }
   std::map<std::string, std::string> effective_params() const override;
   static SchedulerConfig config(const StrategyParams& p) {
@@ -129,7 +128,13 @@ class HybridGen final : public KvStrategy {
   int32_t current_k(const TokenRow& r) const {
     return int32_t(std::min<int64_t>(sched_.k(), offloaded_[pidx(0, r.seq)]));
   }
-  float* vrow(int layer, int seq, int g, int32_t pos) { return offloaded_kv_.value(layer, seq, g, pos); }
+  char* vrow(int layer, int seq, int g, int32_t pos) { return offloaded_kv_.value(layer, seq, g, pos); }
+  // Byte address of element `elems` of a KV array of kv_dtype.
+  template <class P>
+  auto at(P* p, int64_t elems) const {
+    using C = std::conditional_t<std::is_const_v<P>, const char, char>;
+    return reinterpret_cast<C*>(p) + kv_.bytes(elems);
+  }
   Tier vtier(int layer, int seq, int32_t pos) const { return offloaded_kv_.value_tier(layer, seq, pos); }
 
   // Moves (seq, pos) tokens from the ring to the CPU side: K → dram, V → its page's tier.

@@ -11,8 +11,10 @@ size_t ti(Tier t) { return t == Tier::kDram ? 0 : 1; }
 }  // namespace
 
 void OffloadedKv::reset(const KvShape& shape, std::span<const int32_t> capacity, int32_t page_tokens,
-                        PlacementPolicy& placement, int64_t dram_bytes, MemorySystem& mem) {
+                        PlacementPolicy& placement, int64_t dram_bytes, MemorySystem& mem, DType dt) {
   shape_ = shape;
+  dt_ = dt;
+  es_ = int64_t(dtype_size(dt));
   B_ = int(capacity.size());
   page_ = page_tokens;
   placement_ = &placement;
@@ -20,7 +22,7 @@ void OffloadedKv::reset(const KvShape& shape, std::span<const int32_t> capacity,
   max_pages_ = 0;
   for (int32_t c : capacity) max_pages_ = std::max(max_pages_, (c + page_ - 1) / page_);
   const int64_t n_pages = int64_t(max_pages_) * shape.n_layers * B_;
-  const int64_t page_bytes = int64_t(shape.H_kv) * page_ * shape.D * 4;
+  const int64_t page_bytes = int64_t(shape.H_kv) * page_ * shape.D * es_;
   placement.plan(PlacementPlan{n_pages, page_bytes, dram_bytes});
   const size_t n = size_t(shape.n_layers) * size_t(B_);
   key_blocks_.clear();
@@ -40,7 +42,7 @@ void OffloadedKv::reset(const KvShape& shape, std::span<const int32_t> capacity,
       rows = {before[pages] * page_, (pages - before[pages]) * page_};
       for (Tier t : {Tier::kDram, Tier::kFar})
         if (rows[ti(t)] > 0)
-          key_blocks_[idx(l, b)][ti(t)] = mem.allocate(t, int64_t(shape.H_kv) * rows[ti(t)] * shape.D * 4);
+          key_blocks_[idx(l, b)][ti(t)] = mem.allocate(t, int64_t(shape.H_kv) * rows[ti(t)] * shape.D * es_);
     }
 }
 
@@ -58,17 +60,17 @@ int32_t OffloadedKv::row_of(Tier t, int layer, int seq, int32_t pos) const {
   return (t == Tier::kDram ? dram : p - dram) * page_ + pos % page_;
 }
 
-float* OffloadedKv::keys(Tier t, int layer, int seq, int g) {
-  return key_blocks_[idx(layer, seq)][ti(t)].as<float>() + int64_t(g) * key_head_stride(t, layer, seq);
+char* OffloadedKv::keys(Tier t, int layer, int seq, int g) {
+  return key_blocks_[idx(layer, seq)][ti(t)].as<char>() + int64_t(g) * key_head_stride(t, layer, seq) * es_;
 }
 
 int64_t OffloadedKv::key_head_stride(Tier t, int layer, int seq) const {
   return int64_t(key_rows_[idx(layer, seq)][ti(t)]) * shape_.D;
 }
 
-float* OffloadedKv::key(int layer, int seq, int g, int32_t pos) {
+char* OffloadedKv::key(int layer, int seq, int g, int32_t pos) {
   const Tier t = key_tier(layer, seq, pos);
-  return keys(t, layer, seq, g) + int64_t(row_of(t, layer, seq, pos)) * shape_.D;
+  return keys(t, layer, seq, g) + int64_t(row_of(t, layer, seq, pos)) * shape_.D * es_;
 }
 
 int32_t OffloadedKv::key_rows_before(Tier t, int layer, int seq, int32_t n) const {
@@ -95,14 +97,14 @@ int32_t OffloadedKv::key_position(Tier t, int layer, int seq, int32_t row) const
   return lo * page_ + row % page_;
 }
 
-float* OffloadedKv::value(int layer, int seq, int g, int32_t pos) {
+char* OffloadedKv::value(int layer, int seq, int g, int32_t pos) {
   Allocation& pg = value_pages_[idx(layer, seq) * size_t(max_pages_) + size_t(pos / page_)];
   if (pg.empty()) {
     const Tier t = value_tier(layer, seq, pos);
-    pg = mem_->allocate(t, int64_t(shape_.H_kv) * page_ * shape_.D * 4);
+    pg = mem_->allocate(t, int64_t(shape_.H_kv) * page_ * shape_.D * es_);
     far_value_pages_ += t == Tier::kFar;
   }
-  return pg.as<float>() + (int64_t(g) * page_ + pos % page_) * shape_.D;
+  return pg.as<char>() + (int64_t(g) * page_ + pos % page_) * shape_.D * es_;
 }
 
 }  // namespace hg

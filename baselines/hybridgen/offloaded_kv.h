@@ -5,7 +5,8 @@
 // Keys: per (layer, sequence) and tier, one block [H_kv][rows][D] whose rows are that tier's
 // offloaded positions in position order ("rows" of the tier), so that the CPU stage scores each
 // tier's keys in one pass and reads far memory only for keys that live there. Values: pages
-// [H_kv][page_tokens][D], each allocated on its tier when its first token is offloaded.
+// [H_kv][page_tokens][D], each allocated on its tier when its first token is offloaded. Elements
+// are of the strategy's KV type; addresses below are byte addresses of D-element rows.
 #pragma once
 #include <algorithm>
 #include <array>
@@ -22,17 +23,20 @@ namespace hg {
 class OffloadedKv {
  public:
   // capacity: offloadable tokens per sequence. dram_bytes: dram the offloaded KV may use (the
-  // placement plan's budget).
+  // placement plan's budget). dt: the element type stored.
   void reset(const KvShape& shape, std::span<const int32_t> capacity, int32_t page_tokens,
-             PlacementPolicy& placement, int64_t dram_bytes, MemorySystem& mem);
+             PlacementPolicy& placement, int64_t dram_bytes, MemorySystem& mem, DType dt);
+  DType dtype() const { return dt_; }
+  // Bytes of n elements.
+  int64_t bytes(int64_t n) const { return n * es_; }
 
   Tier key_tier(int layer, int seq, int32_t pos) const;
   Tier value_tier(int layer, int seq, int32_t pos) const;
 
-  // Keys: head g's rows on tier t (row_stride floats between heads), and the row of a position.
-  float* keys(Tier t, int layer, int seq, int g);
+  // Keys: head g's rows on tier t (key_head_stride elements between heads), and the row of a position.
+  char* keys(Tier t, int layer, int seq, int g);
   int64_t key_head_stride(Tier t, int layer, int seq) const;
-  float* key(int layer, int seq, int g, int32_t pos);
+  char* key(int layer, int seq, int g, int32_t pos);
   // The rows tier t holds of positions [0, n), and the position of tier t's row `row`.
   int32_t key_rows_before(Tier t, int layer, int seq, int32_t n) const;
   int32_t key_position(Tier t, int layer, int seq, int32_t row) const;
@@ -52,7 +56,7 @@ class OffloadedKv {
   }
 
   // Values: the row of (g, pos) in its page (allocated on the page's tier on first use).
-  float* value(int layer, int seq, int g, int32_t pos);
+  char* value(int layer, int seq, int g, int32_t pos);
   int64_t far_value_pages() const { return far_value_pages_; }
   int32_t page_tokens() const { return page_; }
 
@@ -70,6 +74,8 @@ class OffloadedKv {
   KvShape shape_;
   int B_ = 0;
   int32_t page_ = 1, max_pages_ = 0;
+  DType dt_ = DType::kF32;
+  int64_t es_ = 4;
   PlacementPolicy* placement_ = nullptr;
   MemorySystem* mem_ = nullptr;
   std::vector<int32_t> dram_before_;                   // [(layer, seq)][max_pages + 1]

@@ -33,10 +33,10 @@ void HybridGen::append(int layer, std::span<const TokenRow> rows, const float* k
         slots_.push_back(rows[j++].pos % (resident_tokens_ + 1));
       if (j > i) {
         const int seq = rows[i].seq;
-        be_.write_kv(k + int64_t(i) * row, int64_t(j - i), Hkv, D, slots_.data(), ring_.k(layer, seq),
-                     ring_.head_stride(seq), DType::kF32);
-        be_.write_kv(v + int64_t(i) * row, int64_t(j - i), Hkv, D, slots_.data(), ring_.v(layer, seq),
-                     ring_.head_stride(seq), DType::kF32);
+        be_.write_kv(k + int64_t(i) * row, int64_t(j - i), Hkv, D, slots_.data(), ring_.k_raw(layer, seq),
+                     ring_.head_stride(seq), kv_.dtype());
+        be_.write_kv(v + int64_t(i) * row, int64_t(j - i), Hkv, D, slots_.data(), ring_.v_raw(layer, seq),
+                     ring_.head_stride(seq), kv_.dtype());
       }
       i = j;
     }
@@ -55,16 +55,19 @@ void HybridGen::offload(int layer, const std::vector<std::pair<int, int32_t>>& l
     kbytes[size_t(offloaded_kv_.key_tier(layer, seq, pos))] += row;
   }
   // The token leaving may be one of this call's own rows (prefill chunks longer than the ring):
-  // it is then read from k/v, else from its ring slot. On a device both are device memory: the
-  // transfer's body downloads what it needs (the call's rows once; a ring slot per token, or the
-  // whole ring when many tokens leave it at once).
+  // it is then read from k/v (F32, converted to kv_dtype as it is stored), else from its ring slot
+  // (kv_dtype). On a device both are device memory: the transfer's body downloads what it needs
+  // (the call's rows once; a ring slot per token, or the whole ring when many tokens leave it at once).
+  const DType dt = kv_.dtype();
   struct Source {
-    const float* base;
-    int64_t head_stride;  // floats between the token's KV heads
+    const char* base;
+    int64_t head_stride;  // elements between the token's KV heads
+    bool f32;             // the call's own rows (F32), not a ring slot
   };
   struct Staging {  // host copies the sources point into
-    std::vector<float> rows, slots;
-    std::map<int, std::vector<float>> ring;  // per sequence
+    std::vector<float> rows;
+    std::vector<char> slots;
+    std::map<int, std::vector<char>> ring;  // per sequence
   };
   auto sources = [this, layer, &leaving, rows, Hkv, D](bool key, const float* kv, Staging& st) {
     std::map<std::pair<int, int32_t>, size_t> in_call;
@@ -76,36 +79,37 @@ void HybridGen::offload(int layer, const std::vector<std::pair<int, int32_t>>& l
     std::vector<Source> out;
     out.reserve(leaving.size());
     for (auto& [seq, pos] : leaving) {
-      const float* ring_dev = key ? ring_.k(layer, seq) : ring_.v(layer, seq);
+      const char* ring_dev = static_cast<const char*>(key ? ring_.k_raw(layer, seq) : ring_.v_raw(layer, seq));
       const int64_t hs = ring_.head_stride(seq), slot = pos % (resident_tokens_ + 1);
       if (auto it = in_call.find({seq, pos}); it != in_call.end()) {
         if (!call) call = host_view(be_, kv, rows.size() * size_t(Hkv) * size_t(D), st.rows);
-        out.push_back({call + int64_t(it->second) * Hkv * D, D});
+        out.push_back({reinterpret_cast<const char*>(call + int64_t(it->second) * Hkv * D), D, true});
       } else if (host) {
-        out.push_back({ring_dev + slot * D, hs});
+        out.push_back({at(ring_dev, slot * D), hs, false});
       } else if (from_ring > 32) {
         auto& r = st.ring[seq];
         if (r.empty()) {
-          r.resize(size_t(Hkv) * size_t(hs));
-          be_.download(r.data(), ring_dev, r.size() * 4);
+          r.resize(size_t(kv_.bytes(int64_t(Hkv) * hs)));
+          be_.download(r.data(), ring_dev, r.size());
         }
-        out.push_back({r.data() + slot * D, hs});
+        out.push_back({at(r.data(), slot * D), hs, false});
       } else {
-        out.push_back({nullptr, D});  // downloaded below, one strided copy per token
+        out.push_back({nullptr, D, false});  // downloaded below, one strided copy per token
       }
     }
     if (!host && from_ring <= 32) {
       size_t m = 0;
       for (auto& o : out) m += o.base == nullptr;
-      st.slots.resize(m * size_t(Hkv) * size_t(D));
+      const size_t token = size_t(kv_.bytes(int64_t(Hkv) * D)), row = size_t(kv_.bytes(D));
+      st.slots.resize(m * token);
       size_t j = 0;
       for (size_t t = 0; t < leaving.size(); ++t) {
         if (out[t].base) continue;
         auto [seq, pos] = leaving[t];
-        const float* ring_dev = key ? ring_.k(layer, seq) : ring_.v(layer, seq);
-        float* dst = st.slots.data() + j++ * size_t(Hkv) * size_t(D);
-        be_.download_2d(dst, size_t(D) * 4, ring_dev + int64_t(pos % (resident_tokens_ + 1)) * D,
-                        size_t(ring_.head_stride(seq)) * 4, size_t(D) * 4, size_t(Hkv));
+        const void* ring_dev = key ? ring_.k_raw(layer, seq) : ring_.v_raw(layer, seq);
+        char* dst = st.slots.data() + j++ * token;
+        be_.download_2d(dst, row, at(ring_dev, int64_t(pos % (resident_tokens_ + 1)) * D),
+                        size_t(kv_.bytes(ring_.head_stride(seq))), row, size_t(Hkv));
         out[t].base = dst;
       }
     }
@@ -125,12 +129,20 @@ void HybridGen::offload(int layer, const std::vector<std::pair<int, int32_t>>& l
           [&, key, t] {
             std::vector<Source>& from = src[key ? 0 : 1];
             if (from.empty()) from = sources(key, key ? k : v, staging[key ? 0 : 1]);
+            const int32_t zero = 0;
             for (size_t i = 0; i < leaving.size(); ++i) {
               auto [seq, pos] = leaving[i];
               if ((key ? offloaded_kv_.key_tier(layer, seq, pos) : vtier(layer, seq, pos)) != t) continue;
+              // Every head's row: key rows are key_head_stride apart, a V page's heads page_tokens rows.
+              char* dst = key ? offloaded_kv_.key(layer, seq, 0, pos) : vrow(layer, seq, 0, pos);
+              const int64_t dst_hs = key ? offloaded_kv_.key_head_stride(t, layer, seq) : int64_t(page_) * D;
+              const Source& s = from[i];
+              if (s.f32 && dt != DType::kF32) {
+                write_kv_host(reinterpret_cast<const float*>(s.base), 1, Hkv, D, &zero, dst, dst_hs, dt);
+                continue;
+              }
               for (int g = 0; g < Hkv; ++g)
-                std::memcpy(key ? offloaded_kv_.key(layer, seq, g, pos) : vrow(layer, seq, g, pos),
-                            from[i].base + g * from[i].head_stride, size_t(D) * 4);
+                std::memcpy(at(dst, g * dst_hs), at(s.base, g * s.head_stride), size_t(kv_.bytes(D)));
             }
           },
           {}, key ? "offload K" : "offload V"));
@@ -148,11 +160,12 @@ void HybridGen::attend_exact(int layer, const std::vector<TokenRow>& rows, const
   for (auto& [seq_, maxpos] : last) {
     const int32_t seq = seq_;  // a plain variable: lambdas below capture it
     const int32_t n = maxpos + 1, n_off = offloaded_[pidx(layer, seq)];
-    Allocation kb = rt_.memory().allocate(Tier::kGpu, int64_t(Hkv) * n * D * 4, MemUse::kKv);
-    Allocation vb = rt_.memory().allocate(Tier::kGpu, int64_t(Hkv) * n * D * 4, MemUse::kKv);
-    const size_t pitch = size_t(n) * size_t(D) * 4;
+    Allocation kb = rt_.memory().allocate(Tier::kGpu, kv_.bytes(int64_t(Hkv) * n * D), MemUse::kKv);
+    Allocation vb = rt_.memory().allocate(Tier::kGpu, kv_.bytes(int64_t(Hkv) * n * D), MemUse::kKv);
+    const size_t pitch = size_t(kv_.bytes(int64_t(n) * D));
     // A whole-prompt prefill: its keys and values are this call's own, on the accelerator.
-    const bool fresh = write_own_kv(be_, rows, idx, seq, n, new_k_, new_v_, Hkv, D, kb.as<float>(), vb.as<float>());
+    const bool fresh =
+        write_own_kv(be_, rows, idx, seq, n, new_k_, new_v_, Hkv, D, kb.as<char>(), vb.as<char>(), kv_.dtype());
     if (n_off > 0 && !fresh) {
       for (Tier t : {Tier::kDram, Tier::kFar}) {
         const int32_t rows = offloaded_kv_.key_rows_before(t, layer, seq, n_off);
@@ -165,10 +178,10 @@ void HybridGen::attend_exact(int layer, const std::vector<TokenRow>& rows, const
                   offloaded_kv_.key_runs(
                       layer, seq, 0, n_off, [&](Tier rt, int32_t row, int32_t pos, int32_t len) {
                         if (rt != t) return;
-                        be_.upload_2d(kb.as<float>() + int64_t(pos) * D, pitch,
-                                      offloaded_kv_.keys(t, layer, seq, 0) + int64_t(row) * D,
-                                      size_t(offloaded_kv_.key_head_stride(t, layer, seq)) * 4,
-                                      size_t(len) * size_t(D) * 4, size_t(Hkv));
+                        be_.upload_2d(at(kb.as<char>(), int64_t(pos) * D), pitch,
+                                      at(offloaded_kv_.keys(t, layer, seq, 0), int64_t(row) * D),
+                                      size_t(kv_.bytes(offloaded_kv_.key_head_stride(t, layer, seq))),
+                                      size_t(kv_.bytes(int64_t(len) * D)), size_t(Hkv));
                       });
                 },
                 {}, "prefill K back")
@@ -187,8 +200,8 @@ void HybridGen::attend_exact(int layer, const std::vector<TokenRow>& rows, const
                   for (int32_t p0 = 0; p0 < n_off;) {
                     const int32_t p1 = std::min(n_off, (p0 / page_ + 1) * page_);
                     if (vtier(layer, seq, p0) == t)
-                      be_.upload_2d(vb.as<float>() + int64_t(p0) * D, pitch, vrow(layer, seq, 0, p0),
-                                    size_t(page_) * size_t(D) * 4, size_t(p1 - p0) * size_t(D) * 4,
+                      be_.upload_2d(at(vb.as<char>(), int64_t(p0) * D), pitch, vrow(layer, seq, 0, p0),
+                                    size_t(kv_.bytes(int64_t(page_) * D)), size_t(kv_.bytes(int64_t(p1 - p0) * D)),
                                     size_t(Hkv));
                     p0 = p1;
                   }
@@ -202,8 +215,8 @@ void HybridGen::attend_exact(int layer, const std::vector<TokenRow>& rows, const
       const int32_t s0 = p0 % ring_slots, len = std::min(n - p0, ring_slots - s0);
       for (int g = 0; g < Hkv; ++g) {
         const int64_t src = g * ring_.head_stride(seq) + int64_t(s0) * D, dst = (int64_t(g) * n + p0) * D;
-        be_.copy(kb.as<float>() + dst, ring_.k(layer, seq) + src, size_t(len) * size_t(D) * 4);
-        be_.copy(vb.as<float>() + dst, ring_.v(layer, seq) + src, size_t(len) * size_t(D) * 4);
+        be_.copy(at(kb.as<char>(), dst), at(ring_.k_raw(layer, seq), src), size_t(kv_.bytes(int64_t(len) * D)));
+        be_.copy(at(vb.as<char>(), dst), at(ring_.v_raw(layer, seq), src), size_t(kv_.bytes(int64_t(len) * D)));
       }
       p0 += len;
     }
@@ -211,14 +224,14 @@ void HybridGen::attend_exact(int layer, const std::vector<TokenRow>& rows, const
     std::vector<size_t> where;
     for (size_t i = 0; i < rows.size(); ++i)
       if (rows[i].seq == seq) {
-        ar.push_back(AttnRow{kb.as<float>(), vb.as<float>(), int64_t(n) * D, rows[i].pos + 1});
+        ar.push_back(AttnRow{kb.as<char>(), vb.as<char>(), int64_t(n) * D, rows[i].pos + 1});
         where.push_back(idx[i]);
       }
     // This sequence's query rows gathered, attended, and scattered back (accelerator memory).
     BackendArray<float> qs(be_, where.size() * size_t(hd)), os(be_, where.size() * size_t(hd));
     for (size_t j = 0; j < where.size(); ++j)
       be_.copy(qs.data() + int64_t(j) * hd, q + int64_t(where[j]) * hd, size_t(hd) * 4);
-    be_.attention(attention_args(shape_, ar, qs.data(), scale, os.data()));
+    be_.attention(attention_args(shape_, ar, qs.data(), scale, os.data(), kv_.dtype()));
     for (size_t j = 0; j < where.size(); ++j)
       be_.copy(out + int64_t(where[j]) * hd, os.data() + int64_t(j) * hd, size_t(hd) * 4);
     be_.synchronize();  // kb, vb, qs and os are freed at the end of this scope

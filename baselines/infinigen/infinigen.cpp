@@ -74,8 +74,8 @@ class InfiniGen final : public KvStrategy {
     forget_skew();
   }
   std::string_view name() const override { return "infinigen"; }
-  // F32 rows on the real path (its skewed partial keys and fetch buffers are F32); transfers and
-  // the accelerator's KV reads are charged at kv_dtype.
+  // The KV store, the full loads and the fetched rows are of kv_dtype; the partial key cache is F32
+  // (the skew's product), a partial_ratio share of the key bytes.
   DType kv_dtype() const override { return kv_.dtype(); }
   std::map<std::string, std::string> effective_params() const override { return kv_.effective(); }
   // Prefill: every visible key. Decode: the full layers' keys (at least layer 0's), the fetched
@@ -94,7 +94,7 @@ class InfiniGen final : public KvStrategy {
     shape_ = shape;
     B_ = int(capacity.size());
     prompt_.assign(prompt_len.begin(), prompt_len.end());
-    store_.reset(shape, capacity, &rt_.memory(), Tier::kDram);
+    store_.reset(shape, capacity, &rt_.memory(), Tier::kDram, kv_.dtype());
     dp_ = std::max(1, int(std::lround(partial_ratio_ * shape.D)));
     forget_skew();
     skew_.clear();
@@ -174,10 +174,10 @@ class InfiniGen final : public KvStrategy {
     own_rows_.assign(size_t(B_), false);
     for (auto& [seq, n] : full_n) {
       Buffers& fb = full_pool_[size_t(seq)];
-      grow(fb.k, int64_t(Hkv) * n * D * 4);
-      grow(fb.v, int64_t(Hkv) * n * D * 4);
-      float *kb = fb.k.as<float>(), *vb = fb.v.as<float>();
-      if (write_own_kv(be_, rows, {}, seq, n, new_k_, new_v_, Hkv, D, kb, vb)) {  // a whole-prompt prefill
+      grow(fb.k, kv_.bytes(int64_t(Hkv) * n * D));
+      grow(fb.v, kv_.bytes(int64_t(Hkv) * n * D));
+      char *kb = fb.k.as<char>(), *vb = fb.v.as<char>();
+      if (write_own_kv(be_, rows, {}, seq, n, new_k_, new_v_, Hkv, D, kb, vb, kv_.dtype())) {  // a whole-prompt prefill
         own_rows_[size_t(seq)] = true;
         continue;
       }
@@ -186,8 +186,8 @@ class InfiniGen final : public KvStrategy {
           .run(
               Tier::kDram, Tier::kGpu, int64_t(2) * kv_.bytes(int64_t(Hkv) * n * D),
               [&] {
-                upload_prefix(kb, store_.k(layer, sq), sq, nn);
-                upload_prefix(vb, store_.v(layer, sq), sq, nn);
+                upload_prefix(kb, store_.k_raw(layer, sq), sq, nn);
+                upload_prefix(vb, store_.v_raw(layer, sq), sq, nn);
               },
               {}, "full kv load")
           .wait();
@@ -200,26 +200,27 @@ class InfiniGen final : public KvStrategy {
       if (spec) {  // the speculatively fetched rows plus the current token
         f->done.wait();
         const int32_t n = f->n + 1;
-        grow(spec_.k, int64_t(Hkv) * n * D * 4);  // rows attend one after another: one pair serves all
-        grow(spec_.v, int64_t(Hkv) * n * D * 4);
-        float *kb = spec_.k.as<float>(), *vb = spec_.v.as<float>();
+        grow(spec_.k, kv_.bytes(int64_t(Hkv) * n * D));  // rows attend one after another: one pair serves all
+        grow(spec_.v, kv_.bytes(int64_t(Hkv) * n * D));
+        char *kb = spec_.k.as<char>(), *vb = spec_.v.as<char>();
         // Within the accelerator's memory: each head's fetched rows, then the current token's.
+        const size_t fetched = size_t(kv_.bytes(int64_t(f->n) * D));
         for (int g = 0; g < Hkv; ++g) {
-          const size_t fetched = size_t(f->n) * size_t(D) * 4;
-          be_.copy(kb + int64_t(g) * n * D, f->k + int64_t(g) * f->n * D, fetched);
-          be_.copy(vb + int64_t(g) * n * D, f->v + int64_t(g) * f->n * D, fetched);
-          be_.copy(kb + (int64_t(g) * n + f->n) * D, new_k_ + (int64_t(i) * Hkv + g) * D, size_t(D) * 4);
-          be_.copy(vb + (int64_t(g) * n + f->n) * D, new_v_ + (int64_t(i) * Hkv + g) * D, size_t(D) * 4);
+          be_.copy(kb + kv_.bytes(int64_t(g) * n * D), f->k + kv_.bytes(int64_t(g) * f->n * D), fetched);
+          be_.copy(vb + kv_.bytes(int64_t(g) * n * D), f->v + kv_.bytes(int64_t(g) * f->n * D), fetched);
         }
+        const int32_t cur = f->n;
+        be_.write_kv(new_k_ + int64_t(i) * Hkv * D, 1, Hkv, D, &cur, kb, int64_t(n) * D, kv_.dtype());
+        be_.write_kv(new_v_ + int64_t(i) * Hkv * D, 1, Hkv, D, &cur, vb, int64_t(n) * D, kv_.dtype());
         ar[0] = AttnRow{kb, vb, int64_t(n) * D, n};
         last_fetch_ = f->n;
         f = nullptr;
       } else {
         const int32_t n = full_n[r.seq];
         const Buffers& fb = full_pool_[size_t(r.seq)];
-        ar[0] = AttnRow{fb.k.as<float>(), fb.v.as<float>(), int64_t(n) * D, r.pos + 1};
+        ar[0] = AttnRow{fb.k.as<char>(), fb.v.as<char>(), int64_t(n) * D, r.pos + 1};
       }
-      be_.attention(attention_args(shape_, ar, q + int64_t(i) * hd, scale, out + int64_t(i) * hd));
+      be_.attention(attention_args(shape_, ar, q + int64_t(i) * hd, scale, out + int64_t(i) * hd, kv_.dtype()));
       if (r.pos >= prompt_[size_t(r.seq)]) attended_sum_ += ar[0].n_keys;
     }
     // The end of the calibration prompt: skew this layer and build its partial key cache.
@@ -242,7 +243,7 @@ class InfiniGen final : public KvStrategy {
  private:
   struct Fetch {
     int32_t n = 0;
-    float *k = nullptr, *v = nullptr;  // gpu: [H_kv][n][D], in fetch_pool_
+    char *k = nullptr, *v = nullptr;  // gpu: [H_kv][n][D] of kv_dtype, in fetch_pool_
     Event done;
   };
   struct Buffers {
@@ -260,9 +261,18 @@ class InfiniGen final : public KvStrategy {
   bool ready(int layer) const { return !skew_[size_t(layer) * size_t(shape_.H_kv)].empty(); }
   // Tokens [0, n) of every KV head of `rows` (a dram store's K or V of `seq`) into dst [H_kv, n, D]
   // on the accelerator: one strided copy (inside a transfer's body).
-  void upload_prefix(float* dst, const float* rows, int seq, int32_t n) {
-    const size_t len = size_t(n) * size_t(shape_.D) * 4;
-    be_.upload_2d(dst, len, rows, size_t(store_.head_stride(seq)) * 4, len, size_t(shape_.H_kv));
+  void upload_prefix(void* dst, const void* rows, int seq, int32_t n) {
+    const size_t len = size_t(kv_.bytes(int64_t(n) * shape_.D));
+    be_.upload_2d(dst, len, rows, size_t(kv_.bytes(store_.head_stride(seq))), len, size_t(shape_.H_kv));
+  }
+  // A prompt's keys [H_kv, n, D] of kv_dtype in the accelerator's memory as F32, for the skew's
+  // matmul: k itself when F32, else converted into prompt_k32_.
+  const float* keys_f32(const void* k, int32_t n) {
+    if (kv_.dtype() == DType::kF32) return static_cast<const float*>(k);
+    const int64_t elems = int64_t(shape_.H_kv) * n * shape_.D;
+    grow(prompt_k32_, elems * 4);
+    be_.convert_to_f32(k, kv_.dtype(), elems, prompt_k32_.as<float>());
+    return prompt_k32_.as<float>();
   }
   // The calibration prompt: the first calib_tokens tokens of sequence 0's prompt (all of it for 0).
   // Its queries and keys are held per layer until that layer calibrates: bounded, a 32K prompt of
@@ -311,19 +321,20 @@ class InfiniGen final : public KvStrategy {
     for (int b = 0; b < B_; ++b) {
       const int32_t n = prompt_[size_t(b)];
       if (size_t(b) < own_rows_.size() && own_rows_[size_t(b)]) {  // this layer's prompt keys are on the accelerator
-        const float* kb = full_pool_[size_t(b)].k.as<float>();
+        const float* kb = keys_f32(full_pool_[size_t(b)].k.as<char>(), n);
         for (int g = 0; g < Hkv; ++g)
           be_.matmul(kb + int64_t(g) * n * D, n, skew_[size_t(layer) * size_t(Hkv) + size_t(g)], nullptr,
                      partial_.k(layer, b) + g * partial_.head_stride(b));
         continue;
       }
-      grow(prompt_k_, int64_t(Hkv) * n * D * 4);
-      float* kb = prompt_k_.as<float>();
+      grow(prompt_k_, kv_.bytes(int64_t(Hkv) * n * D));
       rt_.transfers()
           .run(
               Tier::kDram, Tier::kGpu, kv_.bytes(int64_t(Hkv) * n * D),
-              [&] { upload_prefix(kb, store_.k(layer, b), b, n); }, {}, "prompt keys for the partial cache")
+              [&] { upload_prefix(prompt_k_.as<char>(), store_.k_raw(layer, b), b, n); }, {},
+              "prompt keys for the partial cache")
           .wait();
+      const float* kb = keys_f32(prompt_k_.as<char>(), n);
       for (int g = 0; g < Hkv; ++g)
         be_.matmul(kb + int64_t(g) * n * D, n, skew_[size_t(layer) * size_t(Hkv) + size_t(g)], nullptr,
                    partial_.k(layer, b) + g * partial_.head_stride(b));
@@ -386,9 +397,9 @@ class InfiniGen final : public KvStrategy {
     // The fetch for `layer` is written while layer − 1 attends over its own (the other parity's
     // buffers) and read when `layer` attends; the last reader of this parity's was layer − 2.
     Buffers& fb = fetch_pool_[size_t(layer % 2) * size_t(B_) + size_t(r.seq)];
-    grow(fb.k, int64_t(Hkv) * count * D * 4);
-    grow(fb.v, int64_t(Hkv) * count * D * 4);
-    f->k = fb.k.as<float>(), f->v = fb.v.as<float>();
+    grow(fb.k, kv_.bytes(int64_t(Hkv) * count * D));
+    grow(fb.v, kv_.bytes(int64_t(Hkv) * count * D));
+    f->k = fb.k.as<char>(), f->v = fb.v.as<char>();
     std::vector<std::vector<int32_t>> sel(static_cast<size_t>(Hkv));
     for (int g = 0; g < Hkv; ++g) logit_top_k(logits + int64_t(g) * G * n, G, n, n, count, sel[size_t(g)]);
     const int seq = r.seq;
@@ -396,11 +407,12 @@ class InfiniGen final : public KvStrategy {
     for (const auto& s : sel) n_rows += 2 * gathered_runs(s);
     auto fetch = [this, f, sel = std::move(sel), layer, seq, Hkv, D] {
       for (int g = 0; g < Hkv; ++g) {
-        const int64_t head = g * store_.head_stride(seq), n = int64_t(sel[size_t(g)].size());
-        be_.gather_rows(f->k + int64_t(g) * f->n * D, store_.k(layer, seq) + head, int64_t(D) * 4,
-                        int64_t(D) * 4, sel[size_t(g)].data(), n);
-        be_.gather_rows(f->v + int64_t(g) * f->n * D, store_.v(layer, seq) + head, int64_t(D) * 4,
-                        int64_t(D) * 4, sel[size_t(g)].data(), n);
+        const int64_t head = kv_.bytes(g * store_.head_stride(seq)), n = int64_t(sel[size_t(g)].size());
+        const int64_t row = kv_.bytes(D), dst = kv_.bytes(int64_t(g) * f->n * D);
+        be_.gather_rows(f->k + dst, static_cast<const char*>(store_.k_raw(layer, seq)) + head, row, row,
+                        sel[size_t(g)].data(), n);
+        be_.gather_rows(f->v + dst, static_cast<const char*>(store_.v_raw(layer, seq)) + head, row, row,
+                        sel[size_t(g)].data(), n);
       }
       be_.synchronize();  // the attention reading them runs on another thread's stream
     };
@@ -431,7 +443,7 @@ class InfiniGen final : public KvStrategy {
   // the fetched rows plus the current token that a row attends over.
   std::vector<Buffers> full_pool_, fetch_pool_;
   Buffers spec_;
-  Allocation prompt_k_;  // calibrate(): a prompt's keys on the accelerator
+  Allocation prompt_k_, prompt_k32_;  // calibrate(): a prompt's keys on the accelerator (kv_dtype, F32)
   std::vector<bool> own_rows_;  // per sequence: this attend call's full buffers hold its own rows
   const float *new_k_ = nullptr, *new_v_ = nullptr;
   int32_t last_fetch_ = 0;
@@ -471,7 +483,7 @@ StrategyInfo infinigen_info() {
             "skew calibrated on the first prompt's first tokens (0: all)",
             {}}},
           [](const StrategyContext& c, const StrategyParams& p) { return std::make_unique<InfiniGen>(c, p); },
-          /*runs_on_cuda=*/true, /*budgeted=*/true, /*native_16bit_kv=*/false};
+          /*runs_on_cuda=*/true, /*budgeted=*/true, /*native_16bit_kv=*/true};
 }
 
 }  // namespace hg

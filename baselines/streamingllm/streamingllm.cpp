@@ -17,16 +17,11 @@ namespace {
 class StreamingLlm final : public EvictingStrategy {
  public:
   StreamingLlm(const StrategyContext& ctx, const StrategyParams& p)
-      : EvictingStrategy(rerotating(ctx, p), "streamingllm", p), sinks_(int32_t(p.get_int("sinks"))), window_(int32_t(p.get_int("window"))),
+      : EvictingStrategy(ctx, "streamingllm", p), sinks_(int32_t(p.get_int("sinks"))), window_(int32_t(p.get_int("window"))),
         cache_pos_(p.get("positions") == "cache"), kv_ratio_(p.get_float("kv_ratio")) {
     if (sinks_ < 0 || window_ < 1) input_error("strategy streamingllm: sinks must be >= 0 and window >= 1");
     if (kv_ratio_ < 0 || kv_ratio_ > 1) input_error("strategy streamingllm: kv_ratio must be in [0, 1]");
     if (shared_budget() > 0) kv_ratio_ = shared_budget();
-  }
-  // Re-rotating cached keys (positions: cache) rotates F32 rows: such a run stores F32 on the real path.
-  static StrategyContext rerotating(StrategyContext c, const StrategyParams& p) {
-    if (p.get("positions") == "cache") c.native_16bit_kv = false;
-    return c;
   }
   std::string_view name() const override { return "streamingllm"; }
   // With kv_ratio, the window is the rest of kv_ratio·n after the sinks (at least one token).

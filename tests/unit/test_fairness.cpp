@@ -10,6 +10,8 @@
 
 #include "baselines/registry.h"
 #include "engine/core/error.h"
+#include "engine/formats/formats.h"
+#include "engine/runtime/runtime.h"
 #include "experiments/runner/runner.h"
 #include "experiments/runner/spec.h"
 
@@ -61,6 +63,24 @@ TEST(FairFooting, EveryStrategyDeclaresTheSharedParameters) {
                                 "params: {k_min: 0}}]\n",
                                 "f.yaml"),
                InputError);
+}
+
+// The real path stores what was asked for: on the emulated accelerator (host memory) every
+// strategy keeps K and V rows of the requested type.
+TEST(FairFooting, EveryStrategyStoresTheRequestedKvTypeOnTheEmulatedAccelerator) {
+  Model m = load_model("synthetic:tiny-llama");
+  for (const auto& s : strategies()) {
+    if (s.name == "null") continue;
+    for (const char* dt : {"f16", "bf16", "f32"}) {
+      RuntimeConfig rc;
+      rc.device = "emulated";
+      Runtime rt(rc);
+      auto kv = make_strategy(s.name, StrategyContext{rt.accel_backend(), &rt, &m}, {{"kv_dtype", dt}});
+      ASSERT_TRUE(kv);
+      EXPECT_EQ(std::string(dtype_name(kv->kv_dtype())), dt) << s.name;
+      EXPECT_FALSE(kv->effective_params().count("kv_dtype")) << s.name << " " << dt;
+    }
+  }
 }
 
 // Prefill link bytes: each prompt token's K and V go to the host once (2 bytes per element), and

@@ -28,15 +28,22 @@ namespace {
 
 using namespace test;
 
+// Every KV element type: the oracle stores the same type, so both round K and V alike. F16's
+// tolerance is wider: where the cpu and ref decoders' F32 rows differ in their last bits, F16
+// rounds some elements one ulp apart, and stories260K's logits move by up to 3.6e-4 (1e-4 relative
+// to their largest) between `full` on the cpu and on the ref backend; F32 and BF16 stay within 7e-6.
 TEST(HybridGen, ExactWhenEveryOffloadedTokenIsSelected) {
+  const std::map<std::string, double> rtol = {{"f32", 1e-4}, {"f16", 3e-4}, {"bf16", 1e-4}};
   for (const char* spec : {"synthetic:tiny-qwen2", "synthetic:tiny-llama", "models/stories260K/stories260K.gguf"}) {
     auto m = load_test_model(spec);
     if (!m) continue;
-    for (const char* placement : {"semantic", "interleave"})
-      expect_matches_oracle(*m, "hybridgen",
-                            {{"gpu_kv_tokens", "6"}, {"k", "fixed"}, {"k_fixed", "1000"}, {"mode", "post"},
-                             {"speculative_query", "false"}, {"placement", placement}, {"page_tokens", "4"}},
-                            token_stream(45, m->hp.n_vocab, 9), 23, 1e-4, std::string(spec) + " " + placement,
+    for (const auto& [dt, tol] : rtol)
+      for (const char* placement : {"semantic", "interleave"})
+        expect_matches_oracle(*m, "hybridgen",
+                              {{"gpu_kv_tokens", "6"}, {"k", "fixed"}, {"k_fixed", "1000"}, {"mode", "post"},
+                               {"speculative_query", "false"}, {"placement", placement}, {"page_tokens", "4"},
+                               {"kv_dtype", dt}},
+                              token_stream(45, m->hp.n_vocab, 9), 23, tol, std::string(spec) + " " + placement + " " + dt,
                             [&](Runtime& rt, KvStrategy&) {
                               const int64_t far = rt.transfers().totals().bytes_between(Tier::kFar, Tier::kGpu);
                               if (std::string(placement) == "interleave") EXPECT_GT(far, 0) << "V pages on far were read";
@@ -52,27 +59,31 @@ TEST(HybridGen, ExactWhenEveryOffloadedTokenIsSelected) {
 // With interleaved pages the runs span both tiers, and their keys are gathered before scoring.
 TEST(HybridGen, PreModeAttendsLikeStreamingLlmWithTheSameTokens) {
   const int R = 6, K = 10, sinks = 4;
-  for (const char* spec : {"synthetic:tiny-qwen2", "synthetic:tiny-llama"}) {
-    Model m = load_model(spec);
-    const auto toks = token_stream(45, m.hp.n_vocab, 12);
-    const auto sl = emulated_step_logits(
-        m, "streamingllm",
-        {{"sinks", std::to_string(sinks)}, {"window", std::to_string(R + K - sinks)}, {"positions", "original"}, {"kv_dtype", "f32"}},
-        toks, 23);
-    for (const char* placement : {"semantic", "interleave"}) {
-      const auto hg = emulated_step_logits(m, "hybridgen",
-                                           {{"gpu_kv_tokens", std::to_string(R)},
-                                            {"k", "fixed"},
-                                            {"k_fixed", std::to_string(K)},
-                                            {"mode", "pre"},
-                                            {"pre_sinks", std::to_string(sinks)},
-                                            {"speculative_query", "false"},
-                                            {"placement", placement},
-                                            {"page_tokens", "3"}},
+  for (const char* spec : {"synthetic:tiny-qwen2", "synthetic:tiny-llama"})
+    for (const char* dt : {"f32", "f16"}) {
+      Model m = load_model(spec);
+      const auto toks = token_stream(45, m.hp.n_vocab, 12);
+      const auto sl = emulated_step_logits(m, "streamingllm",
+                                           {{"sinks", std::to_string(sinks)},
+                                            {"window", std::to_string(R + K - sinks)},
+                                            {"positions", "original"},
+                                            {"kv_dtype", dt}},
                                            toks, 23);
-      expect_steps_close(hg, sl, 1e-4, std::string(spec) + " " + placement);
+      for (const char* placement : {"semantic", "interleave"}) {
+        const auto hg = emulated_step_logits(m, "hybridgen",
+                                             {{"gpu_kv_tokens", std::to_string(R)},
+                                              {"k", "fixed"},
+                                              {"k_fixed", std::to_string(K)},
+                                              {"mode", "pre"},
+                                              {"pre_sinks", std::to_string(sinks)},
+                                              {"speculative_query", "false"},
+                                              {"placement", placement},
+                                              {"page_tokens", "3"},
+                                              {"kv_dtype", dt}},
+                                             toks, 23);
+        expect_steps_close(hg, sl, 1e-4, std::string(spec) + " " + placement + " " + dt);
+      }
     }
-  }
 }
 
 // The offloaded keys' layout: every position has its own row on the tier its page is placed on,
@@ -88,12 +99,14 @@ TEST(HybridGen, OffloadedKeysFollowTheirPagesTiers) {
     OffloadedKv kv;
     // semantic: room for 12 of the 2·3·10 key pages of 64 bytes, so the 18 oldest go far.
     const int64_t page_bytes = int64_t(shape.H_kv) * 4 * shape.D * 4;
-    kv.reset(shape, cap, 4, *placement, std::string(name) == "semantic" ? 12 * page_bytes : int64_t(1) << 40, rt.memory());
+    kv.reset(shape, cap, 4, *placement, std::string(name) == "semantic" ? 12 * page_bytes : int64_t(1) << 40, rt.memory(),
+             DType::kF32);
+    auto f = [](char* p) { return reinterpret_cast<float*>(p); };
     int far = 0;
     for (int l = 0; l < shape.n_layers; ++l)
       for (int b = 0; b < 2; ++b) {
         for (int32_t p = 0; p < cap[size_t(b)]; ++p)
-          for (int g = 0; g < shape.H_kv; ++g) kv.key(l, b, g, p)[0] = float(p * 10 + g);
+          for (int g = 0; g < shape.H_kv; ++g) f(kv.key(l, b, g, p))[0] = float(p * 10 + g);
         std::array<int32_t, 2> seen{};
         for (int32_t p = 0; p < cap[size_t(b)]; ++p) {
           const Tier t = kv.key_tier(l, b, p);
@@ -102,7 +115,7 @@ TEST(HybridGen, OffloadedKeysFollowTheirPagesTiers) {
           EXPECT_EQ(kv.key_rows_before(t, l, b, p), seen[ti]) << name << " pos " << p;
           EXPECT_EQ(kv.key_position(t, l, b, seen[ti]), p) << name << " pos " << p;
           for (int g = 0; g < shape.H_kv; ++g) {
-            EXPECT_EQ(kv.keys(t, l, b, g)[int64_t(seen[ti]) * shape.D], float(p * 10 + g)) << name << " pos " << p;
+            EXPECT_EQ(f(kv.keys(t, l, b, g))[int64_t(seen[ti]) * shape.D], float(p * 10 + g)) << name << " pos " << p;
           }
           ++seen[ti];
           if (t != kv.key_tier(l, b, (p / 4) * 4)) ADD_FAILURE() << name << ": a page split across tiers";
@@ -169,54 +182,59 @@ TEST(HybridGen, InterleavedKeysAreReadFromFarByTheCpuStage) {
   }
 }
 
+// At each KV element type: K and V rows move at its size (es), logits and queries as F32.
 TEST(HybridGen, TransfersAreLogitsPlusSelectedValueRows) {
   Model m = load_model("synthetic:tiny-qwen2");
   const auto& hp = m.hp;
   const int prompt = 20, R = 5, K = 4, G = hp.n_heads / hp.n_kv_heads;
   const auto toks = token_stream(prompt + 6, hp.n_vocab, 4);
-  RuntimeConfig rc;
-  rc.device = "emulated";
-  Runtime rt(rc);
-  auto kv = make_strategy("hybridgen", StrategyContext{rt.accel_backend(), &rt, &m},
-                          {{"gpu_kv_tokens", std::to_string(R)}, {"k", "fixed"}, {"k_fixed", std::to_string(K)},
-                           {"mode", "post"}, {"speculative_query", "false"}});
-  TransferTotals before;
-  rt.accel().submit("run", {}, {}, [&] {
-    step_logits(m, rt.accel_backend(), *kv, toks, prompt, [&](int step) {
-      const TransferTotals now = rt.transfers().totals();
-      if (step > 0) {
-        const int64_t h2d = now.bytes_between(Tier::kDram, Tier::kGpu) - before.bytes_between(Tier::kDram, Tier::kGpu);
-        const int64_t d2h = now.bytes_between(Tier::kGpu, Tier::kDram) - before.bytes_between(Tier::kGpu, Tier::kDram);
-        // Per layer and KV head: K logits for its G query heads, and K V rows.
-        EXPECT_EQ(h2d, int64_t(hp.n_layers) * hp.n_kv_heads * (int64_t(G) * K * 4 + int64_t(K) * hp.head_dim * 4))
-            << "step " << step;
-        // One token leaves each ring per step, its K and V row; the CPU stage gets the true query.
-        EXPECT_EQ(d2h, int64_t(hp.n_layers) * (2 * hp.n_kv_heads + hp.n_heads) * hp.head_dim * 4) << "step " << step;
+  for (auto [dt, es] : {std::pair{"f32", 4}, {"f16", 2}, {"bf16", 2}}) {
+    RuntimeConfig rc;
+    rc.device = "emulated";
+    Runtime rt(rc);
+    auto kv = make_strategy("hybridgen", StrategyContext{rt.accel_backend(), &rt, &m},
+                            {{"gpu_kv_tokens", std::to_string(R)}, {"k", "fixed"}, {"k_fixed", std::to_string(K)},
+                             {"mode", "post"}, {"speculative_query", "false"}, {"kv_dtype", dt}});
+    EXPECT_EQ(std::string(dtype_name(kv->kv_dtype())), dt);
+    TransferTotals before;
+    rt.accel().submit("run", {}, {}, [&] {
+      step_logits(m, rt.accel_backend(), *kv, toks, prompt, [&](int step) {
+        const TransferTotals now = rt.transfers().totals();
+        if (step > 0) {
+          const int64_t h2d = now.bytes_between(Tier::kDram, Tier::kGpu) - before.bytes_between(Tier::kDram, Tier::kGpu);
+          const int64_t d2h = now.bytes_between(Tier::kGpu, Tier::kDram) - before.bytes_between(Tier::kGpu, Tier::kDram);
+          // Per layer and KV head: K logits for its G query heads, and K V rows.
+          EXPECT_EQ(h2d, int64_t(hp.n_layers) * hp.n_kv_heads * (int64_t(G) * K * 4 + int64_t(K) * hp.head_dim * es))
+              << dt << " step " << step;
+          // One token leaves each ring per step, its K and V row; the CPU stage gets the true query.
+          EXPECT_EQ(d2h, int64_t(hp.n_layers) * (2 * hp.n_kv_heads * es + hp.n_heads * 4) * hp.head_dim)
+              << dt << " step " << step;
+        }
+        before = now;
+      });
+    }).wait();
+    // What the modeled clock charges. The CPU stage (post mode) streams every offloaded key of each
+    // KV head from DRAM, and the K selected ones again for their logits, and does 2·D FLOPs per key
+    // read and query head; the selected V rows are gathered as runs of consecutive positions, at
+    // least one and at most K per KV head.
+    int n_cpu = 0, n_v = 0;
+    for (auto& r : rt.log().snapshot()) {
+      if (r.name.rfind("hybridgen logits", 0) == 0) {
+        ++n_cpu;
+        const int64_t keys = r.work.bytes[size_t(Tier::kDram)] / (int64_t(hp.n_kv_heads) * hp.head_dim * es);
+        EXPECT_GT(keys, 0) << r.name;
+        EXPECT_EQ(r.work.bytes[size_t(Tier::kDram)], keys * hp.n_kv_heads * hp.head_dim * es) << r.name;
+        EXPECT_DOUBLE_EQ(r.work.flops, 2.0 * hp.n_heads * hp.head_dim * double(keys)) << r.name;
+        EXPECT_EQ(r.work.rows[size_t(Tier::kDram)], 0) << "post mode streams its keys";
+      } else if (r.name == "selected V to gpu") {
+        ++n_v;
+        EXPECT_GE(r.work.rows[size_t(Tier::kDram)], hp.n_kv_heads);
+        EXPECT_LE(r.work.rows[size_t(Tier::kDram)], int64_t(hp.n_kv_heads) * K);
       }
-      before = now;
-    });
-  }).wait();
-  // What the modeled clock charges. The CPU stage (post mode) streams every offloaded key of each
-  // KV head from DRAM, and the K selected ones again for their logits, and does 2·D FLOPs per key
-  // read and query head; the selected V rows are gathered as runs of consecutive positions, at
-  // least one and at most K per KV head.
-  int n_cpu = 0, n_v = 0;
-  for (auto& r : rt.log().snapshot()) {
-    if (r.name.rfind("hybridgen logits", 0) == 0) {
-      ++n_cpu;
-      const int64_t keys = r.work.bytes[size_t(Tier::kDram)] / (int64_t(hp.n_kv_heads) * hp.head_dim * 4);
-      EXPECT_GT(keys, 0) << r.name;
-      EXPECT_EQ(r.work.bytes[size_t(Tier::kDram)], keys * hp.n_kv_heads * hp.head_dim * 4) << r.name;
-      EXPECT_DOUBLE_EQ(r.work.flops, 2.0 * hp.n_heads * hp.head_dim * double(keys)) << r.name;
-      EXPECT_EQ(r.work.rows[size_t(Tier::kDram)], 0) << "post mode streams its keys";
-    } else if (r.name == "selected V to gpu") {
-      ++n_v;
-      EXPECT_GE(r.work.rows[size_t(Tier::kDram)], hp.n_kv_heads);
-      EXPECT_LE(r.work.rows[size_t(Tier::kDram)], int64_t(hp.n_kv_heads) * K);
     }
+    EXPECT_GT(n_cpu, 0);
+    EXPECT_EQ(n_v, n_cpu);
   }
-  EXPECT_GT(n_cpu, 0);
-  EXPECT_EQ(n_v, n_cpu);
 }
 
 TEST(HybridGen, SpeculativeQueryRunsOnTheCpuQueue) {
