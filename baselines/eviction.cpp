@@ -358,6 +358,7 @@ void EvictingStrategy::attend(int layer, std::span<const TokenRow> rows, const f
     a.probs_out = taps() & kProbs ? probs_.data() : nullptr;
     a.tap_ld = ld;
     be_.attention(a);
+    if (taps() != 0) add_accel_work(tap_work(a));
     // Dry runs have no values to score: which tokens are evicted does not change the counts.
     if (taps() == 0 || rt_.dry()) continue;
     const float* lg = a.logits_out;
@@ -396,6 +397,16 @@ void EvictingStrategy::attend(int layer, std::span<const TokenRow> rows, const f
   // layer's FFN and the next one's projections run; after the last layer, the next step's layer 0.
   if (layer + 1 < shape_.n_layers) prefetch(layer + 1, rows, false);
   else last_rows_.assign(rows.begin(), rows.end());
+}
+
+StageWork EvictingStrategy::tap_work(const AttentionArgs& a) const {
+  int64_t keys = 0;
+  for (int i = 0; i < a.n_rows; ++i) keys += a.rows[i].n_keys;
+  const int64_t n = int64_t(a.H) * keys * ((taps() & kLogits ? 1 : 0) + (taps() & kProbs ? 1 : 0));
+  StageWork w;
+  w.bytes[size_t(Tier::kGpu)] = 2 * n * 4;  // written by the attention, read by the policy
+  w.flops = double(n);                      // the policy's add per score
+  return w;
 }
 
 void EvictingStrategy::end_step() {

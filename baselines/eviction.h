@@ -44,6 +44,9 @@ class EvictingStrategy : public KvStrategy {
   // kProbs (softmax probabilities). Taps it does not ask for are not computed (no bytes written per
   // key and head) and reach accumulate() as nullptr.
   static constexpr int kLogits = 1, kProbs = 2;
+  // The taps' cost on the accelerator for the modeled clock, beside the forward's attention: each
+  // tap written once and read once by the score policy (4 bytes per key and query head).
+  StageWork tap_work(const AttentionArgs& a) const;
   virtual int taps() const = 0;
   // Policy: fold row's taps into scores. logits/probs: [H, tap_ld] of this row; slots [0, n).
   virtual void accumulate(int layer, int seq, int g, const float* logits, const float* probs, int64_t tap_ld,

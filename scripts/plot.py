@@ -1,4 +1,9 @@
-"""Plots of an hgbench result directory (called by scripts/plot)."""
+"""Plots of an hgbench result directory (called by scripts/plot).
+
+Every figure names the experiment, the platform and whether its times are measured or MODELED,
+says which direction is better, uses the strategies' display names and is saved with its legend
+inside the written image (bbox_inches="tight"). figures(d) returns the figures without writing
+them (tests inspect their legends)."""
 import json
 import math
 import os
@@ -11,6 +16,35 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import yaml  # noqa: E402  (python3-yaml, a dependency of matplotlib's Debian package set)
 
+DISPLAY = {
+    "full": "Full KV (oracle)",
+    "flexgen": "FlexGen",
+    "moe_lightning": "MoE-Lightning",
+    "h2o": "H2O",
+    "keyformer": "Keyformer",
+    "streamingllm": "StreamingLLM",
+    "infinigen": "InfiniGen",
+    "hybridgen": "HybridGen",
+    "null": "null (harness overhead)",
+}
+# Axis names as the figures print them.
+AXES = {"prompt_tokens": "prompt tokens", "decode_tokens": "decode tokens", "batch": "batch size",
+        "gpu_kv_bytes": "GPU KV bytes", "gpu_memory_bytes": "GPU memory bytes", "placement": "placement",
+        "platform": "platform", "model": "model"}
+
+
+class NoRows(Exception):
+    pass
+
+
+def display(label, strategy=None):
+    """A label as the paper names its method: the strategy's display name, with the label when it differs."""
+    s = strategy or label
+    base = DISPLAY.get(s)
+    if base is None:
+        return label
+    return base if label == s else f"{base} ({label})"
+
 
 def median(v):
     v = sorted(v)
@@ -18,135 +52,233 @@ def median(v):
     return float("nan") if n == 0 else v[n // 2] if n % 2 else 0.5 * (v[n // 2 - 1] + v[n // 2])
 
 
-def plot_accuracy(d, cfg, rows, labels, points, varying):
+def model_name(v):
+    v = str(v)
+    if v.startswith("synthetic:"):
+        return v[len("synthetic:"):].split("?")[0]
+    return os.path.basename(v)
+
+
+def value_text(k, v):
+    if k == "model":
+        return model_name(v)
+    if k == "strategy_params":  # {"hybridgen": {"kv_ratio": "0.1"}, ...}: the swept values
+        vals = sorted({f"{kk}={vv}" for p in (v or {}).values() for kk, vv in p.items()})
+        return ", ".join(vals)
+    return str(v)
+
+
+def load(d):
+    path = os.path.join(d, "rows.jsonl")
+    rows = [json.loads(l) for l in open(path) if l.strip()]
+    with open(os.path.join(d, "config.yaml")) as f:
+        cfg = yaml.safe_load(f)
+    if not any(r.get("status") == "ok" for r in rows):
+        raise NoRows(f"{path}: no successful rows ({len(rows)} failed): nothing to plot")
+    labels = [s if isinstance(s, str) else s.get("label", s["name"]) for s in cfg["strategies"]]
+    strategy_of = {}
+    for r in rows:
+        strategy_of.setdefault(r["label"], r.get("strategy"))
+    return rows, cfg, labels, strategy_of
+
+
+def basis_of(rows):
+    tb = {r.get("time_basis", "") for r in rows if r.get("status") == "ok"}
+    if "modeled (dry)" in tb:
+        return "MODELED (dry execution)"
+    return "MODELED" if any(t.startswith("modeled") for t in tb) else "measured"
+
+
+def platforms_of(rows):
+    p = sorted({str(r["point"].get("platform") or r["point"].get("device") or "") for r in rows if r.get("status") == "ok"})
+    return ", ".join(x for x in p if x) or "this machine"
+
+
+def legend_right(ax, n):
+    """The legend outside the axes on the right; saved whole with bbox_inches="tight"."""
+    return ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False, ncol=1 if n <= 14 else 2)
+
+
+def accuracy_figure(cfg, rows, labels, strategy_of, points, varying):
     """Accuracy runs: acc per point (task) and strategy with its standard error, mean last."""
     cell = {}
     for r in rows:
         if r.get("status") == "ok" and "accuracy" in r:
             cell.setdefault((r["point_index"], r["label"]), r["accuracy"])
-    names = []
-    for pi, p in points.items():
-        parts = [str(p[k]).replace("synthetic:", "").split("?")[0].split("/")[-1] for k in varying if k != "strategy_params"]
-        names.append("/".join(parts) or p.get("task", "point"))
-    groups = names + ["mean"]
+    names = ["/".join(value_text(k, p[k]) for k in varying) or p.get("task", "") for p in points.values()]
+    groups = names + (["mean"] if len(names) > 1 else [])
     width = 0.8 / max(1, len(labels))
     fig, ax = plt.subplots(figsize=(min(16, max(6, 0.15 * len(groups) * len(labels) + 2)), 4.5))
     for j, l in enumerate(labels):
         vals = [cell.get((pi, l), {}).get("acc", float("nan")) for pi in points]
         errs = [cell.get((pi, l), {}).get("acc_stderr", 0.0) for pi in points]
         finite = [v for v in vals if v == v]
-        mean = sum(finite) / len(finite) if finite else float("nan")
+        extra = [sum(finite) / len(finite) if finite else float("nan")] if len(names) > 1 else []
         xs = [i + j * width for i in range(len(groups))]
-        ax.bar(xs, vals + [mean], width, yerr=errs + [0.0], capsize=1.5, label=l)
+        ax.bar(xs, vals + extra, width, yerr=errs + [0.0] * len(extra), capsize=1.5, label=display(l, strategy_of.get(l)))
     ax.set_xticks([i + width * (len(labels) - 1) / 2 for i in range(len(groups))])
     ax.set_xticklabels(groups, rotation=30, ha="right")
-    ax.set_ylabel("accuracy (acc, ± standard error)")
+    ax.set_xlabel(" / ".join(AXES.get(k, k) for k in varying) or "task")
+    ax.set_ylabel("accuracy (acc ± standard error), higher is better")
     ax.set_ylim(0, 1)
-    ax.set_title(f"{cfg['name']}: accuracy — measured", fontsize=9, pad=28)
-    ax.legend(fontsize=7, ncol=min(8, len(labels)), loc="lower center", bbox_to_anchor=(0.5, 1.0), frameon=False)
-    fig.tight_layout()
-    for ext in ("png", "svg"):
-        fig.savefig(os.path.join(d, f"accuracy.{ext}"))
-    plt.close(fig)
-    print(f"wrote accuracy.png/svg in {d}")
+    ax.set_title(f"{cfg['name']}: accuracy — measured, {platforms_of(rows)}", fontsize=9)
+    legend_right(ax, len(labels))
+    return {"accuracy": fig}
 
 
-def main(d):
-    rows = [json.loads(l) for l in open(os.path.join(d, "rows.jsonl")) if l.strip()]
-    with open(os.path.join(d, "config.yaml")) as f:
-        cfg = yaml.safe_load(f)
-    labels = [s if isinstance(s, str) else s.get("label", s["name"]) for s in cfg["strategies"]]
+def figures(d):
+    """The figures of result directory d, by file stem."""
+    rows, cfg, labels, strategy_of = load(d)
     baseline = cfg.get("baseline", labels[0])
     points = OrderedDict()
     times = defaultdict(list)
-    acc = defaultdict(list)
-    modeled = dry = e2e = False
+    e2e = False
+    has_acc = False
     for r in rows:
         points.setdefault(r["point_index"], r["point"])
         if r.get("status") != "ok":
             continue
         times[(r["point_index"], r["label"])].append(r["figures"]["time_s"])
         e2e |= r["figures"].get("time_metric") == "end_to_end"
-        if "accuracy" in r:
-            acc[(r["point_index"], r["label"])].append(r["accuracy"].get("acc", float("nan")))
-        modeled |= r.get("time_basis", "").startswith("modeled")
-        dry |= r.get("time_basis", "") == "modeled (dry)"
+        has_acc |= "accuracy" in r
     keys = list(next(iter(points.values())).keys()) if points else []
-    varying = [k for k in keys if len({json.dumps(p.get(k)) for p in points.values()}) > 1]
-    if acc:
-        plot_accuracy(d, cfg, rows, labels, points, varying)
-        return
+    varying = [k for k in keys if len({json.dumps(p.get(k), sort_keys=True) for p in points.values()}) > 1]
+    if has_acc:
+        return accuracy_figure(cfg, rows, labels, strategy_of, points, varying)
 
     def name(p):
-        parts = []
-        for k in varying:
-            v = p[k]
-            if k == "model" and str(v).startswith("synthetic:"):
-                v = v[len("synthetic:"):].split("?")[0]
-            parts.append(str(v))
-        return "/".join(parts) or "point"
+        parts = [value_text(k, p[k]) for k in varying]
+        if parts:
+            return "/".join(parts)
+        return f"prompt {p.get('prompt_tokens')}, batch {p.get('batch')}"
 
-    basis = "MODELED (dry execution)" if dry else "MODELED" if modeled else "measured"
+    basis = basis_of(rows)
+    where = platforms_of(rows)
     metric = "end-to-end latency" if e2e else "decode time"
-    title = f"{cfg['name']}: {metric} normalised to {baseline} (lower is better) — {basis}"
+    out = {}
     norm = {}
     for pi in points:
         b = median(times[(pi, baseline)])
         for l in labels:
             t = median(times[(pi, l)])
             norm[(pi, l)] = t / b if b == b and t == t and b > 0 else float("nan")
-    groups = [name(points[pi]) for pi in points] + ["Geo."]
+    multi = len(points) > 1
+    groups = [name(points[pi]) for pi in points] + (["geomean"] if multi else [])
     width = 0.8 / max(1, len(labels))
     fig, ax = plt.subplots(figsize=(min(16, max(6, 0.12 * len(groups) * len(labels) + 2)), 4.5))
     for j, l in enumerate(labels):
         vals = [norm[(pi, l)] for pi in points]
         finite = [v for v in vals if v == v and v > 0]
-        geo = math.exp(sum(math.log(v) for v in finite) / len(finite)) if finite else float("nan")
+        geo = [math.exp(sum(math.log(v) for v in finite) / len(finite)) if finite else float("nan")] if multi else []
         xs = [i + j * width for i in range(len(groups))]
-        ax.bar(xs, vals + [geo], width, label=l)
+        ax.bar(xs, vals + geo, width, label=display(l, strategy_of.get(l)))
     ax.set_xticks([i + width * (len(labels) - 1) / 2 for i in range(len(groups))])
-    ax.set_xticklabels(groups, rotation=30, ha="right")
-    ax.set_ylabel(f"{metric} / {baseline} (ratio)")
-    ax.set_title(title, fontsize=9, pad=28)
-    ax.legend(fontsize=7, ncol=min(8, len(labels)), loc="lower center", bbox_to_anchor=(0.5, 1.0), frameon=False)
-    fig.tight_layout()
-    for ext in ("png", "svg"):
-        fig.savefig(os.path.join(d, f"normalized.{ext}"))
-    written = ["normalized.png/svg"]
-    plt.close(fig)
+    ax.set_xticklabels(groups, rotation=30 if multi else 0, ha="right" if multi else "center")
+    ax.set_xlabel(" / ".join(AXES.get(k, k) for k in varying) if varying else "")
+    ax.set_ylabel(f"{metric} ÷ {display(baseline, strategy_of.get(baseline))}\n(lower is better)")
+    ax.set_title(f"{cfg['name']}: {metric} normalised to {display(baseline, strategy_of.get(baseline))} — {basis}, {where}",
+                 fontsize=9)
+    legend_right(ax, len(labels))
+    out["normalized"] = fig
 
-    if "prompt_tokens" in varying:
-        fig, ax = plt.subplots(figsize=(6, 4))
-        others = [k for k in varying if k != "prompt_tokens"]
+    # One axis swept besides the model (sequence length, batch, a strategy parameter): speedup
+    # over the baseline against it, colour by strategy, line style by model.
+    line_axes = [k for k in varying if k not in ("model", "platform")]
+    if len(line_axes) == 1:
+        ax_key = line_axes[0]
+        fig, ax = plt.subplots(figsize=(6.5, 4))
         series = defaultdict(list)
+        numeric = True
         for pi, p in points.items():
-            key = "/".join(str(p[k]).replace("synthetic:", "").split("?")[0] for k in others)
+            v = p[ax_key]
+            x = v if isinstance(v, (int, float)) else value_text(ax_key, v)
+            if ax_key == "strategy_params":
+                try:
+                    x = float(x.split("=")[-1])
+                except ValueError:
+                    numeric = False
+            elif not isinstance(x, (int, float)):
+                numeric = False
             for l in labels:
                 if l == baseline:
                     continue
                 n = norm[(pi, l)]
-                series[(key, l)].append((p["prompt_tokens"], 1 / n if n == n and n > 0 else float("nan")))
-        # Colour by strategy, line style by the other axes (the model).
+                series[(model_name(p.get("model", "")), l)].append((x, 1 / n if n == n and n > 0 else float("nan")))
         colours = {l: f"C{i % 10}" for i, l in enumerate(labels)}
-        keys = sorted({key for key, _ in series})
-        styles = {k: ["-", "--", ":", "-."][i % 4] for i, k in enumerate(keys)}
-        for (key, l), pts in series.items():
-            pts.sort()
-            ax.plot([x for x, _ in pts], [y for _, y in pts], marker="o", color=colours[l], linestyle=styles[key],
-                    label=f"{l} {key}".strip())
-        ax.set_xscale("log", base=2)
-        ax.set_xlabel("sequence length (prompt tokens)")
-        ax.set_ylabel(f"speedup over {baseline} (×)")
-        ax.set_title(f"{cfg['name']}: speedup against sequence length — {basis}", fontsize=9)
-        ax.legend(fontsize=6, ncol=2)
-        fig.tight_layout()
-        for ext in ("png", "svg"):
-            fig.savefig(os.path.join(d, f"speedup_seqlen.{ext}"))
-        written.append("speedup_seqlen.png/svg")
-        plt.close(fig)
+        models = sorted({m for m, _ in series})
+        styles = {m: ["-", "--", ":", "-."][i % 4] for i, m in enumerate(models)}
+        markers = {m: ["o", "s", "^", "D"][i % 4] for i, m in enumerate(models)}
+        for (m, l), pts in series.items():
+            pts.sort(key=lambda t: (str(type(t[0])), t[0]))
+            lab = display(l, strategy_of.get(l)) + (f" — {m}" if len(models) > 1 else "")
+            ax.plot([x for x, _ in pts], [y for _, y in pts], marker=markers[m], color=colours[l], linestyle=styles[m],
+                    label=lab)
+        if numeric and ax_key in ("prompt_tokens", "batch", "gpu_kv_bytes"):
+            ax.set_xscale("log", base=2)
+        xlabel = AXES.get(ax_key, ax_key)
+        if ax_key == "strategy_params":
+            xlabel = ", ".join(sorted({kk for p in points.values() for s in (p[ax_key] or {}).values() for kk in s}))
+        ax.set_xlabel(xlabel)
+        ax.set_ylabel(f"speedup over {display(baseline, strategy_of.get(baseline))} (×), higher is better")
+        ax.set_title(f"{cfg['name']}: speedup against {xlabel} — {basis}, {where}", fontsize=9)
+        legend_right(ax, len(series))
+        out["speedup_seqlen" if ax_key == "prompt_tokens" else f"speedup_{ax_key}"] = fig
 
+    # Traffic and FLOPs per decode step (estimate.yaml, Figs. 4-7 and 9): bytes each side reads by
+    # tier and link, and FLOPs, stacked per strategy for the first point of each group.
+    work = {}
+    for r in rows:
+        if r.get("status") == "ok" and r.get("work_per_step"):
+            work.setdefault((r["point_index"], r["label"]), r)
+    if work and cfg.get("name", "").startswith("estimate"):
+        fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4.5))
+        cats = []
+        for (pi, l), r in work.items():
+            cats.append((name(points[pi]) + "\n" + display(l, strategy_of.get(l)), r))
+        xs = range(len(cats))
+        comps = [("accel", "gpu_bytes", "accelerator reads HBM"), ("cpu", "dram_bytes", "CPU reads DRAM"),
+                 ("cpu", "far_bytes", "CPU reads far memory")]
+        bottom = [0.0] * len(cats)
+        for side, key, lab in comps:
+            v = [r["work_per_step"].get(side, {}).get(key, 0.0) / 1e9 for _, r in cats]
+            ax1.bar(xs, v, bottom=bottom, label=lab)
+            bottom = [a + b for a, b in zip(bottom, v)]
+        link = [sum(r.get("link_bytes_per_step", {}).values()) / 1e9 for _, r in cats]
+        ax1.bar(xs, link, bottom=bottom, label="over the links")
+        ax1.set_ylabel("GB per decode step (lower is better)")
+        ax1.set_xticks(list(xs))
+        ax1.set_xticklabels([c for c, _ in cats], rotation=60, ha="right", fontsize=6)
+        legend_right(ax1, 4)
+        bottom = [0.0] * len(cats)
+        for side, lab in (("accel", "accelerator"), ("cpu", "CPU")):
+            v = [r["work_per_step"].get(side, {}).get("flops", 0.0) / 1e12 for _, r in cats]
+            ax2.bar(xs, v, bottom=bottom, label=lab)
+            bottom = [a + b for a, b in zip(bottom, v)]
+        ax2.set_ylabel("TFLOP per decode step")
+        ax2.set_xticks(list(xs))
+        ax2.set_xticklabels([c for c, _ in cats], rotation=60, ha="right", fontsize=6)
+        legend_right(ax2, 2)
+        fig.suptitle(f"{cfg['name']}: traffic and FLOPs per decode step — {basis}, {where}", fontsize=9)
+        fig.tight_layout()
+        out["traffic_flops"] = fig
+    return out
+
+
+def main(d):
+    try:
+        figs = figures(d)
+    except NoRows as e:
+        print(f"scripts/plot: {e}", file=sys.stderr)
+        return 2
+    written = []
+    for stem, fig in figs.items():
+        for ext in ("png", "svg"):
+            fig.savefig(os.path.join(d, f"{stem}.{ext}"), bbox_inches="tight", dpi=150 if ext == "png" else None)
+        written.append(f"{stem}.png/svg")
+        plt.close(fig)
     print(f"wrote {', '.join(written)} in {d}")
+    return 0
 
 
 if __name__ == "__main__":
-    main(sys.argv[1])
+    sys.exit(main(sys.argv[1]))

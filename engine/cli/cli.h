@@ -60,6 +60,8 @@ int cmd_eval(const std::vector<std::string>& args);
 int cmd_tokenize(const std::vector<std::string>& args);
 int cmd_validate(const std::vector<std::string>& args);
 int cmd_merge(const std::vector<std::string>& args);
+int cmd_compare(const std::vector<std::string>& args);
+int cmd_report(const std::vector<std::string>& args);
 int cmd_submit(const std::vector<std::string>& args);
 
 }  // namespace hg::cli

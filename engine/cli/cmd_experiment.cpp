@@ -1,8 +1,11 @@
 // `hgbench FILE.yaml` (run an experiment), `hgbench validate FILE`, `hgbench merge DIR…`.
 #include <unistd.h>
 
+#include <atomic>
 #include <chrono>
 #include <csignal>
+#include <map>
+#include <thread>
 #include <filesystem>
 
 #include <CLI/CLI.hpp>
@@ -13,14 +16,31 @@
 #include "engine/core/error.h"
 #include "engine/formats/formats.h"
 #include "experiments/runner/recorder.h"
+#include "experiments/runner/report.h"
 #include "experiments/runner/runner.h"
 #include "experiments/runner/spec.h"
 
 namespace hg::cli {
 namespace {
 
+// Ctrl-C once: finish the current run, then write the summary; twice: stop now, still writing the
+// summary of the rows so far (run_experiment's watcher).
 volatile std::sig_atomic_t g_interrupted = 0;
-void on_sigint(int) { g_interrupted = 1; }
+void on_sigint(int) {
+  static const char first[] =
+      "\nhgbench: Ctrl-C: finishing the current run, then the summary; Ctrl-C again to stop now\n";
+  static const char second[] = "\nhgbench: stopping now; writing the summary of the rows so far\n";
+  g_interrupted = g_interrupted ? 2 : 1;
+  if (g_interrupted == 1) (void)!write(STDERR_FILENO, first, sizeof first - 1);
+  else (void)!write(STDERR_FILENO, second, sizeof second - 1);
+}
+
+// A run's cost for the ETA: the tokens it processes (prompt + decode per sequence, times the
+// batch and the repeats); an accuracy point counts its items.
+double run_units(const Point& p, const ExperimentSpec& s) {
+  if (!p.task.empty()) return double(std::max(1, p.limit));
+  return double(std::max(1, p.prompt_tokens + p.decode_tokens)) * std::max(1, p.batch) * std::max(1, s.repeats);
+}
 
 std::string hms(double s) {
   const int t = int(s + 0.5);
@@ -125,9 +145,35 @@ int run_experiment(ExperimentSpec spec, const std::string& output, const std::st
 
   struct sigaction sa {};
   sa.sa_handler = on_sigint;
-  sa.sa_flags = SA_RESETHAND;  // a second Ctrl-C ends the process at once
   sigaction(SIGINT, &sa, nullptr);
   g_interrupted = 0;
+  // The second Ctrl-C: the rows so far (each appended whole; a torn last line is skipped) summarised,
+  // then exit 130 without waiting for the run in progress.
+  std::atomic<bool> finished{false};
+  std::thread watcher([&] {
+    while (!finished.load()) {
+      if (g_interrupted == 2) {
+        try {
+          const auto rows = read_rows(dir);
+          write_summary(dir, rows, spec.baseline, labels_of(spec));
+          fmt::print(stderr, "hgbench: stopped; {} rows in {} (summary.csv, table.txt); continue with --resume {}\n",
+                     rows.size(), dir, dir);
+        } catch (const std::exception& e) {
+          fmt::print(stderr, "hgbench: stopped; the summary could not be written: {}\n", e.what());
+        }
+        std::_Exit(130);
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    }
+  });
+  struct JoinWatcher {
+    std::atomic<bool>& f;
+    std::thread& t;
+    ~JoinWatcher() {
+      f = true;
+      t.join();
+    }
+  } join_watcher{finished, watcher};
 
   Runner runner(spec);
   runner.items_dir = dir + "/items";
@@ -141,13 +187,32 @@ int run_experiment(ExperimentSpec spec, const std::string& output, const std::st
     else if (i == n || i % std::max(1, n / 4) == 0) fmt::print(stderr, "  items {}/{} ({} elapsed, ETA {})\n", i, n, hms(el), eta);
   };
   const size_t total = mine.size() * spec.strategies.size();
-  size_t done = 0, ran = 0;
+  size_t done = 0;
   const auto t0 = std::chrono::steady_clock::now();
+  // ETA: what is left, each run's tokens at its strategy's seconds per token so far (all
+  // strategies' rate before a strategy's first run).
+  std::map<std::string, std::pair<double, double>> spent;  // label → (seconds, units) of fresh runs
+  auto eta_text = [&]() -> std::string {
+    double all_s = 0, all_u = 0;
+    for (auto& [l, su] : spent) all_s += su.first, all_u += su.second;
+    if (all_u <= 0) return "?";
+    double left = 0;
+    size_t k = 0;
+    for (const Point* p : mine)
+      for (auto& e : spec.strategies)
+        if (k++ >= done) {
+          const auto it = spent.find(e.label);
+          const double rate = it != spent.end() && it->second.second > 0 ? it->second.first / it->second.second
+                                                                           : all_s / all_u;
+          left += rate * run_units(*p, spec);
+        }
+    return hms(left);
+  };
   for (const Point* p : mine) {
     for (auto& e : spec.strategies) {
       if (g_interrupted) break;
       const double el = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-      const std::string eta = ran ? hms(el / double(ran) * double(total - done)) : "?";
+      const std::string eta = eta_text();
       line = fmt::format("[{}/{}] {} {} | {} elapsed, ETA {}", done + 1, total, e.label, describe(*p), hms(el), eta);
       item_start = std::chrono::steady_clock::now();
       if (tty) fmt::print(stderr, "\r\033[K{}", line);
@@ -162,7 +227,11 @@ int run_experiment(ExperimentSpec spec, const std::string& output, const std::st
         out.append(row);
       });
       ++done;
-      ran += fresh;
+      if (fresh) {
+        auto& su = spent[e.label];
+        su.first += std::chrono::duration<double>(std::chrono::steady_clock::now() - item_start).count();
+        su.second += run_units(*p, spec);
+      }
     }
     if (g_interrupted) break;
   }
@@ -224,6 +293,32 @@ int cmd_merge(const std::vector<std::string>& args) {
     fmt::print(stderr, "merge: {} rows appear in more than one directory (a resubmitted shard); the first of each kept\n",
                rep.duplicates);
   fmt::print("{}merged {} directories: {} rows into {}\n", rep.table, dirs.size(), rep.rows, out);
+  return 0;
+}
+
+int cmd_compare(const std::vector<std::string>& args) {
+  CLI::App app{"Compares two result directories (before and after a change, two machines): matched points side by "
+               "side, B ÷ A per point and strategy, geometric means.",
+               "hgbench compare"};
+  std::string a, b, out;
+  app.add_option("dir_a", a, "result directory A (the reference)")->required();
+  app.add_option("dir_b", b, "result directory B")->required();
+  app.add_option("--out,-o", out, "also write compare.csv and compare.txt there");
+  if (int rc = parse_cli(app, "compare", args); rc >= 0) return rc;
+  const CompareReport rep = compare_results(a, b, out);
+  fmt::print(stderr, "{}", rep.warnings);
+  fmt::print("{}", rep.table);
+  if (!out.empty()) fmt::print("wrote {}/compare.csv and compare.txt\n", out);
+  return 0;
+}
+
+int cmd_report(const std::vector<std::string>& args) {
+  CLI::App app{"Writes DIR/report.html: one self-contained page (tables, plots, configuration, provenance).",
+               "hgbench report"};
+  std::string dir;
+  app.add_option("dir", dir, "result directory")->required();
+  if (int rc = parse_cli(app, "report", args); rc >= 0) return rc;
+  fmt::print("wrote {}\n", write_report(dir));
   return 0;
 }
 

@@ -11,9 +11,12 @@
 
 namespace hg {
 
+std::string platform_file(const std::string& name_or_path, const std::string& platforms_dir) {
+  return std::filesystem::exists(name_or_path) ? name_or_path : platforms_dir + "/" + name_or_path + ".yaml";
+}
+
 PlatformProfile load_platform(const std::string& name_or_path, const std::string& platforms_dir) {
-  std::string file = name_or_path;
-  if (!std::filesystem::exists(file)) file = platforms_dir + "/" + name_or_path + ".yaml";
+  const std::string file = platform_file(name_or_path, platforms_dir);
   if (!std::filesystem::exists(file))
     input_error("platform '{}': no such profile (looked for {} and {})", name_or_path, name_or_path, file);
   const YAML::Node y = yaml_load_file(file);

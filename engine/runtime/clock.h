@@ -45,6 +45,8 @@ struct PlatformProfile {
 // Loads experiments/platforms/<name>.yaml or a path; strict keys (InputError names file:line and
 // the nearest valid key).
 PlatformProfile load_platform(const std::string& name_or_path, const std::string& platforms_dir);
+// The file a platform name or path names: the path when it exists, else platforms_dir/NAME.yaml.
+std::string platform_file(const std::string& name_or_path, const std::string& platforms_dir);
 void save_platform(const PlatformProfile& p, const std::string& path, const std::string& comment);
 
 // Seconds a stage takes on the profile.

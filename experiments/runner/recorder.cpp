@@ -22,6 +22,7 @@
 #include "engine/core/error.h"
 #include "engine/core/json_text.h"
 #include "engine/runtime/bandwidth.h"
+#include "experiments/runner/points.h"
 
 namespace hg {
 namespace fs = std::filesystem;
@@ -122,22 +123,6 @@ void csv_row(FILE* f, const std::vector<std::string>& fields) {
 
 std::string num(double v) { return std::isfinite(v) ? fmt::format("{:.6g}", v) : ""; }
 
-std::string json_str(const Json& j) { return j.is_string() ? j.get<std::string>() : j.is_null() ? "" : json_text(j); }
-
-// The keys of the points' values that differ between points (they name the points in tables).
-std::vector<std::string> varying_axes(const std::map<int, Json>& points) {
-  std::vector<std::string> varying;
-  if (points.empty()) return varying;
-  for (auto& [k, v] : points.begin()->second.items()) {
-    if (k == "id") continue;
-    for (auto& [pi, pj] : points)
-      if (pj[k] != v) {
-        varying.push_back(k);
-        break;
-      }
-  }
-  return varying;
-}
 
 // Accuracy rows: summary.csv per (point, label) and a table of acc per task with the mean over
 // tasks (the paper's Figs. 14, 20, 22), then the fidelity against the reference.
@@ -358,15 +343,6 @@ std::string write_summary(const std::string& dir, const std::vector<Json>& rows,
   };
   // Axes that vary between points name them in the table.
   const std::vector<std::string> varying = varying_axes(points);
-  auto point_name = [&](const Json& pj) {
-    std::string s;
-    for (auto& k : varying) {
-      std::string v = json_str(pj[k]);
-      if (k == "model" && v.rfind("synthetic:", 0) == 0) v = v.substr(10, v.find('?') - 10);
-      s += (s.empty() ? "" : "/") + v;
-    }
-    return s.empty() ? json_str(pj["id"]) : s;
-  };
 
   const std::string csv_path = dir + "/summary.csv";
   FILE* f = std::fopen(csv_path.c_str(), "w");
@@ -435,10 +411,11 @@ std::string write_summary(const std::string& dir, const std::vector<Json>& rows,
                                 end_to_end ? "end-to-end latency (prefill + decode)" : "decode time", baseline,
                                 modeled ? (dry ? "MODELED, dry execution" : "MODELED") : "measured",
                                 modeled ? " — modeled on a platform profile, not measured" : "");
+  if (const std::string axes = axes_caption(varying); !axes.empty()) out += "columns: " + axes + "\n";
   std::vector<std::string> names;
   size_t w0 = 16;
   for (auto& l : labels) w0 = std::max(w0, l.size() + 1);
-  for (auto& [pi, pj] : points) names.push_back(point_name(pj));
+  for (auto& [pi, pj] : points) names.push_back(point_name(pj, varying));
   std::vector<size_t> widths;
   out += fmt::format("{:<{}}", "strategy", w0);
   for (auto& n : names) {
@@ -446,6 +423,7 @@ std::string write_summary(const std::string& dir, const std::vector<Json>& rows,
     out += fmt::format("{:>{}}", n, widths.back());
   }
   out += fmt::format("{:>9}\n", "geomean");
+  bool partial_geomean = false;
   for (auto& label : labels) {
     out += fmt::format("{:<{}}", label, w0);
     size_t i = 0;
@@ -458,8 +436,12 @@ std::string write_summary(const std::string& dir, const std::vector<Json>& rows,
       out += fmt::format("{:>{}}", !any ? "-" : std::isfinite(nt) ? fmt::format("{:.2f}", nt) : "failed", widths[i++]);
       if (std::isfinite(nt) && nt > 0) logsum += std::log(nt), ++n;
     }
-    out += fmt::format("{:>9}\n", n ? fmt::format("{:.2f}", std::exp(logsum / n)) : "-");
+    const bool partial = n > 0 && size_t(n) < points.size();
+    partial_geomean = partial_geomean || partial;
+    out += fmt::format("{:>9}\n", n ? fmt::format("{:.2f}{}", std::exp(logsum / n), partial ? "*" : "") : "-");
   }
+  if (partial_geomean)
+    out += "* geomean over fewer points than the table has (points not run yet or failed): not comparable across rows\n";
   // Beside the times, one block per recorded figure (shown when any row has it): how much of the
   // context each strategy attended (budgets are matched only where these agree) with the KV element
   // type it stored, and for real runs replayed on a profile the modeled clock against the same run.

@@ -189,6 +189,44 @@ std::string utc_now() {
   return b;
 }
 
+// A file's identity for provenance: its absolute path, size and an FNV-1a 64 fingerprint of its
+// size, first and last MiB (cheap for multi-GB weights; it tells files apart, it is no checksum).
+Json file_fingerprint(const std::string& path) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  const fs::path abs = fs::absolute(path, ec);
+  const auto size = fs::file_size(abs, ec);
+  if (ec) return {{"path", abs.string()}, {"exists", false}};
+  std::ifstream in(abs, std::ios::binary);
+  constexpr size_t kMiB = size_t(1) << 20;
+  std::string head(std::min<size_t>(kMiB, size), '\0'), tail(std::min<size_t>(kMiB, size), '\0');
+  in.read(head.data(), std::streamsize(head.size()));
+  in.seekg(std::streamoff(size - tail.size()));
+  in.read(tail.data(), std::streamsize(tail.size()));
+  uint64_t h = 0xcbf29ce484222325ull;
+  for (unsigned char c : std::to_string(size) + head + tail) h = (h ^ c) * 0x100000001b3ull;
+  return {{"path", abs.string()}, {"bytes", size}, {"fnv1a64_size_head_tail", fmt::format("{:016x}", h)}};
+}
+
+// provenance() plus what this run read: the model file (synthetic models by their spec), the
+// platform profile, and when the row finished.
+Json run_provenance(const Point& p) {
+  static std::map<std::string, Json> seen;  // one fingerprint per file and process
+  auto fp = [](const std::string& path) {
+    auto it = seen.find(path);
+    if (it == seen.end()) it = seen.emplace(path, file_fingerprint(path)).first;
+    return it->second;
+  };
+  Json j = provenance();
+  Json in;
+  in["model"] = p.model.rfind("synthetic:", 0) == 0 ? Json({{"spec", p.model}}) : fp(p.model);
+  if (!p.platform.empty())
+    in["platform_profile"] = fp(platform_file(p.platform, std::string(HG_SOURCE_DIR) + "/experiments/platforms"));
+  j["inputs"] = in;
+  j["finished_utc"] = utc_now();
+  return j;
+}
+
 Json provenance() {
   static const Json p = [] {
     Json j;
@@ -279,8 +317,7 @@ Json failed_row(const ExperimentSpec& spec, const Point& p, const StrategyEntry&
   r["reason"] = reason;
   r["execute"] = spec.execute;
   r["point"] = p.values;
-  r["provenance"] = provenance();
-  r["provenance"]["finished_utc"] = utc_now();
+  r["provenance"] = run_provenance(p);
   return r;
 }
 
@@ -387,8 +424,7 @@ Json Runner::run_eval_once(const Point& p, const StrategyEntry& entry, int repea
   r["strategy_stats"] = {{"mean_last_step", st}};
   r["runtime"] = {{"device", rt.device_description()}};
   r["weights"] = weights_record(model);
-  r["provenance"] = provenance();
-  r["provenance"]["finished_utc"] = utc_now();
+  r["provenance"] = run_provenance(p);
   return r;
 }
 
@@ -524,8 +560,7 @@ Json Runner::run_once(const Point& p, const StrategyEntry& entry, int repeat, bo
   dev["far_note"] = rt.memory().far_note();
   r["runtime"] = dev;
   r["weights"] = weights_record(model);
-  r["provenance"] = provenance();
-  r["provenance"]["finished_utc"] = utc_now();
+  r["provenance"] = run_provenance(p);
   return r;
 }
 

@@ -1,0 +1,305 @@
+// `compare` and `report` over result directories (report.h).
+#include "experiments/runner/report.h"
+
+#include <csv.h>
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <set>
+#include <sstream>
+
+#include "engine/core/error.h"
+#include "engine/runtime/bandwidth.h"
+#include "experiments/runner/points.h"
+#include "experiments/runner/recorder.h"
+
+namespace hg {
+namespace fs = std::filesystem;
+using Json = nlohmann::ordered_json;
+
+namespace {
+
+struct Cell {
+  std::vector<double> time, token;
+  std::string strategy, basis, platform;
+};
+struct Side {
+  std::map<std::pair<std::string, std::string>, Cell> cells;  // (point id, label) → ok repeats
+  std::map<std::string, Json> points;                           // point id → its values
+  std::map<int, std::string> order;                             // point index → id
+  std::vector<std::string> labels;                              // in row order
+  std::string experiment;
+};
+
+Side load_side(const std::string& dir) {
+  Side s;
+  for (const Json& r : read_rows(dir)) {
+    const std::string id = r.value("point_id", ""), label = r.value("label", "");
+    s.experiment = r.value("experiment", s.experiment);
+    if (std::find(s.labels.begin(), s.labels.end(), label) == s.labels.end()) s.labels.push_back(label);
+    if (r.value("status", "") != "ok" || !r.contains("figures")) continue;
+    s.points[id] = r["point"];
+    s.order[r.value("point_index", 0)] = id;
+    Cell& c = s.cells[{id, label}];
+    c.time.push_back(r["figures"].value("time_s", NAN));
+    c.token.push_back(r["figures"].value("decode_token_s", NAN));
+    c.strategy = r.value("strategy", "");
+    c.basis = r.value("time_basis", "");
+    c.platform = r["point"].value("platform", "");
+  }
+  return s;
+}
+
+double med(const std::vector<double>& v) { return v.empty() ? NAN : median(v); }
+
+std::string ratio_text(double r) { return std::isfinite(r) ? fmt::format("{:.3f}", r) : "-"; }
+
+std::string html_escape(const std::string& s) {
+  std::string o;
+  for (char c : s) {
+    switch (c) {
+      case '&': o += "&amp;"; break;
+      case '<': o += "&lt;"; break;
+      case '>': o += "&gt;"; break;
+      case '"': o += "&quot;"; break;
+      default: o += c;
+    }
+  }
+  return o;
+}
+
+std::string base64(const std::string& in) {
+  static const char* t = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+  std::string o;
+  size_t i = 0;
+  for (; i + 2 < in.size(); i += 3) {
+    const uint32_t v = uint32_t(uint8_t(in[i])) << 16 | uint32_t(uint8_t(in[i + 1])) << 8 | uint8_t(in[i + 2]);
+    for (int s : {18, 12, 6, 0}) o += t[(v >> s) & 63];
+  }
+  if (i < in.size()) {
+    uint32_t v = uint32_t(uint8_t(in[i])) << 16;
+    if (i + 1 < in.size()) v |= uint32_t(uint8_t(in[i + 1])) << 8;
+    o += t[(v >> 18) & 63];
+    o += t[(v >> 12) & 63];
+    o += i + 1 < in.size() ? t[(v >> 6) & 63] : '=';
+    o += '=';
+  }
+  return o;
+}
+
+std::string slurp(const fs::path& p) {
+  std::ifstream in(p, std::ios::binary);
+  return std::string((std::istreambuf_iterator<char>(in)), {});
+}
+
+// summary.csv's records through libcsv (quoted fields as written by the recorder).
+std::vector<std::vector<std::string>> read_csv(const fs::path& p) {
+  struct Acc {
+    std::vector<std::vector<std::string>> rows;
+    std::vector<std::string> cur;
+  } acc;
+  csv_parser parser;
+  if (csv_init(&parser, CSV_APPEND_NULL) != 0) throw IoError("csv: cannot initialise the parser");
+  const std::string text = slurp(p);
+  auto field = [](void* s, size_t n, void* a) { static_cast<Acc*>(a)->cur.emplace_back(static_cast<char*>(s), n); };
+  auto record = [](int, void* a) {
+    auto* x = static_cast<Acc*>(a);
+    x->rows.push_back(std::move(x->cur));
+    x->cur.clear();
+  };
+  csv_parse(&parser, text.data(), text.size(), field, record, &acc);
+  csv_fini(&parser, field, record, &acc);
+  csv_free(&parser);
+  return acc.rows;
+}
+
+void write_file(const fs::path& p, const std::string& text) {
+  std::ofstream o(p, std::ios::binary);
+  o << text;
+  o.close();
+  if (!o) throw IoError(fmt::format("{}: write failed", p.string()));
+}
+
+}  // namespace
+
+CompareReport compare_results(const std::string& a_dir, const std::string& b_dir, const std::string& out) {
+  const Side a = load_side(a_dir), b = load_side(b_dir);
+  CompareReport rep;
+  // Labels of both, A's order first; points of both, by id.
+  std::vector<std::string> labels = a.labels;
+  for (auto& l : b.labels)
+    if (std::find(labels.begin(), labels.end(), l) == labels.end()) labels.push_back(l);
+  std::map<int, Json> pts;  // for the varying axes: every point of either side
+  std::vector<std::string> ids;
+  for (const Side* s : {&a, &b})
+    for (auto& [index, id] : s->order)
+      if (std::find(ids.begin(), ids.end(), id) == ids.end()) {
+        ids.push_back(id);
+        pts[int(pts.size())] = s->points.at(id);
+      }
+  const std::vector<std::string> varying = varying_axes(pts);
+  std::set<std::string> bases, platforms;
+  for (const Side* s : {&a, &b})
+    for (auto& [k, c] : s->cells) bases.insert(c.basis), platforms.insert(c.platform);
+  if (a.experiment != b.experiment)
+    rep.warnings += fmt::format("compare: different experiments ({} and {})\n", a.experiment, b.experiment);
+  if (bases.size() > 1) {
+    std::string v;
+    for (auto& x : bases) v += (v.empty() ? "" : ", ") + x;
+    rep.warnings += fmt::format("compare: the rows' time bases differ ({}): ratios mix modeled and measured time\n", v);
+  }
+  if (platforms.size() > 1) {
+    std::string v;
+    for (auto& x : platforms) v += (v.empty() ? "" : ", ") + x;
+    rep.warnings += fmt::format("compare: the rows' platforms differ ({})\n", v);
+  }
+
+  struct Match {
+    std::string id, label, name;
+    double ta, tb, ka, kb;
+  };
+  std::vector<Match> m;
+  for (auto& id : ids)
+    for (auto& l : labels) {
+      const auto ia = a.cells.find({id, l}), ib = b.cells.find({id, l});
+      if (ia == a.cells.end() && ib == b.cells.end()) continue;
+      if (ia == a.cells.end()) {
+        ++rep.only_b;
+        continue;
+      }
+      if (ib == b.cells.end()) {
+        ++rep.only_a;
+        continue;
+      }
+      const Json& pj = a.points.count(id) ? a.points.at(id) : b.points.at(id);
+      m.push_back({id, l, point_name(pj, varying), med(ia->second.time), med(ib->second.time), med(ia->second.token),
+                   med(ib->second.token)});
+    }
+  rep.matched = m.size();
+  if (m.empty())
+    input_error("compare: {} and {} have no (point, strategy) with a finished row in both", a_dir, b_dir);
+
+  // Table: strategies down, points across, B ÷ A end-to-end time, geometric mean last; then the
+  // same for decode time per token.
+  std::vector<std::string> names;
+  for (auto& x : m)
+    if (std::find(names.begin(), names.end(), x.name) == names.end()) names.push_back(x.name);
+  size_t w0 = 16;
+  for (auto& l : labels) w0 = std::max(w0, l.size() + 1);
+  std::vector<size_t> widths;
+  for (auto& n : names) widths.push_back(std::max<size_t>(8, n.size() + 1));
+  auto block = [&](const std::string& title, bool token) {
+    std::string o = title + "\n";
+    if (const std::string axes = axes_caption(varying); !axes.empty()) o += "columns: " + axes + "\n";
+    o += fmt::format("{:<{}}", "strategy", w0);
+    for (size_t i = 0; i < names.size(); ++i) o += fmt::format("{:>{}}", names[i], widths[i]);
+    o += fmt::format("{:>9}\n", "geomean");
+    for (auto& l : labels) {
+      std::string line = fmt::format("{:<{}}", l, w0);
+      double logsum = 0;
+      int n = 0;
+      for (size_t i = 0; i < names.size(); ++i) {
+        double r = NAN;
+        for (auto& x : m)
+          if (x.label == l && x.name == names[i]) r = token ? x.kb / x.ka : x.tb / x.ta;
+        line += fmt::format("{:>{}}", ratio_text(r), widths[i]);
+        if (std::isfinite(r) && r > 0) logsum += std::log(r), ++n;
+      }
+      if (n) o += line + fmt::format("{:>9}\n", ratio_text(std::exp(logsum / n)));
+    }
+    return o;
+  };
+  std::string basis;
+  for (auto& x : bases) basis += (basis.empty() ? "" : ", ") + x;
+  rep.table = fmt::format("B = {} against A = {}: B ÷ A per point (below 1: B is faster); time basis: {}\n\n", b_dir,
+                          a_dir, basis) +
+              block("end-to-end latency (prefill + decode), B ÷ A", false) + "\n" +
+              block("decode time per token, B ÷ A", true);
+  if (rep.only_a || rep.only_b)
+    rep.table += fmt::format("\n{} (point, strategy) cells only in A, {} only in B (not compared)\n", rep.only_a,
+                             rep.only_b);
+
+  if (!out.empty()) {
+    fs::create_directories(out);
+    const fs::path csv = fs::path(out) / "compare.csv";
+    FILE* f = std::fopen(csv.c_str(), "w");
+    if (!f) input_error("{}: cannot write", csv.string());
+    auto row = [&](const std::vector<std::string>& v) {
+      for (size_t i = 0; i < v.size(); ++i) {
+        if (i) std::fputc(',', f);
+        csv_fwrite(f, v[i].data(), v[i].size());
+      }
+      std::fputc('\n', f);
+    };
+    row({"point_id", "point", "label", "a_time_s", "b_time_s", "b_over_a", "a_decode_token_s", "b_decode_token_s",
+         "b_over_a_decode_token"});
+    auto g = [](double v) { return std::isfinite(v) ? fmt::format("{:.6g}", v) : std::string(); };
+    for (auto& x : m) row({x.id, x.name, x.label, g(x.ta), g(x.tb), g(x.tb / x.ta), g(x.ka), g(x.kb), g(x.kb / x.ka)});
+    const bool bad = std::ferror(f) != 0;
+    if (std::fclose(f) != 0 || bad) throw IoError(fmt::format("{}: write failed", csv.string()));
+    write_file(fs::path(out) / "compare.txt", rep.warnings + rep.table);
+  }
+  return rep;
+}
+
+std::string write_report(const std::string& dir) {
+  const std::vector<Json> rows = read_rows(dir);
+  if (rows.empty()) input_error("report: {}/rows.jsonl has no rows", dir);
+  size_t failed = 0;
+  for (auto& r : rows) failed += r.value("status", "") != "ok";
+  const fs::path d(dir);
+  const Json& first = rows.front();
+  std::string h;
+  h += "<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\"><title>hgbench report: " +
+       html_escape(first.value("experiment", "")) + "</title>\n<style>body{font-family:sans-serif;max-width:72em;"
+       "margin:1em auto;padding:0 1em}pre{background:#f6f6f6;padding:.6em;overflow-x:auto}table{border-collapse:"
+       "collapse;font-size:.8em}td,th{border:1px solid #ccc;padding:.15em .4em;text-align:right}th{background:#eee}"
+       "img{max-width:100%}</style></head><body>\n";
+  h += "<h1>" + html_escape(first.value("experiment", "")) + "</h1>\n";
+  const std::string basis = first.value("time_basis", "");
+  h += fmt::format("<p id=\"summary\">{} rows ({} failed); time basis: <b>{}</b>{}.</p>\n", rows.size(), failed,
+                   html_escape(basis),
+                   basis.rfind("modeled", 0) == 0 ? " — MODELED on a platform profile, not measured" : "");
+  if (fs::exists(d / "table.txt")) h += "<h2>Tables</h2>\n<pre id=\"table\">" + html_escape(slurp(d / "table.txt")) + "</pre>\n";
+  std::vector<fs::path> pngs;
+  for (auto& e : fs::directory_iterator(d))
+    if (e.path().extension() == ".png") pngs.push_back(e.path());
+  std::sort(pngs.begin(), pngs.end());
+  if (!pngs.empty()) h += "<h2>Plots</h2>\n";
+  for (auto& p : pngs)
+    h += "<figure><img alt=\"" + html_escape(p.filename().string()) + "\" src=\"data:image/png;base64," +
+         base64(slurp(p)) + "\"><figcaption>" + html_escape(p.filename().string()) + "</figcaption></figure>\n";
+  if (pngs.empty()) h += "<p>No plots in the directory (<code>scripts/plot " + html_escape(dir) + "</code> draws them).</p>\n";
+  if (fs::exists(d / "summary.csv")) {
+    h += "<h2>summary.csv</h2>\n<table id=\"summary-csv\">\n";
+    bool head = true;
+    for (auto& rec : read_csv(d / "summary.csv")) {
+      h += "<tr>";
+      for (auto& c : rec) h += (head ? "<th>" : "<td>") + html_escape(c) + (head ? "</th>" : "</td>");
+      h += "</tr>\n";
+      head = false;
+    }
+    h += "</table>\n";
+  }
+  if (failed) {
+    h += "<h2>Failed rows</h2>\n<ul>\n";
+    for (auto& r : rows)
+      if (r.value("status", "") != "ok")
+        h += "<li>" + html_escape(r.value("point_id", "") + " " + r.value("label", "") + ": " + r.value("reason", "")) +
+             "</li>\n";
+    h += "</ul>\n";
+  }
+  if (fs::exists(d / "config.yaml")) h += "<h2>Configuration (config.yaml)</h2>\n<pre>" + html_escape(slurp(d / "config.yaml")) + "</pre>\n";
+  if (first.contains("provenance"))
+    h += "<h2>Provenance (first row)</h2>\n<pre id=\"provenance\">" + html_escape(first["provenance"].dump(2)) + "</pre>\n";
+  h += "</body></html>\n";
+  const fs::path out = d / "report.html";
+  write_file(out, h);
+  return out.string();
+}
+
+}  // namespace hg
