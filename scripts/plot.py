@@ -43,7 +43,11 @@ def display(label, strategy=None):
     base = DISPLAY.get(s)
     if base is None:
         return label
-    return base if label == s else f"{base} ({label})"
+    if label == s:
+        return base
+    if label.startswith(s):  # "keyformer@0.2" → "Keyformer @0.2"
+        return f"{base} {label[len(s):].lstrip('-_ ')}"
+    return f"{base} ({label})"
 
 
 def median(v):
@@ -90,8 +94,13 @@ def basis_of(rows):
 
 
 def platforms_of(rows):
-    p = sorted({str(r["point"].get("platform") or r["point"].get("device") or "") for r in rows if r.get("status") == "ok"})
-    return ", ".join(x for x in p if x) or "this machine"
+    """Where the times come from: the platform profile, else the device the run measured."""
+    def one(p):
+        if p.get("platform"):
+            return str(p["platform"])
+        dev = p.get("device") or ""
+        return "emulated accelerator, this machine" if dev == "emulated" else dev or "this machine"
+    return ", ".join(sorted({one(r["point"]) for r in rows if r.get("status") == "ok"}))
 
 
 def legend_right(ax, n):

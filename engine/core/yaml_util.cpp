@@ -29,7 +29,10 @@ std::string nearest_key(const std::string& key, const std::vector<std::string>& 
 }
 
 namespace {
-int line_of(const YAML::Node& n) { return n.Mark().line + 1; }
+// "LINE" of a node, or "(--set)" for one an override made (it has no line).
+std::string line_of(const YAML::Node& n) {
+  return n.Mark().is_null() || n.Mark().line < 0 ? std::string("(--set)") : std::to_string(n.Mark().line + 1);
+}
 std::string join(const std::string& path, const std::string& key) { return path.empty() ? key : path + "." + key; }
 }  // namespace
 

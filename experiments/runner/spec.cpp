@@ -70,9 +70,24 @@ void apply_set(YAML::Node root, const std::string& file, const std::string& set)
   // STRATEGY.PARAM=V: that parameter for every point, i.e. the sweep axis STRATEGY.PARAM (an axis
   // takes one value as well as a list), as `eval`, `bench` and `generate` take it.
   const auto& known = strategies();
-  if (path.size() == 2 &&
-      std::any_of(known.begin(), known.end(), [&](const StrategyInfo& st) { return st.name == path[0]; }))
+  const auto named = std::find_if(known.begin(), known.end(), [&](const StrategyInfo& st) { return st.name == path[0]; });
+  if (path.size() == 2 && named != known.end()) {
+    // The strategy must be one of the file's, and the parameter one of its schema's.
+    std::vector<std::string> in_file;
+    for (const auto& e : root["strategies"])
+      in_file.push_back(e.IsScalar() ? e.Scalar() : e.IsMap() && e["name"] ? e["name"].Scalar() : "");
+    if (std::find(in_file.begin(), in_file.end(), path[0]) == in_file.end()) {
+      std::string list;
+      for (auto& n : in_file) list += (list.empty() ? "" : ", ") + n;
+      input_error("--set '{}': strategy {} is not in {} (its strategies: {})", set, path[0], file, list);
+    }
+    std::vector<std::string> params;
+    for (const ParamSpec& ps : named->params) params.push_back(ps.name);
+    if (std::find(params.begin(), params.end(), path[1]) == params.end())
+      input_error("--set '{}': strategy {} has no parameter '{}' (did you mean '{}'? `hgbench strategies` lists them)",
+                  set, path[0], path[1], nearest_key(path[1], params));
     path = {"sweep", path[0] + "." + path[1]};
+  }
   if (path.size() > 2 && path[0] == "sweep") {
     std::string rest = path[1];
     for (size_t i = 2; i < path.size(); ++i) rest += "." + path[i];

@@ -78,6 +78,24 @@ TEST(Cli, BadInputExitsTwoWithOneLine) {
     EXPECT_NE(r.out.find("/nonexistent"), std::string::npos) << r.out;
   }
   EXPECT_FALSE(std::filesystem::exists(out));
+  // --set errors name the flag as typed: a parameter the strategy lacks, a strategy the file lacks,
+  // a key an override made (no line of its own).
+  const std::string qs = std::string(HG_SOURCE_DIR) + "/experiments/quickstart.yaml";
+  for (auto [set, says] : {std::pair{"hybridgen.k_fixd=3", "strategy hybridgen has no parameter 'k_fixd' (did you mean 'k_fixed'"},
+                           {"h2o.kv_ratio=0.3", "--set 'h2o.kv_ratio=0.3'"},
+                           {"sweep.hybridgen.k_fixd=3", "(--set): unknown key 'sweep.hybridgen.k_fixd'"}}) {
+    const CmdResult r = run("validate " + qs + " --set " + set);
+    if (std::string(set).rfind("h2o", 0) == 0) {  // h2o is in quickstart: accepted
+      EXPECT_EQ(r.status, 0) << r.out;
+      continue;
+    }
+    EXPECT_EQ(r.status, 2) << set << r.out;
+    EXPECT_NE(r.out.find(says), std::string::npos) << set << "\n" << r.out;
+    EXPECT_EQ(r.out.find(":0:"), std::string::npos) << r.out;
+  }
+  const CmdResult absent = run("validate " + std::string(HG_SOURCE_DIR) + "/experiments/kv_ratio.yaml --set moe_lightning.micro_batches=2");
+  EXPECT_EQ(absent.status, 2);
+  EXPECT_NE(absent.out.find("strategy moe_lightning is not in"), std::string::npos) << absent.out;
   // A misspelt command gets the nearest one; --version answers.
   const CmdResult typo = run("valdate x.yaml");
   EXPECT_EQ(typo.status, 2);
