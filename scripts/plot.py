@@ -72,6 +72,13 @@ def value_text(k, v):
     return str(v)
 
 
+def axis_label(k, points):
+    """An axis as the figure names it; a swept strategy parameter by its own name (kv_ratio)."""
+    if k == "strategy_params":
+        return ", ".join(sorted({kk for p in points.values() for s in (p.get(k) or {}).values() for kk in s})) or k
+    return AXES.get(k, k)
+
+
 def load(d):
     path = os.path.join(d, "rows.jsonl")
     rows = [json.loads(l) for l in open(path) if l.strip()]
@@ -127,7 +134,7 @@ def accuracy_figure(cfg, rows, labels, strategy_of, points, varying):
         ax.bar(xs, vals + extra, width, yerr=errs + [0.0] * len(extra), capsize=1.5, label=display(l, strategy_of.get(l)))
     ax.set_xticks([i + width * (len(labels) - 1) / 2 for i in range(len(groups))])
     ax.set_xticklabels(groups, rotation=30, ha="right")
-    ax.set_xlabel(" / ".join(AXES.get(k, k) for k in varying) or "task")
+    ax.set_xlabel(" / ".join(axis_label(k, points) for k in varying) or "task")
     ax.set_ylabel("accuracy (acc ± standard error), higher is better")
     ax.set_ylim(0, 1)
     ax.set_title(f"{cfg['name']}: accuracy — measured, {platforms_of(rows)}", fontsize=9)
@@ -183,7 +190,7 @@ def figures(d):
         ax.bar(xs, vals + geo, width, label=display(l, strategy_of.get(l)))
     ax.set_xticks([i + width * (len(labels) - 1) / 2 for i in range(len(groups))])
     ax.set_xticklabels(groups, rotation=30 if multi else 0, ha="right" if multi else "center")
-    ax.set_xlabel(" / ".join(AXES.get(k, k) for k in varying) if varying else "")
+    ax.set_xlabel(" / ".join(axis_label(k, points) for k in varying) if varying else "")
     ax.set_ylabel(f"{metric} ÷ {display(baseline, strategy_of.get(baseline))}\n(lower is better)")
     ax.set_title(f"{cfg['name']}: {metric} normalised to {display(baseline, strategy_of.get(baseline))} — {basis}, {where}",
                  fontsize=9)
@@ -224,9 +231,11 @@ def figures(d):
                     label=lab)
         if numeric and ax_key in ("prompt_tokens", "batch", "gpu_kv_bytes"):
             ax.set_xscale("log", base=2)
-        xlabel = AXES.get(ax_key, ax_key)
-        if ax_key == "strategy_params":
-            xlabel = ", ".join(sorted({kk for p in points.values() for s in (p[ax_key] or {}).values() for kk in s}))
+            ticks = sorted({x for pts in series.values() for x, _ in pts})
+            ax.set_xticks(ticks)
+            ax.set_xticklabels([f"{x // 1024}K" if x >= 1024 and x % 1024 == 0 else f"{x:g}" for x in ticks])
+            ax.minorticks_off()
+        xlabel = axis_label(ax_key, points)
         ax.set_xlabel(xlabel)
         ax.set_ylabel(f"speedup over {display(baseline, strategy_of.get(baseline))} (×), higher is better")
         ax.set_title(f"{cfg['name']}: speedup against {xlabel} — {basis}, {where}", fontsize=9)

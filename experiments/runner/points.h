@@ -1,5 +1,6 @@
 // Small helpers over result rows' JSON shared by the recorder and the reports.
 #pragma once
+#include <filesystem>
 #include <map>
 #include <string>
 #include <vector>
@@ -30,12 +31,13 @@ inline std::vector<std::string> varying_axes(const std::map<int, nlohmann::order
   return varying;
 }
 
-// A point's name from its varying axes ("llama-3.2-1b/4096"); synthetic models by preset name.
+// A point's name from its varying axes ("llama-3.2-1b/4096"); models by preset or file name.
 inline std::string point_name(const nlohmann::ordered_json& pj, const std::vector<std::string>& varying) {
   std::string s;
   for (auto& k : varying) {
     std::string v = json_str(pj[k]);
-    if (k == "model" && v.rfind("synthetic:", 0) == 0) v = v.substr(10, v.find('?') - 10);
+    if (k == "model") v = v.rfind("synthetic:", 0) == 0 ? v.substr(10, v.find('?') - 10)
+                                                        : std::filesystem::path(v).filename().string();
     s += (s.empty() ? "" : "/") + v;
   }
   if (!s.empty()) return s;

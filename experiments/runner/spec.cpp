@@ -199,6 +199,11 @@ ExperimentSpec parse_node(YAML::Node y, const std::string& file) {
     for (auto m : models) s.models.push_back(scalar(file, m, "models"));
   else fail(file, models, "'models' must be a list of model specs (paths or synthetic:<preset>)");
   if (s.models.empty()) fail(file, models, "'models' is empty");
+  // A model file is stored by its absolute path (resolved against the working directory), so that
+  // rows and a resumed run name the same file wherever they are read.
+  for (std::string& m : s.models)
+    if (m.rfind("synthetic:", 0) != 0 && std::filesystem::exists(m))
+      m = std::filesystem::weakly_canonical(std::filesystem::absolute(m)).string();
 
   // strategies
   const YAML::Node strats = y["strategies"];
