@@ -142,8 +142,12 @@ std::string write_accuracy_summary(const std::string& dir, const std::vector<Jso
   const std::string csv_path = dir + "/summary.csv";
   FILE* f = std::fopen(csv_path.c_str(), "w");
   if (!f) input_error("{}: cannot write", csv_path);
-  csv_row(f, {"point_id", "point_index", "model", "task", "shots", "context", "limit", "label", "strategy", "status", "n",
-              "acc", "acc_stderr", "acc_norm", "acc_norm_stderr", "agreement", "mean_abs_ll_diff", "mean_kl", "reason"});
+  std::vector<std::string> head = {"point_id", "point_index", "model", "task", "shots", "context", "limit", "label",
+                                   "strategy", "status", "n", "acc", "acc_stderr", "acc_norm", "acc_norm_stderr",
+                                   "agreement", "mean_abs_ll_diff", "mean_kl", "reason"};
+  const std::vector<std::string> swept = swept_params(points);  // one column each (Fig. 14's kv_ratio)
+  for (auto& k : swept) head.push_back("param." + k);
+  csv_row(f, head);
   for (auto& [pi, pj] : points)
     for (auto& label : labels) {
       const auto key = std::make_pair(pi, label);
@@ -152,11 +156,16 @@ std::string write_accuracy_summary(const std::string& dir, const std::vector<Jso
       const Json acc = r ? (*r)["accuracy"] : Json::object();
       const Json fid = r && (*r)["fidelity"].is_object() ? (*r)["fidelity"] : Json::object();
       auto g = [](const Json& j, const char* k) { return j.contains(k) ? num(j[k].get<double>()) : std::string(); };
-      csv_row(f, {json_str(pj["id"]), std::to_string(pi), json_str(pj["model"]), json_str(pj["task"]), json_str(pj["shots"]),
-                  json_str(pj["context"]), json_str(pj["limit"]), label, r ? r->value("strategy", "") : "",
-                  r ? "ok" : "failed", r ? json_str(acc["n"]) : "", g(acc, "acc"), g(acc, "acc_stderr"), g(acc, "acc_norm"),
-                  g(acc, "acc_norm_stderr"), g(fid, "agreement"), g(fid, "mean_abs_ll_diff"), g(fid, "mean_kl"),
-                  reason.count(key) ? reason[key] : ""});
+      const std::string strategy = r ? r->value("strategy", "") : "";
+      std::vector<std::string> rec = {json_str(pj["id"]), std::to_string(pi), json_str(pj["model"]), json_str(pj["task"]),
+                                      json_str(pj["shots"]), json_str(pj["context"]), json_str(pj["limit"]), label,
+                                      strategy, r ? "ok" : "failed", r ? json_str(acc["n"]) : "", g(acc, "acc"),
+                                      g(acc, "acc_stderr"), g(acc, "acc_norm"), g(acc, "acc_norm_stderr"),
+                                      g(fid, "agreement"), g(fid, "mean_abs_ll_diff"), g(fid, "mean_kl"),
+                                      reason.count(key) ? reason[key] : ""};
+      const Json& sp = pj.contains("strategy_params") ? pj["strategy_params"] : Json::object();
+      for (auto& k : swept) rec.push_back(sp.contains(strategy) && sp[strategy].contains(k) ? json_str(sp[strategy][k]) : "");
+      csv_row(f, rec);
     }
   close_checked(f, csv_path);
 
@@ -169,7 +178,7 @@ std::string write_accuracy_summary(const std::string& dir, const std::vector<Jso
       std::string v = json_str(pj[k]);
       if (k == "model" && v.rfind("synthetic:", 0) == 0) v = v.substr(10, v.find('?') - 10);
       if (k == "model") v = fs::path(v).filename().string();
-      if (k == "strategy_params") v = "params" + std::to_string(pi);
+      if (k == "strategy_params") v = swept_values(pj[k]);
       n += (n.empty() ? "" : "/") + v;
     }
     names.push_back(n.empty() ? json_str(pj["task"]) : n);
@@ -356,6 +365,17 @@ std::string write_summary(const std::string& dir, const std::vector<Json>& rows,
                                    "normalized_time", "speedup_vs_baseline", "attended_fraction",
                                    "attended_accel_tokens", "attended_cpu_tokens", "kv_dtype", "h2d_bytes_per_step",
                                    "modeled_over_measured", "reason"};
+  // Every swept strategy parameter as a column: its value for the row's strategy ("" when the
+  // strategy has no such parameter).
+  const std::vector<std::string> swept = swept_params(points);
+  for (auto& k : swept) head.push_back("param." + k);
+  auto param_cells = [&](const Json& pj, const std::string& strategy) {
+    std::vector<std::string> v;
+    const Json& sp = pj.contains("strategy_params") ? pj["strategy_params"] : Json::object();
+    for (auto& k : swept)
+      v.push_back(sp.contains(strategy) && sp[strategy].contains(k) ? json_str(sp[strategy][k]) : "");
+    return v;
+  };
   csv_row(f, head);
   std::map<std::string, std::vector<double>> norm_by_label;
   for (auto& [pi, pj] : points) {
@@ -389,7 +409,7 @@ std::string write_summary(const std::string& dir, const std::vector<Json>& rows,
       }
       const double med = median_of(t), nt = med / base;
       if (std::isfinite(nt)) norm_by_label[label].push_back(nt);
-      csv_row(f, {json_str(pj["id"]), std::to_string(pi), json_str(pj["model"]), json_str(pj["prompt_tokens"]),
+      std::vector<std::string> rec = {json_str(pj["id"]), std::to_string(pi), json_str(pj["model"]), json_str(pj["prompt_tokens"]),
                   json_str(pj["decode_tokens"]), json_str(pj["batch"]), json_str(pj["placement"]),
                   json_str(pj["gpu_memory_bytes"]), pj.contains("gpu_kv_bytes") ? json_str(pj["gpu_kv_bytes"]) : "0",
                   json_str(pj["platform"]), label, strategy,
@@ -399,7 +419,9 @@ std::string write_summary(const std::string& dir, const std::vector<Json>& rows,
                   t.empty() ? "" : num(*std::max_element(t.begin(), t.end())), num(median_of(pre)),
                   num(median_of(dec)), num(median_of(tok)), num(nt), num(base / med), num(median_of(frac)),
                   num(median_of(acc)), num(median_of(cpu)), ok ? ok->at("figures").value("kv_dtype", "") : "",
-                  num(h2d), num(median_of(mom)), reason});
+                  num(h2d), num(median_of(mom)), reason};
+      for (auto& c : param_cells(pj, strategy)) rec.push_back(c);
+      csv_row(f, rec);
     }
   }
   close_checked(f, csv_path);
