@@ -127,6 +127,7 @@ TEST(Errors, InterruptedRunExits130AndResumes) {
   const std::string text((std::istreambuf_iterator<char>(lin)), {});
   if (WEXITSTATUS(st) == 0) GTEST_SKIP() << "the run finished before the signal arrived";
   EXPECT_EQ(WEXITSTATUS(st), 130) << text;
+  EXPECT_NE(text.find("Ctrl-C: finishing the current run"), std::string::npos) << "acknowledged at once: " << text;
   EXPECT_NE(text.find("hgbench: interrupted after"), std::string::npos) << text;
   EXPECT_NE(text.find("continue with --resume " + out), std::string::npos) << text;
   EXPECT_TRUE(fs::exists(out + "/summary.csv"));
@@ -135,6 +136,46 @@ TEST(Errors, InterruptedRunExits130AndResumes) {
   std::string cmd = std::string(HG_BINARY) + " " + f + " --resume " + out + " >/dev/null 2>&1";
   EXPECT_EQ(std::system(cmd.c_str()), 0);
   EXPECT_EQ(read_rows(out).size(), 36u);
+  fs::remove_all(d);
+}
+
+// A second Ctrl-C stops during a run and still writes the summary of the rows so far.
+TEST(Errors, SecondInterruptStopsAtOnceWithTheSummary) {
+  const fs::path d = fs::temp_directory_path() / ("hg_err_int2_" + std::to_string(getpid()));
+  fs::remove_all(d);
+  fs::create_directories(d);
+  const std::string f = (d / "e.yaml").string();
+  std::ofstream(f) << "name: i2\nmodels: [\"synthetic:tiny-llama\"]\nstrategies: [full, flexgen]\n"
+                      "sweep:\n  prompt_tokens: [64, 128]\n  decode_tokens: [4000]\nrepeats: 3\n";
+  const std::string out = (d / "out").string(), log = (d / "log.txt").string();
+  const pid_t pid = fork();
+  if (pid == 0) {
+    const int fd = ::open(log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    dup2(fd, 1), dup2(fd, 2);
+    execl(HG_BINARY, HG_BINARY, f.c_str(), "-o", out.c_str(), (char*)nullptr);
+    _exit(127);
+  }
+  for (int i = 0; i < 6000; ++i) {
+    std::ifstream in(out + "/rows.jsonl");
+    const std::string all((std::istreambuf_iterator<char>(in)), {});
+    if (std::count(all.begin(), all.end(), '\n') >= 1) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  kill(pid, SIGINT);
+  std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  kill(pid, SIGINT);
+  int st = 0;
+  waitpid(pid, &st, 0);
+  ASSERT_TRUE(WIFEXITED(st));
+  std::ifstream lin(log);
+  const std::string text((std::istreambuf_iterator<char>(lin)), {});
+  if (WEXITSTATUS(st) == 0) GTEST_SKIP() << "the run finished before the signals arrived";
+  EXPECT_EQ(WEXITSTATUS(st), 130) << text;
+  EXPECT_NE(text.find("stopping now"), std::string::npos) << text;
+  EXPECT_NE(text.find("stopped; "), std::string::npos) << text;
+  EXPECT_TRUE(fs::exists(out + "/summary.csv")) << text;
+  EXPECT_TRUE(fs::exists(out + "/table.txt")) << text;
+  EXPECT_LT(read_rows(out).size(), 12u);
   fs::remove_all(d);
 }
 
