@@ -53,20 +53,18 @@ std::vector<std::string> labels_of(const ExperimentSpec& s) {
   return l;
 }
 
+// A point as the progress line names it: the model, then every axis the point records that is
+// set (the table of axes: sweep_axes()), then the swept strategy parameters.
 std::string describe(const Point& p) {
   std::string s = p.model;
   if (s.rfind("synthetic:", 0) == 0) s = s.substr(10);
-  if (!p.task.empty()) {
-    s += fmt::format(" task={} shots={} context={}", p.task, p.shots, p.context);
-    if (p.limit) s += fmt::format(" limit={}", p.limit);
-    for (auto& [st, kv] : p.strategy_params)
-      for (auto& [k, v] : kv) s += fmt::format(" {}.{}={}", st, k, v);
-    return s;
+  if (!p.task.empty()) s += " task=" + p.task;
+  for (const SweepAxis& ax : sweep_axes()) {
+    if (!ax.record || !p.values.contains(ax.name)) continue;
+    const auto& v = p.values[ax.name];
+    if (v.is_null() || (v.is_number() && v.get<double>() == 0 && ax.name != "decode_tokens")) continue;
+    s += " " + ax.name + "=" + (v.is_string() ? v.get<std::string>() : v.dump());
   }
-  s += fmt::format(" prompt={} decode={} batch={}", p.prompt_tokens, p.decode_tokens, p.batch);
-  if (!p.placement.empty()) s += " placement=" + p.placement;
-  if (p.gpu_memory_bytes) s += fmt::format(" gpu_memory_bytes={}", p.gpu_memory_bytes);
-  if (!p.platform.empty()) s += " platform=" + p.platform;
   for (auto& [st, kv] : p.strategy_params)
     for (auto& [k, v] : kv) s += fmt::format(" {}.{}={}", st, k, v);
   return s;

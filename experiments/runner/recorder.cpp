@@ -124,6 +124,19 @@ void csv_row(FILE* f, const std::vector<std::string>& fields) {
 std::string num(double v) { return std::isfinite(v) ? fmt::format("{:.6g}", v) : ""; }
 
 
+// The axes points record, timing or accuracy ones, in the table's order (summary.csv's columns).
+std::vector<const SweepAxis*> recorded_axes(bool accuracy) {
+  std::vector<const SweepAxis*> v;
+  for (const SweepAxis& ax : sweep_axes())
+    if (ax.record && (accuracy ? ax.accuracy : ax.timing)) v.push_back(&ax);
+  return v;
+}
+std::vector<std::string> axis_cells(const Json& pj, bool accuracy) {
+  std::vector<std::string> v;
+  for (const SweepAxis* ax : recorded_axes(accuracy)) v.push_back(pj.contains(ax->name) ? json_str(pj[ax->name]) : ax->csv_default);
+  return v;
+}
+
 // Accuracy rows: summary.csv per (point, label) and a table of acc per task with the mean over
 // tasks (the paper's Figs. 14, 20, 22), then the fidelity against the reference.
 std::string write_accuracy_summary(const std::string& dir, const std::vector<Json>& rows,
@@ -142,9 +155,11 @@ std::string write_accuracy_summary(const std::string& dir, const std::vector<Jso
   const std::string csv_path = dir + "/summary.csv";
   FILE* f = std::fopen(csv_path.c_str(), "w");
   if (!f) input_error("{}: cannot write", csv_path);
-  std::vector<std::string> head = {"point_id", "point_index", "model", "task", "shots", "context", "limit", "label",
-                                   "strategy", "status", "n", "acc", "acc_stderr", "acc_norm", "acc_norm_stderr",
-                                   "agreement", "mean_abs_ll_diff", "mean_kl", "reason"};
+  std::vector<std::string> head = {"point_id", "point_index", "model", "task"};
+  for (const SweepAxis* ax : recorded_axes(true)) head.push_back(ax->name);
+  for (const char* k : {"label", "strategy", "status", "n", "acc", "acc_stderr", "acc_norm", "acc_norm_stderr",
+                        "agreement", "mean_abs_ll_diff", "mean_kl", "reason"})
+    head.push_back(k);
   const std::vector<std::string> swept = swept_params(points);  // one column each (Fig. 14's kv_ratio)
   for (auto& k : swept) head.push_back("param." + k);
   csv_row(f, head);
@@ -157,12 +172,13 @@ std::string write_accuracy_summary(const std::string& dir, const std::vector<Jso
       const Json fid = r && (*r)["fidelity"].is_object() ? (*r)["fidelity"] : Json::object();
       auto g = [](const Json& j, const char* k) { return j.contains(k) ? num(j[k].get<double>()) : std::string(); };
       const std::string strategy = r ? r->value("strategy", "") : "";
-      std::vector<std::string> rec = {json_str(pj["id"]), std::to_string(pi), json_str(pj["model"]), json_str(pj["task"]),
-                                      json_str(pj["shots"]), json_str(pj["context"]), json_str(pj["limit"]), label,
-                                      strategy, r ? "ok" : "failed", r ? json_str(acc["n"]) : "", g(acc, "acc"),
+      std::vector<std::string> rec = {json_str(pj["id"]), std::to_string(pi), json_str(pj["model"]), json_str(pj["task"])};
+      for (auto& c : axis_cells(pj, true)) rec.push_back(c);
+      for (auto& c : std::vector<std::string>{label, strategy, r ? "ok" : "failed", r ? json_str(acc["n"]) : "", g(acc, "acc"),
                                       g(acc, "acc_stderr"), g(acc, "acc_norm"), g(acc, "acc_norm_stderr"),
                                       g(fid, "agreement"), g(fid, "mean_abs_ll_diff"), g(fid, "mean_kl"),
-                                      reason.count(key) ? reason[key] : ""};
+                                      reason.count(key) ? reason[key] : ""})
+        rec.push_back(c);
       const Json& sp = pj.contains("strategy_params") ? pj["strategy_params"] : Json::object();
       for (auto& k : swept) rec.push_back(sp.contains(strategy) && sp[strategy].contains(k) ? json_str(sp[strategy][k]) : "");
       csv_row(f, rec);
@@ -358,13 +374,15 @@ std::string write_summary(const std::string& dir, const std::vector<Json>& rows,
   const std::string csv_path = dir + "/summary.csv";
   FILE* f = std::fopen(csv_path.c_str(), "w");
   if (!f) input_error("{}: cannot write", csv_path);
-  std::vector<std::string> head = {"point_id", "point_index", "model", "prompt_tokens", "decode_tokens", "batch",
-                                   "placement", "gpu_memory_bytes", "gpu_kv_bytes", "platform", "label", "strategy", "status",
-                                   "repeats_ok", "time_basis", "time_metric", "time_s_median", "time_s_min",
-                                   "time_s_max", "prefill_s_median", "decode_s_median", "decode_token_s_median",
-                                   "normalized_time", "speedup_vs_baseline", "attended_fraction",
-                                   "attended_accel_tokens", "attended_cpu_tokens", "kv_dtype", "h2d_bytes_per_step",
-                                   "modeled_over_measured", "reason"};
+  // The point's axes as the table of axes records them, then the row's figures.
+  std::vector<std::string> head = {"point_id", "point_index", "model"};
+  for (const SweepAxis* ax : recorded_axes(false)) head.push_back(ax->name);
+  for (const char* k : {"label", "strategy", "status",
+                        "repeats_ok", "time_basis", "time_metric", "time_s_median", "time_s_min",
+                        "time_s_max", "prefill_s_median", "decode_s_median", "decode_token_s_median",
+                        "normalized_time", "speedup_vs_baseline", "attended_fraction", "attended_accel_tokens",
+                        "attended_cpu_tokens", "kv_dtype", "h2d_bytes_per_step", "modeled_over_measured", "reason"})
+    head.push_back(k);
   // Every swept strategy parameter as a column: its value for the row's strategy ("" when the
   // strategy has no such parameter).
   const std::vector<std::string> swept = swept_params(points);
@@ -409,17 +427,17 @@ std::string write_summary(const std::string& dir, const std::vector<Json>& rows,
       }
       const double med = median_of(t), nt = med / base;
       if (std::isfinite(nt)) norm_by_label[label].push_back(nt);
-      std::vector<std::string> rec = {json_str(pj["id"]), std::to_string(pi), json_str(pj["model"]), json_str(pj["prompt_tokens"]),
-                  json_str(pj["decode_tokens"]), json_str(pj["batch"]), json_str(pj["placement"]),
-                  json_str(pj["gpu_memory_bytes"]), pj.contains("gpu_kv_bytes") ? json_str(pj["gpu_kv_bytes"]) : "0",
-                  json_str(pj["platform"]), label, strategy,
+      std::vector<std::string> rec = {json_str(pj["id"]), std::to_string(pi), json_str(pj["model"])};
+      for (auto& c : axis_cells(pj, false)) rec.push_back(c);
+      for (auto& c : std::vector<std::string>{label, strategy,
                   ok ? (t.size() == rs.size() ? "ok" : "partial") : "failed", std::to_string(t.size()),
                   ok ? ok->value("time_basis", "") : "", ok ? ok->at("figures").value("time_metric", "decode") : "",
                   num(med), t.empty() ? "" : num(*std::min_element(t.begin(), t.end())),
                   t.empty() ? "" : num(*std::max_element(t.begin(), t.end())), num(median_of(pre)),
                   num(median_of(dec)), num(median_of(tok)), num(nt), num(base / med), num(median_of(frac)),
                   num(median_of(acc)), num(median_of(cpu)), ok ? ok->at("figures").value("kv_dtype", "") : "",
-                  num(h2d), num(median_of(mom)), reason};
+                  num(h2d), num(median_of(mom)), reason})
+        rec.push_back(c);
       for (auto& c : param_cells(pj, strategy)) rec.push_back(c);
       csv_row(f, rec);
     }

@@ -307,8 +307,9 @@ ExperimentSpec parse_node(YAML::Node y, const std::string& file) {
   if (y["limit"] && !s.eval.enabled) fail(file, y["limit"], "'limit' (items per task) needs an 'eval' block");
 
   // sweep
-  std::vector<std::string> valid = sweep_keys();
-  if (s.eval.enabled) valid = {"shots", "context", "limit", "kv_ratio", "budget"};
+  std::vector<std::string> valid;
+  for (const SweepAxis& ax : sweep_axes())
+    if (s.eval.enabled ? ax.accuracy : ax.timing) valid.push_back(ax.name);
   for (auto& e : s.strategies)
     for (auto& p : strategy_info(e.name).params) {
       const std::string k = e.name + "." + p.name;
@@ -321,45 +322,10 @@ ExperimentSpec parse_node(YAML::Node y, const std::string& file) {
     for (auto it = sw.begin(); it != sw.end(); ++it) {
       const std::string key = it->first.Scalar();
       std::vector<std::string> vals;
+      const SweepAxis* axis = sweep_axis(key);
       for (const YAML::Node& v : axis_values(file, it->second, key)) {
-        if (key == "kv_ratio") {
-          const std::string r = scalar(file, v, key);
-          bool any = false;
-          for (auto& e : s.strategies)
-            for (auto& ps : strategy_info(e.name).params)
-              if (ps.name == "kv_ratio") check_param(file, v, e.name, "kv_ratio", r), any = true;
-          if (!any) fail(file, v, "sweep 'kv_ratio': no strategy of this file has a kv_ratio parameter");
-          vals.push_back(r);
-        } else if (key == "budget") {  // the shared attended fraction of every budgeted strategy
-          const std::string r = scalar(file, v, key);
-          bool any = false;
-          for (auto& e : s.strategies)
-            if (strategy_info(e.name).budgeted) check_param(file, v, e.name, "budget", r), any = true;
-          if (!any) fail(file, v, "sweep 'budget': no strategy of this file takes a budget (exact attention only)");
-          vals.push_back(r);
-        } else if (key == "shots" || key == "limit") {
-          vals.push_back(std::to_string(integer(file, v, key, 0)));
-        } else if (key == "context") {
-          const std::string c = scalar(file, v, key);
-          if (c != "prefill" && c != "stream") fail(file, v, fmt::format("context '{}' (expected prefill or stream)", c));
-          vals.push_back(c);
-        } else if (key == "prompt_tokens" || key == "decode_tokens" || key == "batch") {
-          vals.push_back(std::to_string(integer(file, v, key, key == "decode_tokens" ? 0 : 1)));
-        } else if (key == "gpu_memory_bytes" || key == "gpu_kv_bytes") {
-          vals.push_back(std::to_string(integer(file, v, key, 0)));
-        } else if (key == "platform") {
-          const std::string p = scalar(file, v, key);
-          try {
-            load_platform(p, std::string(HG_SOURCE_DIR) + "/experiments/platforms");
-          } catch (const InputError& err) {
-            fail(file, v, err.what());
-          }
-          vals.push_back(p);
-        } else if (key == "placement") {
-          const std::string p = scalar(file, v, key);
-          if (p != "semantic" && p != "interleave")
-            fail(file, v, fmt::format("placement '{}' (expected semantic or interleave)", p));
-          vals.push_back(p);
+        if (axis) {
+          vals.push_back(axis->parse(s, file, v));
         } else {  // strategy.param
           const size_t dot = key.find('.');
           const std::string val = scalar(file, v, key);
@@ -419,9 +385,124 @@ std::string resolve_execute(ExperimentSpec& s, bool have_gpu) {
 }
 
 const std::vector<std::string>& sweep_keys() {
-  static const std::vector<std::string> k = {"prompt_tokens", "decode_tokens",    "batch",    "placement",
-                                             "gpu_memory_bytes", "gpu_kv_bytes", "platform", "budget"};
+  static const std::vector<std::string> k = [] {
+    std::vector<std::string> v;
+    for (const SweepAxis& ax : sweep_axes())
+      if (ax.timing) v.push_back(ax.name);
+    return v;
+  }();
   return k;
+}
+
+const std::vector<SweepAxis>& sweep_axes() {
+  using Spec = ExperimentSpec;
+  using Json = nlohmann::ordered_json;
+  auto int_axis = [](const char* name, int64_t lo, auto field) {
+    SweepAxis a;
+    a.name = name;
+    a.parse = [name, lo](const Spec&, const std::string& file, const YAML::Node& v) {
+      return std::to_string(integer(file, v, name, lo));
+    };
+    a.apply = [field](Point& p, const std::string& v, const Spec&) {
+      p.*field = std::remove_reference_t<decltype(p.*field)>(std::stoll(v));
+    };
+    a.record = [name, field](Json& j, const Point& p) { j[name] = p.*field; };
+    return a;
+  };
+  auto choice = [](const char* name, std::vector<std::string> allowed) {
+    return [name, allowed](const Spec&, const std::string& file, const YAML::Node& v) {
+      const std::string c = scalar(file, v, name);
+      if (std::find(allowed.begin(), allowed.end(), c) == allowed.end()) {
+        std::string list;
+        for (auto& x : allowed) list += (list.empty() ? "" : " or ") + x;
+        fail(file, v, fmt::format("{} '{}' (expected {})", name, c, list));
+      }
+      return c;
+    };
+  };
+  // A parameter every strategy of the file that takes it receives (recorded under strategy_params).
+  auto shared_param = [](const char* name, auto takes, const char* none) {
+    SweepAxis a;
+    a.name = name;
+    a.accuracy = true;
+    a.parse = [name, takes, none](const Spec& s, const std::string& file, const YAML::Node& v) {
+      const std::string r = scalar(file, v, name);
+      bool any = false;
+      for (auto& e : s.strategies)
+        if (takes(strategy_info(e.name))) check_param(file, v, e.name, name, r), any = true;
+      if (!any) fail(file, v, none);
+      return r;
+    };
+    a.apply = [name, takes](Point& p, const std::string& v, const Spec& s) {
+      for (auto& e : s.strategies)
+        if (takes(strategy_info(e.name))) p.strategy_params[e.name][name] = v;
+    };
+    return a;
+  };
+  static const std::vector<SweepAxis> axes = [&] {
+    std::vector<SweepAxis> v;
+    v.push_back(int_axis("prompt_tokens", 1, &Point::prompt_tokens));
+    v.push_back(int_axis("decode_tokens", 0, &Point::decode_tokens));
+    v.push_back(int_axis("batch", 1, &Point::batch));
+    SweepAxis placement;
+    placement.name = "placement";
+    placement.parse = choice("placement", {"semantic", "interleave"});
+    placement.apply = [](Point& p, const std::string& x, const Spec&) { p.placement = x; };
+    placement.record = [](Json& j, const Point& p) { j["placement"] = p.placement.empty() ? Json() : Json(p.placement); };
+    v.push_back(placement);
+    v.push_back(int_axis("gpu_memory_bytes", 0, &Point::gpu_memory_bytes));
+    SweepAxis kv = int_axis("gpu_kv_bytes", 0, &Point::gpu_kv_bytes);
+    kv.record = [](Json& j, const Point& p) {  // recorded when set: earlier points' ids stay
+      if (p.gpu_kv_bytes > 0) j["gpu_kv_bytes"] = p.gpu_kv_bytes;
+    };
+    kv.csv_default = "0";
+    v.push_back(kv);
+    SweepAxis platform;
+    platform.name = "platform";
+    platform.parse = [](const Spec&, const std::string& file, const YAML::Node& x) {
+      const std::string p = scalar(file, x, "platform");
+      try {
+        load_platform(p, std::string(HG_SOURCE_DIR) + "/experiments/platforms");
+      } catch (const InputError& err) {
+        fail(file, x, err.what());
+      }
+      return p;
+    };
+    platform.apply = [](Point& p, const std::string& x, const Spec&) { p.platform = x; };
+    platform.record = [](Json& j, const Point& p) { j["platform"] = p.platform.empty() ? Json() : Json(p.platform); };
+    v.push_back(platform);
+    v.push_back(shared_param(
+        "budget", [](const StrategyInfo& i) { return i.budgeted; },
+        "sweep 'budget': no strategy of this file takes a budget (exact attention only)"));
+    SweepAxis ratio = shared_param(
+        "kv_ratio",
+        [](const StrategyInfo& i) {
+          return std::any_of(i.params.begin(), i.params.end(), [](const ParamSpec& p) { return p.name == "kv_ratio"; });
+        },
+        "sweep 'kv_ratio': no strategy of this file has a kv_ratio parameter");
+    ratio.timing = false;  // Fig. 14 is an accuracy figure
+    v.push_back(ratio);
+    // Accuracy experiments.
+    SweepAxis shots = int_axis("shots", 0, &Point::shots), limit = int_axis("limit", 0, &Point::limit);
+    for (SweepAxis* a : {&shots, &limit}) a->timing = false, a->accuracy = true;
+    SweepAxis context;
+    context.name = "context";
+    context.timing = false, context.accuracy = true;
+    context.parse = choice("context", {"prefill", "stream"});
+    context.apply = [](Point& p, const std::string& x, const Spec&) { p.context = x; };
+    context.record = [](Json& j, const Point& p) { j["context"] = p.context; };
+    v.push_back(shots);
+    v.push_back(context);
+    v.push_back(limit);
+    return v;
+  }();
+  return axes;
+}
+
+const SweepAxis* sweep_axis(const std::string& name) {
+  for (const SweepAxis& a : sweep_axes())
+    if (a.name == name) return &a;
+  return nullptr;
 }
 
 ExperimentSpec parse_experiment(const std::string& yaml, const std::string& file, const std::vector<std::string>& sets) {
@@ -486,49 +567,18 @@ std::vector<Point> expand(const ExperimentSpec& spec) {
       const std::string& v = axes[a].second[idx[a]];
       if (k == "model") p.model = v;
       else if (k == "task") p.task = v;
-      else if (k == "shots") p.shots = std::stoi(v);
-      else if (k == "limit") p.limit = std::stoi(v);
-      else if (k == "context") p.context = v;
-      else if (k == "kv_ratio") {  // every strategy with a kv_ratio parameter
-        for (auto& e : spec.strategies)
-          for (auto& ps : strategy_info(e.name).params)
-            if (ps.name == "kv_ratio") p.strategy_params[e.name]["kv_ratio"] = v;
-      }
-      else if (k == "budget") {  // every budgeted strategy; exact ones attend everything
-        for (auto& e : spec.strategies)
-          if (strategy_info(e.name).budgeted) p.strategy_params[e.name]["budget"] = v;
-      }
-      else if (k == "prompt_tokens") p.prompt_tokens = std::stoi(v);
-      else if (k == "decode_tokens") p.decode_tokens = std::stoi(v);
-      else if (k == "batch") p.batch = std::stoi(v);
-      else if (k == "placement") p.placement = v;
-      else if (k == "gpu_memory_bytes") p.gpu_memory_bytes = std::stoll(v);
-      else if (k == "gpu_kv_bytes") p.gpu_kv_bytes = std::stoll(v);
-      else if (k == "platform") p.platform = v;
+      else if (const SweepAxis* ax = sweep_axis(k)) ax->apply(p, v, spec);
       else p.strategy_params[k.substr(0, k.find('.'))][k.substr(k.find('.') + 1)] = v;
     }
     nlohmann::ordered_json j;
     j["model"] = p.model;
-    if (spec.eval.enabled) {
-      j["task"] = p.task;
-      j["shots"] = p.shots;
-      j["context"] = p.context;
-      j["limit"] = p.limit;
-      j["device"] = spec.device;
-      j["execute"] = spec.execute;
-    } else {
-      j["prompt_tokens"] = p.prompt_tokens;
-      j["decode_tokens"] = p.decode_tokens;
-      j["batch"] = p.batch;
-      j["placement"] = p.placement.empty() ? nlohmann::ordered_json() : nlohmann::ordered_json(p.placement);
-      j["gpu_memory_bytes"] = p.gpu_memory_bytes;
-      if (p.gpu_kv_bytes > 0) j["gpu_kv_bytes"] = p.gpu_kv_bytes;
-      j["platform"] = p.platform.empty() ? nlohmann::ordered_json() : nlohmann::ordered_json(p.platform);
-      j["device"] = spec.device;
-      j["clock"] = spec.clock.rfind("modeled", 0) == 0 ? "modeled" : "measured";
-      j["execute"] = spec.execute;
-      j["seed"] = spec.seed;
-    }
+    if (spec.eval.enabled) j["task"] = p.task;
+    for (const SweepAxis& ax : sweep_axes())
+      if (ax.record && (spec.eval.enabled ? ax.accuracy : ax.timing)) ax.record(j, p);
+    j["device"] = spec.device;
+    if (!spec.eval.enabled) j["clock"] = spec.clock.rfind("modeled", 0) == 0 ? "modeled" : "measured";
+    j["execute"] = spec.execute;
+    if (!spec.eval.enabled) j["seed"] = spec.seed;
     j["strategy_params"] = p.strategy_params;
     p.values = j;
     p.id = fmt::format("{:016x}", fnv1a(json_text(j))).substr(0, 12);

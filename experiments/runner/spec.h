@@ -2,6 +2,7 @@
 // `--set key=value` overrides on any key, and the Cartesian expansion into points with stable ids.
 #pragma once
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <string>
 #include <vector>
@@ -71,6 +72,26 @@ struct Point {
   std::map<std::string, std::map<std::string, std::string>> strategy_params;
   nlohmann::ordered_json values;  // the effective point as recorded in rows
 };
+
+// One sweep axis. The table (sweep_axes()) is where an axis lives: how a value is checked, where
+// it goes in a Point, how the point records it (and so summary.csv's column of that name). A new
+// axis is an entry there and, when it is a new kind of setting, a Point field and its use.
+struct SweepAxis {
+  std::string name;
+  bool timing = true;     // an axis of performance experiments
+  bool accuracy = false;  // an axis of accuracy (eval) experiments
+  // Checks one value (the experiment's strategies already parsed); returns its canonical text.
+  std::function<std::string(const ExperimentSpec&, const std::string& file, const YAML::Node&)> parse;
+  // Sets the value on a point.
+  std::function<void(Point&, const std::string&, const ExperimentSpec&)> apply;
+  // Writes the point's value into its recorded values; unset for axes that are strategy
+  // parameters (recorded under strategy_params).
+  std::function<void(nlohmann::ordered_json&, const Point&)> record;
+  std::string csv_default;  // summary.csv's cell when a row's point does not record the axis
+};
+// In the order points record them.
+const std::vector<SweepAxis>& sweep_axes();
+const SweepAxis* sweep_axis(const std::string& name);
 
 // Loads and validates FILE, applying `sets` ("a.b=value", value parsed as YAML) first.
 ExperimentSpec load_experiment(const std::string& file, const std::vector<std::string>& sets = {});
