@@ -282,9 +282,41 @@ def figures(d):
     return out
 
 
+def compare_figures(d):
+    """A compare directory (hgbench compare -o DIR): B ÷ A per point and strategy, end-to-end and per
+    decode token."""
+    import csv
+    with open(os.path.join(d, "compare.csv")) as f:
+        recs = list(csv.DictReader(f))
+    if not recs:
+        raise NoRows(f"{d}/compare.csv: no matched cells: nothing to plot")
+    title = ""
+    if os.path.exists(os.path.join(d, "compare.txt")):
+        title = next((l.strip() for l in open(os.path.join(d, "compare.txt")) if l.startswith("B = ")), "")
+    points = list(OrderedDict((r["point"], None) for r in recs))
+    labels = list(OrderedDict((r["label"], None) for r in recs))
+    fig, axes = plt.subplots(1, 2, figsize=(min(18, max(9, 0.25 * len(points) * len(labels) + 4)), 4.5))
+    width = 0.8 / max(1, len(labels))
+    for ax, key, what in ((axes[0], "b_over_a", "end-to-end latency"), (axes[1], "b_over_a_decode_token", "decode time per token")):
+        for j, l in enumerate(labels):
+            vals = []
+            for pt in points:
+                v = [r[key] for r in recs if r["point"] == pt and r["label"] == l]
+                vals.append(float(v[0]) if v and v[0] else float("nan"))
+            ax.bar([i + j * width for i in range(len(points))], vals, width, label=display(l))
+        ax.axhline(1.0, color="black", linewidth=0.8)
+        ax.set_xticks([i + width * (len(labels) - 1) / 2 for i in range(len(points))])
+        ax.set_xticklabels(points, rotation=30, ha="right", fontsize=7)
+        ax.set_ylabel(f"{what}, B ÷ A (below 1: B is faster)")
+    legend_right(axes[1], len(labels))
+    fig.suptitle(title.split(";")[0], fontsize=8)
+    fig.tight_layout()
+    return {"compare": fig}
+
+
 def main(d):
     try:
-        figs = figures(d)
+        figs = compare_figures(d) if os.path.exists(os.path.join(d, "compare.csv")) else figures(d)
     except NoRows as e:
         print(f"scripts/plot: {e}", file=sys.stderr)
         return 2

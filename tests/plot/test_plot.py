@@ -110,6 +110,23 @@ def main():
         with open(os.path.join(d, "normalized.png"), "rb") as f:
             if rc != 0 or f.read(8) != b"\x89PNG\r\n\x1a\n":
                 failures.append("estimate: normalized.png was not written")
+        # A compare directory: B ÷ A bars, legend kept.
+        d = os.path.join(tmp, "compare")
+        os.makedirs(d)
+        with open(os.path.join(d, "compare.csv"), "w") as f:
+            f.write("point_id,point,label,a_time_s,b_time_s,b_over_a,a_decode_token_s,b_decode_token_s,b_over_a_decode_token\n")
+            for pt in ("1024", "4096"):
+                for l in ("full", "hybridgen"):
+                    f.write(f"p{pt},{pt},{l},1,2,2,0.1,0.1,1\n")
+        figs = plot.compare_figures(d)
+        for stem, fig in figs.items():
+            fig.canvas.draw()
+            lg = fig.axes[1].get_legend()
+            texts = [t.get_text() for t in lg.get_texts()]
+            if texts != ["Full KV (oracle)", "HybridGen"]:
+                failures.append(f"compare: legend {texts}")
+        if plot.main(d) != 0 or not os.path.exists(os.path.join(d, "compare.png")):
+            failures.append("compare: compare.png was not written")
         # All rows failed: an error, exit 2.
         d = os.path.join(tmp, "failed")
         write_dir(d, "failed", [{}], status="failed")
