@@ -275,7 +275,7 @@ std::string write_report(const std::string& dir) {
          base64(slurp(p)) + "\"><figcaption>" + html_escape(p.filename().string()) + "</figcaption></figure>\n";
   if (pngs.empty()) h += "<p>No plots in the directory (<code>scripts/plot " + html_escape(dir) + "</code> draws them).</p>\n";
   if (fs::exists(d / "summary.csv")) {
-    h += "<h2>summary.csv</h2>\n<table id=\"summary-csv\">\n";
+    h += "<h2>summary.csv</h2>\n<div style=\"overflow-x:auto\"><table id=\"summary-csv\">\n";
     bool head = true;
     for (auto& rec : read_csv(d / "summary.csv")) {
       h += "<tr>";
@@ -283,7 +283,7 @@ std::string write_report(const std::string& dir) {
       h += "</tr>\n";
       head = false;
     }
-    h += "</table>\n";
+    h += "</table></div>\n";
   }
   if (failed) {
     h += "<h2>Failed rows</h2>\n<ul>\n";
