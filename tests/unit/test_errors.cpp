@@ -97,86 +97,83 @@ TEST(Errors, OutputDirectoryIsNeverOverwrittenNorFollowed) {
   fs::remove_all(d);
 }
 
-// Ctrl-C: the current run finishes, the summary is written, exit 130, and --resume completes it.
-TEST(Errors, InterruptedRunExits130AndResumes) {
-  const fs::path d = fs::temp_directory_path() / ("hg_err_int_" + std::to_string(getpid()));
-  fs::remove_all(d);
-  fs::create_directories(d);
-  const std::string f = (d / "e.yaml").string();
-  std::ofstream(f) << "name: i\nmodels: [\"synthetic:tiny-llama\"]\nstrategies: [full, flexgen]\n"
-                      "sweep:\n  prompt_tokens: [64, 96, 128, 160, 192, 224]\n  decode_tokens: [48]\nrepeats: 3\n";
-  const std::string out = (d / "out").string(), log = (d / "log.txt").string();
+// An experiment run in a child process: `yaml` in a fresh directory, interrupted with `signals`
+// SIGINTs (20 ms apart) once rows.jsonl holds `rows` rows. Its exit status and output.
+struct Interrupted {
+  fs::path dir;
+  std::string out, file, text;
+  int status = -1;
+};
+Interrupted run_interrupted(const std::string& name, const std::string& yaml, int rows, int signals) {
+  Interrupted r;
+  r.dir = fs::temp_directory_path() / ("hg_err_" + name + "_" + std::to_string(getpid()));
+  fs::remove_all(r.dir);
+  fs::create_directories(r.dir);
+  r.file = (r.dir / "e.yaml").string();
+  std::ofstream(r.file) << yaml;
+  r.out = (r.dir / "out").string();
+  const std::string log = (r.dir / "log.txt").string();
   const pid_t pid = fork();
   if (pid == 0) {
     const int fd = ::open(log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
     dup2(fd, 1), dup2(fd, 2);
-    execl(HG_BINARY, HG_BINARY, f.c_str(), "-o", out.c_str(), (char*)nullptr);
+    execl(HG_BINARY, HG_BINARY, r.file.c_str(), "-o", r.out.c_str(), (char*)nullptr);
     _exit(127);
   }
-  for (int i = 0; i < 4000; ++i) {
-    std::ifstream in(out + "/rows.jsonl");
+  for (int i = 0; i < 6000; ++i) {
+    std::ifstream in(r.out + "/rows.jsonl");
     const std::string all((std::istreambuf_iterator<char>(in)), {});
-    if (std::count(all.begin(), all.end(), '\n') >= 2) break;
+    if (std::count(all.begin(), all.end(), '\n') >= rows) break;
     std::this_thread::sleep_for(std::chrono::milliseconds(5));
   }
-  kill(pid, SIGINT);
+  for (int k = 0; k < signals; ++k) {
+    if (k) std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    kill(pid, SIGINT);
+  }
   int st = 0;
   waitpid(pid, &st, 0);
-  ASSERT_TRUE(WIFEXITED(st));
+  r.status = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
   std::ifstream lin(log);
-  const std::string text((std::istreambuf_iterator<char>(lin)), {});
-  if (WEXITSTATUS(st) == 0) GTEST_SKIP() << "the run finished before the signal arrived";
-  EXPECT_EQ(WEXITSTATUS(st), 130) << text;
-  EXPECT_NE(text.find("Ctrl-C: finishing the current run"), std::string::npos) << "acknowledged at once: " << text;
-  EXPECT_NE(text.find("hgbench: interrupted after"), std::string::npos) << text;
-  EXPECT_NE(text.find("continue with --resume " + out), std::string::npos) << text;
-  EXPECT_TRUE(fs::exists(out + "/summary.csv"));
-  const size_t kept = read_rows(out).size();
+  r.text.assign(std::istreambuf_iterator<char>(lin), {});
+  return r;
+}
+
+// Ctrl-C: acknowledged at once; the current run finishes, the summary is written, exit 130, and
+// --resume completes it.
+TEST(Errors, InterruptedRunExits130AndResumes) {
+  const Interrupted r = run_interrupted("int",
+                                        "name: i\nmodels: [\"synthetic:tiny-llama\"]\nstrategies: [full, flexgen]\n"
+                                        "sweep:\n  prompt_tokens: [64, 96, 128, 160, 192, 224]\n  decode_tokens: [48]\n"
+                                        "repeats: 3\n",
+                                        2, 1);
+  if (r.status == 0) GTEST_SKIP() << "the run finished before the signal arrived";
+  EXPECT_EQ(r.status, 130) << r.text;
+  EXPECT_NE(r.text.find("Ctrl-C: finishing the current run"), std::string::npos) << "acknowledged at once: " << r.text;
+  EXPECT_NE(r.text.find("hgbench: interrupted after"), std::string::npos) << r.text;
+  EXPECT_NE(r.text.find("continue with --resume " + r.out), std::string::npos) << r.text;
+  EXPECT_TRUE(fs::exists(r.out + "/summary.csv"));
+  const size_t kept = read_rows(r.out).size();
   EXPECT_LT(kept, 36u);
-  std::string cmd = std::string(HG_BINARY) + " " + f + " --resume " + out + " >/dev/null 2>&1";
+  std::string cmd = std::string(HG_BINARY) + " " + r.file + " --resume " + r.out + " >/dev/null 2>&1";
   EXPECT_EQ(std::system(cmd.c_str()), 0);
-  EXPECT_EQ(read_rows(out).size(), 36u);
-  fs::remove_all(d);
+  EXPECT_EQ(read_rows(r.out).size(), 36u);
+  fs::remove_all(r.dir);
 }
 
 // A second Ctrl-C stops during a run and still writes the summary of the rows so far.
 TEST(Errors, SecondInterruptStopsAtOnceWithTheSummary) {
-  const fs::path d = fs::temp_directory_path() / ("hg_err_int2_" + std::to_string(getpid()));
-  fs::remove_all(d);
-  fs::create_directories(d);
-  const std::string f = (d / "e.yaml").string();
-  std::ofstream(f) << "name: i2\nmodels: [\"synthetic:tiny-llama\"]\nstrategies: [full, flexgen]\n"
-                      "sweep:\n  prompt_tokens: [64, 128]\n  decode_tokens: [4000]\nrepeats: 3\n";
-  const std::string out = (d / "out").string(), log = (d / "log.txt").string();
-  const pid_t pid = fork();
-  if (pid == 0) {
-    const int fd = ::open(log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-    dup2(fd, 1), dup2(fd, 2);
-    execl(HG_BINARY, HG_BINARY, f.c_str(), "-o", out.c_str(), (char*)nullptr);
-    _exit(127);
-  }
-  for (int i = 0; i < 6000; ++i) {
-    std::ifstream in(out + "/rows.jsonl");
-    const std::string all((std::istreambuf_iterator<char>(in)), {});
-    if (std::count(all.begin(), all.end(), '\n') >= 1) break;
-    std::this_thread::sleep_for(std::chrono::milliseconds(5));
-  }
-  kill(pid, SIGINT);
-  std::this_thread::sleep_for(std::chrono::milliseconds(20));
-  kill(pid, SIGINT);
-  int st = 0;
-  waitpid(pid, &st, 0);
-  ASSERT_TRUE(WIFEXITED(st));
-  std::ifstream lin(log);
-  const std::string text((std::istreambuf_iterator<char>(lin)), {});
-  if (WEXITSTATUS(st) == 0) GTEST_SKIP() << "the run finished before the signals arrived";
-  EXPECT_EQ(WEXITSTATUS(st), 130) << text;
-  EXPECT_NE(text.find("stopping now"), std::string::npos) << text;
-  EXPECT_NE(text.find("stopped; "), std::string::npos) << text;
-  EXPECT_TRUE(fs::exists(out + "/summary.csv")) << text;
-  EXPECT_TRUE(fs::exists(out + "/table.txt")) << text;
-  EXPECT_LT(read_rows(out).size(), 12u);
-  fs::remove_all(d);
+  const Interrupted r = run_interrupted("int2",
+                                        "name: i2\nmodels: [\"synthetic:tiny-llama\"]\nstrategies: [full, flexgen]\n"
+                                        "sweep:\n  prompt_tokens: [64, 128]\n  decode_tokens: [4000]\nrepeats: 3\n",
+                                        1, 2);
+  if (r.status == 0) GTEST_SKIP() << "the run finished before the signals arrived";
+  EXPECT_EQ(r.status, 130) << r.text;
+  EXPECT_NE(r.text.find("stopping now"), std::string::npos) << r.text;
+  EXPECT_NE(r.text.find("stopped; "), std::string::npos) << r.text;
+  EXPECT_TRUE(fs::exists(r.out + "/summary.csv")) << r.text;
+  EXPECT_TRUE(fs::exists(r.out + "/table.txt")) << r.text;
+  EXPECT_LT(read_rows(r.out).size(), 12u);
+  fs::remove_all(r.dir);
 }
 
 TEST(Errors, SweepLimitIsAnError) {
