@@ -2,6 +2,8 @@
 #include "engine/core/yaml_util.h"
 
 #include <algorithm>
+#include <filesystem>
+#include <map>
 
 #include "engine/core/error.h"
 
@@ -39,11 +41,15 @@ std::string join(const std::string& path, const std::string& key) { return path.
 void check_keys(const YAML::Node& node, const std::vector<std::string>& allowed, const std::string& file,
                 const std::string& path) {
   if (!node.IsMap()) input_error("{}:{}: {} must be a mapping", file, line_of(node), path.empty() ? "the document" : path);
+  std::map<std::string, std::string> seen;  // key → its line
   for (auto it = node.begin(); it != node.end(); ++it) {
     if (!it->first.IsScalar())
       input_error("{}:{}: a key in {} must be a plain name, not a list or mapping", file, line_of(it->first),
                   path.empty() ? "the document" : path);
     const std::string k = it->first.Scalar();
+    if (auto [at, fresh] = seen.emplace(k, line_of(it->first)); !fresh)
+      input_error("{}:{}: duplicate key '{}' (first at line {}); give each key once", file, line_of(it->first),
+                  join(path, k), at->second);
     if (std::find(allowed.begin(), allowed.end(), k) == allowed.end())
       input_error("{}:{}: unknown key '{}' (did you mean '{}'?)", file, line_of(it->first), join(path, k),
                   join(path, nearest_key(k, allowed)));
@@ -73,6 +79,11 @@ std::string yaml_string(const YAML::Node& node, const std::string& key, const st
 }
 
 YAML::Node yaml_load_file(const std::string& file) {
+  std::error_code ec;
+  if (std::filesystem::exists(file, ec) && !std::filesystem::is_regular_file(file, ec))
+    input_error("{}: not a regular file (a YAML file was expected)", file);
+  if (std::filesystem::exists(file, ec) && std::filesystem::file_size(file, ec) > kMaxYamlBytes)
+    input_error("{}: larger than {} MiB; not an hgbench YAML file", file, kMaxYamlBytes >> 20);
   try {
     return YAML::LoadFile(file);
   } catch (const YAML::BadFile&) {

@@ -1,6 +1,7 @@
 // Strict YAML helpers: unknown keys are errors naming file:line, the key path and the nearest
 // valid key; wrong types name what was expected. Shared by platform profiles and experiment specs.
 #pragma once
+#include <cstdint>
 #include <string>
 #include <vector>
 
@@ -19,7 +20,9 @@ double yaml_number(const YAML::Node& node, const std::string& key, double dflt, 
                    const std::string& path);
 std::string yaml_string(const YAML::Node& node, const std::string& key, const std::string& dflt, const std::string& file,
                         const std::string& path);
-// Parses a file, mapping yaml-cpp parse errors to InputError with file:line.
+// Experiment files and platform profiles are small: a larger file is refused before it is read.
+inline constexpr uintmax_t kMaxYamlBytes = uintmax_t(16) << 20;
+// A regular file of at most kMaxYamlBytes, parsed; errors name the file (and the line).
 YAML::Node yaml_load_file(const std::string& file);
 
 }  // namespace hg

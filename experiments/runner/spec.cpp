@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <charconv>
 #include <filesystem>
+#include <limits>
 #include <fstream>
 #include <sstream>
 
@@ -36,10 +37,14 @@ std::string scalar(const std::string& file, const YAML::Node& n, const std::stri
   return n.Scalar();
 }
 
-int64_t integer(const std::string& file, const YAML::Node& n, const std::string& key, int64_t lo) {
+// An integer in [lo, hi] (hi: the field's type's largest by default, so nothing narrows).
+int64_t integer(const std::string& file, const YAML::Node& n, const std::string& key, int64_t lo,
+                int64_t hi = std::numeric_limits<int64_t>::max()) {
   const std::string s = scalar(file, n, key);
   int64_t v = 0;
   auto [p, ec] = std::from_chars(s.data(), s.data() + s.size(), v);
+  if (ec == std::errc::result_out_of_range && p == s.data() + s.size())
+    fail(file, n, fmt::format("'{}' must be <= {}, got {}", key, hi, s));
   if (ec != std::errc() || p != s.data() + s.size()) {
     // A number followed by letters is a unit where the key's name already says the unit.
     size_t digits = 0;
@@ -48,8 +53,14 @@ int64_t integer(const std::string& file, const YAML::Node& n, const std::string&
       fail(file, n, fmt::format("'{}' value '{}' has a unit; the unit is in the key's name, give a plain number", key, s));
     fail(file, n, fmt::format("'{}' must be an integer, got '{}'", key, s));
   }
+  if (v > hi) fail(file, n, fmt::format("'{}' must be <= {}, got {}", key, hi, s));
   if (v < lo) fail(file, n, fmt::format("'{}' must be >= {}, got {}", key, lo, v));
   return v;
+}
+
+// An int field: an integer in [lo, INT_MAX].
+int int_field(const std::string& file, const YAML::Node& n, const std::string& key, int64_t lo) {
+  return int(integer(file, n, key, lo, std::numeric_limits<int>::max()));
 }
 
 std::vector<std::string> split(const std::string& s, char c) {
@@ -177,8 +188,8 @@ ExperimentSpec parse_node(YAML::Node y, const std::string& file) {
   str_key("clock", s.clock);
   str_key("execute", s.execute);
   str_key("output", s.output);
-  if (y["repeats"]) s.repeats = int(integer(file, y["repeats"], "repeats", 1));
-  if (y["warmup"]) s.warmup = int(integer(file, y["warmup"], "warmup", 0));
+  if (y["repeats"]) s.repeats = int_field(file, y["repeats"], "repeats", 1);
+  if (y["warmup"]) s.warmup = int_field(file, y["warmup"], "warmup", 0);
   if (y["seed"]) s.seed = uint64_t(integer(file, y["seed"], "seed", 0));
   if (s.device != "emulated" && s.device != "cuda" && s.device != "auto")
     fail(file, y["device"], fmt::format("device '{}' (expected emulated, cuda or auto)", s.device));
@@ -273,8 +284,8 @@ ExperimentSpec parse_node(YAML::Node y, const std::string& file) {
         fail(file, x, fmt::format("unknown task '{}' (did you mean '{}'?)", name, nearest_key(name, task_names())));
       e.tasks.push_back(name);
     }
-    if (ev["shots"]) e.shots = int(integer(file, ev["shots"], "shots", 0));
-    if (ev["limit"]) e.limit = int(integer(file, ev["limit"], "limit", 0));
+    if (ev["shots"]) e.shots = int_field(file, ev["shots"], "shots", 0);
+    if (ev["limit"]) e.limit = int_field(file, ev["limit"], "limit", 0);
     if (ev["context"]) {
       e.context = scalar(file, ev["context"], "context");
       if (e.context != "prefill" && e.context != "stream")
@@ -297,7 +308,7 @@ ExperimentSpec parse_node(YAML::Node y, const std::string& file) {
         }
       }
     }
-    if (y["limit"]) e.limit = int(integer(file, y["limit"], "limit", 0));  // the shorthand wins: --set limit=20
+    if (y["limit"]) e.limit = int_field(file, y["limit"], "limit", 0);  // the shorthand wins: --set limit=20
     if (s.clock != "measured")
       fail(file, y["clock"], "an accuracy experiment (eval) scores items; it has no modeled clock (use clock: measured)");
     if (s.execute == "dry")
@@ -400,8 +411,9 @@ const std::vector<SweepAxis>& sweep_axes() {
   auto int_axis = [](const char* name, int64_t lo, auto field) {
     SweepAxis a;
     a.name = name;
+    using T = std::remove_reference_t<decltype(std::declval<Point&>().*field)>;
     a.parse = [name, lo](const Spec&, const std::string& file, const YAML::Node& v) {
-      return std::to_string(integer(file, v, name, lo));
+      return std::to_string(integer(file, v, name, lo, std::numeric_limits<T>::max()));
     };
     a.apply = [field](Point& p, const std::string& v, const Spec&) {
       p.*field = std::remove_reference_t<decltype(p.*field)>(std::stoll(v));
@@ -533,6 +545,11 @@ ExperimentSpec parse_experiment(const std::string& yaml, const std::string& file
 }
 
 ExperimentSpec load_experiment(const std::string& file, const std::vector<std::string>& sets) {
+  std::error_code ec;
+  if (std::filesystem::exists(file, ec) && !std::filesystem::is_regular_file(file, ec))
+    input_error("{}: not a regular file (an experiment YAML file was expected)", file);
+  if (std::filesystem::file_size(file, ec) > kMaxYamlBytes && !ec)
+    input_error("{}: larger than {} MiB; not an experiment file", file, kMaxYamlBytes >> 20);
   std::ifstream in(file);
   if (!in) input_error("{}: cannot read the experiment file", file);
   std::stringstream ss;

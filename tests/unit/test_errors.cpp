@@ -98,7 +98,7 @@ TEST(Errors, OutputDirectoryIsNeverOverwrittenNorFollowed) {
 }
 
 // An experiment run in a child process: `yaml` in a fresh directory, interrupted with `signals`
-// SIGINTs (20 ms apart) once rows.jsonl holds `rows` rows. Its exit status and output.
+// SIGINTs once rows.jsonl holds `rows` rows. Its exit status and output.
 struct Interrupted {
   fs::path dir;
   std::string out, file, text;
@@ -126,9 +126,15 @@ Interrupted run_interrupted(const std::string& name, const std::string& yaml, in
     if (std::count(all.begin(), all.end(), '\n') >= rows) break;
     std::this_thread::sleep_for(std::chrono::milliseconds(5));
   }
+  // Each signal after the first once the last was acknowledged (two pending SIGINTs are one).
   for (int k = 0; k < signals; ++k) {
-    if (k) std::this_thread::sleep_for(std::chrono::milliseconds(20));
     kill(pid, SIGINT);
+    for (int i = 0; k + 1 < signals && i < 2000; ++i) {
+      std::ifstream lin(log);
+      const std::string t((std::istreambuf_iterator<char>(lin)), {});
+      if (t.find("Ctrl-C:") != std::string::npos) break;
+      std::this_thread::sleep_for(std::chrono::milliseconds(2));
+    }
   }
   int st = 0;
   waitpid(pid, &st, 0);
@@ -174,6 +180,27 @@ TEST(Errors, SecondInterruptStopsAtOnceWithTheSummary) {
   EXPECT_TRUE(fs::exists(r.out + "/table.txt")) << r.text;
   EXPECT_LT(read_rows(r.out).size(), 12u);
   fs::remove_all(r.dir);
+}
+
+// Numbers are parsed into their field's type without narrowing, a key is given once, and an
+// experiment or profile is a regular file: each a one-line error naming the file and line.
+TEST(Errors, NumbersDoNotNarrowKeysAreUniqueFilesAreRegular) {
+  const std::string head = "name: x\nmodels: [\"synthetic:tiny-llama\"]\nstrategies: [full]\n";
+  for (auto [extra, says] :
+       {std::pair{"repeats: 3000000000", "x.yaml:4: 'repeats' must be <= 2147483647"},
+        {"warmup: 4294967296", "x.yaml:4: 'warmup' must be <= 2147483647"},
+        {"sweep: {prompt_tokens: [3000000000]}", "x.yaml:4: 'prompt_tokens' must be <= 2147483647"},
+        {"sweep: {gpu_kv_bytes: [99999999999999999999]}", "x.yaml:4: 'gpu_kv_bytes' must be <= 9223372036854775807"},
+        {"name: y", "x.yaml:4: duplicate key 'name' (first at line 1)"},
+        {"sweep: {batch: [1], batch: [2]}", "duplicate key 'sweep.batch'"},
+        {"clock: modeled:/tmp", "x.yaml:4: /tmp: not a regular file"}}) {
+    const std::string e = message_of([&] { (void)parse_experiment(head + extra + "\n", "x.yaml"); });
+    EXPECT_NE(e.find(says), std::string::npos) << extra << ": " << e;
+  }
+  for (const char* f : {"/dev/zero", "/tmp"}) {
+    const std::string e = message_of([&] { (void)load_experiment(f); });
+    EXPECT_NE(e.find(std::string(f) + ": not a regular file"), std::string::npos) << e;
+  }
 }
 
 TEST(Errors, SweepLimitIsAnError) {
