@@ -5,6 +5,8 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <cctype>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -19,6 +21,14 @@
 namespace hg::cli {
 namespace {
 namespace fs = std::filesystem;
+
+// Control characters as \n, \t or \xHH, so that an error naming the value stays one line.
+std::string escaped(const std::string& s) {
+  std::string o;
+  for (unsigned char c : s)
+    o += c == '\n' ? "\\n" : c == '\t' ? "\\t" : std::iscntrl(c) ? fmt::format("\\x{:02x}", c) : std::string(1, char(c));
+  return o;
+}
 
 // Single-quoted for the shell.
 std::string sh_quote(const std::string& s) {
@@ -83,6 +93,15 @@ int cmd_submit(const std::vector<std::string>& args) {
   app.add_flag("--dry-run", dry_run, "print the two scripts and the sbatch commands; submit nothing");
   if (int rc = parse_cli(app, cmd, args); rc >= 0) return rc;
   if (shards < 1) input_error("submit: --shards must be >= 1");
+  // #SBATCH lines take a value as it is: one with a newline or another control character would
+  // end the line and start a shell command of its own.
+  for (auto [flag, v] : {std::pair{"--partition", &partition}, {"--gres", &gres}, {"--time", &time}})
+    if (std::any_of(v->begin(), v->end(), [](char c) { return std::iscntrl(static_cast<unsigned char>(c)) || c == ' '; }))
+      input_error("submit: {} '{}' has a space or a control character (a newline would start a shell line in the "
+                  "job script)", flag, escaped(*v));
+  for (auto& s : sets)
+    if (std::any_of(s.begin(), s.end(), [](char c) { return std::iscntrl(static_cast<unsigned char>(c)); }))
+      input_error("submit: --set '{}' has a control character", escaped(s));
 
   // The file must be valid here, not discovered broken in N tasks on the cluster.
   const ExperimentSpec spec = load_experiment(file, sets);

@@ -94,6 +94,14 @@ void check_same_experiment(const std::string& dir, const ExperimentSpec& spec, c
 }
 
 // A summary file that could not be written whole (a full disk) is an error, never a success.
+// --force replaces a result directory only: one holding what hgbench writes (config.yaml or
+// rows.jsonl), never whatever directory an `output:` or `-o` happens to name.
+void refuse_unless_result_dir(const std::string& dir) {
+  if (!fs::exists(fs::path(dir) / "config.yaml") && !fs::exists(fs::path(dir) / kRows))
+    input_error("{}: not an hgbench result directory (no config.yaml or {}); --force replaces only those — remove it "
+                "yourself or give another -o", dir, kRows);
+}
+
 void close_checked(FILE* f, const std::string& path) {
   const bool bad = std::ferror(f) != 0;
   if (std::fclose(f) != 0 || bad)
@@ -268,6 +276,7 @@ ResultDir::ResultDir(const std::string& dir, const ExperimentSpec& spec, bool re
   } else if (non_empty) {
     if (!force)
       input_error("{}: the output directory is not empty (--resume to continue it, --force to replace it)", dir);
+    refuse_unless_result_dir(dir);
     fs::remove_all(dir);
   }
   fs::create_directories(dir, ec);
@@ -625,6 +634,7 @@ MergeReport merge_results(const std::vector<std::string>& dirs, const std::strin
   });
   if (fs::exists(out) && !fs::is_empty(out)) {
     if (!opts.force) input_error("{}: the merge output directory is not empty (--force to replace it)", out);
+    refuse_unless_result_dir(out);
     fs::remove_all(out);
   }
   fs::create_directories(out, ec);

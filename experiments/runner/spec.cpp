@@ -183,6 +183,10 @@ ExperimentSpec parse_node(YAML::Node y, const std::string& file) {
   };
   if (!y["name"]) input_error("{}: missing key 'name'", file);
   str_key("name", s.name);
+  // The name is a directory under results/ by default: one path component of plain characters.
+  if (s.name.empty() || s.name == "." || s.name == ".." ||
+      s.name.find_first_not_of("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789._-") != std::string::npos)
+    fail(file, y["name"], fmt::format("name '{}' must be letters, digits, '.', '_' or '-' (it names results/<name>)", s.name));
   str_key("description", s.description);
   str_key("device", s.device);
   str_key("clock", s.clock);

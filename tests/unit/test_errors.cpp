@@ -203,6 +203,37 @@ TEST(Errors, NumbersDoNotNarrowKeysAreUniqueFilesAreRegular) {
   }
 }
 
+// Paths and scripts: a name is one path component; --force replaces only a result directory;
+// submit refuses a value that would start a shell line in its job script.
+TEST(Errors, NamesForceAndSubmitValuesAreSafe) {
+  const std::string head = "models: [\"synthetic:tiny-llama\"]\nstrategies: [full]\n";
+  for (const char* name : {"../escape", "a/b", ".."}) {
+    const std::string e = message_of([&] { (void)parse_experiment("name: \"" + std::string(name) + "\"\n" + head, "n.yaml"); });
+    EXPECT_NE(e.find("n.yaml:1: name '" + std::string(name) + "' must be letters"), std::string::npos) << e;
+  }
+  const fs::path d = fs::temp_directory_path() / ("hg_err_force_" + std::to_string(getpid()));
+  fs::remove_all(d);
+  fs::create_directories(d / "precious");
+  std::ofstream(d / "precious" / "thesis.tex") << "keep me";
+  const ExperimentSpec spec = parse_experiment("name: f\n" + head, "f.yaml");
+  const std::string e = message_of([&] { ResultDir r((d / "precious").string(), spec, false, true, ""); });
+  EXPECT_NE(e.find("not an hgbench result directory"), std::string::npos) << e;
+  EXPECT_TRUE(fs::exists(d / "precious" / "thesis.tex"));
+  { ResultDir r((d / "result").string(), spec, false, false, ""); }  // a result directory: replaced
+  EXPECT_NO_THROW({ ResultDir r((d / "result").string(), spec, false, true, ""); });
+  const std::string f = (d / "s.yaml").string();
+  std::ofstream(f) << "name: s\n" << head << "sweep:\n  prompt_tokens: [8, 16]\n";
+  const std::string cmd = std::string(HG_BINARY) + " submit " + f + " --shards 2 --dry-run --gres $'gpu:1\\nrm -rf ~' -o " +
+                          (d / "out").string() + " > " + (d / "log").string() + " 2>&1";
+  const int st = std::system(("bash -c " + std::string("\"") + cmd + "\"").c_str());
+  EXPECT_EQ(WEXITSTATUS(st), 2);
+  std::ifstream lg(d / "log");
+  const std::string text((std::istreambuf_iterator<char>(lg)), {});
+  EXPECT_NE(text.find("--gres"), std::string::npos) << text;
+  EXPECT_EQ(text.find("#SBATCH"), std::string::npos) << text;
+  fs::remove_all(d);
+}
+
 TEST(Errors, SweepLimitIsAnError) {
   std::string y = "name: big\nmodels: [synthetic:tiny-llama]\nstrategies: [full]\nsweep:\n";
   for (const char* axis : {"prompt_tokens", "decode_tokens", "batch"}) {
