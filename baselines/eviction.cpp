@@ -406,6 +406,7 @@ StageWork EvictingStrategy::tap_work(const AttentionArgs& a) const {
   StageWork w;
   w.bytes[size_t(Tier::kGpu)] = 2 * n * 4;  // written by the attention, read by the policy
   w.flops = double(n);                      // the policy's add per score
+  w.elems = double(n) * policy_elems_per_score();
   return w;
 }
 

@@ -45,9 +45,12 @@ class EvictingStrategy : public KvStrategy {
   // key and head) and reach accumulate() as nullptr.
   static constexpr int kLogits = 1, kProbs = 2;
   // The taps' cost on the accelerator for the modeled clock, beside the forward's attention: each
-  // tap written once and read once by the score policy (4 bytes per key and query head).
+  // tap written once and read once by the score policy (4 bytes per key and query head), and the
+  // policy's elementwise work (policy_elems_per_score() per key and query head).
   StageWork tap_work(const AttentionArgs& a) const;
   virtual int taps() const = 0;
+  // The policy's cost per score beyond one add, in exp_shift_sum elements (StageWork::elems).
+  virtual double policy_elems_per_score() const { return 0; }
   // Policy: fold row's taps into scores. logits/probs: [H, tap_ld] of this row; slots [0, n).
   virtual void accumulate(int layer, int seq, int g, const float* logits, const float* probs, int64_t tap_ld,
                           int32_t n, int32_t pos) = 0;

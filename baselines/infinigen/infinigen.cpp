@@ -18,7 +18,10 @@
 #include <Eigen/SVD>
 #include <algorithm>
 #include <cmath>
+#include <map>
+#include <mutex>
 #include <optional>
+#include <string_view>
 
 #include "baselines/common.h"
 #include "baselines/speculation.h"
@@ -44,6 +47,46 @@ int32_t infinigen_fetch_count(Backend& host, const float* logits, int H, int64_t
 }
 
 namespace {
+
+// The skew is offline in the authors' code (computed once, before any timed run). hgbench computes
+// it from the calibration prompt's queries and keys in a run's prefill and keeps it for the
+// process, keyed by those exact inputs: a warm-up run pays the SVD, and the timed runs after it
+// (other repeats, lengths and budgets over the same calibration prefix) reuse it.
+class SkewCache {
+ public:
+  static SkewCache& instance() {
+    static SkewCache c;
+    return c;
+  }
+  // Kept columns [dp, D] per KV head of one layer's calibration (q, k as collected), or nullptr.
+  struct Key {
+    size_t q_hash, k_hash, q_size, k_size;
+    int H_kv, D, G, dp;
+    auto operator<=>(const Key&) const = default;
+  };
+  static Key key(const std::vector<float>& q, const std::vector<float>& k, int H_kv, int D, int G, int dp) {
+    auto h = [](const std::vector<float>& v) {
+      return std::hash<std::string_view>{}(std::string_view(reinterpret_cast<const char*>(v.data()), v.size() * 4));
+    };
+    return Key{h(q), h(k), q.size(), k.size(), H_kv, D, G, dp};
+  }
+  std::optional<std::vector<std::vector<float>>> find(const Key& k) {
+    std::lock_guard<std::mutex> l(mu_);
+    auto it = map_.find(k);
+    if (it == map_.end()) return std::nullopt;
+    return it->second;
+  }
+  void put(const Key& k, std::vector<std::vector<float>> w) {
+    std::lock_guard<std::mutex> l(mu_);
+    if (map_.size() >= kMaxLayers) map_.clear();  // bounded: a few models' layers
+    map_.emplace(k, std::move(w));
+  }
+
+ private:
+  static constexpr size_t kMaxLayers = 1024;
+  std::mutex mu_;
+  std::map<Key, std::vector<std::vector<float>>> map_;
+};
 
 class InfiniGen final : public KvStrategy {
  public:
@@ -229,7 +272,8 @@ class InfiniGen final : public KvStrategy {
   }
 
   std::map<std::string, double> step_stats() const override {
-    return {{"fetched_tokens", double(last_fetch_)}};
+    // skew_svd_layers: layers whose skew this run computed (0 when a warm-up's are reused).
+    return {{"fetched_tokens", double(last_fetch_)}, {"skew_svd_layers", double(svd_layers_)}};
   }
   // The keys each layer attended in the step that ended, counted as they were fetched (the fetch
   // counts follow the speculation's logits, known only once it ran).
@@ -290,6 +334,27 @@ class InfiniGen final : public KvStrategy {
     const auto& qs = calib_q_[size_t(layer)];
     const auto& ks = calib_k_[size_t(layer)];
     const int64_t T = int64_t(ks.size()) / (int64_t(Hkv) * D);
+    const SkewCache::Key key = SkewCache::key(qs, ks, Hkv, D, G, dp_);
+    std::optional<std::vector<std::vector<float>>> kept = SkewCache::instance().find(key);
+    if (!kept) {
+      ++svd_layers_;
+      kept = skew_columns(qs, ks, T);
+      SkewCache::instance().put(key, *kept);
+    }
+    for (int g = 0; g < Hkv; ++g)
+      skew_[size_t(layer) * size_t(Hkv) + size_t(g)] =
+          convert_weight(DType::kF32, (*kept)[size_t(g)].data(), DType::kF32, {dp_, D});
+    calib_q_[size_t(layer)].clear();
+    calib_k_[size_t(layer)].clear();
+    build_partial_cache(layer);
+  }
+
+  // Per KV head, the skew's kept columns as a [dp, D] weight's rows, from the calibration's queries
+  // qs [T, H, D] and keys ks [T, H_kv, D].
+  std::vector<std::vector<float>> skew_columns(const std::vector<float>& qs, const std::vector<float>& ks,
+                                               int64_t T) const {
+    const int Hkv = shape_.H_kv, D = shape_.D, G = shape_.H / Hkv;
+    std::vector<std::vector<float>> kept(static_cast<size_t>(Hkv));
     for (int g = 0; g < Hkv; ++g) {
       Eigen::MatrixXf M(T * (G + 1), D);
       for (int64_t t = 0; t < T; ++t) {
@@ -308,14 +373,16 @@ class InfiniGen final : public KvStrategy {
       std::sort(mag.begin(), mag.end());
       // The skew as a [dp, D] weight: row c is the column of A kept c-th, so that a row's partial
       // vector is one product with it on the accelerator (x · Wᵀ).
-      std::vector<float> w(size_t(dp_) * size_t(D));
+      std::vector<float>& w = kept[size_t(g)];
+      w.resize(size_t(dp_) * size_t(D));
       for (int c = 0; c < dp_; ++c)
         for (int d = 0; d < D; ++d) w[size_t(c) * size_t(D) + size_t(d)] = A(d, mag[size_t(c)].second);
-      skew_[size_t(layer) * size_t(Hkv) + size_t(g)] =
-          convert_weight(DType::kF32, w.data(), DType::kF32, {dp_, D});
     }
-    calib_q_[size_t(layer)].clear();
-    calib_k_[size_t(layer)].clear();
+    return kept;
+  }
+
+  void build_partial_cache(int layer) {
+    const int Hkv = shape_.H_kv, D = shape_.D;
     // Partial keys of every stored token of every sequence: its prompt's keys back on the
     // accelerator, skewed there.
     for (int b = 0; b < B_; ++b) {
@@ -433,6 +500,7 @@ class InfiniGen final : public KvStrategy {
   int B_ = 0, dp_ = 1;
   std::vector<int32_t> prompt_;
   KvStore store_, partial_;
+  int svd_layers_ = 0;
   std::vector<Weight> skew_;  // per (layer, KV head): the kept columns of the skew, [dp, D]
   std::vector<std::vector<float>> calib_q_, calib_k_;
   std::vector<std::shared_ptr<Fetch>> fetch_;

@@ -12,6 +12,8 @@
 #include <algorithm>
 #include <cmath>
 
+#include "baselines/keyformer/keyformer.h"
+
 #include "baselines/eviction.h"
 #include "engine/core/cpu_features.h"
 
@@ -107,22 +109,28 @@ HG_NOISE_AVX512 int32_t gumbel_avx512(uint64_t base, const int32_t* pos, int32_t
 
 }  // namespace
 
-// The noise's logarithm, for its test against std::log.
 double keyformer_log(double x) { return noise_log(x); }
 
-// g ~ Gumbel(0, 1) for one (seed, layer, seq, query row position, head, key position):
-// −log(−log u). Every query row, prompt rows included, draws its own noise for every key.
 double keyformer_gumbel(uint64_t seed, int layer, int seq, int row, int head, int32_t pos) {
   return -noise_log(-noise_log(noise_u(noise_base(seed, layer, seq, row, head), pos)));
 }
 
-// out[i] = keyformer_gumbel(seed, layer, seq, row, head, pos[i]) for i < n, 8 at a time.
 void keyformer_gumbel_n(uint64_t seed, int layer, int seq, int row, int head, const int32_t* pos, int32_t n,
                         double* out) {
   const uint64_t base = noise_base(seed, layer, seq, row, head);
   // The same bits either way (the test compares them); AVX-512 where the CPU kernels use it.
   int32_t i = active_cpu_isa() >= CpuIsa::kAvx512 ? gumbel_avx512(base, pos, n, out) : 0;
   for (; i < n; ++i) out[i] = -noise_log(-noise_log(noise_u(base, pos[i])));
+}
+
+void keyformer_add_scores(Backend& host, uint64_t seed, int layer, int seq, int row, int head, const int32_t* pos,
+                          const float* logits, int32_t n, double tau, float* z, double* noise, double* acc) {
+  keyformer_gumbel_n(seed, layer, seq, row, head, pos, n, noise);
+  for (int32_t s = 0; s < n; ++s) z[s] = float((double(logits[s]) + noise[s]) / tau);
+  // softmax(z), vectorised in F32 (relative error ~1e-7), accumulated in F64.
+  const float mx = n > 0 ? host.max_value(z, n) : 0.0f;
+  const double inv = 1.0 / double(host.exp_shift_sum(z, n, mx));
+  for (int32_t s = 0; s < n; ++s) acc[s] += double(z[s]) * inv;
 }
 
 class Keyformer : public EvictingStrategy {
@@ -150,6 +158,7 @@ class Keyformer : public EvictingStrategy {
 
  protected:
   int taps() const override { return kLogits; }
+  double policy_elems_per_score() const override { return kKeyformerScoreElems; }
   void accumulate(int layer, int seq, int g, const float* logits, const float*, int64_t ld, int32_t n,
                   int32_t row_pos) override {
     auto& sc = scores(layer, seq, g);
@@ -157,19 +166,12 @@ class Keyformer : public EvictingStrategy {
     const double t = tau(seq, step);
     const int32_t* pos = store().positions(layer, seq, g);
     z_.resize(size_t(n));
-    float* z = z_.data();
-    for (int h = 0; h < group(); ++h) {
-      const int head = g * group() + h;
-      // Independent noise per (query row, key), prompt rows included, as the authors' decode path
-      // draws it over the prompt's [query, key] scores.
-      gn_.resize(size_t(n));
-      keyformer_gumbel_n(seed_, layer, seq, row_pos, head, pos, n, gn_.data());
-      for (int32_t s = 0; s < n; ++s) z[s] = float((double(logits[h * ld + s]) + gn_[size_t(s)]) / t);
-      // softmax(z), vectorised in F32 (relative error ~1e-7), accumulated in F64.
-      const float mx = n > 0 ? host_backend().max_value(z, n) : 0.0f;
-      const double inv = 1.0 / double(host_backend().exp_shift_sum(z, n, mx));
-      for (int32_t s = 0; s < n; ++s) sc[size_t(s)] += double(z[s]) * inv;
-    }
+    gn_.resize(size_t(n));
+    // Independent noise per (query row, key), prompt rows included, as the authors' decode path
+    // draws it over the prompt's [query, key] scores.
+    for (int h = 0; h < group(); ++h)
+      keyformer_add_scores(host_backend(), seed_, layer, seq, row_pos, g * group() + h, pos, logits + h * ld, n, t,
+                           z_.data(), gn_.data(), sc.data());
   }
   void victims(int layer, int seq, int g, int32_t count, std::vector<int32_t>& slots) override {
     lowest_non_recent(layer, seq, g, recent(context(seq)), count, slots);

@@ -29,6 +29,7 @@ StageWork forward_work(const Model& m, std::span<const TokenRow> rows, const KvS
   const double head = double(m.output().numel());
   StageWork w;
   w.attn_flops = 4.0 * hp.n_layers * hp.n_heads * hp.head_dim * double(keys);
+  w.attn_head_dim = hp.head_dim;
   w.flops = 2.0 * ((mat_params - head) * double(n_rows) + head * double(n_logits)) + w.attn_flops;
   w.launches = forward_launches(m, n_rows, n_logits, max_rows);
   // An untied embedding table is only gathered (one row per token), not streamed.

@@ -2,6 +2,7 @@
 #include "engine/runtime/clock.h"
 
 #include <algorithm>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -25,11 +26,31 @@ PlatformProfile load_platform(const std::string& name_or_path, const std::string
   p.name = yaml_string(y, "name", std::filesystem::path(file).stem().string(), file, "");
   p.source = yaml_string(y, "source", "", file, "");
   if (y["gpu"]) {
-    check_keys(y["gpu"], {"flops_tflops", "attn_tflops", "mem_gbs", "mem_gib"}, file, "gpu");
+    check_keys(y["gpu"], {"flops_tflops", "attn_tflops", "attn_tflops_by_head_dim", "mem_gbs", "mem_gib", "elem_gops"},
+               file, "gpu");
     p.gpu_flops = yaml_number(y["gpu"], "flops_tflops", 0, true, file, "gpu") * 1e12;
     p.gpu_attn_flops = yaml_number(y["gpu"], "attn_tflops", 0, false, file, "gpu") * 1e12;
     p.gpu_mem_gbs = yaml_number(y["gpu"], "mem_gbs", 0, true, file, "gpu");
     p.gpu_mem_gib = yaml_number(y["gpu"], "mem_gib", 0, false, file, "gpu");
+    p.gpu_elem_eps = yaml_number(y["gpu"], "elem_gops", 0, false, file, "gpu") * 1e9;
+    if (const YAML::Node by = y["gpu"]["attn_tflops_by_head_dim"]) {
+      const std::string where = "gpu.attn_tflops_by_head_dim";
+      if (!by.IsMap()) input_error("{}:{}: {}: expected a map of head dimension to TFLOP/s", file, by.Mark().line + 1, where);
+      for (const auto& kv : by) {
+        int d = 0;
+        double r = 0;
+        try {
+          d = kv.first.as<int>();
+          r = kv.second.as<double>();
+        } catch (const YAML::Exception&) {
+          input_error("{}:{}: {}: expected head dimension: TFLOP/s (integer: number)", file, kv.first.Mark().line + 1, where);
+        }
+        if (d <= 0 || d > 4096 || !(r > 0))
+          input_error("{}:{}: {}: head dimension must be in 1..4096 and its rate positive", file, kv.first.Mark().line + 1,
+                      where);
+        p.gpu_attn_flops_by_dim[d] = r * 1e12;
+      }
+    }
   }
   if (!y["cpu"]) input_error("{}: missing key 'cpu'", file);
   check_keys(y["cpu"], {"flops_gflops", "dram_gbs", "dram_gib", "dram_row_ns"}, file, "cpu");
@@ -60,6 +81,7 @@ PlatformProfile load_platform(const std::string& name_or_path, const std::string
   for (auto [v, what] : {std::pair{p.cpu_flops, "cpu.flops_gflops"}, {p.dram_gbs, "cpu.dram_gbs"}, {p.far_gbs, "far.gbs"}})
     if (!(v > 0)) input_error("{}: {} must be positive", file, what);
   for (auto [v, what] : {std::pair{p.dram_row_ns, "cpu.dram_row_ns"}, {p.far_row_ns, "far.row_ns"},
+                         {p.gpu_elem_eps, "gpu.elem_gops"},
                          {p.stage_us, "fixed.stage_us"}, {p.launch_us, "fixed.launch_us"}, {p.copy_us, "fixed.copy_us"}})
     if (!(v >= 0)) input_error("{}: {} must be zero or positive", file, what);
   return p;
@@ -74,6 +96,11 @@ void save_platform(const PlatformProfile& p, const std::string& path, const std:
     out << "gpu:\n  flops_tflops: " << p.gpu_flops / 1e12 << "\n  attn_tflops: " << p.gpu_attn_flops / 1e12
         << "\n  mem_gbs: " << p.gpu_mem_gbs
         << "\n  mem_gib: " << p.gpu_mem_gib << "\n";
+  if (p.gpu_flops > 0 && !p.gpu_attn_flops_by_dim.empty()) {
+    out << "  attn_tflops_by_head_dim:\n";
+    for (auto [d, r] : p.gpu_attn_flops_by_dim) out << "    " << d << ": " << r / 1e12 << "\n";
+  }
+  if (p.gpu_flops > 0 && p.gpu_elem_eps > 0) out << "  elem_gops: " << p.gpu_elem_eps / 1e9 << "\n";
   out << "cpu:\n  flops_gflops: " << p.cpu_flops / 1e9 << "\n  dram_gbs: " << p.dram_gbs << "\n  dram_gib: " << p.dram_gib
       << "\n  dram_row_ns: " << p.dram_row_ns << "\n";
   out << "far:\n  gbs: " << p.far_gbs << "\n  latency_ns: " << p.far_latency_ns << "\n  gib: " << p.far_gib
@@ -97,17 +124,32 @@ double row_secs(const StageWork& w, const PlatformProfile& p) {
   return 1e-9 * (double(w.rows[size_t(Tier::kDram)]) * p.dram_row_ns +
                  double(w.rows[size_t(Tier::kFar)]) * p.far_row_ns);
 }
+}  // namespace
+
+double attention_rate(const PlatformProfile& p, int d) {
+  const double base = p.gpu_attn_flops > 0 ? p.gpu_attn_flops : p.gpu_flops;
+  if (d <= 0 || p.gpu_attn_flops_by_dim.empty()) return base;
+  double best = base;
+  int gap = INT32_MAX;
+  for (auto [dim, r] : p.gpu_attn_flops_by_dim)
+    if (std::abs(dim - d) < gap) gap = std::abs(dim - d), best = r;
+  return best;
+}
+
+namespace {
 // A stage's work at the profile's rates (roofline), without fixed costs.
 double work_seconds(const StageRecord& r, const PlatformProfile& p) {
   const auto& w = r.work;
   const double lat = p.far_latency_ns * 1e-9;
   switch (r.kind) {
     case StageKind::kAccelCompute: {
-      const double attn_rate = p.gpu_attn_flops > 0 ? p.gpu_attn_flops : p.gpu_flops;
+      const double attn_rate = attention_rate(p, w.attn_head_dim);
       const double c = w.flops <= 0 ? 0.0
                        : p.gpu_flops > 0 ? (w.flops - w.attn_flops) / p.gpu_flops + w.attn_flops / attn_rate
                                          : INFINITY;
-      return std::max(c, secs(double(w.bytes[size_t(Tier::kGpu)]), p.gpu_mem_gbs));
+      // Policy code runs after the kernels it reads (their taps), on the same thread.
+      const double e = w.elems > 0 && p.gpu_elem_eps > 0 ? w.elems / p.gpu_elem_eps : 0.0;
+      return std::max(c, secs(double(w.bytes[size_t(Tier::kGpu)]), p.gpu_mem_gbs)) + e;
     }
     case StageKind::kCpuCompute: {
       const double c = w.flops / p.cpu_flops;

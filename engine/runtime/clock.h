@@ -4,6 +4,7 @@
 // when its queue is free and its dependencies have ended — to get the critical path.
 // Modeled results are labelled modeled wherever they appear.
 #pragma once
+#include <map>
 #include <optional>
 #include <string>
 #include <vector>
@@ -17,8 +18,16 @@ struct PlatformProfile {
   std::string name;
   std::string source;      // "datasheet", "calibrated <date>", …
   double gpu_flops = 0;    // FLOP/s of the accelerator (BF16 tensor, dense)
-  double gpu_attn_flops = 0;  // FLOP/s of its attention kernel (prefill shape); 0: gpu_flops
+  double gpu_attn_flops = 0;  // FLOP/s of its attention kernel (prefill shape, head dim 128); 0: gpu_flops
+  // The same kernel's FLOP/s per head dimension, where measured (`gpu.attn_tflops_by_head_dim`):
+  // a stage's attention is charged at the rate of the nearest measured head dimension, else at
+  // gpu_attn_flops. Attention kernels run at different efficiency per head dimension.
+  std::map<int, double> gpu_attn_flops_by_dim;
   double gpu_mem_gbs = 0;  // HBM GB/s
+  // Elements per second of the host backend's exp_shift_sum on the thread that runs the
+  // accelerator's stages (the unit of StageWork::elems: score policies). Calibrated profiles
+  // measure it; 0 (datasheet profiles): policy work is not charged beyond its FLOPs and bytes.
+  double gpu_elem_eps = 0;
   double gpu_mem_gib = 0;
   double cpu_flops = 0;    // FP32 FLOP/s of all cores
   double dram_gbs = 0;     // read GB/s of local DRAM
@@ -42,6 +51,12 @@ struct PlatformProfile {
   double copy_us = 0;
 };
 
+// The platform name that is no file: `hgbench calibrate`'s measurement of this machine, taken again
+// just before each recorded run (clock: modeled:calibrate). On a shared machine whose bandwidth
+// moves within minutes, a profile measured earlier cannot tell the clock's error from the drift.
+inline constexpr const char* kCalibratePlatform = "calibrate";
+inline bool calibrates_each_run(const std::string& platform) { return platform == kCalibratePlatform; }
+
 // Loads experiments/platforms/<name>.yaml or a path; strict keys (InputError names file:line and
 // the nearest valid key).
 PlatformProfile load_platform(const std::string& name_or_path, const std::string& platforms_dir);
@@ -49,6 +64,8 @@ PlatformProfile load_platform(const std::string& name_or_path, const std::string
 std::string platform_file(const std::string& name_or_path, const std::string& platforms_dir);
 void save_platform(const PlatformProfile& p, const std::string& path, const std::string& comment);
 
+// FLOP/s of the accelerator's attention at head dimension d (0: unknown) on the profile.
+double attention_rate(const PlatformProfile& p, int d);
 // Seconds a stage takes on the profile.
 double modeled_stage_seconds(const StageRecord& r, const PlatformProfile& p);
 

@@ -10,7 +10,9 @@ namespace hg {
 StageWork& StageWork::operator+=(const StageWork& o) {
   flops += o.flops;
   attn_flops += o.attn_flops;
+  attn_head_dim = std::max(attn_head_dim, o.attn_head_dim);
   launches += o.launches;
+  elems += o.elems;
   for (size_t i = 0; i < bytes.size(); ++i) {
     bytes[i] += o.bytes[i];
     rows[i] += o.rows[i];
@@ -22,6 +24,7 @@ StageWork StageWork::scaled(double f) const {
   StageWork w = *this;
   w.flops = flops * f;
   w.attn_flops = attn_flops * f;
+  w.elems = elems * f;
   w.launches = int64_t(std::lround(double(launches) * f));
   for (size_t i = 0; i < bytes.size(); ++i) {
     w.bytes[i] = int64_t(double(bytes[i]) * f);

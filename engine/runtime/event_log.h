@@ -20,6 +20,7 @@ std::string_view stage_kind_name(StageKind k);
 struct StageWork {
   double flops = 0;
   double attn_flops = 0;  // the part of `flops` that is attention over keys (its own rate)
+  int32_t attn_head_dim = 0;  // head dimension of that attention (picks the profile's rate; 0: unknown)
   std::array<int64_t, kNumTiers> bytes{};  // bytes read or written per tier by a compute stage
   // Transfers: bytes moved from src to dst.
   Tier src = Tier::kDram;
@@ -30,8 +31,11 @@ struct StageWork {
   std::array<int64_t, kNumTiers> rows{};
   // Kernel launches an accelerator stage issues (the profile's per-launch cost; 0: not counted).
   int64_t launches = 0;
+  // Elementwise policy work of an accelerator stage (eviction scores), in elements of the host
+  // backend's exp_shift_sum: charged at the profile's gpu.elem_gops, after the roofline part.
+  double elems = 0;
 
-  // Adds another compute stage's work (FLOPs, bytes, rows, launches; not the transfer fields).
+  // Adds another compute stage's work (FLOPs, bytes, rows, launches, elems; not the transfer fields).
   StageWork& operator+=(const StageWork& o);
   // This work's share f of each count (a stage split into segments).
   StageWork scaled(double f) const;

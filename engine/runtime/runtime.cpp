@@ -318,14 +318,14 @@ void measure_weight_rates(Backend& be, int64_t gemm_m, int64_t gemm_k, int64_t g
 }
 
 // The achieved FLOP/s of `be`'s attention in the prefill shape: a causal chunk of 512 query rows
-// after 1,536 cached positions, 32 query and 8 KV heads of 128, F16 K and V (4·H·D FLOPs per key).
-void measure_attention_flops(Backend& be, double seconds, PlatformProfile* p) {
-  constexpr int H = 32, Hkv = 8, D = 128, kRows = 512, kKeys = 2048;
+// after 1,536 cached positions, 32 query and 8 KV heads of D, F16 K and V (4·H·D FLOPs per key).
+double attention_flops(Backend& be, int D, double seconds) {
+  constexpr int H = 32, Hkv = 8, kRows = 512, kKeys = 2048;
   std::mt19937 g(5);
   std::uniform_real_distribution<float> u(-1, 1);
-  std::vector<uint16_t> kv(size_t(Hkv) * kKeys * D);
+  std::vector<uint16_t> kv(size_t(Hkv) * kKeys * size_t(D));
   for (auto& x : kv) x = f32_to_f16(u(g));
-  std::vector<float> q(size_t(kRows) * H * D);
+  std::vector<float> q(size_t(kRows) * H * size_t(D));
   for (auto& x : q) x = u(g);
   BackendArray<uint16_t> k(be, kv.size()), v(be, kv.size());
   BackendArray<float> dq(be, q.size()), out(be, q.size());
@@ -340,8 +340,35 @@ void measure_attention_flops(Backend& be, double seconds, PlatformProfile* p) {
   }
   const AttentionArgs a = attention_args(H, Hkv, D, 1.0f / std::sqrt(float(D)), dq.data(), rows, out.data(), DType::kF16);
   float sink = 0;
-  p->gpu_attn_flops =
-      4.0 * H * D * keys / median_pass_seconds(seconds, [&] { be.attention(a), be.download(&sink, out.data(), 4); });
+  return 4.0 * H * D * keys / median_pass_seconds(seconds, [&] { be.attention(a), be.download(&sink, out.data(), 4); });
+}
+
+// The attention rate at the head dimensions of the evaluated models (64: Llama-3.2-1B; 128: the
+// rest of ../shared/MODELS.md); gpu.attn_tflops is the 128 one.
+void measure_attention_flops(Backend& be, double seconds, PlatformProfile* p) {
+  for (int d : {64, 128}) p->gpu_attn_flops_by_dim[d] = attention_flops(be, d, seconds);
+  p->gpu_attn_flops = p->gpu_attn_flops_by_dim[128];
+}
+
+// Elements per second of the host backend's exp_shift_sum over a 4,096-float row in cache (the
+// unit of StageWork::elems), on the calling thread: score policies run there, beside the
+// accelerator's kernels or, on a GPU, on the host thread that drives it after a download.
+double measure_elem_eps(double seconds) {
+  auto host = make_cpu_backend();
+  constexpr int64_t kN = 4096;
+  constexpr int kCalls = 64;
+  std::vector<float> x(static_cast<size_t>(kN));
+  std::mt19937 g(7);
+  std::uniform_real_distribution<float> u(-1, 1);
+  for (auto& v : x) v = u(g);
+  float sink = 0;
+  // exp(x − 1) maps (0, 1] into itself: repeated calls stay in range.
+  const double s = median_pass_seconds(seconds, [&] {
+    for (int i = 0; i < kCalls; ++i) sink += host->exp_shift_sum(x.data(), kN, 1.0f);
+  });
+  volatile float keep = sink;
+  (void)keep;
+  return double(kN) * kCalls / s;
 }
 
 // Fixed costs: a stage's hand-off between queue threads (half an empty stage's submit-and-wait
@@ -399,11 +426,16 @@ PlatformProfile calibrate(const CalibrateOptions& o, std::string* notes) {
     measure_weight_rates(*be, 4096, 8192, 8192, o.seconds_per_measure, &p);
     measure_attention_flops(*be, o.seconds_per_measure, &p);
     measure_fixed_costs(*be, &p);
+    {
+      const PoolSize one(1);
+      p.gpu_elem_eps = measure_elem_eps(o.seconds_per_measure);
+    }
     n += fmt::format(
-        "; GPU {}: BF16 GEMM {:.0f} TFLOP/s, F16 prefill attention {:.1f} TFLOP/s and BF16 GEMV {:.0f} GB/s of "
+        "; GPU {}: BF16 GEMM {:.0f} TFLOP/s, F16 prefill attention {:.1f} TFLOP/s (D = 128; {:.1f} at D = 64) and BF16 GEMV {:.0f} GB/s of "
         "weights (achieved), device copy {:.0f} GB/s (read + write), host→device {:.1f} GB/s, device→host {:.1f} "
         "GB/s (pinned)",
-        be->device_name(), p.gpu_flops / 1e12, p.gpu_attn_flops / 1e12, p.gpu_mem_gbs, copy_gbs, p.h2d_gbs, p.d2h_gbs);
+        be->device_name(), p.gpu_flops / 1e12, p.gpu_attn_flops / 1e12, p.gpu_attn_flops_by_dim[64] / 1e12, p.gpu_mem_gbs,
+        copy_gbs, p.h2d_gbs, p.d2h_gbs);
   } else {
     // No GPU: the emulated accelerator is this CPU's backend on the threads the runtime gives it,
     // and its "link" is a memcpy by the copy worker; its rates are the achieved rates of its own
@@ -413,13 +445,16 @@ PlatformProfile calibrate(const CalibrateOptions& o, std::string* notes) {
     measure_weight_rates(*be, 512, 4096, 4096, o.seconds_per_measure, &p);
     measure_attention_flops(*be, o.seconds_per_measure, &p);
     measure_fixed_costs(*be, &p);
+    p.gpu_elem_eps = measure_elem_eps(o.seconds_per_measure);
     p.gpu_mem_gib = p.dram_gib;
     p.h2d_gbs = p.d2h_gbs = copy;
     n += fmt::format(
         "; no GPU: gpu = the emulated accelerator ({} thread{}: BF16 GEMM {:.0f} GFLOP/s, F16 prefill attention {:.0f} "
-        "GFLOP/s, BF16 GEMV {:.1f} GB/s of weights, achieved), link = memcpy copy bandwidth",
-        at, at == 1 ? "" : "s", p.gpu_flops / 1e9, p.gpu_attn_flops / 1e9, p.gpu_mem_gbs);
+        "GFLOP/s (D = 128; {:.0f} at D = 64), BF16 GEMV {:.1f} GB/s of weights, achieved), link = memcpy copy bandwidth",
+        at, at == 1 ? "" : "s", p.gpu_flops / 1e9, p.gpu_attn_flops / 1e9, p.gpu_attn_flops_by_dim[64] / 1e9, p.gpu_mem_gbs);
   }
+  n += fmt::format("; score policies {:.2f} G exp-sum elements/s on the accelerator's host thread",
+                   p.gpu_elem_eps / 1e9);
   n += fmt::format("; fixed costs: {:.1f} us per stage hand-off, {:.2f} us per kernel launch, {:.2f} us per copy",
                    p.stage_us, p.launch_us, p.copy_us);
   if (notes) *notes = n;

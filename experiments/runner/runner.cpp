@@ -29,6 +29,23 @@ namespace {
 
 using Json = nlohmann::ordered_json;
 
+// clock: modeled:calibrate measures the machine before each recorded run: each measurement's
+// median pass over 0.2 s and 512 MiB buffers (about 5 s in all on 2 cores).
+constexpr double kRunCalibrationSeconds = 0.2;
+constexpr int64_t kRunCalibrationBytes = int64_t(512) << 20;
+
+// A profile's rates in a row (a per-run calibration has no file to point to).
+Json profile_json(const PlatformProfile& p) {
+  Json by = Json::object();
+  for (auto [d, r] : p.gpu_attn_flops_by_dim) by[std::to_string(d)] = r / 1e12;
+  return {{"gpu", {{"flops_tflops", p.gpu_flops / 1e12}, {"attn_tflops", p.gpu_attn_flops / 1e12},
+                   {"attn_tflops_by_head_dim", by}, {"mem_gbs", p.gpu_mem_gbs}, {"elem_gops", p.gpu_elem_eps / 1e9}}},
+          {"cpu", {{"flops_gflops", p.cpu_flops / 1e9}, {"dram_gbs", p.dram_gbs}, {"dram_row_ns", p.dram_row_ns}}},
+          {"far", {{"gbs", p.far_gbs}, {"row_ns", p.far_row_ns}}},
+          {"link", {{"h2d_gbs", p.h2d_gbs}, {"d2h_gbs", p.d2h_gbs}}},
+          {"fixed", {{"stage_us", p.stage_us}, {"launch_us", p.launch_us}, {"copy_us", p.copy_us}}}};
+}
+
 std::string link_name(int s, int d) {
   return fmt::format("{}->{}", tier_name(Tier(s)), tier_name(Tier(d)));
 }
@@ -140,6 +157,13 @@ Figures figures(const Measurement& m, const PlatformProfile* profile) {
       f.m_serial_s += t.sum_stages_s / steps;
     }
     f.m_decode_token_s = median(dec);
+    for (auto& r : m.log) {
+      if (r.step < 0) continue;
+      auto& ss = f.stage_sums[fmt::format("{}/{}", r.step == 0 ? "prefill" : "decode", r.name)];
+      ss.count += 1;
+      ss.measured_s += r.end_s - r.start_s;
+      ss.modeled_s += modeled_stage_seconds(r, *profile);
+    }
     double sum = 0;
     for (double d : dec) sum += d;
     f.m_end_to_end_s = f.m_prefill_s + sum;
@@ -220,7 +244,9 @@ Json run_provenance(const Point& p) {
   Json j = provenance();
   Json in;
   in["model"] = p.model.rfind("synthetic:", 0) == 0 ? Json({{"spec", p.model}}) : fp(p.model);
-  if (!p.platform.empty())
+  if (calibrates_each_run(p.platform))
+    in["platform_profile"] = {{"calibrated_before_run", true}};  // its rates: figures.modeled.profile
+  else if (!p.platform.empty())
     in["platform_profile"] = fp(platform_file(p.platform, std::string(HG_SOURCE_DIR) + "/experiments/platforms"));
   j["inputs"] = in;
   j["finished_utc"] = utc_now();
@@ -432,7 +458,13 @@ Json Runner::run_once(const Point& p, const StrategyEntry& entry, int repeat, bo
   if (spec_.eval.enabled) return record ? run_eval_once(p, entry, repeat) : Json();
   const bool dry = spec_.execute == "dry";
   std::optional<PlatformProfile> prof;
-  if (!p.platform.empty()) {
+  if (calibrates_each_run(p.platform)) {
+    // Measured now, beside the run it models (a warm-up that records nothing needs none unless dry).
+    if (record || dry) {
+      prof = calibrate(CalibrateOptions{kRunCalibrationSeconds, kRunCalibrationBytes}, nullptr);
+      prof->name = kCalibratePlatform;
+    }
+  } else if (!p.platform.empty()) {
     auto it = profiles_.find(p.platform);
     if (it == profiles_.end())
       it = profiles_.emplace(p.platform, load_platform(p.platform, std::string(HG_SOURCE_DIR) + "/experiments/platforms")).first;
@@ -518,13 +550,19 @@ Json Runner::run_once(const Point& p, const StrategyEntry& entry, int repeat, bo
     md["prefill_s"] = f.m_prefill_s;
     md["decode_token_s_median"] = f.m_decode_token_s;
     md["end_to_end_s"] = f.m_end_to_end_s;
+    if (calibrates_each_run(f.platform)) md["profile"] = profile_json(*prof);
     md["pipeline"] = {{"accel_s", f.m_accel_s},       {"cpu_s", f.m_cpu_s},           {"transfer_s", f.m_transfer_s},
                       {"critical_s", f.m_critical_s}, {"serial_s", f.m_serial_s}};
     fig["modeled"] = md;
     // A real run replayed on a profile: the modeled clock checked against this run's measurement.
-    if (!dry && f.end_to_end_s > 0)
+    if (!dry && f.end_to_end_s > 0) {
       fig["modeled_over_measured"] = {{"end_to_end", f.m_end_to_end_s / f.end_to_end_s},
                                       {"decode_token", f.decode_token_s > 0 ? f.m_decode_token_s / f.decode_token_s : NAN}};
+      Json by;
+      for (auto& [name, ss] : f.stage_sums)
+        by[name] = {{"count", ss.count}, {"measured_s", ss.measured_s}, {"modeled_s", ss.modeled_s}};
+      fig["clock_by_stage"] = by;
+    }
   }
   r["figures"] = fig;
   Json work;

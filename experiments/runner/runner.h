@@ -68,6 +68,13 @@ struct Figures {
   // Mean over the measured decode steps of the keys attended per row (logits on the accelerator,
   // on the CPU) and of their share of the visible context.
   double attended_accel = 0, attended_cpu = 0, attended_fraction = 0;
+  // Per stage name and phase ("prefill"/"decode"): stages, their summed measured duration and the
+  // same stages' modeled durations (each stage alone, no replay): where the clock departs.
+  struct StageSum {
+    int64_t count = 0;
+    double measured_s = 0, modeled_s = 0;
+  };
+  std::map<std::string, StageSum> stage_sums;
   // The time rows are compared by: end-to-end latency (the prefill and every decode step, the
   // paper's metric in Figs. 15-17), modeled when modeled; decode_time_s() is the decode phase.
   double time_s() const { return modeled ? m_end_to_end_s : end_to_end_s; }

@@ -359,7 +359,8 @@ ExperimentSpec parse_node(YAML::Node y, const std::string& file) {
   if (s.clock.rfind("modeled:", 0) == 0) {
     if (swept_platform) fail(file, y["clock"], "give the platform once: clock: modeled:<platform> or sweep.platform");
     try {
-      load_platform(s.clock.substr(8), std::string(HG_SOURCE_DIR) + "/experiments/platforms");
+      if (!calibrates_each_run(s.clock.substr(8)))
+        load_platform(s.clock.substr(8), std::string(HG_SOURCE_DIR) + "/experiments/platforms");
     } catch (const InputError& err) {
       fail(file, y["clock"], err.what());
     }
@@ -478,7 +479,7 @@ const std::vector<SweepAxis>& sweep_axes() {
     platform.parse = [](const Spec&, const std::string& file, const YAML::Node& x) {
       const std::string p = scalar(file, x, "platform");
       try {
-        load_platform(p, std::string(HG_SOURCE_DIR) + "/experiments/platforms");
+        if (!calibrates_each_run(p)) load_platform(p, std::string(HG_SOURCE_DIR) + "/experiments/platforms");
       } catch (const InputError& err) {
         fail(file, x, err.what());
       }

@@ -23,6 +23,7 @@
 #include "engine/core/thread_pool.h"
 #include "engine/runtime/bandwidth.h"
 #include "engine/runtime/runtime.h"
+#include "baselines/keyformer/keyformer.h"
 #include "selectors/logit_topk.h"
 
 namespace hg {
@@ -546,6 +547,46 @@ void BM_LogitTopK(benchmark::State& st) {
 }
 BENCHMARK(BM_LogitTopK)->ArgNames({"n", "K", "method"})->ArgsProduct({{16384, 65536}, {128, 2048}, {0, 1}});
 
+// Keyformer's score policy (one query row of one head over n cached keys: noise, softmax,
+// accumulation) against the unit its modeled cost is counted in, the host backend's exp_shift_sum
+// over the same n, timed alternately on one thread with the rows in cache as in the strategy.
+// x_exp (Keyformer ÷ exp_shift_sum per element) is kKeyformerScoreElems.
+void BM_KeyformerScoresVsExpSum(benchmark::State& st) {
+  set_num_threads(1);
+  const int32_t n = int32_t(st.range(0));
+  auto be = make_cpu_backend();
+  const size_t un = size_t(n);
+  std::vector<float> logits(un), z(un), e(un);
+  std::vector<double> noise(un), acc(un);
+  std::vector<int32_t> pos(un);
+  fill(logits.data(), logits.size(), 11);
+  fill(e.data(), e.size(), 12);
+  for (int32_t i = 0; i < n; ++i) pos[size_t(i)] = 3 * i;
+  constexpr int kReps = 64;
+  std::vector<double> kf, ex;
+  int row = 0;
+  for (auto _ : st) {
+    auto t0 = std::chrono::steady_clock::now();
+    for (int r = 0; r < kReps; ++r)
+      keyformer_add_scores(*be, 1, 2, 0, row++, 5, pos.data(), logits.data(), n, 1.5, z.data(), noise.data(), acc.data());
+    auto t1 = std::chrono::steady_clock::now();
+    float sink = 0;
+    for (int r = 0; r < kReps; ++r) sink += be->exp_shift_sum(e.data(), n, 1.0f);  // stays in (0, 1]
+    auto t2 = std::chrono::steady_clock::now();
+    benchmark::DoNotOptimize(sink);
+    benchmark::DoNotOptimize(acc.data());
+    kf.push_back(std::chrono::duration<double>(t1 - t0).count());
+    ex.push_back(std::chrono::duration<double>(t2 - t1).count());
+  }
+  std::sort(kf.begin(), kf.end());
+  std::sort(ex.begin(), ex.end());
+  const double k = kf[kf.size() / 2], x = ex[ex.size() / 2], per = double(kReps) * n;
+  st.counters["keyformer_ns_per_score"] = 1e9 * k / per;
+  st.counters["exp_sum_ns_per_elem"] = 1e9 * x / per;
+  st.counters["x_exp"] = k / x;
+}
+BENCHMARK(BM_KeyformerScoresVsExpSum)->ArgNames({"n"})->Arg(1024)->Arg(4096)->Arg(32768)->UseRealTime();
+
 // Decode GEMV (M = 1; cpu::gemv, the CPU backend's path for up to 4 rows): y = x · Wᵀ, W [N, K]. Bytes read: the weights. Cold: cycles
 // through enough matrices to exceed the last-level cache.
 void BM_Gemv(benchmark::State& st) {
@@ -577,6 +618,9 @@ BENCHMARK(BM_Gemv)
     ->Args({768, 768, 2, 1})->Args({2048, 768, 2, 1})->Args({768, 2048, 2, 1})
     // The Llama-3.2-1B shape's F16 projections on one thread (dim 2048, FFN 8192, K/V 512 rows).
     ->Args({2048, 2048, 2, 1})->Args({512, 2048, 2, 1})->Args({8192, 2048, 2, 1})->Args({2048, 8192, 2, 1})
+    // BF16 on one thread, as the emulated accelerator streams weights: calibrate's 8192² GEMV
+    // against the 1B shape's LM head (128K × 2048, half of its decode bytes).
+    ->Args({8192, 8192, 1, 1})->Args({128256, 2048, 1, 1})
     ->UseManualTime();
 
 // `hgbench calibrate`'s dram bandwidth against an independent STREAM-style read (an OpenMP

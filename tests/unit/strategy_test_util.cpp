@@ -13,6 +13,7 @@
 #include <set>
 
 #include "baselines/eviction.h"
+#include "baselines/keyformer/keyformer.h"
 #include "baselines/full/full.h"
 #include "baselines/registry.h"
 #include "engine/decoder/decoder.h"
@@ -22,12 +23,6 @@
 #include "test_util.h"
 #include "strategy_test_util.h"
 
-namespace hg {
-double keyformer_gumbel(uint64_t seed, int layer, int seq, int row, int head, int32_t pos);
-void keyformer_gumbel_n(uint64_t seed, int layer, int seq, int row, int head, const int32_t* pos, int32_t n,
-                        double* out);
-double keyformer_log(double x);
-}  // namespace hg
 
 namespace hg::test {
 

@@ -35,6 +35,16 @@ TEST(Calibrate, ProfileIsMeasuredAndRoundTrips) {
   EXPECT_NEAR(back.cpu_flops, p.cpu_flops, 1e-3 * p.cpu_flops);
   EXPECT_NEAR(back.dram_row_ns, p.dram_row_ns, 1e-3 * p.dram_row_ns + 1e-6);
   EXPECT_NEAR(back.stage_us, p.stage_us, 1e-3 * p.stage_us);
+  // The attention rate per head dimension of the evaluated models, and the score-policy rate.
+  ASSERT_EQ(p.gpu_attn_flops_by_dim.size(), 2u) << notes;
+  for (int d : {64, 128}) {
+    ASSERT_TRUE(p.gpu_attn_flops_by_dim.count(d)) << d;
+    EXPECT_GT(p.gpu_attn_flops_by_dim.at(d), 0) << d;
+    EXPECT_NEAR(back.gpu_attn_flops_by_dim.at(d), p.gpu_attn_flops_by_dim.at(d), 1e-3 * p.gpu_attn_flops_by_dim.at(d));
+  }
+  EXPECT_EQ(p.gpu_attn_flops, p.gpu_attn_flops_by_dim.at(128));
+  EXPECT_GT(p.gpu_elem_eps, 0) << notes;
+  EXPECT_NEAR(back.gpu_elem_eps, p.gpu_elem_eps, 1e-3 * p.gpu_elem_eps);
   // Without a GPU the "gpu" rates are the emulated accelerator's, and the notes say so.
   if (cuda_device_count_or_zero() == 0) {
     EXPECT_NE(notes.find("emulated accelerator (" + std::to_string(emulated_accel_threads()) + " thread"),

@@ -403,6 +403,34 @@ TEST(ExperimentRun, SubmitWritesAnArrayAndAMergeJob) {
   fs::remove_all(d);
 }
 
+// clock: modeled:calibrate measures this machine just before each recorded run and replays the run
+// on that profile: the row carries the profile it was replayed on (there is no file to point to),
+// the provenance says so, and the clock check's ratio is there; the warm-up run is not calibrated.
+TEST(ExperimentRun, CalibrateClockReplaysEachRunOnAProfileMeasuredBeforeIt) {
+  ExperimentSpec spec = parse_experiment(kDry, "t.yaml",
+                                         {"execute=real", "clock=modeled:calibrate", "strategies=[flexgen]",
+                                          "sweep.prompt_tokens=[40]", "repeats=2", "warmup=1"});
+  Runner run(spec);
+  std::vector<Json> rows;
+  for (const Point& p : expand(spec)) run.run(p, spec.strategies[0], {}, [&](Json r) { rows.push_back(r); });
+  ASSERT_EQ(rows.size(), 2u);
+  std::set<double> gemv;
+  for (const Json& r : rows) {
+    ASSERT_EQ(r["status"], "ok") << r.dump();
+    EXPECT_EQ(r["time_basis"], "modeled");
+    const Json& md = r["figures"]["modeled"];
+    EXPECT_EQ(md["platform"], "calibrate");
+    EXPECT_GT(md["profile"]["gpu"]["mem_gbs"].get<double>(), 0);
+    EXPECT_GT(md["profile"]["gpu"]["attn_tflops_by_head_dim"]["64"].get<double>(), 0);
+    gemv.insert(md["profile"]["gpu"]["mem_gbs"].get<double>());
+    EXPECT_EQ(r["provenance"]["inputs"]["platform_profile"]["calibrated_before_run"], true);
+    EXPECT_GT(r["figures"]["modeled_over_measured"]["end_to_end"].get<double>(), 0);
+    EXPECT_TRUE(r["figures"]["clock_by_stage"].contains("prefill/prefill")) << r["figures"]["clock_by_stage"].dump();
+  }
+  EXPECT_EQ(gemv.size(), 2u) << "one calibration per recorded run";
+  EXPECT_NO_THROW(parse_experiment(kDry, "t.yaml", {"sweep.platform=[calibrate, machine-a]", "clock=modeled"}));
+}
+
 TEST(ExperimentRun, DryAndRealAgreeOnBytesPerLinkAndFlopsPerStage) {
   // Strategies whose token counts do not depend on values (InfiniGen's do: it is left out).
   // HybridGen's real path stores F32 (its CPU-stage kernels read F32 keys): both runs use F32 for it.

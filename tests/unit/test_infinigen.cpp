@@ -80,6 +80,23 @@ TEST(InfiniGen, CalibrationOnAPrefixSelectsAsTheWholePromptDoes) {
   expect_steps_close(run("9"), run("0"), 1e-4, "calib_tokens 9 against the whole prompt");
 }
 
+// The skew is offline in the authors' code: the first run over a calibration prefix computes it,
+// a later run (the timed one after a warm-up) reuses it and gives the same logits at every step.
+TEST(InfiniGen, SkewIsComputedOnceAndReusedExactly) {
+  Model m = load_model("synthetic:tiny-qwen2");
+  const auto toks = token_stream(40, m.hp.n_vocab, 4242);
+  std::vector<double> svds;
+  auto run = [&] {
+    return emulated_step_logits(m, "infinigen", {{"partial_ratio", "0.5"}, {"max_kv_ratio", "0.3"}, {"full_layers", "1"}},
+                                toks, 6, [&](Runtime&, KvStrategy& kv) { svds.push_back(kv.step_stats().at("skew_svd_layers")); });
+  };
+  const auto first = run(), second = run();
+  ASSERT_FALSE(svds.empty());
+  EXPECT_EQ(svds.front(), double(m.hp.n_layers));  // every layer skewed in the first run
+  EXPECT_EQ(svds.back(), 0.0);                     // none in the second
+  expect_steps_close(second, first, 0.0, "the reused skew against the computed one");
+}
+
 // Full attention that also records what InfiniGen's speculation for `layer` reads at the last
 // decode row: the residual input of layer − 1 (prepare) and layer's stored keys (append).
 class SpeculationInputs final : public KvStrategy {

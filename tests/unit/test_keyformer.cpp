@@ -11,6 +11,7 @@
 #include <set>
 
 #include "baselines/eviction.h"
+#include "baselines/keyformer/keyformer.h"
 #include "baselines/full/full.h"
 #include "baselines/registry.h"
 #include "engine/decoder/decoder.h"
@@ -21,10 +22,6 @@
 #include "strategy_test_util.h"
 
 namespace hg {
-double keyformer_gumbel(uint64_t seed, int layer, int seq, int row, int head, int32_t pos);
-void keyformer_gumbel_n(uint64_t seed, int layer, int seq, int row, int head, const int32_t* pos, int32_t n,
-                        double* out);
-double keyformer_log(double x);
 namespace {
 
 using namespace test;
@@ -82,6 +79,40 @@ TEST(Keyformer, NoiseIsOneFunctionOfItsInputsAndGumbelDistributed) {
   for (double v : g) var += (v - mean) * (v - mean) / N;
   EXPECT_NEAR(mean, 0.5772156649, 0.01);
   EXPECT_NEAR(var, std::numbers::pi * std::numbers::pi / 6, 0.03);
+}
+
+}  // namespace
+}  // namespace hg
+
+namespace hg {
+namespace {
+
+// The modeled clock charges Keyformer's score policy (noise, softmax and accumulation per score) as
+// elementwise work of the accelerator's stages, kKeyformerScoreElems per score
+// (BM_KeyformerScoresVsExpSum measures that factor); H2O's policy is one add per score, no more.
+TEST(Keyformer, ScorePolicyIsChargedAsElementwiseWork) {
+  ASSERT_GT(kKeyformerScoreElems, 1.0);
+  Model m = load_model("synthetic:tiny-llama");
+  std::map<std::string, double> elems;
+  for (const char* s : {"keyformer", "h2o"}) {
+    RuntimeConfig rc;
+    rc.device = "emulated";
+    Runtime rt(rc);
+    auto kv = make_strategy(s, StrategyContext{rt.accel_backend(), &rt, &m}, {{"kv_ratio", "0.5"}});
+    GenerateOptions go;
+    go.runtime = &rt;
+    go.n_new = 4;
+    go.stop_at_eos = false;
+    go.sampler.greedy = true;
+    std::vector<int32_t> prompt;
+    for (int i = 0; i < 48; ++i) prompt.push_back(1 + i % 50);
+    generate(m, rt.accel_backend(), *kv, {prompt}, go);
+    rt.accel().synchronize();
+    for (const auto& r : rt.log().snapshot()) elems[s] += r.work.elems;
+  }
+  // Every prompt row scores its keys (48·49/2 per head and layer at least).
+  EXPECT_GE(elems["keyformer"], kKeyformerScoreElems * 48 * 49 / 2 * m.hp.n_heads * m.hp.n_layers);
+  EXPECT_EQ(elems["h2o"], 0.0);
 }
 
 }  // namespace

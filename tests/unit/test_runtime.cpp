@@ -369,6 +369,54 @@ TEST(ModeledClock, FixedCostsPerStageLaunchAndCopy) {
   EXPECT_DOUBLE_EQ(back.copy_us, 7);
 }
 
+// Attention FLOPs are charged at the rate of the nearest measured head dimension (a kernel's
+// efficiency depends on it), else at attn_tflops; a policy's elementwise work at elem_gops, after
+// the roofline part; both survive a save and load, and a bad map entry is named.
+TEST(ModeledClock, AttentionRatePerHeadDimAndPolicyElements) {
+  PlatformProfile p;
+  p.name = "dims";
+  p.cpu_flops = 1e9;
+  p.dram_gbs = p.far_gbs = 1;
+  p.gpu_flops = 4e9;
+  p.gpu_attn_flops = 2e9;
+  p.gpu_mem_gbs = 1;
+  StageRecord a;
+  a.kind = StageKind::kAccelCompute;
+  a.work.flops = a.work.attn_flops = 1e9;
+  EXPECT_DOUBLE_EQ(modeled_stage_seconds(a, p), 0.5);  // no head dim: attn_tflops
+  a.work.attn_head_dim = 64;
+  EXPECT_DOUBLE_EQ(modeled_stage_seconds(a, p), 0.5);  // no per-dim rates
+  p.gpu_attn_flops_by_dim = {{64, 1e9}, {128, 2e9}};
+  EXPECT_DOUBLE_EQ(modeled_stage_seconds(a, p), 1.0);
+  a.work.attn_head_dim = 80;  // nearest: 64
+  EXPECT_DOUBLE_EQ(modeled_stage_seconds(a, p), 1.0);
+  a.work.attn_head_dim = 256;  // nearest: 128
+  EXPECT_DOUBLE_EQ(modeled_stage_seconds(a, p), 0.5);
+  // The sum of two stages' work keeps the head dimension.
+  StageWork w;
+  w += a.work;
+  EXPECT_EQ(w.attn_head_dim, 256);
+  a.work.elems = 3e9;
+  EXPECT_DOUBLE_EQ(modeled_stage_seconds(a, p), 0.5);  // no elem rate (datasheet): not charged
+  p.gpu_elem_eps = 1e9;
+  EXPECT_DOUBLE_EQ(modeled_stage_seconds(a, p), 3.5);
+  const std::string out = test::temp_path("dims.yaml");
+  save_platform(p, out, "test");
+  const PlatformProfile back = load_platform(out, "");
+  EXPECT_EQ(back.gpu_attn_flops_by_dim, p.gpu_attn_flops_by_dim);
+  EXPECT_DOUBLE_EQ(back.gpu_elem_eps, 1e9);
+  test::write_file(out, "name: x\ngpu:\n  flops_tflops: 1\n  mem_gbs: 1\n  attn_tflops_by_head_dim:\n    0: 1\n"
+                        "cpu:\n  flops_gflops: 10\n  dram_gbs: 5\nfar:\n  gbs: 1\n");
+  try {
+    load_platform(out, "");
+    ADD_FAILURE() << "loaded";
+  } catch (const InputError& e) {
+    EXPECT_NE(std::string(e.what()).find(out + ":6: gpu.attn_tflops_by_head_dim: head dimension must be"),
+              std::string::npos)
+        << e.what();
+  }
+}
+
 // The forward's modeled work: the LM head's FLOPs for the rows whose logits are computed only (a
 // prefill asks for one row per prompt), and as many launches as the decoder issues kernels,
 // counted on a backend that counts its calls (the strategy's attention as one per layer).
@@ -381,6 +429,7 @@ TEST(ModeledClock, ForwardWorkChargesTheHeadForLogitRowsAndCountsLaunches) {
     const StageWork all = forward_work(m, rows, nullptr, -1, 16), one = forward_work(m, rows, nullptr, 1, 16);
     const double head = double(m.output().numel());
     EXPECT_DOUBLE_EQ(all.flops - one.flops, 2.0 * head * 39) << preset;
+    EXPECT_EQ(one.attn_head_dim, m.hp.head_dim) << preset;
     test::ContractBackend cb;
     FullStrategy kv(cb);
     Decoder dec(m, cb, kv, 16);

@@ -1,0 +1,27 @@
+// Keyformer's score policy as free functions: the seeded Gumbel noise and one query row's
+// contribution to a head's accumulated scores (the strategy itself is registered by keyformer_info()).
+#pragma once
+#include <cstdint>
+
+namespace hg {
+
+class Backend;
+
+// g ~ Gumbel(0, 1) for one (seed, layer, seq, query row position, head, key position): −log(−log u).
+double keyformer_gumbel(uint64_t seed, int layer, int seq, int row, int head, int32_t pos);
+// out[i] = keyformer_gumbel(seed, layer, seq, row, head, pos[i]) for i < n.
+void keyformer_gumbel_n(uint64_t seed, int layer, int seq, int row, int head, const int32_t* pos, int32_t n,
+                        double* out);
+// The noise's logarithm (for its test against std::log).
+double keyformer_log(double x);
+
+// acc[s] += softmax((logits + g) / tau)[s] for s < n: one query row of one head, keys at `pos`;
+// z (n floats) and noise (n doubles) are scratch. `host` supplies the vectorised max and exp-sum.
+void keyformer_add_scores(Backend& host, uint64_t seed, int layer, int seq, int row, int head, const int32_t* pos,
+                          const float* logits, int32_t n, double tau, float* z, double* noise, double* acc);
+
+// The modeled cost of keyformer_add_scores per score, in elements of the host backend's
+// exp_shift_sum (the unit of a profile's gpu.elem_gops): docs/performance.md, "Tuning choices".
+inline constexpr double kKeyformerScoreElems = 19;
+
+}  // namespace hg
