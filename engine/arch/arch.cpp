@@ -1,6 +1,11 @@
 // Architecture registry and the helpers the architecture files share.
 #include "engine/arch/arch.h"
 
+#include <climits>
+#include <cmath>
+#include <cstdint>
+#include <optional>
+
 #include "engine/core/error.h"
 
 namespace hg {
@@ -63,20 +68,29 @@ std::string gguf_tensor_name(GlobalSlot s) {
   }
 }
 
+// A GGUF count as an int, or InputError naming the key (no narrowing: 2^32 + 5 is not 5).
+static int gguf_count(const ModelMetadata& f, const std::string& key, std::optional<uint64_t> dflt = std::nullopt) {
+  const uint64_t v = dflt ? f.get_uint_or(key, *dflt) : f.get_uint(key);
+  if (v > uint64_t(INT32_MAX)) input_error("{}: {} = {} does not fit a 32-bit count", f.path(), key, v);
+  return int(v);
+}
+
 void parse_gguf_llama_family(const ModelMetadata& f, HParams* hp) {
   const std::string a = hp->arch + ".";
-  hp->d_model = int(f.get_uint(a + "embedding_length"));
-  hp->n_layers = int(f.get_uint(a + "block_count"));
-  hp->n_heads = int(f.get_uint(a + "attention.head_count"));
-  hp->n_kv_heads = int(f.get_uint_or(a + "attention.head_count_kv", uint64_t(hp->n_heads)));
-  hp->d_ff = int(f.get_uint(a + "feed_forward_length"));
-  hp->max_pos = int(f.get_uint_or(a + "context_length", 2048));
+  hp->d_model = gguf_count(f, a + "embedding_length");
+  hp->n_layers = gguf_count(f, a + "block_count");
+  hp->n_heads = gguf_count(f, a + "attention.head_count");
+  hp->n_kv_heads = gguf_count(f, a + "attention.head_count_kv", uint64_t(hp->n_heads));
+  hp->d_ff = gguf_count(f, a + "feed_forward_length");
+  hp->max_pos = gguf_count(f, a + "context_length", 2048);
   hp->norm_eps = float(f.get_float_or(a + "attention.layer_norm_rms_epsilon", 1e-5));
   hp->rope_theta = f.get_float_or(a + "rope.freq_base", 10000.0);
+  if (!(hp->rope_theta > 0) || !std::isfinite(hp->rope_theta))
+    input_error("{}: {}rope.freq_base must be positive and finite, got {}", f.path(), a, hp->rope_theta);
   if (hp->n_heads <= 0) input_error("{}: {}attention.head_count must be positive", f.path(), a);
-  hp->head_dim = int(f.get_uint_or(a + "attention.key_length", uint64_t(hp->d_model / hp->n_heads)));
+  hp->head_dim = gguf_count(f, a + "attention.key_length", uint64_t(hp->d_model / hp->n_heads));
   const auto rope_dims = f.get_uint_or(a + "rope.dimension_count", uint64_t(hp->head_dim));
-  if (int(rope_dims) != hp->head_dim)
+  if (rope_dims != uint64_t(hp->head_dim))
     input_error("{}: partial RoPE ({}rope.dimension_count={} < head dim {}) is not supported", f.path(),
                 a, rope_dims, hp->head_dim);
   if (f.has(a + "rope.scaling.type")) {
@@ -87,18 +101,26 @@ void parse_gguf_llama_family(const ModelMetadata& f, HParams* hp) {
   }
 }
 
+// An integer JSON value as an int, or InputError naming the field (no narrowing).
+static int checked_int(const nlohmann::json& v, const char* field, const std::string& where) {
+  const bool fits = v.is_number_unsigned() ? v.get<uint64_t>() <= uint64_t(INT32_MAX)
+                                           : v.get<int64_t>() >= INT32_MIN && v.get<int64_t>() <= INT32_MAX;
+  if (!fits) input_error("{}: field '{}' = {} does not fit a 32-bit integer", where, field, v.dump());
+  return int(v.get<int64_t>());
+}
+
 int json_int(const nlohmann::json& j, const char* field, const std::string& where) {
   auto it = j.find(field);
   if (it == j.end()) input_error("{}: missing field '{}'", where, field);
   if (!it->is_number_integer()) input_error("{}: field '{}' must be an integer", where, field);
-  return it->get<int>();
+  return checked_int(*it, field, where);
 }
 
 int json_int_or(const nlohmann::json& j, const char* field, int dflt, const std::string& where) {
   auto it = j.find(field);
   if (it == j.end() || it->is_null()) return dflt;
   if (!it->is_number_integer()) input_error("{}: field '{}' must be an integer", where, field);
-  return it->get<int>();
+  return checked_int(*it, field, where);
 }
 
 double json_num_or(const nlohmann::json& j, const char* field, double dflt, const std::string& where) {

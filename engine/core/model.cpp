@@ -1,6 +1,8 @@
 // Slot tables and model validation.
 #include "engine/core/model.h"
 
+#include <cmath>
+
 #include "engine/core/error.h"
 
 namespace hg {
@@ -110,6 +112,22 @@ void validate_hparams(const HParams& hp, const std::string& where) {
     input_error("{}: head count {} is not a multiple of KV head count {}", where, hp.n_heads,
                 hp.n_kv_heads);
   if (hp.head_dim % 2 != 0) input_error("{}: head dim {} must be even", where, hp.head_dim);
+  // Sane maxima, checked before anything is sized from them (the largest released decoders have
+  // 126 layers, 128 heads, 256K vocabularies and 16K-wide hidden states).
+  auto at_most = [&](int64_t v, int64_t max, const char* name) {
+    if (v > max) input_error("{}: {} {} is above the supported maximum {}", where, name, v, max);
+  };
+  at_most(hp.n_layers, kMaxLayers, "layer count");
+  at_most(hp.n_heads, kMaxHeads, "head count");
+  at_most(hp.head_dim, kMaxHeadDim, "head dim");
+  at_most(hp.n_vocab, kMaxVocab, "vocab size");
+  at_most(hp.d_model, kMaxWidth, "hidden size");
+  at_most(hp.d_ff, kMaxWidth, "FFN size");
+  if (!(hp.norm_eps > 0) || !std::isfinite(hp.norm_eps))
+    input_error("{}: norm epsilon must be positive and finite, got {}", where, hp.norm_eps);
+  // 0: no rotary embedding (OPT); the RoPE architectures' parsers require it positive.
+  if (!(hp.rope_theta >= 0) || !std::isfinite(hp.rope_theta))
+    input_error("{}: RoPE theta must be positive and finite, got {}", where, hp.rope_theta);
 }
 
 void validate_model(const Model& m, const std::string& where) {

@@ -115,6 +115,10 @@ struct Model {
 // Checks presence and shape of every slot the traits require; throws InputError naming `where`.
 void validate_model(const Model& m, const std::string& where);
 // Sanity checks on hyperparameters (positive sizes, divisibility).
+// Checks every count positive and within the supported maxima below, the head layout, and the norm
+// epsilon and RoPE theta positive and finite: InputError naming `where`.
+inline constexpr int64_t kMaxLayers = 1024, kMaxHeads = 1024, kMaxHeadDim = 1024, kMaxVocab = int64_t(1) << 24,
+                         kMaxWidth = int64_t(1) << 20;
 void validate_hparams(const HParams& hp, const std::string& where);
 
 }  // namespace hg

@@ -127,6 +127,72 @@ TEST(Formats, HfSafetensorsDamage) {
   expect_input_error(dir, "model.safetensors: truncated");
 }
 
+// Header fields are checked before anything is sized from them: a layer count far beyond any real
+// model, a count that does not fit 32 bits (it must not wrap to a small one), a negative epsilon and
+// a zero RoPE theta are one-line errors naming the file and field, not allocations or a silent load.
+TEST(Formats, HeaderFieldsAreBoundedBeforeAllocation) {
+  const Model m = load_model("synthetic:tiny-llama");
+  const std::string dir = test::write_hf(m, "hf_bounds", 1);
+  const auto cfg = nlohmann::json::parse(test::read_file(dir + "/config.json"));
+  auto with = [&](const std::function<void(nlohmann::json&)>& edit, const std::string& what) {
+    auto c = cfg;
+    edit(c);
+    test::write_file(dir + "/config.json", c.dump());
+    expect_input_error(dir, what);
+  };
+  with([](auto& c) { c["num_hidden_layers"] = 10000000; }, "layer count 10000000 is above the supported maximum 1024");
+  with([](auto& c) { c["num_hidden_layers"] = 4294967301LL; }, "field 'num_hidden_layers' = 4294967301 does not fit");
+  with([](auto& c) { c["vocab_size"] = 4294967296LL; }, "'vocab_size' = 4294967296 does not fit");
+  with([](auto& c) { c["rms_norm_eps"] = -1; }, "norm epsilon must be positive");
+  with([](auto& c) { c["rope_theta"] = 0; }, "field 'rope_theta' must be positive");
+  // GGUF: the block count patched in an exported file (a u32 after its key and type).
+  const std::string gguf = test::temp_path("bounds.gguf");
+  write_gguf(m, gguf);
+  std::string bytes = test::read_file(gguf);
+  const size_t at = bytes.find("llama.block_count");
+  ASSERT_NE(at, std::string::npos);
+  const uint32_t huge = 100000000;
+  std::memcpy(&bytes[at + std::strlen("llama.block_count") + 4], &huge, 4);
+  test::write_file(gguf, bytes);
+  expect_input_error(gguf, "layer count 100000000 is above the supported maximum 1024");
+}
+
+// safetensors as strict as the format's own reader: the tensors tile the data buffer exactly
+// (no overlap, no gap, nothing after), and a shape's element count may not wrap.
+TEST(Formats, SafetensorsOffsetsTileTheBufferAndShapesDoNotWrap) {
+  const std::string p = test::temp_path("tiles.safetensors");
+  auto write = [&](const std::string& header, size_t data_bytes) {
+    std::string h = header;
+    while (h.size() % 8) h += ' ';
+    const uint64_t n = h.size();
+    std::string out(reinterpret_cast<const char*>(&n), 8);
+    out += h + std::string(data_bytes, '\0');
+    test::write_file(p, out);
+  };
+  auto expect = [&](const std::string& what) {
+    try {
+      SafetensorsFile f(p);
+      ADD_FAILURE() << "accepted, expected '" << what << "'";
+    } catch (const InputError& e) {
+      EXPECT_NE(std::string(e.what()).find(what), std::string::npos) << e.what();
+    }
+  };
+  write(R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},"b":{"dtype":"F32","shape":[2],"data_offsets":[8,16]}})", 16);
+  EXPECT_NO_THROW(SafetensorsFile f(p));
+  write(R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},"b":{"dtype":"F32","shape":[2],"data_offsets":[4,12]}})", 16);
+  expect("tensor 'b' overlaps the tensor before it");
+  write(R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},"b":{"dtype":"F32","shape":[2],"data_offsets":[12,20]}})", 20);
+  expect("a gap of 4 bytes before tensor 'b'");
+  write(R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]}})", 16);
+  expect("the tensors cover 8 bytes of data but the file holds 16");
+  write(R"({"z":{"dtype":"F32","shape":[4294967296,4294967296],"data_offsets":[0,0]}})", 0);
+  expect("overflows a 64-bit element count");
+  write(R"({"z":{"dtype":"F32","shape":[0,4294967296,4294967296],"data_offsets":[0,0]}})", 0);
+  EXPECT_NO_THROW(SafetensorsFile f(p));  // zero elements: no overflow in the product
+  write(R"({"z":{"dtype":"F32","shape":"2","data_offsets":[0,8]}})", 8);
+  expect("shape must be a list of integers");
+}
+
 std::vector<float> last_logits(const Model& m) {
   auto be = make_cpu_backend();
   FullStrategy kv(*be);
