@@ -201,7 +201,8 @@ bool EvictingStrategy::prefetch_serves(int layer, std::span<const TokenRow> rows
   // call's decode rows (appended last, so the load holds all the others).
   const Prefetch& p = prefetch_[size_t(layer % 2)];
   if (!p.done.valid() || p.layer != layer || p.counts.size() != counts.size()) return false;
-  for (auto& [seq, n] : counts) {
+  for (auto& [sq, n] : counts) {
+    const int32_t seq = sq;  // a structured binding cannot be captured by clang 14
     auto it = p.counts.find(seq);
     if (it == p.counts.end() || p.version.at(seq) != version_[vidx(layer, seq)]) return false;
     const auto added = int32_t(std::count_if(rows.begin(), rows.end(), [&](const TokenRow& r) { return r.seq == seq; }));

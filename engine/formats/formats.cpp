@@ -10,6 +10,15 @@
 
 namespace hg {
 
+namespace {
+// Whether a path names something; false for a name the OS refuses (too long, not a path).
+bool path_exists(const std::string& p) {
+  std::error_code ec;
+  return std::filesystem::exists(p, ec);
+}
+}  // namespace
+
+
 ModelSpec parse_model_spec(const std::string& spec) {
   ModelSpec s;
   std::string rest = spec;
@@ -104,10 +113,10 @@ void check_model_spec(const std::string& spec_str) {
   }
   if (!spec.format.empty()) {
     if (!reg.by_name(spec.format)) input_error("model '{}': unknown format '{}'", spec_str, spec.format);
-    if (!std::filesystem::exists(spec.path)) input_error("model '{}': {}: no such file or directory", spec_str, spec.path);
+    if (!path_exists(spec.path)) input_error("model '{}': {}: no such file or directory", spec_str, spec.path);
     return;
   }
-  if (!std::filesystem::exists(spec.path)) input_error("model '{}': no such file or directory", spec_str);
+  if (!path_exists(spec.path)) input_error("model '{}': no such file or directory", spec_str);
   for (auto& f : reg.all())
     if (f.probe && f.probe(spec.path)) return;
   input_error("model '{}': not a recognised model (expected a GGUF file, a Hugging Face directory with config.json, "
@@ -126,7 +135,7 @@ Model load_model(const std::string& spec_str, const LoadOptions& opts) {
       input_error("model '{}': unknown format '{}' (expected one of: {})", spec_str, spec.format, names);
     }
   } else {
-    if (!std::filesystem::exists(spec.path)) input_error("{}: no such file or directory", spec.path);
+    if (!path_exists(spec.path)) input_error("{}: no such file or directory", spec.path);
     for (auto& f : reg.all())
       if (f.probe && f.probe(spec.path)) {
         fmt = &f;

@@ -13,7 +13,8 @@ namespace hg {
 namespace {
 
 bool probe(const std::string& path) {
-  if (!std::filesystem::is_regular_file(path)) return false;
+  std::error_code ec;
+  if (!std::filesystem::is_regular_file(path, ec)) return false;
   std::ifstream in(path, std::ios::binary);
   char magic[4] = {};
   in.read(magic, 4);

@@ -18,7 +18,10 @@ namespace fs = std::filesystem;
 namespace hg {
 namespace {
 
-bool probe(const std::string& path) { return fs::is_directory(path) && fs::exists(fs::path(path) / "config.json"); }
+bool probe(const std::string& path) {
+  std::error_code ec;
+  return fs::is_directory(path, ec) && fs::exists(fs::path(path) / "config.json", ec);
+}
 
 nlohmann::json read_json(const fs::path& p) {
   std::ifstream in(p);

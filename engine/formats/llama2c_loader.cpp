@@ -15,7 +15,10 @@ namespace fs = std::filesystem;
 namespace hg {
 namespace {
 
-bool probe(const std::string& path) { return fs::is_regular_file(path) && fs::path(path).extension() == ".bin"; }
+bool probe(const std::string& path) {
+  std::error_code ec;
+  return fs::is_regular_file(path, ec) && fs::path(path).extension() == ".bin";
+}
 
 Model load(const ModelSpec& spec, const LoadOptions& opts) {
   check_spec_options(spec, {"tokenizer", "load"});

@@ -13,12 +13,14 @@
 namespace hg {
 
 std::string platform_file(const std::string& name_or_path, const std::string& platforms_dir) {
-  return std::filesystem::exists(name_or_path) ? name_or_path : platforms_dir + "/" + name_or_path + ".yaml";
+  std::error_code ec;  // a name the OS refuses (too long) is no file
+  return std::filesystem::exists(name_or_path, ec) ? name_or_path : platforms_dir + "/" + name_or_path + ".yaml";
 }
 
 PlatformProfile load_platform(const std::string& name_or_path, const std::string& platforms_dir) {
   const std::string file = platform_file(name_or_path, platforms_dir);
-  if (!std::filesystem::exists(file))
+  std::error_code ec;
+  if (!std::filesystem::exists(file, ec))
     input_error("platform '{}': no such profile (looked for {} and {})", name_or_path, name_or_path, file);
   const YAML::Node y = yaml_load_file(file);
   check_keys(y, {"name", "source", "gpu", "cpu", "far", "link", "fixed"}, file, "");

@@ -216,9 +216,13 @@ ExperimentSpec parse_node(YAML::Node y, const std::string& file) {
   if (s.models.empty()) fail(file, models, "'models' is empty");
   // A model file is stored by its absolute path (resolved against the working directory), so that
   // rows and a resumed run name the same file wherever they are read.
-  for (std::string& m : s.models)
-    if (m.rfind("synthetic:", 0) != 0 && std::filesystem::exists(m))
-      m = std::filesystem::weakly_canonical(std::filesystem::absolute(m)).string();
+  // (A name the OS refuses, too long or not a path, stays as given: loading it names the problem.)
+  for (std::string& m : s.models) {
+    std::error_code ec;
+    if (m.rfind("synthetic:", 0) == 0 || !std::filesystem::exists(m, ec)) continue;
+    const std::filesystem::path abs = std::filesystem::weakly_canonical(std::filesystem::absolute(m, ec), ec);
+    if (!ec) m = abs.string();
+  }
 
   // strategies
   const YAML::Node strats = y["strategies"];

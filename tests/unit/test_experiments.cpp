@@ -431,6 +431,14 @@ TEST(ExperimentRun, CalibrateClockReplaysEachRunOnAProfileMeasuredBeforeIt) {
   EXPECT_NO_THROW(parse_experiment(kDry, "t.yaml", {"sweep.platform=[calibrate, machine-a]", "clock=modeled"}));
 }
 
+// A model or platform name longer than the OS takes is an input error, not a filesystem exception
+// (found by fuzz_experiment).
+TEST(FuzzRegressions, OverlongModelAndPlatformPathsAreInputErrors) {
+  const std::string longname = "/tmp/" + std::string(300, 'x');
+  EXPECT_NO_THROW(parse_experiment(std::string(kDry), "t.yaml", {"models=[" + longname + "]"}));
+  EXPECT_THROW(parse_experiment(std::string(kDry), "t.yaml", {"clock=modeled:" + longname}), InputError);
+}
+
 TEST(ExperimentRun, DryAndRealAgreeOnBytesPerLinkAndFlopsPerStage) {
   // Strategies whose token counts do not depend on values (InfiniGen's do: it is left out).
   // HybridGen's real path stores F32 (its CPU-stage kernels read F32 keys): both runs use F32 for it.

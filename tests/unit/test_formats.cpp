@@ -384,6 +384,8 @@ TEST(Formats, OptProjectedEmbeddingsAreRejected) {
 TEST(Formats, SpecsAndProbing) {
   expect_input_error("/nonexistent/model.gguf", "/nonexistent/model.gguf: no such file");
   expect_input_error("zip:/tmp/x", "unknown format 'zip'");
+  // A name the OS refuses (longer than NAME_MAX) is no file, not a filesystem exception.
+  expect_input_error("/tmp/" + std::string(300, 'm') + ".gguf", "no such file");
   const std::string p = test::temp_path("readme.txt");
   test::write_file(p, "hello");
   expect_input_error(p, "not a recognised model");

@@ -17,11 +17,19 @@
 #if HG_KERNEL_AVX512
 #include <immintrin.h>
 #define HG_AVX512 1
+// GCC switches the target for what follows; clang ignores that pragma and takes the attribute on
+// every function declared up to the matching pop (lambdas included).
+#if defined(__clang__) && HG_KERNEL_BF16
+#pragma clang attribute push(__attribute__((target("avx512f,avx512bw,avx512dq,avx512vl,avx2,fma,f16c,bmi,bmi2,avx512bf16"))), apply_to = function)
+#elif defined(__clang__)
+#pragma clang attribute push(__attribute__((target("avx512f,avx512bw,avx512dq,avx512vl,avx2,fma,f16c,bmi,bmi2"))), apply_to = function)
+#else
 #pragma GCC push_options
 #if HG_KERNEL_BF16
 #pragma GCC target("avx512f,avx512bw,avx512dq,avx512vl,avx2,fma,f16c,bmi,bmi2,avx512bf16")
 #else
 #pragma GCC target("avx512f,avx512bw,avx512dq,avx512vl,avx2,fma,f16c,bmi,bmi2")
+#endif
 #endif
 #endif
 
@@ -1112,5 +1120,9 @@ const KernelTable& kernel_table() {
 }  // namespace hg::cpu::HG_KERNEL_NS
 
 #if HG_KERNEL_AVX512
+#if defined(__clang__)
+#pragma clang attribute pop
+#else
 #pragma GCC pop_options
+#endif
 #endif
