@@ -334,14 +334,18 @@ TEST(ModeledClock, ToyPipelineByHand) {
 
 // Fixed costs: every stage pays the hand-off, an accelerator stage each kernel launch, a transfer
 // its copy call; a profile without them (datasheets) charges the work alone.
-TEST(ModeledClock, FixedCostsPerStageLaunchAndCopy) {
+// A profile of round rates: 1 GFLOP/s and 1 GB/s everywhere.
+PlatformProfile unit_profile(const char* name) {
   PlatformProfile p;
-  p.name = "fixed";
-  p.cpu_flops = 1e9;
-  p.dram_gbs = p.far_gbs = 1;
-  p.gpu_flops = 1e9;
-  p.gpu_mem_gbs = 1;
+  p.name = name;
+  p.cpu_flops = p.gpu_flops = 1e9;
+  p.dram_gbs = p.far_gbs = p.gpu_mem_gbs = 1;
   p.h2d_gbs = p.d2h_gbs = 1;
+  return p;
+}
+
+TEST(ModeledClock, FixedCostsPerStageLaunchAndCopy) {
+  PlatformProfile p = unit_profile("fixed");
   StageRecord a;
   a.kind = StageKind::kAccelCompute;
   a.work.flops = 1e6;  // 1 ms
@@ -373,13 +377,9 @@ TEST(ModeledClock, FixedCostsPerStageLaunchAndCopy) {
 // efficiency depends on it), else at attn_tflops; a policy's elementwise work at elem_gops, after
 // the roofline part; both survive a save and load, and a bad map entry is named.
 TEST(ModeledClock, AttentionRatePerHeadDimAndPolicyElements) {
-  PlatformProfile p;
-  p.name = "dims";
-  p.cpu_flops = 1e9;
-  p.dram_gbs = p.far_gbs = 1;
+  PlatformProfile p = unit_profile("dims");
   p.gpu_flops = 4e9;
   p.gpu_attn_flops = 2e9;
-  p.gpu_mem_gbs = 1;
   StageRecord a;
   a.kind = StageKind::kAccelCompute;
   a.work.flops = a.work.attn_flops = 1e9;
