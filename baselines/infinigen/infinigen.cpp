@@ -58,7 +58,8 @@ class SkewCache {
     static SkewCache c;
     return c;
   }
-  // Kept columns [dp, D] per KV head of one layer's calibration (q, k as collected), or nullptr.
+  // A layer's calibration (its queries and keys as collected, by content) and the skew's shape;
+  // find() gives the kept columns [dp, D] per KV head, or nothing.
   struct Key {
     size_t q_hash, k_hash, q_size, k_size;
     int H_kv, D, G, dp;

@@ -84,9 +84,7 @@ void parse_gguf_llama_family(const ModelMetadata& f, HParams* hp) {
   hp->d_ff = gguf_count(f, a + "feed_forward_length");
   hp->max_pos = gguf_count(f, a + "context_length", 2048);
   hp->norm_eps = float(f.get_float_or(a + "attention.layer_norm_rms_epsilon", 1e-5));
-  hp->rope_theta = f.get_float_or(a + "rope.freq_base", 10000.0);
-  if (!(hp->rope_theta > 0) || !std::isfinite(hp->rope_theta))
-    input_error("{}: {}rope.freq_base must be positive and finite, got {}", f.path(), a, hp->rope_theta);
+  hp->rope_theta = rope_theta_checked(f.get_float_or(a + "rope.freq_base", 10000.0), f.path(), a + "rope.freq_base");
   if (hp->n_heads <= 0) input_error("{}: {}attention.head_count must be positive", f.path(), a);
   hp->head_dim = gguf_count(f, a + "attention.key_length", uint64_t(hp->d_model / hp->n_heads));
   const auto rope_dims = f.get_uint_or(a + "rope.dimension_count", uint64_t(hp->head_dim));
@@ -99,6 +97,11 @@ void parse_gguf_llama_family(const ModelMetadata& f, HParams* hp) {
       input_error("{}: {}rope.scaling.type '{}' is not supported (expected none; llama3 scaling comes "
                   "as rope_freqs.weight)", f.path(), a, t);
   }
+}
+
+double rope_theta_checked(double theta, const std::string& where, const std::string& field) {
+  if (!(theta > 0) || !std::isfinite(theta)) input_error("{}: {} must be positive and finite, got {}", where, field, theta);
+  return theta;
 }
 
 // An integer JSON value as an int, or InputError naming the field (no narrowing).

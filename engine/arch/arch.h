@@ -56,6 +56,8 @@ void parse_gguf_llama_family(const ModelMetadata& f, HParams* hp);
 int json_int(const nlohmann::json& j, const char* field, const std::string& where);
 int json_int_or(const nlohmann::json& j, const char* field, int dflt, const std::string& where);
 double json_num_or(const nlohmann::json& j, const char* field, double dflt, const std::string& where);
+// A RoPE architecture's theta, read from `field` of `where`: InputError unless positive and finite.
+double rope_theta_checked(double theta, const std::string& where, const std::string& field);
 bool json_bool_or(const nlohmann::json& j, const char* field, bool dflt, const std::string& where);
 // Llama-3 style rope_scaling object (null or absent → none).
 void parse_rope_scaling(const nlohmann::json& cfg, const std::string& where, RopeScaling* rs);

@@ -1,6 +1,4 @@
 // Llama (1/2/3.x): RMSNorm, RoPE (Llama-3 rope_scaling), GQA, SwiGLU, no biases.
-#include <cmath>
-
 #include "engine/arch/arch.h"
 #include "engine/core/error.h"
 
@@ -18,9 +16,7 @@ void parse_config(const nlohmann::json& cfg, const std::string& where, HParams* 
   if (hp->n_heads <= 0) input_error("{}: field 'num_attention_heads' must be positive", where);
   hp->head_dim = json_int_or(cfg, "head_dim", hp->d_model / hp->n_heads, where);
   hp->norm_eps = float(json_num_or(cfg, "rms_norm_eps", 1e-6, where));
-  hp->rope_theta = json_num_or(cfg, "rope_theta", 10000.0, where);
-  if (!(hp->rope_theta > 0) || !std::isfinite(hp->rope_theta))
-    input_error("{}: field 'rope_theta' must be positive and finite, got {}", where, hp->rope_theta);
+  hp->rope_theta = rope_theta_checked(json_num_or(cfg, "rope_theta", 10000.0, where), where, "field 'rope_theta'");
   hp->tie_embeddings = json_bool_or(cfg, "tie_word_embeddings", false, where);
   if (json_bool_or(cfg, "attention_bias", false, where) || json_bool_or(cfg, "mlp_bias", false, where))
     input_error("{}: attention_bias/mlp_bias true is not supported for llama", where);
