@@ -140,6 +140,14 @@ bool json_bool_or(const nlohmann::json& j, const char* field, bool dflt, const s
   return it->get<bool>();
 }
 
+std::string json_string_or(const nlohmann::json& j, const char* field, const std::string& dflt,
+                           const std::string& where) {
+  auto it = j.find(field);
+  if (it == j.end() || it->is_null()) return dflt;
+  if (!it->is_string()) input_error("{}: field '{}' must be a string", where, field);
+  return it->get<std::string>();
+}
+
 void parse_rope_scaling(const nlohmann::json& cfg, const std::string& where, RopeScaling* rs) {
   auto it = cfg.find("rope_scaling");
   if (it == cfg.end() || it->is_null()) return;
@@ -156,6 +164,11 @@ void parse_rope_scaling(const nlohmann::json& cfg, const std::string& where, Rop
   rs->low_freq_factor = json_num_or(*it, "low_freq_factor", 1.0, w);
   rs->high_freq_factor = json_num_or(*it, "high_freq_factor", 4.0, w);
   rs->original_max_pos = json_int_or(*it, "original_max_position_embeddings", 8192, w);
+  // The bounds transformers' llama3 validation asks for; outside them the RoPE table divides by zero.
+  if (!(rs->factor > 0) || !(rs->low_freq_factor > 0) || !(rs->high_freq_factor > rs->low_freq_factor) ||
+      rs->original_max_pos <= 0)
+    input_error("{}: expected factor > 0, 0 < low_freq_factor < high_freq_factor and "
+                "original_max_position_embeddings > 0", w);
 }
 
 }  // namespace hg

@@ -59,6 +59,7 @@ double json_num_or(const nlohmann::json& j, const char* field, double dflt, cons
 // A RoPE architecture's theta, read from `field` of `where`: InputError unless positive and finite.
 double rope_theta_checked(double theta, const std::string& where, const std::string& field);
 bool json_bool_or(const nlohmann::json& j, const char* field, bool dflt, const std::string& where);
+std::string json_string_or(const nlohmann::json& j, const char* field, const std::string& dflt, const std::string& where);
 // Llama-3 style rope_scaling object (null or absent → none).
 void parse_rope_scaling(const nlohmann::json& cfg, const std::string& where, RopeScaling* rs);
 

@@ -20,7 +20,7 @@ void parse_config(const nlohmann::json& cfg, const std::string& where, HParams* 
   hp->tie_embeddings = json_bool_or(cfg, "tie_word_embeddings", false, where);
   if (json_bool_or(cfg, "attention_bias", false, where) || json_bool_or(cfg, "mlp_bias", false, where))
     input_error("{}: attention_bias/mlp_bias true is not supported for llama", where);
-  const std::string act = cfg.value("hidden_act", "silu");
+  const std::string act = json_string_or(cfg, "hidden_act", "silu", where);
   if (act != "silu") input_error("{}: field 'hidden_act' is '{}', expected silu", where, act);
   parse_rope_scaling(cfg, where, &hp->rope_scaling);
   hp->rope_style = RopeStyle::kHalf;

@@ -25,7 +25,7 @@ void parse_config(const nlohmann::json& cfg, const std::string& where, HParams* 
                 "are not supported)", where, proj, hp->d_model);
   if (!json_bool_or(cfg, "do_layer_norm_before", true, where))
     input_error("{}: do_layer_norm_before false (post-LayerNorm OPT) is not supported", where);
-  const std::string act = cfg.value("activation_function", "relu");
+  const std::string act = json_string_or(cfg, "activation_function", "relu", where);
   if (act != "relu") input_error("{}: field 'activation_function' is '{}', expected relu", where, act);
   if (!json_bool_or(cfg, "enable_bias", true, where))
     input_error("{}: enable_bias false is not supported", where);

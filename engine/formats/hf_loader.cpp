@@ -66,7 +66,12 @@ Model load(const ModelSpec& spec, const LoadOptions& opts) {
   Model m;
   m.hp.arch = arch->name;
   m.traits = arch->traits;
-  arch->parse_hf_config(cfg, where, &m.hp);
+  // A field of an unexpected JSON type that a parser reads without its own check is the file's error too.
+  try {
+    arch->parse_hf_config(cfg, where, &m.hp);
+  } catch (const nlohmann::json::exception& e) {
+    input_error("{}: a field has an unexpected type ({})", where, e.what());
+  }
   m.hp.bos_id = first_id(cfg, "bos_token_id");
   m.hp.eos_id = first_id(cfg, "eos_token_id");
   validate_hparams(m.hp, where);

@@ -109,6 +109,9 @@ TEST(Formats, HfConfigErrorsNameFileAndField) {
   with([](auto& c) { c["num_key_value_heads"] = 3; }, "not a multiple of KV head count 3");
   with([](auto& c) { c["rope_scaling"] = {{"rope_type", "yarn"}}; }, "rope_type 'yarn'");
   with([](auto& c) { c["intermediate_size"] = 100; }, "expected [100, 64]");
+  with([](auto& c) { c["hidden_act"] = 5; }, "field 'hidden_act' must be a string");
+  with([](auto& c) { c["rope_scaling"] = {{"rope_type", "llama3"}, {"factor", "x"}}; }, "'factor' must be a number");
+  with([](auto& c) { c["rope_scaling"] = {{"rope_type", "llama3"}, {"low_freq_factor", 4}}; }, "0 < low_freq_factor < high");
   test::write_file(dir + "/config.json", "{ not json");
   expect_input_error(dir, "invalid JSON");
 }
