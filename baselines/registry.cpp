@@ -71,8 +71,6 @@ DType effective_kv_dtype(const StrategyContext& ctx, const StrategyParams& p) {
   const DType want = requested_kv_dtype(p);
   if (want == DType::kF32) return want;
   if (ctx.runtime && ctx.runtime->dry()) return want;  // dry: no values; bytes at the element size
-  // The CUDA backend's attention and KV writes read F32 rows only.
-  if (!ctx.backend.host_memory()) return DType::kF32;
   return ctx.native_16bit_kv ? want : DType::kF32;
 }
 

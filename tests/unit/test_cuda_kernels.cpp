@@ -43,6 +43,22 @@ struct Dev {
   size_t n;
 };
 
+// A cache of F32 values as `t` elements (F32: the bytes as they are).
+std::vector<uint16_t> as_half(const std::vector<float>& x, DType t) {
+  std::vector<uint16_t> h(x.size());
+  for (size_t i = 0; i < x.size(); ++i) h[i] = t == DType::kBF16 ? f32_to_bf16(x[i]) : f32_to_f16(x[i]);
+  return h;
+}
+struct KvBytes {
+  KvBytes(const std::vector<float>& x, DType t) : f(x), h(t == DType::kF32 ? std::vector<uint16_t>{} : as_half(x, t)), t(t) {}
+  const void* data() const { return t == DType::kF32 ? static_cast<const void*>(f.data()) : h.data(); }
+  size_t bytes() const { return f.size() * dtype_size(t); }
+  std::vector<float> f;
+  std::vector<uint16_t> h;
+  DType t;
+};
+constexpr DType kKvTypes[] = {DType::kF32, DType::kF16, DType::kBF16};
+
 // cuBLAS is opened at run time, not linked: with the toolkit installed it opens, device or not.
 TEST(CudaBuild, CublasOpensAtRunTime) { EXPECT_GE(cuda::open_cublas(), 12); }
 
@@ -180,7 +196,7 @@ TEST(CudaKernels, SplitAttentionEqualsCpuAttention) {
     }
   Dev<float> dq(q), dKa(Ka), dla(size_t(H * na)), dlb(lb), dp(size_t(H * n)), dV(V), dout(size_t(H * D));
   Dev<int32_t> dapos(a_pos), dbpos(b_pos);
-  cuda::attention_logits(dq.p, dKa.p, na, na, H, H_kv, D, scale, dla.p);
+  cuda::attention_logits(dq.p, dKa.p, DType::kF32, na, na, H, H_kv, D, scale, dla.p);
   cuda::concat_softmax(dla.p, na, dapos.p, dlb.p, nb, dbpos.p, H, dp.p);
   // Gather V rows in token order per KV head (row gather by index), then aggregate.
   std::vector<int32_t> order(static_cast<size_t>(n));
@@ -189,7 +205,7 @@ TEST(CudaKernels, SplitAttentionEqualsCpuAttention) {
   Dev<float> dVg(size_t(H_kv * n * D));
   for (int g = 0; g < H_kv; ++g)
     cuda::gather_rows(dVg.p + g * n * D, dV.p + g * ld * D, D * 4, D * 4, dorder.p, n);
-  cuda::weighted_v_sum(dp.p, dVg.p, n, n, H, H_kv, D, dout.p);
+  cuda::weighted_v_sum(dp.p, dVg.p, DType::kF32, n, n, H, H_kv, D, dout.p);
   const auto got = dout.host();
   EXPECT_TRUE(test::all_close(got.data(), ref.data(), ref.size(), {2e-5, 1e-4}));
 }
@@ -219,18 +235,23 @@ TEST(CudaKernels, DecodeAttentionMatchesCpu) {
     const auto V = test::random_vec(size_t(s.H_kv * hs), 32 + s.n);
     std::vector<float> want(size_t(s.H * s.D)), got(want.size(), NAN);
     const float scale = 1.0f / std::sqrt(float(s.D));
-    AttnRow row{K.data(), V.data(), hs, s.n};
-    cpu->attention(attention_args(s.H, s.H_kv, s.D, scale, q.data(), {&row, 1}, want.data()));
-    BackendArray<float> dq(*gpu, q.size()), dK(*gpu, K.size()), dV(*gpu, V.size()), dout(*gpu, got.size());
-    gpu->upload(dq.data(), q.data(), q.size() * 4);
-    gpu->upload(dK.data(), K.data(), K.size() * 4);
-    gpu->upload(dV.data(), V.data(), V.size() * 4);
-    gpu->upload(dout.data(), got.data(), got.size() * 4);  // NaN poison: every element must be written
-    AttnRow drow{dK.data(), dV.data(), hs, s.n};
-    gpu->attention(attention_args(s.H, s.H_kv, s.D, scale, dq.data(), {&drow, 1}, dout.data()));
-    gpu->download(got.data(), dout.data(), got.size() * 4);
-    EXPECT_TRUE(test::all_close(got.data(), want.data(), want.size(), {2e-5, 1e-4}))
-        << "H " << s.H << " H_kv " << s.H_kv << " D " << s.D << " n " << s.n;
+    for (DType t : kKvTypes) {  // the same cache elements on both sides: F32 tolerances for every type
+      const KvBytes Kt(K, t), Vt(V, t);
+      AttnRow row{Kt.data(), Vt.data(), hs, s.n};
+      cpu->attention(attention_args(s.H, s.H_kv, s.D, scale, q.data(), {&row, 1}, want.data(), t));
+      BackendArray<float> dq(*gpu, q.size()), dout(*gpu, got.size());
+      BackendArray<char> dK(*gpu, Kt.bytes()), dV(*gpu, Vt.bytes());
+      gpu->upload(dq.data(), q.data(), q.size() * 4);
+      gpu->upload(dK.data(), Kt.data(), Kt.bytes());
+      gpu->upload(dV.data(), Vt.data(), Vt.bytes());
+      std::fill(got.begin(), got.end(), NAN);
+      gpu->upload(dout.data(), got.data(), got.size() * 4);  // NaN poison: every element must be written
+      AttnRow drow{dK.data(), dV.data(), hs, s.n};
+      gpu->attention(attention_args(s.H, s.H_kv, s.D, scale, dq.data(), {&drow, 1}, dout.data(), t));
+      gpu->download(got.data(), dout.data(), got.size() * 4);
+      EXPECT_TRUE(test::all_close(got.data(), want.data(), want.size(), {2e-5, 1e-4}))
+          << "H " << s.H << " H_kv " << s.H_kv << " D " << s.D << " n " << s.n << " kv " << dtype_name(t);
+    }
   }
 }
 
@@ -281,19 +302,30 @@ TEST(CudaKernels, PrefillAttentionMatchesCpu) {
 }
 
 // New K/V rows into a cache on the device equal the host implementation.
+// The same bytes for F32, F16 and BF16 caches (round to nearest even on both sides), and the
+// device conversion back to F32 is exact.
 TEST(CudaKernels, KvWriteMatchesHost) {
   HG_REQUIRE_CUDA_DEVICE();
   const int n = 5, Hkv = 3, D = 20;
   const int64_t cap = 11, hs = cap * D;
   const auto src = test::random_vec(size_t(n * Hkv * D), 201);
   const std::vector<int32_t> pos = {0, 3, 4, 9, 10};
-  std::vector<float> want(size_t(Hkv * hs), -1.0f);
-  write_kv_host(src.data(), n, Hkv, D, pos.data(), want.data(), hs, DType::kF32);
-  Dev<float> s(src), dst(std::vector<float>(size_t(Hkv * hs), -1.0f));
-  Dev<int32_t> p(pos);
-  cuda::kv_write(s.p, n, Hkv, D, p.p, dst.p, hs);
-  const auto got = dst.host();
-  EXPECT_TRUE(test::all_close(got.data(), want.data(), want.size(), {0, 0}));
+  auto be = make_backend("cuda");
+  for (DType t : kKvTypes) {
+    const size_t bytes = size_t(Hkv * hs) * dtype_size(t);
+    std::vector<char> want(bytes, 0x55), got(bytes);
+    write_kv_host(src.data(), n, Hkv, D, pos.data(), want.data(), hs, t);
+    Dev<float> s(src);
+    Dev<char> dst(std::vector<char>(bytes, 0x55));
+    Dev<int32_t> p(pos);
+    cuda::kv_write(s.p, n, Hkv, D, p.p, dst.p, hs, t);
+    EXPECT_EQ(dst.host(), want) << dtype_name(t);
+    std::vector<float> host_f32(size_t(Hkv * hs)), dev_f32(host_f32.size());
+    make_cpu_backend()->convert_to_f32(want.data(), t, int64_t(host_f32.size()), host_f32.data());
+    Dev<float> df(host_f32.size());
+    be->convert_to_f32(dst.p, t, int64_t(host_f32.size()), df.p);
+    EXPECT_EQ(std::memcmp(df.host().data(), host_f32.data(), host_f32.size() * 4), 0) << dtype_name(t);
+  }
 }
 
 // The device-resident decoder: the cuda backend (weights uploaded, activations and the `full`

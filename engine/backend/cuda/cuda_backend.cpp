@@ -5,7 +5,7 @@
 // positions) go through a growing device scratch. All work is on the calling thread's stream;
 // download() waits for it. Compiled only when CUDA is (engine/CMakeLists.txt).
 //
-// Scope: F32 KV caches; attention without taps; flash decoding per query row, every row of a
+// Scope: F32, F16 and BF16 KV caches (read as F32, F32 accumulation); attention without taps; flash decoding per query row, every row of a
 // prefill chunk in one pair of launches. The strategies that run on it (full, flexgen, moe_lightning,
 // hybridgen) keep to the memory contract above; the others keep host pointers and are refused on the cuda
 // device (baselines/registry.cpp).
@@ -93,31 +93,23 @@ class CudaBackend final : public Backend {
     cuda::embed(cached(table), table.dtype, table.cols(), upload_ids(ids, M), M, y);
   }
 
-  // The CUDA kernels read F32 caches only.
-  static void f32_only(DType dt, const char* op) {
-    if (dt != DType::kF32)
-      throw UnsupportedError(fmt::format("cuda {}: KV cache type {} (the cuda backend reads F32 caches)", op,
-                                         dtype_name(dt)));
-  }
   void attention(const AttentionArgs& a) override {
-    f32_only(a.kv_dtype, "attention");
     if (a.logits_out || a.probs_out) return attention_with_taps(a);
     rows_.resize(size_t(a.n_rows));
     for (int r = 0; r < a.n_rows; ++r) {
       const AttnRow& row = a.rows[r];
       rows_[size_t(r)] = cuda::AttnRowDev{a.q + int64_t(r) * a.H * a.D,
-                                          static_cast<const float*>(row.k),
-                                          static_cast<const float*>(row.v),
+                                          row.k,
+                                          row.v,
                                           a.out + int64_t(r) * a.H * a.D,
                                           row.head_stride / a.D,
                                           row.n_keys};
     }
-    cuda::attention_rows(rows_.data(), a.n_rows, a.H, a.H_kv, a.D, a.scale);
+    cuda::attention_rows(rows_.data(), a.n_rows, a.H, a.H_kv, a.D, a.scale, a.kv_dtype);
   }
   void group_logits(const float* q, int G, const void* K, int64_t n, int D, float scale, float* logits,
                     DType kt) override {
-    f32_only(kt, "group_logits");
-    cuda::attention_logits(q, static_cast<const float*>(K), n, n, G, 1, D, scale, logits);
+    cuda::attention_logits(q, K, kt, n, n, G, 1, D, scale, logits);
   }
   void softmax_rows(float* x, int64_t rows, int64_t n) override { cuda::softmax_rows(x, rows, n); }
   // These three keep their scratch per thread (the copy queue's thread gathers too).
@@ -128,24 +120,19 @@ class CudaBackend final : public Backend {
     cuda::gather_rows_host_idx(dst, src, row_bytes, src_stride, idx, n);
   }
   void group_weighted_v(const float* p, int G, const void* V, int64_t n, int D, float* out, DType vt) override {
-    f32_only(vt, "group_weighted_v");
-    cuda::weighted_v_sum(p, static_cast<const float*>(V), n, n, G, 1, D, out);
+    cuda::weighted_v_sum(p, V, vt, n, n, G, 1, D, out);
   }
   void convert_to_f32(const void* src, DType st, int64_t n, float* dst) override {
-    f32_only(st, "convert_to_f32");
-    copy(dst, src, size_t(n) * 4);
+    if (st == DType::kF32) copy(dst, src, size_t(n) * 4);
+    else cuda::to_f32(src, st, n, dst);
   }
   void merged_attention(const MergedAttention& a) override {
-    f32_only(a.kv_dtype, "merged_attention");
-    cuda::merged_attention(a.q, a.H, a.H_kv, a.D, a.scale, a.la, static_cast<const float*>(a.Va), a.na,
-                           static_cast<const float*>(a.Kb), static_cast<const float*>(a.Vb), a.ld_b, a.nb, a.lb,
-                           a.out);
+    cuda::merged_attention(a.q, a.H, a.H_kv, a.D, a.scale, a.la, a.Va, a.na, a.Kb, a.Vb, a.ld_b, a.nb, a.lb,
+                           a.out, a.kv_dtype);
   }
   void write_kv(const float* src, int64_t n, int H_kv, int D, const int32_t* pos, void* dst, int64_t head_stride,
                 DType dt) override {
-    if (dt != DType::kF32)
-      throw UnsupportedError(fmt::format("cuda: KV cache type {} (the cuda backend stores F32 caches)", dtype_name(dt)));
-    cuda::kv_write(src, n, H_kv, D, upload_positions(pos, n), static_cast<float*>(dst), head_stride);
+    cuda::kv_write(src, n, H_kv, D, upload_positions(pos, n), dst, head_stride, dt);
   }
 
  private:
@@ -161,13 +148,12 @@ class CudaBackend final : public Backend {
       const float* q = a.q + int64_t(r) * a.H * a.D;
       float* logits = a.logits_out ? a.logits_out + r * tap : work;
       float* probs = a.probs_out ? a.probs_out + r * tap : work;
-      const auto* K = static_cast<const float*>(row.k);
-      const auto* V = static_cast<const float*>(row.v);
-      cuda::attention_logits(q, K, ld, n, a.H, a.H_kv, a.D, a.scale, logits, a.tap_ld);
+      cuda::attention_logits(q, row.k, a.kv_dtype, ld, n, a.H, a.H_kv, a.D, a.scale, logits, a.tap_ld);
       if (probs != logits)
         cuda::d2d_2d(probs, size_t(a.tap_ld) * 4, logits, size_t(a.tap_ld) * 4, size_t(n) * 4, size_t(a.H));
       cuda::softmax_rows_ld(probs, a.H, n, a.tap_ld);
-      cuda::weighted_v_sum(probs, V, ld, n, a.H, a.H_kv, a.D, a.out + int64_t(r) * a.H * a.D, a.tap_ld);
+      cuda::weighted_v_sum(probs, row.v, a.kv_dtype, ld, n, a.H, a.H_kv, a.D, a.out + int64_t(r) * a.H * a.D,
+                           a.tap_ld);
     }
   }
   struct Scratch {

@@ -277,8 +277,37 @@ __global__ void embed_k(const void* table, int t, int64_t d, const int32_t* ids,
   else y[i] = __bfloat162float(static_cast<const __nv_bfloat16*>(table)[src]);
 }
 
+// KV cache elements (F32, F16 or BF16) as float: one, or four consecutive ones (a 16-byte float4
+// or an 8-byte pair of half pairs; rows must be aligned to four elements).
+__device__ __forceinline__ float to_f(float x) { return x; }
+__device__ __forceinline__ float to_f(__half x) { return __half2float(x); }
+__device__ __forceinline__ float to_f(__nv_bfloat16 x) { return __bfloat162float(x); }
+template <typename T>
+__device__ __forceinline__ void from_f(float x, T* y);
+template <>
+__device__ __forceinline__ void from_f(float x, float* y) { *y = x; }
+template <>
+__device__ __forceinline__ void from_f(float x, __half* y) { *y = __float2half_rn(x); }
+template <>
+__device__ __forceinline__ void from_f(float x, __nv_bfloat16* y) { *y = __float2bfloat16_rn(x); }
+// Elements [4·i, 4·i + 4) of p.
+__device__ __forceinline__ float4 load4(const float* p, int64_t i) { return reinterpret_cast<const float4*>(p)[i]; }
+__device__ __forceinline__ float4 load4(const __half* p, int64_t i) {
+  const uint2 u = reinterpret_cast<const uint2*>(p)[i];
+  const float2 a = __half22float2(*reinterpret_cast<const __half2*>(&u.x));
+  const float2 b = __half22float2(*reinterpret_cast<const __half2*>(&u.y));
+  return make_float4(a.x, a.y, b.x, b.y);
+}
+__device__ __forceinline__ float4 load4(const __nv_bfloat16* p, int64_t i) {
+  const uint2 u = reinterpret_cast<const uint2*>(p)[i];
+  const float2 a = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&u.x));
+  const float2 b = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&u.y));
+  return make_float4(a.x, a.y, b.x, b.y);
+}
+
 // One warp per (h, t): lanes split D.
-__global__ void attention_logits_k(const float* q, const float* K, int64_t ld, int64_t n, int H, int group,
+template <typename T>
+__global__ void attention_logits_k(const float* q, const T* K, int64_t ld, int64_t n, int H, int group,
                                    int D, float scale, float* logits, int64_t lld) {
   const int64_t w = (blockIdx.x * int64_t(blockDim.x) + threadIdx.x) >> 5;
   const int lane = threadIdx.x & 31;
@@ -286,9 +315,9 @@ __global__ void attention_logits_k(const float* q, const float* K, int64_t ld, i
   const int h = int(w / n);
   const int64_t t = w % n;
   const float* qh = q + int64_t(h) * D;
-  const float* k = K + (int64_t(h / group) * ld + t) * D;
+  const T* k = K + (int64_t(h / group) * ld + t) * D;
   float s = 0;
-  for (int d = lane; d < D; d += 32) s += qh[d] * k[d];
+  for (int d = lane; d < D; d += 32) s += qh[d] * to_f(k[d]);
   for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
   if (lane == 0) logits[int64_t(h) * lld + t] = s * scale;
 }
@@ -302,7 +331,8 @@ constexpr int kLogitTokens = kLogitWarps * kLogitRowsPerWarp * kLogitIters;  // 
 
 // logits[g·G + h, t] = scale · q[g·G + h] · K[g, t]. The group's queries sit in shared memory; each
 // warp loads kLogitRowsPerWarp key rows before it reduces, so several rows are in flight per warp.
-__global__ void group_logits4_k(const float* q, const float* K, int64_t ld, int64_t n, int G, int D,
+template <typename T>
+__global__ void group_logits4_k(const float* q, const T* K, int64_t ld, int64_t n, int G, int D,
                                 float scale, float* logits, int64_t lld) {
   extern __shared__ float4 qs[];  // [G, D/4]
   const int g = blockIdx.y, D4 = D / 4;
@@ -311,7 +341,7 @@ __global__ void group_logits4_k(const float* q, const float* K, int64_t ld, int6
   __syncthreads();
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int64_t t_end = min(n, int64_t(blockIdx.x + 1) * kLogitTokens);
-  const float4* Kg = reinterpret_cast<const float4*>(K + int64_t(g) * ld * D);
+  const T* Kg = K + int64_t(g) * ld * D;
   for (int64_t base = int64_t(blockIdx.x) * kLogitTokens + warp * kLogitRowsPerWarp; base < t_end;
        base += kLogitWarps * kLogitRowsPerWarp) {
     float s[kLogitRowsPerWarp][kMaxG];
@@ -323,7 +353,7 @@ __global__ void group_logits4_k(const float* q, const float* K, int64_t ld, int6
       float4 kv[kLogitRowsPerWarp];
 #pragma unroll
       for (int j = 0; j < kLogitRowsPerWarp; ++j)
-        kv[j] = base + j < t_end ? Kg[(base + j) * D4 + i] : make_float4(0, 0, 0, 0);
+        kv[j] = base + j < t_end ? load4(Kg, (base + j) * D4 + i) : make_float4(0, 0, 0, 0);
 #pragma unroll
       for (int h = 0; h < kMaxG; ++h) {
         if (h >= G) break;
@@ -348,7 +378,8 @@ __global__ void group_logits4_k(const float* q, const float* K, int64_t ld, int6
 constexpr int kVThreads = 128, kVChunk = 256;  // threads per block; tokens per block (one partial sum)
 // part[c, g·G + h, :] = Σ_{t in chunk c} p[g·G + h, t] · V[g, t, :]. Threads: D/4 lanes along a row
 // (float4 each) × rows_per_pass rows; the rows' sums are added in shared memory at the end.
-__global__ void weighted_v_part_k(const float* p, int64_t pld, const float* V, int64_t ld, int64_t n, int G,
+template <typename T>
+__global__ void weighted_v_part_k(const float* p, int64_t pld, const T* V, int64_t ld, int64_t n, int G,
                                   int D, int H, float* part) {
   extern __shared__ float4 red[];  // [rows_per_pass, G, D/4]
   const int g = blockIdx.y, D4 = D / 4, rpp = kVThreads / D4, r = threadIdx.x / D4, i = threadIdx.x % D4;
@@ -356,12 +387,12 @@ __global__ void weighted_v_part_k(const float* p, int64_t pld, const float* V, i
 #pragma unroll
   for (int h = 0; h < kMaxG; ++h) acc[h] = make_float4(0, 0, 0, 0);
   const int64_t t0 = int64_t(blockIdx.x) * kVChunk, t_end = min(n, t0 + kVChunk);
-  const float4* Vg = reinterpret_cast<const float4*>(V + int64_t(g) * ld * D);
+  const T* Vg = V + int64_t(g) * ld * D;
   const float* pg = p + int64_t(g) * G * pld;
   if (r < rpp) {
 #pragma unroll 4
     for (int64_t t = t0 + r; t < t_end; t += rpp) {
-      const float4 v = Vg[t * D4 + i];
+      const float4 v = load4(Vg, t * D4 + i);
 #pragma unroll
       for (int h = 0; h < kMaxG; ++h) {
         if (h >= G) break;
@@ -400,13 +431,16 @@ constexpr int kFdThreads = 128, kFdChunk = 256, kFdLanes = 8;  // lanes per key 
 // Rows of one launch (blockIdx.z): `one` when rows is null, else rows[blockIdx.z] (prefill: every
 // query row of a forward chunk in one launch). Partial results of row z, chunk c, head h at
 // (z·max_chunks + c)·H + h.
+template <typename T>
 __global__ void flash_decode_part_k(AttnRowDev one, const AttnRowDev* rows, int G, int D, int H, float scale,
                                     int64_t max_chunks, float* part_o, float* part_ml) {
   extern __shared__ float4 fd_smem[];
   const AttnRowDev row = rows ? rows[blockIdx.z] : one;
   const int64_t n = row.n, ld = row.ld;
   if (int64_t(blockIdx.x) * kFdChunk >= n) return;  // past this row's keys (block-uniform)
-  const float *q = row.q, *K = row.k, *V = row.v;
+  const float* q = row.q;
+  const T* K = static_cast<const T*>(row.k);
+  const T* V = static_cast<const T*>(row.v);
   const int64_t slot = int64_t(blockIdx.z) * max_chunks + blockIdx.x;
   const int g = blockIdx.y, D4 = D / 4, tid = threadIdx.x;
   float4* qs = fd_smem;                                        // [G, D/4]
@@ -418,8 +452,8 @@ __global__ void flash_decode_part_k(AttnRowDev one, const AttnRowDev* rows, int 
   __syncthreads();
   const int64_t t0 = int64_t(blockIdx.x) * kFdChunk;
   const int cnt = int(min(int64_t(kFdChunk), n - t0));
-  const float4* Kg = reinterpret_cast<const float4*>(K + (int64_t(g) * ld + t0) * D);
-  const float4* Vg = reinterpret_cast<const float4*>(V + (int64_t(g) * ld + t0) * D);
+  const T* Kg = K + (int64_t(g) * ld + t0) * D;
+  const T* Vg = V + (int64_t(g) * ld + t0) * D;
   // Logits: groups of kFdLanes lanes per key row, kFdThreads / kFdLanes rows at a time.
   const int sub = tid % kFdLanes, row0 = tid / kFdLanes, rows_at_once = kFdThreads / kFdLanes;
   for (int t = row0; t < ((cnt + rows_at_once - 1) / rows_at_once) * rows_at_once; t += rows_at_once) {
@@ -428,7 +462,7 @@ __global__ void flash_decode_part_k(AttnRowDev one, const AttnRowDev* rows, int 
     for (int h = 0; h < kMaxG; ++h) acc[h] = 0.0f;
     if (t < cnt)
       for (int i = sub; i < D4; i += kFdLanes) {
-        const float4 k = Kg[int64_t(t) * D4 + i];
+        const float4 k = load4(Kg, int64_t(t) * D4 + i);
 #pragma unroll
         for (int h = 0; h < kMaxG; ++h) {
           if (h >= G) break;
@@ -465,7 +499,7 @@ __global__ void flash_decode_part_k(AttnRowDev one, const AttnRowDev* rows, int 
   if (r < rpp) {
 #pragma unroll 4
     for (int t = r; t < cnt; t += rpp) {
-      const float4 v = Vg[int64_t(t) * D4 + i];
+      const float4 v = load4(Vg, int64_t(t) * D4 + i);
 #pragma unroll
       for (int h = 0; h < kMaxG; ++h) {
         if (h >= G) break;
@@ -519,10 +553,21 @@ __global__ void flash_decode_merge_k(AttnRowDev one, const AttnRowDev* rows, int
   }
 }
 
-// Whether the float4 group kernels take this shape: whole float4 rows, aligned, G ≤ kMaxG.
-bool vec4_shape(const void* a, const void* b, int G, int D) {
+// Whether the four-element group kernels take this shape: rows of whole groups of four, G ≤ kMaxG,
+// the F32 operand `a` 16-byte aligned and the cache `kv` aligned to four of its elements.
+bool vec4_shape(const float* a, const void* kv, DType kt, int G, int D) {
   return D % 4 == 0 && D / 4 <= kVThreads && G <= kMaxG && reinterpret_cast<uintptr_t>(a) % 16 == 0 &&
-         reinterpret_cast<uintptr_t>(b) % 16 == 0;
+         reinterpret_cast<uintptr_t>(kv) % (4 * dtype_size(kt)) == 0;
+}
+// Calls f with a null `const T*` for the KV element type t.
+template <typename F>
+void by_kv_type(DType t, F&& f) {
+  switch (t) {
+    case DType::kF32: return f(static_cast<const float*>(nullptr));
+    case DType::kF16: return f(static_cast<const __half*>(nullptr));
+    case DType::kBF16: return f(static_cast<const __nv_bfloat16*>(nullptr));
+  }
+  throw std::runtime_error("cuda: unknown KV element type");
 }
 
 __global__ void scatter_k(const float* a, int64_t na, const int32_t* pos, int64_t total, int H, float* out) {
@@ -558,14 +603,15 @@ __global__ void exp_shift_sum_k(float* x, int64_t n, float shift, float* result)
 }
 
 // Block per head; threads over D; loop over tokens (V rows read coalesced along D).
-__global__ void weighted_v_k(const float* p, int64_t pld, const float* V, int64_t ld, int64_t n, int group,
+template <typename T>
+__global__ void weighted_v_k(const float* p, int64_t pld, const T* V, int64_t ld, int64_t n, int group,
                              int D, float* out) {
   const int h = blockIdx.x;
   const float* ph = p + int64_t(h) * pld;
-  const float* v = V + int64_t(h / group) * ld * D;
+  const T* v = V + int64_t(h / group) * ld * D;
   for (int d = threadIdx.x; d < D; d += blockDim.x) {
     float acc = 0;
-    for (int64_t t = 0; t < n; ++t) acc += ph[t] * v[t * D + d];
+    for (int64_t t = 0; t < n; ++t) acc += ph[t] * to_f(v[t * D + d]);
     out[int64_t(h) * D + d] = acc;
   }
 }
@@ -580,12 +626,18 @@ __global__ void gather_rows_k(char* dst, const char* src, int64_t row_bytes, int
 }
 
 // dst[g·head_stride + pos[i]·D + d] = src[(i·H_kv + g)·D + d]: new K or V rows into the cache.
-__global__ void kv_write_k(const float* src, int64_t n, int H_kv, int D, const int32_t* pos, float* dst,
+template <typename T>
+__global__ void kv_write_k(const float* src, int64_t n, int H_kv, int D, const int32_t* pos, T* dst,
                            int64_t head_stride) {
   const int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
   if (i >= n * H_kv * D) return;
   const int64_t d = i % D, g = (i / D) % H_kv, r = i / (int64_t(D) * H_kv);
-  dst[g * head_stride + int64_t(pos[r]) * D + d] = src[i];
+  from_f(src[i], dst + g * head_stride + int64_t(pos[r]) * D + d);
+}
+template <typename T>
+__global__ void to_f32_k(const T* x, int64_t n, float* y) {
+  const int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
+  if (i < n) y[i] = to_f(x[i]);
 }
 
 }  // namespace
@@ -625,9 +677,22 @@ float exp_shift_sum(float* x, int64_t n, float shift) {
   d2h(&s, result, 4);
   return s;
 }
-void kv_write(const float* src, int64_t n, int H_kv, int D, const int32_t* pos, float* dst, int64_t head_stride) {
+void kv_write(const float* src, int64_t n, int H_kv, int D, const int32_t* pos, void* dst, int64_t head_stride,
+              DType dt) {
   if (n == 0) return;
-  kv_write_k<<<blocks(n * H_kv * D, 256), 256, 0, ctx().stream>>>(src, n, H_kv, D, pos, dst, head_stride);
+  by_kv_type(dt, [&](auto* tag) {
+    using T = std::remove_const_t<std::remove_pointer_t<decltype(tag)>>;
+    kv_write_k<<<blocks(n * H_kv * D, 256), 256, 0, ctx().stream>>>(src, n, H_kv, D, pos, static_cast<T*>(dst),
+                                                                    head_stride);
+  });
+  HG_CUDA_LAUNCHED();
+}
+void to_f32(const void* src, DType st, int64_t n, float* dst) {
+  if (n == 0) return;
+  by_kv_type(st, [&](auto* tag) {
+    using T = std::remove_pointer_t<decltype(tag)>;
+    to_f32_k<<<blocks(n, 256), 256, 0, ctx().stream>>>(static_cast<T*>(src), n, dst);
+  });
   HG_CUDA_LAUNCHED();
 }
 
@@ -741,20 +806,24 @@ void embed(const void* table, DType t, int64_t d, const int32_t* ids, int64_t M,
   embed_k<<<blocks(M * d, 256), 256, 0, ctx().stream>>>(table, code, d, ids, M, y);
   HG_CUDA_LAUNCHED();
 }
-void attention_logits(const float* q, const float* K, int64_t ld, int64_t n, int H, int H_kv, int D,
+void attention_logits(const float* q, const void* K, DType kt, int64_t ld, int64_t n, int H, int H_kv, int D,
                       float scale, float* logits, int64_t logits_ld) {
   if (n == 0) return;
   const int G = H / H_kv;
   const int64_t lld = logits_ld < 0 ? n : logits_ld;
-  if (vec4_shape(q, K, G, D)) {
-    const dim3 grid(blocks(n, kLogitTokens), unsigned(H_kv));
-    group_logits4_k<<<grid, kLogitWarps * 32, size_t(G) * D * 4, ctx().stream>>>(q, K, ld, n, G, D, scale,
-                                                                                 logits, lld);
-  } else {
-    const int64_t threads = int64_t(H) * n * 32;
-    attention_logits_k<<<blocks(threads, 256), 256, 0, ctx().stream>>>(q, K, ld, n, H, G, D, scale, logits,
-                                                                       lld);
-  }
+  by_kv_type(kt, [&](auto* tag) {
+    using T = std::remove_pointer_t<decltype(tag)>;
+    const auto* Kt = static_cast<T*>(K);
+    if (vec4_shape(q, K, kt, G, D)) {
+      const dim3 grid(blocks(n, kLogitTokens), unsigned(H_kv));
+      group_logits4_k<<<grid, kLogitWarps * 32, size_t(G) * D * 4, ctx().stream>>>(q, Kt, ld, n, G, D, scale,
+                                                                                   logits, lld);
+    } else {
+      const int64_t threads = int64_t(H) * n * 32;
+      attention_logits_k<<<blocks(threads, 256), 256, 0, ctx().stream>>>(q, Kt, ld, n, H, G, D, scale, logits,
+                                                                         lld);
+    }
+  });
   HG_CUDA_LAUNCHED();
 }
 void concat_softmax(const float* a, int64_t na, const int32_t* a_pos, const float* b, int64_t nb, const int32_t* b_pos,
@@ -767,38 +836,42 @@ void concat_softmax(const float* a, int64_t na, const int32_t* a_pos, const floa
   softmax_rows_k<<<unsigned(H), 256, 0, c.stream>>>(out, total, total);
   HG_CUDA_LAUNCHED();
 }
-void weighted_v_sum(const float* p, const float* V, int64_t ld, int64_t n, int H, int H_kv, int D, float* out,
-                    int64_t p_ld) {
+void weighted_v_sum(const float* p, const void* V, DType vt, int64_t ld, int64_t n, int H, int H_kv, int D,
+                    float* out, int64_t p_ld) {
   const int G = H / H_kv;
   const int64_t pld = p_ld < 0 ? n : p_ld;
   auto& c = ctx();
-  if (n > 0 && vec4_shape(V, out, G, D)) {
-    const int64_t chunks = (n + kVChunk - 1) / kVChunk, HD = int64_t(H) * D;
-    float* part = c.scratch(0, size_t(chunks * HD));
-    const size_t shm = size_t(kVThreads / (D / 4)) * G * D * 4;
-    weighted_v_part_k<<<dim3(unsigned(chunks), unsigned(H_kv)), kVThreads, shm, c.stream>>>(p, pld, V, ld, n,
-                                                                                            G, D, H, part);
-    HG_CUDA_LAUNCHED();
-    sum_parts_k<<<blocks(HD, 256), 256, 0, c.stream>>>(part, chunks, HD, out);
-  } else {
-    weighted_v_k<<<unsigned(H), 128, 0, c.stream>>>(p, pld, V, ld, n, G, D, out);
-  }
+  by_kv_type(vt, [&](auto* tag) {
+    using T = std::remove_pointer_t<decltype(tag)>;
+    const auto* Vt = static_cast<T*>(V);
+    if (n > 0 && vec4_shape(out, V, vt, G, D)) {
+      const int64_t chunks = (n + kVChunk - 1) / kVChunk, HD = int64_t(H) * D;
+      float* part = c.scratch(0, size_t(chunks * HD));
+      const size_t shm = size_t(kVThreads / (D / 4)) * G * D * 4;
+      weighted_v_part_k<<<dim3(unsigned(chunks), unsigned(H_kv)), kVThreads, shm, c.stream>>>(p, pld, Vt, ld, n,
+                                                                                              G, D, H, part);
+      HG_CUDA_LAUNCHED();
+      sum_parts_k<<<blocks(HD, 256), 256, 0, c.stream>>>(part, chunks, HD, out);
+    } else {
+      weighted_v_k<<<unsigned(H), 128, 0, c.stream>>>(p, pld, Vt, ld, n, G, D, out);
+    }
+  });
   HG_CUDA_LAUNCHED();
 }
 
-void decode_attention(const float* q, const float* K, const float* V, int64_t ld, int64_t n, int H, int H_kv,
-                      int D, float scale, float* out) {
+void decode_attention(const float* q, const void* K, const void* V, DType kv, int64_t ld, int64_t n, int H,
+                      int H_kv, int D, float scale, float* out) {
   auto& c = ctx();
   const int G = H / H_kv;
   if (n == 0) {
     HG_CUDA_CHECK(cudaMemsetAsync(out, 0, size_t(H) * D * 4, c.stream));
     return;
   }
-  if (!vec4_shape(q, K, G, D) || !vec4_shape(V, out, G, D)) {  // three kernels through device memory
+  if (!vec4_shape(q, K, kv, G, D) || !vec4_shape(out, V, kv, G, D)) {  // three kernels through device memory
     float* lg = c.scratch(1, size_t(H) * size_t(n));
-    attention_logits(q, K, ld, n, H, H_kv, D, scale, lg);
+    attention_logits(q, K, kv, ld, n, H, H_kv, D, scale, lg);
     softmax_rows(lg, H, n);
-    weighted_v_sum(lg, V, ld, n, H, H_kv, D, out);
+    weighted_v_sum(lg, V, kv, ld, n, H, H_kv, D, out);
     return;
   }
   const int64_t chunks = (n + kFdChunk - 1) / kFdChunk;
@@ -806,25 +879,28 @@ void decode_attention(const float* q, const float* K, const float* V, int64_t ld
   float* pml = c.scratch(4, size_t(chunks) * size_t(H) * 2);
   const size_t shm = (size_t(G) * D + size_t(G) * kFdChunk + size_t(kFdThreads / (D / 4)) * G * D) * 4;
   const AttnRowDev one{q, K, V, out, ld, n};
-  flash_decode_part_k<<<dim3(unsigned(chunks), unsigned(H_kv)), kFdThreads, shm, c.stream>>>(
-      one, nullptr, G, D, H, scale, chunks, po, pml);
+  by_kv_type(kv, [&](auto* tag) {
+    using T = std::remove_const_t<std::remove_pointer_t<decltype(tag)>>;
+    flash_decode_part_k<T><<<dim3(unsigned(chunks), unsigned(H_kv)), kFdThreads, shm, c.stream>>>(
+        one, nullptr, G, D, H, scale, chunks, po, pml);
+  });
   HG_CUDA_LAUNCHED();
   flash_decode_merge_k<<<unsigned(H), 128, 0, c.stream>>>(one, nullptr, chunks, H, D, po, pml);
   HG_CUDA_LAUNCHED();
 }
 
-void attention_rows(const AttnRowDev* rows, int n_rows, int H, int H_kv, int D, float scale) {
+void attention_rows(const AttnRowDev* rows, int n_rows, int H, int H_kv, int D, float scale, DType kv) {
   if (n_rows <= 0) return;
   const int G = H / H_kv;
   int64_t max_n = 0;
   bool vec4 = true;
   for (int r = 0; r < n_rows; ++r) {
     max_n = std::max(max_n, rows[r].n);
-    vec4 = vec4 && vec4_shape(rows[r].q, rows[r].k, G, D) && vec4_shape(rows[r].v, rows[r].out, G, D);
+    vec4 = vec4 && vec4_shape(rows[r].q, rows[r].k, kv, G, D) && vec4_shape(rows[r].out, rows[r].v, kv, G, D);
   }
   if (!vec4 || n_rows == 1 || n_rows > 65535) {
     for (int r = 0; r < n_rows; ++r)
-      decode_attention(rows[r].q, rows[r].k, rows[r].v, rows[r].ld, rows[r].n, H, H_kv, D, scale,
+      decode_attention(rows[r].q, rows[r].k, rows[r].v, kv, rows[r].ld, rows[r].n, H, H_kv, D, scale,
                        rows[r].out);
     return;
   }
@@ -838,8 +914,11 @@ void attention_rows(const AttnRowDev* rows, int n_rows, int H, int H_kv, int D, 
   float* po = c.scratch(3, size_t(n_rows) * size_t(max_chunks) * size_t(H) * size_t(D));
   float* pml = c.scratch(4, size_t(n_rows) * size_t(max_chunks) * size_t(H) * 2);
   const size_t shm = (size_t(G) * D + size_t(G) * kFdChunk + size_t(kFdThreads / (D / 4)) * G * D) * 4;
-  flash_decode_part_k<<<dim3(unsigned(max_chunks), unsigned(H_kv), unsigned(n_rows)), kFdThreads, shm,
-                        c.stream>>>(rows[0], dr, G, D, H, scale, max_chunks, po, pml);
+  by_kv_type(kv, [&](auto* tag) {
+    using T = std::remove_const_t<std::remove_pointer_t<decltype(tag)>>;
+    flash_decode_part_k<T><<<dim3(unsigned(max_chunks), unsigned(H_kv), unsigned(n_rows)), kFdThreads, shm,
+                             c.stream>>>(rows[0], dr, G, D, H, scale, max_chunks, po, pml);
+  });
   HG_CUDA_LAUNCHED();
   flash_decode_merge_k<<<dim3(unsigned(H), unsigned(n_rows)), 128, 0, c.stream>>>(rows[0], dr, max_chunks, H,
                                                                                   D, po, pml);
@@ -847,9 +926,9 @@ void attention_rows(const AttnRowDev* rows, int n_rows, int H, int H_kv, int D, 
   HG_CUDA_CHECK(cudaStreamSynchronize(c.stream));  // `rows` is the caller's host array
 }
 
-void merged_attention(const float* q, int H, int H_kv, int D, float scale, const float* la, const float* Va,
-                      int64_t na, const float* Kb, const float* Vb, int64_t ld_b, int64_t nb, const float* lb,
-                      float* out) {
+void merged_attention(const float* q, int H, int H_kv, int D, float scale, const float* la, const void* Va,
+                      int64_t na, const void* Kb, const void* Vb, int64_t ld_b, int64_t nb, const float* lb,
+                      float* out, DType kv) {
   auto& c = ctx();
   const int64_t n = na + nb;
   if (n == 0) {
@@ -864,12 +943,12 @@ void merged_attention(const float* q, int H, int H_kv, int D, float scale, const
     HG_CUDA_CHECK(cudaMemcpy2DAsync(S + na, size_t(n) * 4, lb, size_t(nb) * 4, size_t(nb) * 4, size_t(H),
                                     cudaMemcpyDeviceToDevice, c.stream));
   else
-    attention_logits(q, Kb, ld_b, nb, H, H_kv, D, scale, S + na, n);
+    attention_logits(q, Kb, kv, ld_b, nb, H, H_kv, D, scale, S + na, n);
   softmax_rows(S, H, n);
-  weighted_v_sum(S + na, Vb, ld_b, nb, H, H_kv, D, out, n);
+  weighted_v_sum(S + na, Vb, kv, ld_b, nb, H, H_kv, D, out, n);
   if (na > 0) {
     float* oa = c.scratch(2, size_t(H) * D);
-    weighted_v_sum(S, Va, na, na, H, H_kv, D, oa, n);
+    weighted_v_sum(S, Va, kv, na, na, H, H_kv, D, oa, n);
     add(out, oa, int64_t(H) * D);
   }
 }

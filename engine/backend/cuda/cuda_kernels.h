@@ -39,9 +39,14 @@ void softmax_rows_ld(float* x, int64_t rows, int64_t n, int64_t ld);
 // the terms): one block each; waits for the stream and returns the scalar to the host.
 float max_value(const float* x, int64_t n);
 float exp_shift_sum(float* x, int64_t n, float shift);
+// KV caches hold F32, F16 or BF16 elements (`kv`/`kt`/`vt` below: the cache's type); every
+// kernel reads them as F32 and accumulates in F32, as the CPU backend does.
 // K or V rows of n new tokens into a cache: dst[g·head_stride + pos[i]·D + d] = src[(i·H_kv + g)·D + d]
-// (src [n, H_kv, D]; pos on the device).
-void kv_write(const float* src, int64_t n, int H_kv, int D, const int32_t* pos, float* dst, int64_t head_stride);
+// (src [n, H_kv, D] F32, rounded to nearest into dt; pos on the device).
+void kv_write(const float* src, int64_t n, int H_kv, int D, const int32_t* pos, void* dst, int64_t head_stride,
+              DType dt);
+// dst[i] = src[i] as F32, i < n (src of type st).
+void to_f32(const void* src, DType st, int64_t n, float* dst);
 
 // y[M, N] = x[M, K] · W[N, K]ᵀ (+ bias[N]); W F32, BF16 or F16 with F32 accumulation (cuBLAS).
 // For BF16/F16 weights x is converted on the device into `x_half` (M·K halves of scratch).
@@ -59,7 +64,7 @@ void add_bias(float* y, const float* b, int64_t M, int64_t N);  // y[m, :] += b
 void embed(const void* table, DType t, int64_t d, const int32_t* ids, int64_t M, float* y);
 // logits[h, t] = scale · q[h] · K[h / (H / H_kv), t], t < n; K [H_kv, ld, D] (ld ≥ n rows per head).
 // logits_ld: distance between the rows of logits (default n).
-void attention_logits(const float* q, const float* K, int64_t ld, int64_t n, int H, int H_kv, int D,
+void attention_logits(const float* q, const void* K, DType kt, int64_t ld, int64_t n, int H, int H_kv, int D,
                       float scale, float* logits, int64_t logits_ld = -1);
 // Token concatenation + softmax: out[h, a_pos[i]] = a[h, i], out[h, b_pos[j]] = b[h, j]
 // (a_pos/b_pos give each part's token-order slots, together a permutation of [0, na + nb)), then
@@ -68,29 +73,29 @@ void concat_softmax(const float* a, int64_t na, const int32_t* a_pos, const floa
                     int H, float* out);
 // out[h, :] = Σ_t p[h, t] · V[h / (H / H_kv), t, :]; V [H_kv, ld, D].
 // p_ld: distance between the rows of p (default n).
-void weighted_v_sum(const float* p, const float* V, int64_t ld, int64_t n, int H, int H_kv, int D, float* out,
-                    int64_t p_ld = -1);
+void weighted_v_sum(const float* p, const void* V, DType vt, int64_t ld, int64_t n, int H, int H_kv, int D,
+                    float* out, int64_t p_ld = -1);
 // Decode attention of one query row: out [H, D] over n keys and values K, V [H_kv, ld, D] (flash
 // decoding: chunks of keys in one pass each, merged by log-sum-exp; the three-kernel path for
 // shapes the float4 kernels do not take).
-void decode_attention(const float* q, const float* K, const float* V, int64_t ld, int64_t n, int H, int H_kv,
-                      int D, float scale, float* out);
+void decode_attention(const float* q, const void* K, const void* V, DType kv, int64_t ld, int64_t n, int H,
+                      int H_kv, int D, float scale, float* out);
 // One query row of attention_rows: q, out [H, D]; K, V [H_kv, ld, D], the first n rows attended.
 struct AttnRowDev {
   const float* q;
-  const float* k;
-  const float* v;
+  const void* k;  // of the call's KV type
+  const void* v;
   float* out;
   int64_t ld;
   int64_t n;
 };
 // Every row in one pair of launches (prefill: the rows of a forward chunk); `rows` is a host array.
-void attention_rows(const AttnRowDev* rows, int n_rows, int H, int H_kv, int D, float scale);
+void attention_rows(const AttnRowDev* rows, int n_rows, int H, int H_kv, int D, float scale, DType kv);
 // Backend::merged_attention: la [H, na] and Va [H_kv, na, D]; Kb, Vb [H_kv, ld_b, D] (nb rows); out [H, D].
 // lb: set B's logits [H, nb] when computed already (else from q and Kb).
-void merged_attention(const float* q, int H, int H_kv, int D, float scale, const float* la, const float* Va,
-                      int64_t na, const float* Kb, const float* Vb, int64_t ld_b, int64_t nb, const float* lb,
-                      float* out);
+void merged_attention(const float* q, int H, int H_kv, int D, float scale, const float* la, const void* Va,
+                      int64_t na, const void* Kb, const void* Vb, int64_t ld_b, int64_t nb, const float* lb,
+                      float* out, DType kv);
 // A strided device-to-device copy on the stream (asynchronous).
 void d2d_2d(void* dst, size_t dpitch, const void* src, size_t spitch, size_t width, size_t rows);
 // Strided copies (cudaMemcpy2D) that wait for completion.
