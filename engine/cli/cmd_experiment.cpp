@@ -236,7 +236,7 @@ int run_experiment(ExperimentSpec spec, const std::string& output, const std::st
   if (tty) fmt::print(stderr, "\n");
   const auto rows = read_rows(dir);
   size_t failed_rows = 0;
-  for (auto& r : rows) failed_rows += r.value("status", "") != "ok";
+  for (auto& r : rows) failed_rows += !r.ok;
   const std::string table = write_summary(dir, rows, spec.baseline, labels_of(spec));
   fmt::print("{}", table);
   fmt::print("results: {} ({} rows{}; summary.csv, table.txt; plots: scripts/plot {})\n", dir, rows.size(),

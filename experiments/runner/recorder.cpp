@@ -147,18 +147,18 @@ std::vector<std::string> axis_cells(const Json& pj, bool accuracy) {
 
 // Accuracy rows: summary.csv per (point, label) and a table of acc per task with the mean over
 // tasks (the paper's Figs. 14, 20, 22), then the fidelity against the reference.
-std::string write_accuracy_summary(const std::string& dir, const std::vector<Json>& rows,
+std::string write_accuracy_summary(const std::string& dir, const std::vector<ResultRow>& rows,
                                    const std::vector<std::string>& labels) {
   std::map<int, Json> points;
   std::map<std::pair<int, std::string>, const Json*> cell;  // the first ok repeat (scoring is deterministic)
   std::map<std::pair<int, std::string>, std::string> reason;
   for (auto& r : rows) {
-    const int pi = r.value("point_index", -1);
-    points[pi] = r["point"];
-    points[pi]["id"] = r.value("point_id", "");
-    const auto key = std::make_pair(pi, r.value("label", ""));
-    if (r.value("status", "") == "ok" && !cell.count(key)) cell[key] = &r;
-    else if (r.value("status", "") != "ok") reason[key] = r.value("reason", "");
+    const int pi = r.point_index;
+    points[pi] = r.point;
+    points[pi]["id"] = r.point_id;
+    const auto key = std::make_pair(pi, r.label);
+    if (r.ok && !cell.count(key)) cell[key] = &r.json;
+    else if (!r.ok) reason[key] = r.reason;
   }
   const std::string csv_path = dir + "/summary.csv";
   FILE* f = std::fopen(csv_path.c_str(), "w");
@@ -179,7 +179,7 @@ std::string write_accuracy_summary(const std::string& dir, const std::vector<Jso
       const Json acc = r ? (*r)["accuracy"] : Json::object();
       const Json fid = r && (*r)["fidelity"].is_object() ? (*r)["fidelity"] : Json::object();
       auto g = [](const Json& j, const char* k) { return j.contains(k) ? num(j[k].get<double>()) : std::string(); };
-      const std::string strategy = r ? r->value("strategy", "") : "";
+      const std::string strategy = r ? (*r)["strategy"].get<std::string>() : "";
       std::vector<std::string> rec = {json_str(pj["id"]), std::to_string(pi), json_str(pj["model"]), json_str(pj["task"])};
       for (auto& c : axis_cells(pj, true)) rec.push_back(c);
       for (auto& c : std::vector<std::string>{label, strategy, r ? "ok" : "failed", r ? json_str(acc["n"]) : "", g(acc, "acc"),
@@ -289,7 +289,7 @@ ResultDir::ResultDir(const std::string& dir, const ExperimentSpec& spec, bool re
     const size_t keep = all.rfind('\n') == std::string::npos ? 0 : all.rfind('\n') + 1;
     if (keep != all.size()) fs::resize_file(rows, keep);
     for (auto& r : read_rows(dir)) {
-      done_.emplace(r.value("point_id", ""), r.value("label", ""), r.value("repeat", -1));
+      done_.insert(r.key());
       ++resumed_;
     }
   }
@@ -310,6 +310,8 @@ std::vector<int> ResultDir::done(const std::string& point_id, const std::string&
 }
 
 void ResultDir::append(const Json& row) {
+  // A row the readers would refuse is never written.
+  const ResultRow checked = ResultRow::parse(row, fmt::format("{}/{} (row being appended)", dir_, kRows));
   const std::string line = json_text(row) + "\n";
   ssize_t n = ::write(fd_, line.data(), line.size());
   if (n >= 0 && n < ssize_t(line.size())) {  // a short write: the rest tells why (or completes it)
@@ -326,11 +328,11 @@ void ResultDir::append(const Json& row) {
                               dir_, kRows, std::strerror(err), done_.size(), dir_));
   }
   ::fdatasync(fd_);
-  done_.emplace(row.value("point_id", ""), row.value("label", ""), row.value("repeat", -1));
+  done_.insert(checked.key());
 }
 
-std::vector<Json> read_rows(const std::string& dir, bool* torn) {
-  std::vector<Json> rows;
+std::vector<ResultRow> read_rows(const std::string& dir, bool* torn) {
+  std::vector<ResultRow> rows;
   std::ifstream in(dir + "/" + kRows, std::ios::binary);
   if (!in) input_error("{}: no {} (not a result directory)", dir, kRows);
   std::string all((std::istreambuf_iterator<char>(in)), {});
@@ -343,38 +345,39 @@ std::vector<Json> read_rows(const std::string& dir, bool* torn) {
     const std::string line = all.substr(pos, nl - pos);
     pos = nl + 1;
     if (line.empty()) continue;
+    Json j;
     try {
-      rows.push_back(Json::parse(line));
+      j = Json::parse(line);
     } catch (const nlohmann::json::exception& e) {
       input_error("{}/{}:{}: not a JSON row ({})", dir, kRows, line_no, e.what());
     }
+    rows.push_back(ResultRow::parse(std::move(j), fmt::format("{}/{}:{}", dir, kRows, line_no)));
   }
   return rows;
 }
 
-std::string write_summary(const std::string& dir, const std::vector<Json>& rows, const std::string& baseline,
+std::string write_summary(const std::string& dir, const std::vector<ResultRow>& rows, const std::string& baseline,
                           const std::vector<std::string>& labels) {
-  if (std::any_of(rows.begin(), rows.end(), [](const Json& r) { return r.contains("accuracy") || (r.contains("point") && r["point"].contains("task")); }))
+  if (std::any_of(rows.begin(), rows.end(), [](const ResultRow& r) { return r.accuracy; }))
     return write_accuracy_summary(dir, rows, labels);
-  // (point index, label) → times of ok repeats; point index → the row's point and id.
+  // (point index, label) → its rows; point index → the row's point and id.
   std::map<int, Json> points;
-  std::map<std::pair<int, std::string>, std::vector<const Json*>> cells;
+  std::map<std::pair<int, std::string>, std::vector<const ResultRow*>> cells;
   bool modeled = false, dry = false;
   for (auto& r : rows) {
-    const int pi = r.value("point_index", -1);
-    points[pi] = r["point"];
-    points[pi]["id"] = r.value("point_id", "");
-    cells[{pi, r.value("label", "")}].push_back(&r);
-    if (r.value("status", "") == "ok") {
-      const std::string tb = r.value("time_basis", "");
-      modeled = modeled || tb.rfind("modeled", 0) == 0;
-      dry = dry || tb == "modeled (dry)";
+    const int pi = r.point_index;
+    points[pi] = r.point;
+    points[pi]["id"] = r.point_id;
+    cells[{pi, r.label}].push_back(&r);
+    if (r.ok) {
+      modeled = modeled || r.time_basis.rfind("modeled", 0) == 0;
+      dry = dry || r.time_basis == "modeled (dry)";
     }
   }
   auto times = [&](int pi, const std::string& label) {
     std::vector<double> t;
-    for (const Json* r : cells[{pi, label}])
-      if (r->value("status", "") == "ok") t.push_back((*r)["figures"].value("time_s", NAN));
+    for (const ResultRow* r : cells[{pi, label}])
+      if (r->ok) t.push_back(r->figure("time_s"));
     return t;
   };
   // Axes that vary between points name them in the table.
@@ -411,27 +414,28 @@ std::string write_summary(const std::string& dir, const std::vector<Json>& rows,
       const auto& rs = cells[{pi, label}];
       if (rs.empty()) continue;
       const std::vector<double> t = times(pi, label);
-      const Json* ok = nullptr;
-      std::string reason, strategy = rs.front()->value("strategy", "");
+      const ResultRow* ok = nullptr;
+      std::string reason, strategy = rs.front()->strategy;
       std::vector<double> tok, pre, dec, frac, acc, cpu, mom;
       double h2d = 0;
-      for (const Json* r : rs) {
-        if (r->value("status", "") == "ok") {
+      for (const ResultRow* r : rs) {
+        if (r->ok) {
           ok = r;
-          const Json& fg = (*r)["figures"];
-          tok.push_back(fg.value("decode_token_s", NAN));
-          pre.push_back(fg.value("prefill_s", NAN));
-          dec.push_back(fg.value("decode_s", NAN));
-          if (fg.contains("modeled_over_measured")) mom.push_back(fg["modeled_over_measured"].value("end_to_end", NAN));
-          if (fg.contains("attended")) {
-            frac.push_back(fg["attended"].value("fraction", NAN));
-            acc.push_back(fg["attended"].value("accel_tokens", NAN));
-            cpu.push_back(fg["attended"].value("cpu_tokens", NAN));
+          tok.push_back(r->figure("decode_token_s"));
+          pre.push_back(r->figure("prefill_s"));
+          dec.push_back(r->figure("decode_s"));
+          if (const double m = r->figure("modeled_over_measured", "end_to_end"); !std::isnan(m)) mom.push_back(m);
+          if (const double fr = r->figure("attended", "fraction"); !std::isnan(fr)) {
+            frac.push_back(fr);
+            acc.push_back(r->figure("attended", "accel_tokens"));
+            cpu.push_back(r->figure("attended", "cpu_tokens"));
           }
-          for (auto& [k, v] : (*r)["link_bytes_per_step"].items())
-            if (k.size() > 5 && k.substr(k.size() - 5) == "->gpu") h2d += v.get<double>() / double(t.size());
+          if (auto lb = r->json.find("link_bytes_per_step"); lb != r->json.end() && lb->is_object())
+            for (auto& [k, v] : lb->items())
+              if (k.size() > 5 && k.substr(k.size() - 5) == "->gpu" && v.is_number())
+                h2d += v.get<double>() / double(t.size());
         } else {
-          reason = r->value("reason", "");
+          reason = r->reason;
         }
       }
       const double med = median_of(t), nt = med / base;
@@ -440,11 +444,11 @@ std::string write_summary(const std::string& dir, const std::vector<Json>& rows,
       for (auto& c : axis_cells(pj, false)) rec.push_back(c);
       for (auto& c : std::vector<std::string>{label, strategy,
                   ok ? (t.size() == rs.size() ? "ok" : "partial") : "failed", std::to_string(t.size()),
-                  ok ? ok->value("time_basis", "") : "", ok ? ok->at("figures").value("time_metric", "decode") : "",
+                  ok ? ok->time_basis : "", ok ? ok->figure_text("time_metric", "decode") : "",
                   num(med), t.empty() ? "" : num(*std::min_element(t.begin(), t.end())),
                   t.empty() ? "" : num(*std::max_element(t.begin(), t.end())), num(median_of(pre)),
                   num(median_of(dec)), num(median_of(tok)), num(nt), num(base / med), num(median_of(frac)),
-                  num(median_of(acc)), num(median_of(cpu)), ok ? ok->at("figures").value("kv_dtype", "") : "",
+                  num(median_of(acc)), num(median_of(cpu)), ok ? ok->figure_text("kv_dtype", "") : "",
                   num(h2d), num(median_of(mom)), reason})
         rec.push_back(c);
       for (auto& c : param_cells(pj, strategy)) rec.push_back(c);
@@ -455,9 +459,7 @@ std::string write_summary(const std::string& dir, const std::vector<Json>& rows,
 
   // The table: strategies down, points across, geometric mean last (the paper's Figs. 15-19).
   bool end_to_end = false;
-  for (auto& r : rows)
-    if (r.value("status", "") == "ok" && r.contains("figures"))
-      end_to_end = end_to_end || r["figures"].value("time_metric", "") == "end_to_end";
+  for (auto& r : rows) end_to_end = end_to_end || (r.ok && r.figure_text("time_metric", "") == "end_to_end");
   std::string out = fmt::format("{} normalised to {} per point, lower is better ({}){}\n",
                                 end_to_end ? "end-to-end latency (prefill + decode)" : "decode time", baseline,
                                 modeled ? (dry ? "MODELED, dry execution" : "MODELED") : "measured",
@@ -498,14 +500,14 @@ std::string write_summary(const std::string& dir, const std::vector<Json>& rows,
   // type it stored, and for real runs replayed on a profile the modeled clock against the same run.
   auto ok_fig = [&](int pi, const std::string& label, const char* key, const char* sub) {
     std::vector<double> v;
-    for (const Json* r : cells[{pi, label}])
-      if (r->value("status", "") == "ok" && (*r)["figures"].contains(key)) v.push_back((*r)["figures"][key].value(sub, NAN));
+    for (const ResultRow* r : cells[{pi, label}])
+      if (const double x = r->figure(key, sub); !std::isnan(x)) v.push_back(x);
     return median_of(v);
   };
   auto kv_type = [&](const std::string& label) {
     for (auto& [pi, pj] : points)
-      for (const Json* r : cells[{pi, label}])
-        if (r->value("status", "") == "ok") return (*r)["figures"].value("kv_dtype", std::string("-"));
+      for (const ResultRow* r : cells[{pi, label}])
+        if (r->ok) return r->figure_text("kv_dtype", "-");
     return std::string("-");
   };
   // relative: each value over the baseline's at the same point.
@@ -544,7 +546,7 @@ std::string write_summary(const std::string& dir, const std::vector<Json>& rows,
 MergeReport merge_results(const std::vector<std::string>& dirs, const std::string& out, const MergeOptions& opts) {
   if (dirs.empty()) input_error("merge: give the shard directories to join");
   MergeReport rep;
-  std::vector<Json> all;
+  std::vector<ResultRow> all;
   std::set<std::tuple<std::string, std::string, int>> seen;
   std::string experiment;
   std::string first_dir;
@@ -595,8 +597,7 @@ MergeReport merge_results(const std::vector<std::string>& dirs, const std::strin
       shard_dir[i] = d;
     }
     for (auto& r : read_rows(d)) {
-      auto key = std::make_tuple(r.value("point_id", ""), r.value("label", ""), r.value("repeat", -1));
-      if (!seen.insert(key).second) {  // the same row in two shards (a resubmitted shard): the first kept
+      if (!seen.insert(r.key()).second) {  // the same row in two shards (a resubmitted shard): the first kept
         ++rep.duplicates;
         continue;
       }
@@ -628,9 +629,9 @@ MergeReport merge_results(const std::vector<std::string>& dirs, const std::strin
     }
     if (!rep.missing.empty()) return rep;
   }
-  std::stable_sort(all.begin(), all.end(), [&](const Json& a, const Json& b) {
-    return std::make_tuple(a.value("point_index", 0), label_order[a.value("label", "")], a.value("repeat", 0)) <
-           std::make_tuple(b.value("point_index", 0), label_order[b.value("label", "")], b.value("repeat", 0));
+  std::stable_sort(all.begin(), all.end(), [&](const ResultRow& a, const ResultRow& b) {
+    return std::make_tuple(a.point_index, label_order[a.label], a.repeat) <
+           std::make_tuple(b.point_index, label_order[b.label], b.repeat);
   });
   if (fs::exists(out) && !fs::is_empty(out)) {
     if (!opts.force) input_error("{}: the merge output directory is not empty (--force to replace it)", out);
@@ -644,7 +645,7 @@ MergeReport merge_results(const std::vector<std::string>& dirs, const std::strin
     // Written beside, then renamed: a failed write (a full disk) leaves no torn rows.jsonl.
     const std::string tmp = out + "/" + kRows + ".tmp";
     std::ofstream o(tmp);
-    for (auto& r : all) o << json_text(r) << "\n";
+    for (auto& r : all) o << json_text(r.json) << "\n";
     o.close();
     if (!o) {
       fs::remove(tmp, ec);

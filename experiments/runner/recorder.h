@@ -11,6 +11,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "experiments/runner/result_row.h"
 #include "experiments/runner/spec.h"
 
 namespace hg {
@@ -25,7 +26,7 @@ class ResultDir {
   ResultDir& operator=(const ResultDir&) = delete;
   // Repeats of (point, label) already recorded.
   std::vector<int> done(const std::string& point_id, const std::string& label) const;
-  // Appends one row as one write of one line, then syncs it to disk.
+  // Appends one row (checked as ResultRow::parse checks it) as one write of one line, then syncs it to disk.
   void append(const nlohmann::ordered_json& row);
   const std::string& path() const { return dir_; }
   size_t resumed_rows() const { return resumed_; }
@@ -37,12 +38,12 @@ class ResultDir {
   size_t resumed_ = 0;
 };
 
-// Every complete row of DIR/rows.jsonl (a torn last line is skipped; `torn` says whether there was one).
-std::vector<nlohmann::ordered_json> read_rows(const std::string& dir, bool* torn = nullptr);
+// Every complete row of DIR/rows.jsonl, checked (a torn last line is skipped; `torn` says whether there was one).
+std::vector<ResultRow> read_rows(const std::string& dir, bool* torn = nullptr);
 
 // Writes DIR/summary.csv and DIR/table.txt from `rows`; returns the table (times normalised to
 // `baseline` per point, geometric mean last). `labels` orders the strategies.
-std::string write_summary(const std::string& dir, const std::vector<nlohmann::ordered_json>& rows,
+std::string write_summary(const std::string& dir, const std::vector<ResultRow>& rows,
                           const std::string& baseline, const std::vector<std::string>& labels);
 
 struct MergeOptions {

@@ -37,19 +37,20 @@ struct Side {
 
 Side load_side(const std::string& dir) {
   Side s;
-  for (const Json& r : read_rows(dir)) {
-    const std::string id = r.value("point_id", ""), label = r.value("label", "");
-    s.experiment = r.value("experiment", s.experiment);
+  for (const ResultRow& r : read_rows(dir)) {
+    const std::string& id = r.point_id;
+    const std::string& label = r.label;
+    if (!r.experiment.empty()) s.experiment = r.experiment;
     if (std::find(s.labels.begin(), s.labels.end(), label) == s.labels.end()) s.labels.push_back(label);
-    if (r.value("status", "") != "ok" || !r.contains("figures")) continue;
-    s.points[id] = r["point"];
-    s.order[r.value("point_index", 0)] = id;
+    if (!r.ok || r.accuracy) continue;
+    s.points[id] = r.point;
+    s.order[r.point_index] = id;
     Cell& c = s.cells[{id, label}];
-    c.time.push_back(r["figures"].value("time_s", NAN));
-    c.token.push_back(r["figures"].value("decode_token_s", NAN));
-    c.strategy = r.value("strategy", "");
-    c.basis = r.value("time_basis", "");
-    c.platform = r["point"].value("platform", "");
+    c.time.push_back(r.figure("time_s"));
+    c.token.push_back(r.figure("decode_token_s"));
+    c.strategy = r.strategy;
+    c.basis = r.time_basis;
+    c.platform = r.point.contains("platform") && r.point["platform"].is_string() ? r.point["platform"].get<std::string>() : "";
   }
   return s;
 }
@@ -247,20 +248,20 @@ CompareReport compare_results(const std::string& a_dir, const std::string& b_dir
 }
 
 std::string write_report(const std::string& dir) {
-  const std::vector<Json> rows = read_rows(dir);
+  const std::vector<ResultRow> rows = read_rows(dir);
   if (rows.empty()) input_error("report: {}/rows.jsonl has no rows", dir);
   size_t failed = 0;
-  for (auto& r : rows) failed += r.value("status", "") != "ok";
+  for (auto& r : rows) failed += !r.ok;
   const fs::path d(dir);
-  const Json& first = rows.front();
+  const ResultRow& first = rows.front();
   std::string h;
   h += "<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\"><title>hgbench report: " +
-       html_escape(first.value("experiment", "")) + "</title>\n<style>body{font-family:sans-serif;max-width:72em;"
+       html_escape(first.experiment) + "</title>\n<style>body{font-family:sans-serif;max-width:72em;"
        "margin:1em auto;padding:0 1em}pre{background:#f6f6f6;padding:.6em;overflow-x:auto}table{border-collapse:"
        "collapse;font-size:.8em}td,th{border:1px solid #ccc;padding:.15em .4em;text-align:right}th{background:#eee}"
        "img{max-width:100%}</style></head><body>\n";
-  h += "<h1>" + html_escape(first.value("experiment", "")) + "</h1>\n";
-  const std::string basis = first.value("time_basis", "");
+  h += "<h1>" + html_escape(first.experiment) + "</h1>\n";
+  const std::string basis = first.time_basis;
   h += fmt::format("<p id=\"summary\">{} rows ({} failed); time basis: <b>{}</b>{}.</p>\n", rows.size(), failed,
                    html_escape(basis),
                    basis.rfind("modeled", 0) == 0 ? " — MODELED on a platform profile, not measured" : "");
@@ -288,14 +289,14 @@ std::string write_report(const std::string& dir) {
   if (failed) {
     h += "<h2>Failed rows</h2>\n<ul>\n";
     for (auto& r : rows)
-      if (r.value("status", "") != "ok")
-        h += "<li>" + html_escape(r.value("point_id", "") + " " + r.value("label", "") + ": " + r.value("reason", "")) +
+      if (!r.ok)
+        h += "<li>" + html_escape(r.point_id + " " + r.label + ": " + r.reason) +
              "</li>\n";
     h += "</ul>\n";
   }
   if (fs::exists(d / "config.yaml")) h += "<h2>Configuration (config.yaml)</h2>\n<pre>" + html_escape(slurp(d / "config.yaml")) + "</pre>\n";
-  if (first.contains("provenance"))
-    h += "<h2>Provenance (first row)</h2>\n<pre id=\"provenance\">" + html_escape(first["provenance"].dump(2)) + "</pre>\n";
+  if (first.json.contains("provenance"))
+    h += "<h2>Provenance (first row)</h2>\n<pre id=\"provenance\">" + html_escape(first.json["provenance"].dump(2)) + "</pre>\n";
   h += "</body></html>\n";
   const fs::path out = d / "report.html";
   write_file(out, h);

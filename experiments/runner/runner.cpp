@@ -1,5 +1,6 @@
 // The measured generation loop, its figures, and the experiment Runner.
 #include "experiments/runner/runner.h"
+#include "experiments/runner/result_row.h"
 
 #include <algorithm>
 #include <chrono>
@@ -307,16 +308,8 @@ Json provenance() {
 
 namespace {
 // The keys every row starts with: which experiment, point, strategy and repeat, and its status.
-Json row_head(const ExperimentSpec& spec, const Point& p, const StrategyEntry& e, int repeat, const char* status) {
-  Json r;
-  r["experiment"] = spec.name;
-  r["point_id"] = p.id;
-  r["point_index"] = p.index;
-  r["label"] = e.label;
-  r["strategy"] = e.name;
-  r["repeat"] = repeat;
-  r["status"] = status;
-  return r;
+Json row_head(const ExperimentSpec& spec, const Point& p, const StrategyEntry& e, int repeat, bool ok) {
+  return ResultRow::head(spec.name, p.id, p.index, e.label, e.name, repeat, ok);
 }
 }  // namespace
 
@@ -338,7 +331,7 @@ std::map<std::string, std::string> point_params(const Point& p, const StrategyEn
 
 Json failed_row(const ExperimentSpec& spec, const Point& p, const StrategyEntry& e, int repeat,
                 const std::string& error_class, const std::string& reason) {
-  Json r = row_head(spec, p, e, repeat, "failed");
+  Json r = row_head(spec, p, e, repeat, false);
   r["error"] = error_class;
   r["reason"] = reason;
   r["execute"] = spec.execute;
@@ -420,7 +413,7 @@ Json Runner::run_eval_once(const Point& p, const StrategyEntry& entry, int repea
   const double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   const TaskMetrics m = task_metrics(scores, reqs);
 
-  Json r = row_head(spec_, p, entry, repeat, "ok");
+  Json r = row_head(spec_, p, entry, repeat, true);
   r["execute"] = spec_.execute;
   r["time_basis"] = "measured";
   r["point"] = p.values;
@@ -511,7 +504,7 @@ Json Runner::run_once(const Point& p, const StrategyEntry& entry, int repeat, bo
   if (!record) return {};
   const Figures f = figures(m, prof && (dry || spec_.clock != "measured") ? &*prof : nullptr);
 
-  Json r = row_head(spec_, p, entry, repeat, "ok");
+  Json r = row_head(spec_, p, entry, repeat, true);
   r["execute"] = spec_.execute;
   r["time_basis"] = f.modeled ? (dry ? "modeled (dry)" : "modeled") : "measured";
   r["point"] = p.values;

@@ -323,7 +323,8 @@ TEST(FuzzRegressions, NonUtf8StringsInAnExperimentAreKept) {
   fs::remove_all(d);
   {
     ResultDir out(d.string(), s, false, false, "");
-    nlohmann::ordered_json row = {{"point_id", pts[0].id}, {"label", "full"}, {"repeat", 0}, {"model", pts[0].model}};
+    nlohmann::ordered_json row = ResultRow::head("u", pts[0].id, 0, "full", "full", 0, false);
+    row["reason"] = pts[0].model;
     ASSERT_NO_THROW(out.append(row));
   }
   EXPECT_EQ(read_rows(d.string()).size(), 1u);

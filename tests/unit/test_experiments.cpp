@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <set>
@@ -142,10 +143,57 @@ std::string write_file(const std::string& dir, const std::string& name, const st
   return dir + "/" + name;
 }
 
-std::set<std::tuple<std::string, std::string, int>> keys_of(const std::vector<Json>& rows) {
+std::set<std::tuple<std::string, std::string, int>> keys_of(const std::vector<ResultRow>& rows) {
   std::set<std::tuple<std::string, std::string, int>> k;
-  for (auto& r : rows) k.emplace(r["point_id"], r["label"], r["repeat"]);
+  for (auto& r : rows) k.insert(r.key());
   return k;
+}
+
+// Rows are typed where they are read: a row without a key every reader relies on (or of the wrong
+// type) is an error naming the file, the line and the key, and such a row is never appended.
+TEST(ResultRows, ABadRowIsNamedByFileLineAndKey) {
+  const std::string d = tmp_dir("badrow");
+  fs::create_directories(d + "/r");
+  Json good = ResultRow::head("e", "p1", 0, "full", "full", 0, true);
+  good["figures"] = {{"time_s", 1.5}, {"kv_dtype", "f16"}, {"attended", {{"fraction", 0.25}}}};
+  Json no_label = good;
+  no_label.erase("label");
+  Json bad_repeat = good;
+  bad_repeat["repeat"] = "0";
+  Json no_figures = good;
+  no_figures.erase("figures");
+  auto write_rows = [&](const std::vector<Json>& rows) {
+    std::ofstream o(d + "/r/rows.jsonl", std::ios::trunc);
+    for (auto& r : rows) o << r.dump() << "\n";
+  };
+  write_rows({good});
+  const auto rows = read_rows(d + "/r");
+  ASSERT_EQ(rows.size(), 1u);
+  EXPECT_TRUE(rows[0].ok);
+  EXPECT_EQ(rows[0].key(), std::make_tuple(std::string("p1"), std::string("full"), 0));
+  EXPECT_EQ(rows[0].figure("time_s"), 1.5);
+  EXPECT_EQ(rows[0].figure("attended", "fraction"), 0.25);
+  EXPECT_TRUE(std::isnan(rows[0].figure("decode_s")));
+  EXPECT_EQ(rows[0].figure_text("kv_dtype", "-"), "f16");
+  const std::vector<std::pair<Json, std::string>> bad = {{no_label, "rows.jsonl:2: the row has no 'label'"},
+                                                         {bad_repeat, "rows.jsonl:2: the row's 'repeat' must be"},
+                                                         {no_figures, "rows.jsonl:2: an ok timing row has no 'figures'"}};
+  for (auto& [row, what] : bad) {
+    write_rows({good, row});
+    try {
+      read_rows(d + "/r");
+      ADD_FAILURE() << "accepted: " << row.dump();
+    } catch (const InputError& e) {
+      EXPECT_NE(std::string(e.what()).find(what), std::string::npos) << e.what();
+    }
+  }
+  ExperimentSpec spec = parse_experiment(kBase, "t.yaml");
+  fs::remove_all(d + "/w");
+  ResultDir out(d + "/w", spec, false, false, "");
+  EXPECT_THROW(out.append(no_label), InputError);
+  EXPECT_NO_THROW(out.append(good));
+  EXPECT_EQ(read_rows(d + "/w").size(), 1u);
+  fs::remove_all(d);
 }
 
 TEST(ExperimentRun, FailedPointIsARowAndTheSweepGoesOn) {
@@ -162,10 +210,10 @@ sweep:
   EXPECT_EQ(p.status, 1) << p.out;  // some point failed
   const auto rows = read_rows(d + "/out");
   ASSERT_EQ(rows.size(), 2u) << p.out;
-  EXPECT_EQ(rows[0]["status"], "failed");
-  EXPECT_EQ(rows[0]["error"], "out_of_memory");
-  EXPECT_NE(rows[0]["reason"].get<std::string>().find("gpu"), std::string::npos);
-  EXPECT_EQ(rows[1]["status"], "ok");
+  EXPECT_EQ(rows[0].json["status"], "failed");
+  EXPECT_EQ(rows[0].json["error"], "out_of_memory");
+  EXPECT_NE(rows[0].json["reason"].get<std::string>().find("gpu"), std::string::npos);
+  EXPECT_EQ(rows[1].json["status"], "ok");
   // summary.csv: every record (the failed one with its reason included) has the header's fields.
   std::ifstream csv(d + "/out/summary.csv");
   std::string line;
@@ -282,12 +330,12 @@ TEST(ExperimentRun, MergeOfTwoShardsEqualsTheUnshardedRun) {
   ASSERT_EQ(merged.size(), all.size());
   EXPECT_EQ(keys_of(merged), keys_of(all));
   for (size_t i = 0; i < all.size(); ++i) {  // in the same order, with the same points, work and traffic
-    EXPECT_EQ(merged[i]["point_id"], all[i]["point_id"]);
-    EXPECT_EQ(merged[i]["label"], all[i]["label"]);
-    EXPECT_EQ(merged[i]["point"], all[i]["point"]);
-    EXPECT_EQ(merged[i]["link_bytes_per_step"], all[i]["link_bytes_per_step"]);
+    EXPECT_EQ(merged[i].json["point_id"], all[i].json["point_id"]);
+    EXPECT_EQ(merged[i].json["label"], all[i].json["label"]);
+    EXPECT_EQ(merged[i].json["point"], all[i].json["point"]);
+    EXPECT_EQ(merged[i].json["link_bytes_per_step"], all[i].json["link_bytes_per_step"]);
     // Dry runs replay by reported progress, not host timing: the same modeled time every run.
-    EXPECT_EQ(merged[i]["figures"]["time_s"], all[i]["figures"]["time_s"]);
+    EXPECT_EQ(merged[i].json["figures"]["time_s"], all[i].json["figures"]["time_s"]);
   }
   auto lines = [](const std::string& p) {
     std::ifstream in(p);
@@ -359,7 +407,7 @@ TEST(ExperimentRun, MergeWithShardsReportsMissingShardsByNumber) {
   {
     auto rows = read_rows(d + "/s2");
     std::ofstream o(d + "/s2/rows.jsonl", std::ios::trunc);
-    for (size_t i = 0; i + 1 < rows.size(); ++i) o << rows[i].dump() << "\n";
+    for (size_t i = 0; i + 1 < rows.size(); ++i) o << rows[i].json.dump() << "\n";
   }
   const std::string merge = "merge " + d + "/s0 " + d + "/s1 " + d + "/s2 --shards 3 --out " + d + "/merged";
   Proc m = run_cli(merge);

@@ -11,6 +11,7 @@
 
 #include "engine/core/error.h"
 #include "experiments/runner/report.h"
+#include "experiments/runner/result_row.h"
 
 namespace hg {
 namespace {
@@ -30,19 +31,13 @@ void write_rows(const fs::path& d, const std::vector<std::string>& labels, const
   std::ofstream o(d / "rows.jsonl");
   for (size_t i = 0; i < lens.size(); ++i)
     for (size_t j = 0; j < labels.size(); ++j) {
-      Json r;
-      r["experiment"] = "seqlen";
-      r["point_id"] = fmt::format("p{}", lens[i]);
-      r["point_index"] = int(i);
-      r["label"] = labels[j];
-      r["strategy"] = labels[j];
+      Json r = ResultRow::head("seqlen", fmt::format("p{}", lens[i]), int(i), labels[j], labels[j], 0,
+                               labels[j] != failed_label);
       r["time_basis"] = basis;
       r["point"] = {{"model", "synthetic:tiny-llama"}, {"prompt_tokens", lens[i]}, {"batch", 1}, {"platform", ""}};
       if (labels[j] == failed_label) {
-        r["status"] = "failed";
         r["reason"] = "out of memory <gpu>";
       } else {
-        r["status"] = "ok";
         const double t = scale * double(1 + j) * lens[i] / 1024.0;
         r["figures"] = {{"time_s", t}, {"decode_token_s", t / 100}};
         r["provenance"] = {{"version", "test"}};
