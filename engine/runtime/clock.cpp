@@ -5,8 +5,10 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <sstream>
 #include <map>
 
+#include "engine/core/atomic_file.h"
 #include "engine/core/error.h"
 #include "engine/core/yaml_util.h"
 
@@ -90,8 +92,7 @@ PlatformProfile load_platform(const std::string& name_or_path, const std::string
 }
 
 void save_platform(const PlatformProfile& p, const std::string& path, const std::string& comment) {
-  std::ofstream out(path);
-  if (!out) input_error("{}: cannot write", path);
+  std::ostringstream out;
   out << "# " << comment << "\n";
   out << "name: " << p.name << "\nsource: \"" << p.source << "\"\n";
   if (p.gpu_flops > 0)
@@ -109,6 +110,7 @@ void save_platform(const PlatformProfile& p, const std::string& path, const std:
       << "\n  row_ns: " << p.far_row_ns << "\n";
   if (p.h2d_gbs > 0) out << "link:\n  h2d_gbs: " << p.h2d_gbs << "\n  d2h_gbs: " << p.d2h_gbs << "\n";
   out << "fixed:\n  stage_us: " << p.stage_us << "\n  launch_us: " << p.launch_us << "\n  copy_us: " << p.copy_us << "\n";
+  write_file_atomic(path, out.str());
 }
 
 namespace {

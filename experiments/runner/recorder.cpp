@@ -19,6 +19,7 @@
 #include <set>
 #include <sstream>
 
+#include "engine/core/atomic_file.h"
 #include "engine/core/error.h"
 #include "engine/core/json_text.h"
 #include "engine/runtime/bandwidth.h"
@@ -33,18 +34,11 @@ namespace {
 const char* kRows = "rows.jsonl";
 
 void write_config(const std::string& dir, const ExperimentSpec& spec, const std::string& shard) {
-  if (!shard.empty()) {
-    std::ofstream sh(dir + "/shard.txt");
-    sh << shard << "\n";
-    if (!sh) input_error("{}/shard.txt: cannot write", dir);
-  }
+  if (!shard.empty()) write_file_atomic(dir + "/shard.txt", shard + "\n");
   YAML::Emitter e;
   e << spec.effective;
-  std::ofstream out(dir + "/config.yaml");
-  out << "# effective experiment after overrides, from " << spec.file << (shard.empty() ? "" : ", shard " + shard)
-      << "\n"
-      << e.c_str() << "\n";
-  if (!out) input_error("{}/config.yaml: cannot write", dir);
+  write_file_atomic(dir + "/config.yaml", "# effective experiment after overrides, from " + spec.file +
+                                              (shard.empty() ? "" : ", shard " + shard) + "\n" + e.c_str() + "\n");
 }
 
 // The settings in which two effective experiments differ ("key (a there, b here)"), the output
@@ -102,19 +96,19 @@ void refuse_unless_result_dir(const std::string& dir) {
                 "yourself or give another -o", dir, kRows);
 }
 
-void close_checked(FILE* f, const std::string& path) {
-  const bool bad = std::ferror(f) != 0;
-  if (std::fclose(f) != 0 || bad)
-    throw IoError(fmt::format("{}: write failed ({}); rows.jsonl is intact: rerun `hgbench merge` or --resume to "
-                              "rewrite the summary", path, std::strerror(errno)));
+// Summaries are whole or keep their previous version; a failure says how to rewrite them.
+void commit_checked(AtomicFile& f) {
+  try {
+    f.commit();
+  } catch (const IoError& e) {
+    throw IoError(fmt::format("{}; rows.jsonl is intact: rerun `hgbench merge` or --resume to rewrite the summary",
+                              e.what()));
+  }
 }
 void write_checked(const std::string& path, const std::string& text) {
-  std::ofstream o(path);
-  o << text;
-  o.close();
-  if (!o)
-    throw IoError(fmt::format("{}: write failed ({}); rows.jsonl is intact: rerun `hgbench merge` or --resume to "
-                              "rewrite the summary", path, std::strerror(errno)));
+  AtomicFile f(path);
+  f.write(text);
+  commit_checked(f);
 }
 
 // The median, NaN when there is nothing (a strategy with no finished repeat at a point).
@@ -161,8 +155,8 @@ std::string write_accuracy_summary(const std::string& dir, const std::vector<Res
     else if (!r.ok) reason[key] = r.reason;
   }
   const std::string csv_path = dir + "/summary.csv";
-  FILE* f = std::fopen(csv_path.c_str(), "w");
-  if (!f) input_error("{}: cannot write", csv_path);
+  AtomicFile csv_file(csv_path);
+  FILE* f = csv_file.file();
   std::vector<std::string> head = {"point_id", "point_index", "model", "task"};
   for (const SweepAxis* ax : recorded_axes(true)) head.push_back(ax->name);
   for (const char* k : {"label", "strategy", "status", "n", "acc", "acc_stderr", "acc_norm", "acc_norm_stderr",
@@ -191,7 +185,7 @@ std::string write_accuracy_summary(const std::string& dir, const std::vector<Res
       for (auto& k : swept) rec.push_back(sp.contains(strategy) && sp[strategy].contains(k) ? json_str(sp[strategy][k]) : "");
       csv_row(f, rec);
     }
-  close_checked(f, csv_path);
+  commit_checked(csv_file);
 
   // Point names: the axes that vary (task first).
   const std::vector<std::string> varying = varying_axes(points);
@@ -384,8 +378,8 @@ std::string write_summary(const std::string& dir, const std::vector<ResultRow>& 
   const std::vector<std::string> varying = varying_axes(points);
 
   const std::string csv_path = dir + "/summary.csv";
-  FILE* f = std::fopen(csv_path.c_str(), "w");
-  if (!f) input_error("{}: cannot write", csv_path);
+  AtomicFile csv_file(csv_path);
+  FILE* f = csv_file.file();
   // The point's axes as the table of axes records them, then the row's figures.
   std::vector<std::string> head = {"point_id", "point_index", "model"};
   for (const SweepAxis* ax : recorded_axes(false)) head.push_back(ax->name);
@@ -455,7 +449,7 @@ std::string write_summary(const std::string& dir, const std::vector<ResultRow>& 
       csv_row(f, rec);
     }
   }
-  close_checked(f, csv_path);
+  commit_checked(csv_file);
 
   // The table: strategies down, points across, geometric mean last (the paper's Figs. 15-19).
   bool end_to_end = false;
@@ -642,17 +636,14 @@ MergeReport merge_results(const std::vector<std::string>& dirs, const std::strin
   if (ec) input_error("{}: cannot create ({})", out, ec.message());
   fs::copy_file(first_dir + "/config.yaml", out + "/config.yaml", fs::copy_options::overwrite_existing);
   {
-    // Written beside, then renamed: a failed write (a full disk) leaves no torn rows.jsonl.
-    const std::string tmp = out + "/" + kRows + ".tmp";
-    std::ofstream o(tmp);
-    for (auto& r : all) o << json_text(r.json) << "\n";
-    o.close();
-    if (!o) {
-      fs::remove(tmp, ec);
-      throw IoError(fmt::format("{}/{}: write failed ({}); the input directories are unchanged", out, kRows,
-                                std::strerror(errno)));
+    // A failed write (a full disk) leaves no torn rows.jsonl.
+    AtomicFile o(out + "/" + kRows);
+    for (auto& r : all) o.write(json_text(r.json) + "\n");
+    try {
+      o.commit();
+    } catch (const IoError& e) {
+      throw IoError(fmt::format("{}; the input directories are unchanged", e.what()));
     }
-    fs::rename(tmp, out + "/" + kRows);
   }
   std::vector<std::string> labels(label_order.size());
   for (auto& [l, i] : label_order) labels[size_t(i)] = l;

@@ -12,6 +12,7 @@
 #include <set>
 #include <sstream>
 
+#include "engine/core/atomic_file.h"
 #include "engine/core/error.h"
 #include "engine/runtime/bandwidth.h"
 #include "experiments/runner/points.h"
@@ -118,12 +119,7 @@ std::vector<std::vector<std::string>> read_csv(const fs::path& p) {
   return acc.rows;
 }
 
-void write_file(const fs::path& p, const std::string& text) {
-  std::ofstream o(p, std::ios::binary);
-  o << text;
-  o.close();
-  if (!o) throw IoError(fmt::format("{}: write failed", p.string()));
-}
+void write_file(const fs::path& p, const std::string& text) { write_file_atomic(p.string(), text); }
 
 }  // namespace
 
@@ -227,8 +223,8 @@ CompareReport compare_results(const std::string& a_dir, const std::string& b_dir
   if (!out.empty()) {
     fs::create_directories(out);
     const fs::path csv = fs::path(out) / "compare.csv";
-    FILE* f = std::fopen(csv.c_str(), "w");
-    if (!f) input_error("{}: cannot write", csv.string());
+    AtomicFile csv_file(csv.string());
+    FILE* f = csv_file.file();
     auto row = [&](const std::vector<std::string>& v) {
       for (size_t i = 0; i < v.size(); ++i) {
         if (i) std::fputc(',', f);
@@ -240,8 +236,7 @@ CompareReport compare_results(const std::string& a_dir, const std::string& b_dir
          "b_over_a_decode_token"});
     auto g = [](double v) { return std::isfinite(v) ? fmt::format("{:.6g}", v) : std::string(); };
     for (auto& x : m) row({x.id, x.name, x.label, g(x.ta), g(x.tb), g(x.tb / x.ta), g(x.ka), g(x.kb), g(x.kb / x.ka)});
-    const bool bad = std::ferror(f) != 0;
-    if (std::fclose(f) != 0 || bad) throw IoError(fmt::format("{}: write failed", csv.string()));
+    csv_file.commit();
     write_file(fs::path(out) / "compare.txt", rep.warnings + rep.table);
   }
   return rep;

@@ -2,6 +2,7 @@
 // test the catalogue names exists, so that the document and the suite cannot drift apart.
 #include <fcntl.h>
 #include <signal.h>
+#include <sys/resource.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -14,6 +15,7 @@
 #include <thread>
 
 #include "baselines/registry.h"
+#include "engine/core/atomic_file.h"
 #include "engine/core/error.h"
 #include "engine/formats/formats.h"
 #include "engine/formats/gguf.h"
@@ -333,6 +335,50 @@ TEST(FuzzRegressions, NonUtf8StringsInAnExperimentAreKept) {
 
 // Every test docs/errors.md names is a test of this binary, so an entry
 // cannot point at a test that was renamed or removed.
+// Summaries, tables, profiles and merged rows are whole or keep their previous version: a write
+// that fails (here: past the file-size limit, as a full disk) or is abandoned leaves the old file
+// and no temporary; a destination in a missing directory is an input error naming it.
+TEST(AtomicFiles, AFailedOrAbandonedWriteKeepsThePreviousFile) {
+  const fs::path d = fs::temp_directory_path() / ("hg_atomic_" + std::to_string(getpid()));
+  fs::remove_all(d);
+  fs::create_directories(d);
+  const std::string p = (d / "table.txt").string();
+  write_file_atomic(p, "old\n");
+  {
+    AtomicFile f(p);
+    f.write("new, never committed\n");
+  }
+  auto slurp = [&] {
+    std::ifstream in(p);
+    return std::string((std::istreambuf_iterator<char>(in)), {});
+  };
+  EXPECT_EQ(slurp(), "old\n");
+  const pid_t child = fork();
+  if (child == 0) {  // a 4 KiB file-size limit: the 1 MiB write fails in commit()
+    signal(SIGXFSZ, SIG_IGN);
+    struct rlimit lim = {4096, 4096};
+    setrlimit(RLIMIT_FSIZE, &lim);
+    try {
+      write_file_atomic(p, std::string(1 << 20, 'x'));
+    } catch (const IoError& e) {
+      _exit(std::string(e.what()).find(p + ": write failed") == std::string::npos ? 3 : 0);
+    }
+    _exit(4);
+  }
+  int status = 0;
+  waitpid(child, &status, 0);
+  ASSERT_TRUE(WIFEXITED(status));
+  EXPECT_EQ(WEXITSTATUS(status), 0);
+  EXPECT_EQ(slurp(), "old\n");
+  size_t files = 0;
+  for (auto& e : fs::directory_iterator(d)) files += e.is_regular_file();
+  EXPECT_EQ(files, 1u) << "a temporary was left behind";
+  write_file_atomic(p, "new\n");
+  EXPECT_EQ(slurp(), "new\n");
+  EXPECT_THROW(write_file_atomic((d / "no" / "such" / "x").string(), "x"), InputError);
+  fs::remove_all(d);
+}
+
 TEST(Errors, CatalogueNamesExistingTests) {
   std::ifstream in(std::string(HG_SOURCE_DIR) + "/docs/errors.md");
   ASSERT_TRUE(in) << "docs/errors.md is missing";
