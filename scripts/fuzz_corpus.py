@@ -47,6 +47,93 @@ for p in ("models/stories260K/stories260K.gguf", "models/llama.cpp-vocab/ggml-vo
     if d:
         put("gguf", os.path.basename(p), d)
 
+# Small GGUF files written here (a few KiB, so that the fuzzer runs thousands of inputs a second
+# where the exported models above allow tens): a whole one-layer llama with an SPM vocabulary of
+# 8 tokens, a GPT-2 BPE vocabulary with merges and no tensors, and every metadata value type.
+GGUF_T = {"u8": 0, "i8": 1, "u16": 2, "i16": 3, "u32": 4, "i32": 5, "f32": 6, "bool": 7, "str": 8,
+          "arr": 9, "u64": 10, "i64": 11, "f64": 12}
+GGUF_PACK = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?", 10: "<Q", 11: "<q", 12: "<d"}
+
+
+def gguf_str(s):
+    b = s.encode()
+    return struct.pack("<Q", len(b)) + b
+
+
+def gguf_value(t, v):
+    if t == "str":
+        return gguf_str(v)
+    if t.startswith("arr:"):
+        et = t[4:]
+        code = GGUF_T["arr"] if et.startswith("arr:") else GGUF_T[et]
+        return struct.pack("<IQ", code, len(v)) + b"".join(gguf_value(et, x) for x in v)
+    return struct.pack(GGUF_PACK[GGUF_T[t]], v)
+
+
+def gguf(kvs, tensors=(), align=32):
+    """kvs: (key, type, value); tensors: (name, shape, f32 values) — shapes in ggml order."""
+    out = b"GGUF" + struct.pack("<IQQ", 3, len(tensors), len(kvs))
+    for k, t, v in kvs:
+        out += gguf_str(k) + struct.pack("<I", GGUF_T["arr"] if t.startswith("arr:") else GGUF_T[t]) + gguf_value(t, v)
+    data, infos = b"", b""
+    for name, shape, vals in tensors:
+        infos += gguf_str(name) + struct.pack("<I", len(shape)) + b"".join(struct.pack("<Q", d) for d in shape)
+        infos += struct.pack("<IQ", 0, len(data))
+        data += struct.pack(f"<{len(vals)}f", *vals) + bytes((-4 * len(vals)) % align)
+    out += infos
+    return out + bytes((-len(out)) % align) + data
+
+
+def values(n, seed):
+    return [((i * 37 + seed * 11) % 17 - 8) / 16.0 for i in range(n)]
+
+
+spm_tokens = ["<unk>", "<s>", "</s>", "\u2581", "a", "b", "\u2581a", "\u2581b"]
+spm_kvs = [("general.architecture", "str", "llama"), ("general.alignment", "u32", 32),
+           ("llama.embedding_length", "u32", 8), ("llama.block_count", "u32", 1),
+           ("llama.attention.head_count", "u32", 2), ("llama.attention.head_count_kv", "u32", 1),
+           ("llama.feed_forward_length", "u32", 16), ("llama.context_length", "u32", 64),
+           ("llama.rope.freq_base", "f32", 10000.0), ("llama.attention.layer_norm_rms_epsilon", "f32", 1e-5),
+           ("tokenizer.ggml.model", "str", "llama"), ("tokenizer.ggml.tokens", "arr:str", spm_tokens),
+           ("tokenizer.ggml.scores", "arr:f32", [0.0, 0.0, 0.0, -1.0, -2.0, -2.0, -1.5, -1.5]),
+           ("tokenizer.ggml.token_type", "arr:i32", [2, 3, 3, 1, 1, 1, 1, 1]),
+           ("tokenizer.ggml.bos_token_id", "u32", 1), ("tokenizer.ggml.eos_token_id", "u32", 2),
+           ("tokenizer.ggml.unknown_token_id", "u32", 0), ("tokenizer.ggml.add_bos_token", "bool", True)]
+d, ff, kvd, V = 8, 16, 4, 8
+shapes = [("token_embd.weight", [d, V]), ("output_norm.weight", [d]), ("output.weight", [d, V]),
+          ("blk.0.attn_norm.weight", [d]), ("blk.0.attn_q.weight", [d, d]), ("blk.0.attn_k.weight", [d, kvd]),
+          ("blk.0.attn_v.weight", [d, kvd]), ("blk.0.attn_output.weight", [d, d]),
+          ("blk.0.ffn_norm.weight", [d]), ("blk.0.ffn_gate.weight", [d, ff]), ("blk.0.ffn_up.weight", [d, ff]),
+          ("blk.0.ffn_down.weight", [ff, d])]
+tensors = []
+for i, (name, shape) in enumerate(shapes):
+    n = 1
+    for x in shape:
+        n *= x
+    tensors.append((name, shape, [1.0] * n if name.endswith("norm.weight") else values(n, i)))
+put("gguf", "min-llama.gguf", gguf(spm_kvs, tensors))
+put("gguf", "min-llama-notensors.gguf", gguf(spm_kvs))
+bpe_tokens = ["a", "b", "c", "\u0120", "ab", "\u0120a", "abc", "<|endoftext|>"]
+put("gguf", "min-gpt2-vocab.gguf",
+    gguf([("general.architecture", "str", "qwen2"), ("tokenizer.ggml.model", "str", "gpt2"),
+          ("tokenizer.ggml.pre", "str", "qwen2"), ("tokenizer.ggml.tokens", "arr:str", bpe_tokens),
+          ("tokenizer.ggml.token_type", "arr:i32", [1, 1, 1, 1, 1, 1, 1, 3]),
+          ("tokenizer.ggml.merges", "arr:str", ["a b", "\u0120 a", "ab c"]),
+          ("tokenizer.ggml.bos_token_id", "u32", 7), ("tokenizer.ggml.eos_token_id", "u32", 7)]))
+put("gguf", "min-types.gguf",
+    gguf([("t.u8", "u8", 1), ("t.i8", "i8", -1), ("t.u16", "u16", 2), ("t.i16", "i16", -2), ("t.u32", "u32", 3),
+          ("t.i32", "i32", -3), ("t.f32", "f32", 0.5), ("t.bool", "bool", True), ("t.str", "str", "x"),
+          ("t.u64", "u64", 4), ("t.i64", "i64", -4), ("t.f64", "f64", 0.25), ("t.arr", "arr:u8", [1, 2]),
+          ("t.nested", "arr:arr:u8", [[1], [2, 3]])], [("t", [2, 2], [0.0, 1.0, 2.0, 3.0])]))
+# The dictionary: the format's magic and the keys and tensor names the loaders look for.
+words = ["GGUF", r"\x03\x00\x00\x00"] + [k for k, _, _ in spm_kvs] + [n for n, _ in shapes] + [
+    "tokenizer.ggml.merges", "tokenizer.ggml.pre", "tokenizer.ggml.add_space_prefix", "llama.rope.dimension_count",
+    "llama.rope.scaling.type", "llama.attention.key_length", "qwen2", "gpt2", "llama", "blk.0.attn_q.bias",
+    "rope_freqs.weight", r"\x08\x00\x00\x00", r"\x09\x00\x00\x00", r"\xff\xff\xff\xff\xff\xff\xff\x7f"]
+with open(os.path.join(out, "gguf.dict"), "w") as f:
+    for i, w in enumerate(words):
+        f.write(f'w{i}="{w}"\n')
+
 # safetensors: a two-tensor file written here, and the real checkpoint.
 hdr = json.dumps({"a": {"dtype": "F32", "shape": [2, 3], "data_offsets": [0, 24]},
                   "b": {"dtype": "F16", "shape": [4], "data_offsets": [24, 32]},
