@@ -1,6 +1,8 @@
 // `hgbench eval`: PIQA, OpenBookQA, COPA and RTE through KV strategies, as an accuracy experiment
 // built from the options (the same Runner, rows and summary as `hgbench experiments/accuracy.yaml`);
 // `--write-requests` writes lm-eval 0.4's requests as JSONL.
+#include <unistd.h>
+
 #include <filesystem>
 #include <fstream>
 
@@ -40,7 +42,7 @@ int cmd_eval(const std::vector<std::string>& args) {
                "per-item records go to a result directory.",
                cmd};
   std::string model, tasks = "piqa,openbookqa,copa,rte", strategies = "full", context = "prefill", data_dir, output,
-                     device = "emulated", write_requests, reference = "full";
+                     device = "auto", write_requests, reference = "full";
   std::vector<std::string> sets;
   int shots = 3, limit = 0, threads = hardware_threads();
   uint64_t seed = 1234;
@@ -59,9 +61,10 @@ int cmd_eval(const std::vector<std::string>& args) {
   app.add_option("--fewshot-seed", seed, "seed of the few-shot sampler (lm-eval's default 1234)")->capture_default_str();
   app.add_flag("--add-bos", add_bos, "prepend BOS to every context (lm-eval's HF models add none by default)");
   app.add_option("--reference", reference, "fidelity reference strategy, or none")->capture_default_str();
-  app.add_option("--device", device, "emulated (default) or cuda")->capture_default_str();
+  app.add_option("--device", device, "auto (cuda when a device is visible, else the emulated accelerator), emulated or cuda")
+      ->capture_default_str();
   app.add_option("-t,--threads", threads, "CPU threads");
-  app.add_option("--output,-o", output, "result directory (default: results/eval-<time>)");
+  app.add_option("--output,-o", output, "result directory (default: results/eval-<time>-<pid>, new per run)");
   app.add_flag("--force", force, "replace a non-empty output directory");
   app.add_option("--write-requests", write_requests,
                  "write every request as JSONL (task, index, context, choices, gold); without --model, only that");
@@ -112,7 +115,9 @@ int cmd_eval(const std::vector<std::string>& args) {
   y["device"] = device;
   y["execute"] = "real";
   y["clock"] = "measured";
-  if (output.empty()) output = fmt::format("results/eval-{:%Y%m%d-%H%M%S}", fmt::localtime(std::time(nullptr)));
+  // Two runs started in the same second get their own directories.
+  if (output.empty())
+    output = fmt::format("results/eval-{:%Y%m%d-%H%M%S}-{}", fmt::localtime(std::time(nullptr)), ::getpid());
   return run_experiment(parse_experiment(YAML::Dump(y), "hgbench eval"), output, "", force, "", false);
 }
 

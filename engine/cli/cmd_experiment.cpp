@@ -12,6 +12,7 @@
 #include <fmt/format.h>
 
 #include "engine/backend/backend.h"
+#include "datasets/tasks.h"
 #include "engine/cli/cli.h"
 #include "engine/core/error.h"
 #include "engine/formats/formats.h"
@@ -104,8 +105,9 @@ int cmd_run(const std::vector<std::string>& args) {
 }
 
 namespace {
-// Every model of the file can load (headers only), before anything runs or is written.
-void check_models(const ExperimentSpec& spec) {
+// Every model of the file can load (headers only) and every task's data files parse, before
+// anything runs or is written: a missing input is one line and exit 2, not a row per point.
+void check_inputs(const ExperimentSpec& spec) {
   for (const std::string& m : spec.models) {
     try {
       check_model_spec(m);
@@ -113,12 +115,21 @@ void check_models(const ExperimentSpec& spec) {
       input_error("{}: models: {}", spec.file, e.what());
     }
   }
+  if (!spec.eval.enabled) return;
+  const std::string data = resolve_data_dir(spec.eval.data_dir);
+  for (const std::string& t : spec.eval.tasks) {
+    try {
+      (void)load_task(t, data);
+    } catch (const InputError& e) {
+      input_error("{}: eval.tasks: {}", spec.file, e.what());
+    }
+  }
 }
 }  // namespace
 
 int run_experiment(ExperimentSpec spec, const std::string& output, const std::string& resume, bool force,
                    const std::string& shard, bool list) {
-  check_models(spec);
+  check_inputs(spec);
   const std::string how = resolve_execute(spec, cuda_device_count_or_zero() > 0);
   const std::vector<Point> points = expand(spec);
   const auto [shard_i, shard_n] = shard.empty() ? std::pair{0, 1} : parse_shard(shard);
@@ -256,7 +267,7 @@ int cmd_validate(const std::vector<std::string>& args) {
   app.add_option("--set", sets, "override a key first: KEY=VALUE");
   if (int rc = parse_cli(app, "validate", args); rc >= 0) return rc;
   ExperimentSpec spec = load_experiment(file, sets);
-  check_models(spec);
+  check_inputs(spec);
   const auto points = expand(spec);
   fmt::print("{}: ok — {} points × {} strategies × {} repeats = {} rows (execute {}, clock {})\n", file, points.size(),
              spec.strategies.size(), spec.repeats, points.size() * spec.strategies.size() * size_t(spec.repeats),

@@ -7,6 +7,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <filesystem>
@@ -151,6 +152,21 @@ std::set<std::tuple<std::string, std::string, int>> keys_of(const std::vector<Re
 
 // Rows are typed where they are read: a row without a key every reader relies on (or of the wrong
 // type) is an error naming the file, the line and the key, and such a row is never appended.
+// A task's data that is missing is one line naming the file and exit 2, before anything runs or
+// is written (eval and accuracy files alike).
+TEST(ExperimentRun, MissingTaskDataIsOneLineAndExitTwo) {
+  const std::string d = tmp_dir("nodata");
+  Proc p = run_cli("eval --task copa --data-dir /nonexistent --limit 2 --model synthetic:tiny-llama -o " + d + "/out");
+  EXPECT_EQ(p.status, 2) << p.out;
+  EXPECT_NE(p.out.find("/nonexistent/copa/val.jsonl"), std::string::npos) << p.out;
+  EXPECT_EQ(std::count(p.out.begin(), p.out.end(), '\n'), 1) << p.out;
+  EXPECT_FALSE(fs::exists(d + "/out"));
+  p = run_cli("validate " + std::string(HG_SOURCE_DIR) + "/experiments/accuracy.yaml --set eval.data_dir=/nonexistent --set 'models=[synthetic:tiny-llama]'");
+  EXPECT_EQ(p.status, 2) << p.out;
+  EXPECT_NE(p.out.find("/nonexistent/"), std::string::npos) << p.out;
+  fs::remove_all(d);
+}
+
 TEST(ResultRows, ABadRowIsNamedByFileLineAndKey) {
   const std::string d = tmp_dir("badrow");
   fs::create_directories(d + "/r");
