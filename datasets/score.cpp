@@ -56,7 +56,7 @@ ContextMode parse_context_mode(const std::string& s, const std::string& where) {
 
 const char* context_mode_name(ContextMode m) { return m == ContextMode::kPrefill ? "prefill" : "stream"; }
 
-EncodedRequest encode_request(const Tokenizer& tok, const Request& r, bool add_bos) {
+EncodedRequest encode_request(const Tokenizer& tok, const Request& r, bool add_bos, int max_length) {
   std::string ctx = r.context;
   const size_t keep = ctx.find_last_not_of(" \t\n\r\f\v");
   const std::string moved = keep == std::string::npos ? ctx : ctx.substr(keep + 1);
@@ -78,6 +78,18 @@ EncodedRequest encode_request(const Tokenizer& tok, const Request& r, bool add_b
     if (pre < 0) input_error("{} item {}: empty context and the tokenizer has no BOS or EOS", r.task, r.index);
     e.context.push_back(pre);
   }
+  if (max_length > 0) {
+    size_t longest = 1;
+    for (auto& c : e.continuations) longest = std::max(longest, c.size());
+    if (longest > size_t(max_length))
+      input_error("{} item {}: a continuation of {} tokens is longer than the model's {} positions", r.task, r.index,
+                  longest, max_length);
+    const size_t room = size_t(max_length) + 1 - longest;
+    if (e.context.size() > room) {
+      e.truncated = int(e.context.size() - room);
+      e.context.erase(e.context.begin(), e.context.begin() + int64_t(e.truncated));
+    }
+  }
   return e;
 }
 
@@ -88,6 +100,7 @@ nlohmann::ordered_json ItemScore::json() const {
   j["pred"] = pred;
   j["pred_norm"] = pred_norm;
   j["context_tokens"] = context_tokens;
+  if (truncated) j["truncated"] = truncated;
   j["ll"] = ll;
   j["tokens"] = tokens;
   j["greedy"] = greedy;
@@ -112,21 +125,23 @@ void Scorer::forward(std::span<const int32_t> t, std::span<const TokenRow> rows,
 }
 
 ItemScore Scorer::score(const Request& r, std::vector<std::vector<std::vector<float>>>* logprobs) {
-  const EncodedRequest e = encode_request(*model_.tokenizer, r, add_bos_);
+  const EncodedRequest e = encode_request(*model_.tokenizer, r, add_bos_, model_.hp.max_pos);
   const int C = int(e.continuations.size());
   const int32_t n_ctx = int32_t(e.context.size());
   const int64_t V = model_.hp.n_vocab;
   std::vector<int32_t> capacity(static_cast<size_t>(C)), prompt_len(size_t(C), mode_ == ContextMode::kPrefill ? n_ctx : 1);
   for (int c = 0; c < C; ++c) {
     capacity[size_t(c)] = n_ctx + std::max<int32_t>(1, int32_t(e.continuations[size_t(c)].size()));
-    if (model_.traits.pos == PosKind::kLearned && capacity[size_t(c)] > model_.hp.max_pos)
-      input_error("{} item {}: {} tokens, but the model has {} learned positions", r.task, r.index, capacity[size_t(c)],
-                  model_.hp.max_pos);
+    // The last continuation token is scored, not fed: capacity − 1 positions are used.
+    if (model_.traits.pos == PosKind::kLearned && capacity[size_t(c)] - 1 > model_.hp.max_pos)
+      input_error("{} item {}: {} tokens, but the model has {} learned positions", r.task, r.index,
+                  capacity[size_t(c)] - 1, model_.hp.max_pos);
   }
   ItemScore s;
   s.index = r.index;
   s.gold = r.gold;
   s.context_tokens = n_ctx;
+  s.truncated = e.truncated;
   s.ll.assign(size_t(C), 0.0);
   s.tokens.assign(size_t(C), 0);
   s.greedy.assign(size_t(C), true);

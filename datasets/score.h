@@ -29,16 +29,21 @@ const char* context_mode_name(ContextMode m);
 // lm-eval's _encode_pair: trailing whitespace of the context moves to the continuation; the
 // continuation's tokens are those of encode(context + continuation) after len(encode(context)).
 // BOS is prepended to the context when add_bos (lm-eval's HF models: only with add_bos_token).
+// With max_length > 0 the context is left-truncated, as lm-eval cuts context + continuation to its
+// last max_length + 1 tokens, here for the longest choice: every choice then sees the same context
+// (lm-eval gives a shorter choice of a truncated item up to the length difference more).
 struct EncodedRequest {
   std::vector<int32_t> context;
   std::vector<std::vector<int32_t>> continuations;
+  int truncated = 0;  // context tokens dropped from the front
 };
-EncodedRequest encode_request(const Tokenizer& tok, const Request& r, bool add_bos);
+EncodedRequest encode_request(const Tokenizer& tok, const Request& r, bool add_bos, int max_length = 0);
 
 struct ItemScore {
   int index = 0, gold = 0;
   int pred = 0, pred_norm = 0;   // argmax of ll, of ll / length in characters
   int context_tokens = 0;
+  int truncated = 0;             // context tokens dropped to fit the model's positions
   std::vector<double> ll;        // per choice: Σ log p(continuation token)
   std::vector<int> tokens;       // per choice: continuation tokens
   std::vector<bool> greedy;      // per choice: every token was the argmax

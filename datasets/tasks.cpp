@@ -5,6 +5,8 @@
 #include <filesystem>
 #include <fstream>
 
+#include <fmt/ranges.h>
+
 #include "datasets/pyrandom.h"
 #include "engine/core/error.h"
 
@@ -204,7 +206,38 @@ TaskData load_task(const std::string& name, const std::string& data_dir) {
   return t;
 }
 
-std::vector<Request> build_requests(const TaskData& t, int shots, int limit, uint64_t seed) {
+const std::vector<std::string>& lm_eval_versions() {
+  static const std::vector<std::string> v = {"0.3", "0.4.9", "0.4.10"};
+  return v;
+}
+
+LmEvalRules lm_eval_rules(const std::string& version, const std::string& where) {
+  LmEvalRules r;
+  r.version = version;
+  if (version == "0.3") r.copa_double_space = false;
+  else if (version == "0.4.10") r.bos = BosRule::kTokenizer;
+  else if (version != "0.4.9")
+    input_error("{}: lm_eval '{}' (expected one of {})", where, version, fmt::join(lm_eval_versions(), ", "));
+  return r;
+}
+
+const char* bos_rule_name(BosRule b) {
+  return b == BosRule::kNone ? "none" : b == BosRule::kTokenizer ? "tokenizer" : "always";
+}
+
+bool parse_bos_rule(const std::string& s, BosRule* out) {
+  if (s == "none" || s == "false") *out = BosRule::kNone;
+  else if (s == "tokenizer") *out = BosRule::kTokenizer;
+  else if (s == "always" || s == "true") *out = BosRule::kAlways;
+  else return false;
+  return true;
+}
+
+std::vector<Request> build_requests(const TaskData& t, int shots, int limit, uint64_t seed, const LmEvalRules& rules) {
+  // lm-eval 0.3's COPA put one space between the text and a choice; 0.4's choices carry a space of
+  // their own after the target delimiter's.
+  const bool strip = t.name == "copa" && !rules.copa_double_space;
+  auto once = [&](const std::string& x) { return strip && !x.empty() && x[0] == ' ' ? x.substr(1) : x; };
   if (shots < 0) input_error("task {}: shots must be >= 0, got {}", t.name, shots);
   const int draw = shots + (t.draws_extra ? 1 : 0);
   if (shots > 0 && size_t(draw) > t.fewshot.size())
@@ -221,7 +254,7 @@ std::vector<Request> build_requests(const TaskData& t, int shots, int limit, uin
       for (uint32_t j : rnd.sample(uint32_t(t.fewshot.size()), uint32_t(draw))) {
         const Doc& ex = t.fewshot[j];
         if (ex == doc || used == shots) continue;
-        ctx += ex.text + " " + ex.target + "\n\n";
+        ctx += ex.text + " " + once(ex.target) + "\n\n";
         ++used;
       }
     }
@@ -230,8 +263,8 @@ std::vector<Request> build_requests(const TaskData& t, int shots, int limit, uin
     r.task = t.name;
     r.index = int(i);
     r.context = std::move(ctx);
-    r.choices = doc.choices;
-    for (auto& c : doc.choices) r.continuations.push_back(" " + c);
+    for (auto& c : doc.choices) r.choices.push_back(once(c));
+    for (auto& c : r.choices) r.continuations.push_back(" " + c);
     r.gold = doc.gold;
     out.push_back(std::move(r));
   }

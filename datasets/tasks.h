@@ -40,6 +40,23 @@ struct Request {
   int gold = 0;
 };
 
+// Where lm-evaluation-harness versions build different requests, the behaviour followed. The
+// named default is 0.4.9; "0.4.10" prepends the tokenizer's BOS (its HF models began adding the
+// tokenizer's default special tokens), "0.3" spaces COPA's choices once. Each setting can also be
+// chosen on its own (eval.copa_spacing, eval.add_bos); rows record what was used.
+enum class BosRule { kNone, kTokenizer, kAlways };
+struct LmEvalRules {
+  std::string version = "0.4.9";
+  bool copa_double_space = true;  // 0.4: target_delimiter " " before choices that carry their own space
+  BosRule bos = BosRule::kNone;   // ≤ 0.4.9: none (HF models without add_bos_token)
+};
+// The rules of a named version; InputError naming `where` for an unknown one.
+LmEvalRules lm_eval_rules(const std::string& version, const std::string& where);
+const std::vector<std::string>& lm_eval_versions();
+const char* bos_rule_name(BosRule b);
+// "none" | "tokenizer" | "always" (or true/false as always/none); false when unknown.
+bool parse_bos_rule(const std::string& s, BosRule* out);
+
 // piqa, openbookqa, copa, rte.
 const std::vector<std::string>& task_names();
 // The data directory: `flag` when given, else $HG_DATA_DIR, else ../shared/datasets beside the
@@ -50,7 +67,8 @@ std::string resolve_data_dir(const std::string& flag);
 TaskData load_task(const std::string& name, const std::string& data_dir);
 // Requests for the first `limit` documents (0: all) with `shots` few-shot examples drawn by
 // random.Random(seed).sample over the few-shot split, one draw per document in order.
-std::vector<Request> build_requests(const TaskData& task, int shots, int limit, uint64_t seed = 1234);
+std::vector<Request> build_requests(const TaskData& task, int shots, int limit, uint64_t seed = 1234,
+                                    const LmEvalRules& rules = {});
 // {"task","index","context","choices" (the continuations, with their leading delimiter),"gold"}.
 nlohmann::ordered_json request_json(const Request& r);
 

@@ -42,7 +42,8 @@ int cmd_eval(const std::vector<std::string>& args) {
                "per-item records go to a result directory.",
                cmd};
   std::string model, tasks = "piqa,openbookqa,copa,rte", strategies = "full", context = "prefill", data_dir, output,
-                     device = "auto", write_requests, reference = "full";
+                     device = "auto", write_requests, reference = "full",
+                     lm_eval = "0.4.9";
   std::vector<std::string> sets;
   int shots = 3, limit = 0, threads = hardware_threads();
   uint64_t seed = 1234;
@@ -59,7 +60,9 @@ int cmd_eval(const std::vector<std::string>& args) {
       ->capture_default_str();
   app.add_option("--data-dir", data_dir, "dataset directory (default: $HG_DATA_DIR, else ../shared/datasets)");
   app.add_option("--fewshot-seed", seed, "seed of the few-shot sampler (lm-eval's default 1234)")->capture_default_str();
-  app.add_flag("--add-bos", add_bos, "prepend BOS to every context (lm-eval's HF models add none by default)");
+  app.add_flag("--add-bos", add_bos, "prepend BOS to every context (lm-eval 0.4.9's HF models add none)");
+  app.add_option("--lm-eval", lm_eval, "the lm-eval version whose request rules to follow: 0.3, 0.4.9 or 0.4.10")
+      ->capture_default_str();
   app.add_option("--reference", reference, "fidelity reference strategy, or none")->capture_default_str();
   app.add_option("--device", device, "auto (cuda when a device is visible, else the emulated accelerator), emulated or cuda")
       ->capture_default_str();
@@ -80,7 +83,7 @@ int cmd_eval(const std::vector<std::string>& args) {
     if (!out) input_error("eval: --write-requests {}: cannot write", write_requests);
     size_t n = 0;
     for (auto& t : task_list)
-      for (auto& r : build_requests(load_task(t, dir), shots, limit, seed)) out << json_text(request_json(r)) << "\n", ++n;
+      for (auto& r : build_requests(load_task(t, dir), shots, limit, seed, lm_eval_rules(lm_eval, "eval --lm-eval"))) out << json_text(request_json(r)) << "\n", ++n;
     if (!out.flush()) input_error("eval: --write-requests {}: write failed", write_requests);
     fmt::print("wrote {} requests ({}, {} shots) to {}\n", n, tasks, shots, write_requests);
     if (model.empty()) return 0;
@@ -110,7 +113,8 @@ int cmd_eval(const std::vector<std::string>& args) {
   y["eval"]["context"] = context;
   if (!data_dir.empty()) y["eval"]["data_dir"] = data_dir;
   y["eval"]["fewshot_seed"] = seed;
-  y["eval"]["add_bos"] = add_bos;
+  y["eval"]["lm_eval"] = lm_eval;
+  if (add_bos) y["eval"]["add_bos"] = "always";
   y["eval"]["reference"] = reference;
   y["device"] = device;
   y["execute"] = "real";

@@ -360,7 +360,7 @@ Json Runner::run_eval_once(const Point& p, const StrategyEntry& entry, int repea
   const EvalSpec& ev = spec_.eval;
   auto t_it = tasks_.find(p.task);
   if (t_it == tasks_.end()) t_it = tasks_.emplace(p.task, load_task(p.task, resolve_data_dir(ev.data_dir))).first;
-  const std::vector<Request> reqs = build_requests(t_it->second, p.shots, p.limit, ev.fewshot_seed);
+  const std::vector<Request> reqs = build_requests(t_it->second, p.shots, p.limit, ev.fewshot_seed, ev.lm_eval);
   RuntimeConfig rc;
   rc.device = spec_.device;
   Runtime rt(rc);
@@ -371,14 +371,15 @@ Json Runner::run_eval_once(const Point& p, const StrategyEntry& entry, int repea
   const StrategyContext sc{rt.accel_backend(), &rt, &model};
   auto kv = make_strategy(entry.name, sc, params);
   const ContextMode mode = parse_context_mode(p.context, spec_.file);
-  Scorer scorer(model, rt.accel_backend(), *kv, &rt, mode, ev.add_bos);
+  const bool add_bos = ev.lm_eval.bos == BosRule::kAlways || (ev.lm_eval.bos == BosRule::kTokenizer && model.tokenizer->add_bos);
+  Scorer scorer(model, rt.accel_backend(), *kv, &rt, mode, add_bos);
   // The reference runs beside the strategy on the same items (none for the reference itself).
   const bool with_ref = ev.reference != "none" && !(entry.name == ev.reference && params.empty());
   std::unique_ptr<KvStrategy> ref_kv;
   std::unique_ptr<Scorer> ref;
   if (with_ref) {
     ref_kv = make_strategy(ev.reference, sc, {});
-    ref = std::make_unique<Scorer>(model, rt.accel_backend(), *ref_kv, &rt, mode, ev.add_bos);
+    ref = std::make_unique<Scorer>(model, rt.accel_backend(), *ref_kv, &rt, mode, add_bos);
   }
   std::unique_ptr<std::ofstream> items;
   std::string items_rel;
@@ -393,11 +394,13 @@ Json Runner::run_eval_once(const Point& p, const StrategyEntry& entry, int repea
   std::vector<std::vector<std::vector<float>>> lp, ref_lp;
   std::map<std::string, double> stats_sum;
   int64_t ctx_tokens = 0;
+  int truncated_items = 0;
   const auto t0 = std::chrono::steady_clock::now();
   for (size_t i = 0; i < reqs.size(); ++i) {
     ItemScore s = scorer.score(reqs[i], with_ref ? &lp : nullptr);
     for (auto& [k, v] : kv->step_stats()) stats_sum[k] += v;
     ctx_tokens += s.context_tokens;
+    truncated_items += s.truncated > 0;
     Json rec = s.json();
     if (with_ref) {
       const ItemScore r = ref->score(reqs[i], &ref_lp);
@@ -412,6 +415,13 @@ Json Runner::run_eval_once(const Point& p, const StrategyEntry& entry, int repea
   if (items && !items->flush()) input_error("{}: write failed", items_dir);
   const double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   const TaskMetrics m = task_metrics(scores, reqs);
+  if (truncated_items > 0) {  // once per model and task: every strategy truncates the same items
+    static std::set<std::string> warned;
+    if (warned.insert(p.model + "|" + p.task).second)
+      fmt::print(stderr, "hgbench: warning: {} of {} {} items left-truncated to the model's {} positions (as lm-eval "
+                 "does; rows count them in accuracy.truncated_items)\n", truncated_items, scores.size(), p.task,
+                 model.hp.max_pos);
+  }
 
   Json r = row_head(spec_, p, entry, repeat, true);
   r["execute"] = spec_.execute;
@@ -424,7 +434,12 @@ Json Runner::run_eval_once(const Point& p, const StrategyEntry& entry, int repea
   acc["task"] = p.task;
   acc["shots"] = p.shots;
   acc["context"] = p.context;
-  acc["add_bos"] = ev.add_bos;
+  acc["add_bos"] = add_bos;
+  acc["lm_eval"] = {{"version", ev.lm_eval.version},
+                    {"copa_spacing", ev.lm_eval.copa_double_space ? "double" : "single"},
+                    {"bos", bos_rule_name(ev.lm_eval.bos)}};
+  acc["truncated_items"] = truncated_items;
+  acc["max_length"] = model.hp.max_pos;
   acc["fewshot_seed"] = ev.fewshot_seed;
   acc["mean_context_tokens"] = scores.empty() ? 0.0 : double(ctx_tokens) / double(scores.size());
   r["accuracy"] = acc;

@@ -277,7 +277,8 @@ ExperimentSpec parse_node(YAML::Node y, const std::string& file) {
   // eval
   if (const YAML::Node ev = y["eval"]) {
     if (!ev.IsMap()) fail(file, ev, "'eval' must be a mapping (tasks, shots, limit, context, data_dir, …)");
-    check_keys(ev, {"tasks", "shots", "limit", "context", "data_dir", "fewshot_seed", "add_bos", "reference"}, file, "eval");
+    check_keys(ev, {"tasks", "shots", "limit", "context", "data_dir", "fewshot_seed", "lm_eval", "copa_spacing", "add_bos",
+                    "reference"}, file, "eval");
     EvalSpec& e = s.eval;
     e.enabled = true;
     const YAML::Node t = ev["tasks"];
@@ -301,10 +302,22 @@ ExperimentSpec parse_node(YAML::Node y, const std::string& file) {
     }
     if (ev["data_dir"]) e.data_dir = scalar(file, ev["data_dir"], "data_dir");
     if (ev["fewshot_seed"]) e.fewshot_seed = uint64_t(integer(file, ev["fewshot_seed"], "fewshot_seed", 0));
+    if (ev["lm_eval"]) {
+      const std::string v = scalar(file, ev["lm_eval"], "lm_eval");
+      if (std::find(lm_eval_versions().begin(), lm_eval_versions().end(), v) == lm_eval_versions().end())
+        fail(file, ev["lm_eval"], fmt::format("lm_eval '{}' (expected one of {})", v, fmt::join(lm_eval_versions(), ", ")));
+      e.lm_eval = lm_eval_rules(v, file);
+    }
+    if (ev["copa_spacing"]) {
+      const std::string c = scalar(file, ev["copa_spacing"], "copa_spacing");
+      if (c != "single" && c != "double")
+        fail(file, ev["copa_spacing"], fmt::format("copa_spacing '{}' (expected double, lm-eval 0.4, or single, 0.3)", c));
+      e.lm_eval.copa_double_space = c == "double";
+    }
     if (ev["add_bos"]) {
       const std::string b = scalar(file, ev["add_bos"], "add_bos");
-      if (b != "true" && b != "false") fail(file, ev["add_bos"], fmt::format("add_bos '{}' (expected true or false)", b));
-      e.add_bos = b == "true";
+      if (!parse_bos_rule(b, &e.lm_eval.bos))
+        fail(file, ev["add_bos"], fmt::format("add_bos '{}' (expected none, tokenizer or always; true/false also)", b));
     }
     if (ev["reference"]) {
       e.reference = scalar(file, ev["reference"], "reference");

@@ -10,6 +10,8 @@
 #include <nlohmann/json.hpp>
 #include <yaml-cpp/yaml.h>
 
+#include "datasets/tasks.h"
+
 namespace hg {
 
 // One entry of `strategies`: a registered strategy, its parameters and the label rows carry.
@@ -29,7 +31,7 @@ struct EvalSpec {
   std::string context = "prefill"; // prefill | stream
   std::string data_dir;            // "" → --data-dir / HG_DATA_DIR / ../shared/datasets
   uint64_t fewshot_seed = 1234;
-  bool add_bos = false;            // lm-eval's HF default: no BOS
+  LmEvalRules lm_eval;             // the lm-eval version's request rules (eval.lm_eval, copa_spacing, add_bos)
   std::string reference = "full";  // fidelity against this strategy ("none": no fidelity)
 };
 

@@ -261,6 +261,68 @@ TEST(Scorer, EncodesAsLmEvalDoes) {
   EXPECT_EQ(b.continuations, e.continuations);
 }
 
+// Where lm-eval versions differ, the named rules: 0.4.9 (default) spaces COPA's choices twice
+// (target delimiter + the choice's own space) in the scored continuations and the few-shot
+// examples, 0.3 once; 0.4.10 prepends the tokenizer's BOS. An unknown version is an error.
+TEST(Tasks, LmEvalVersionRules) {
+  const std::string val = R"({"premise": "The cup fell.", "choice1": "It broke.", "choice2": "It sang.", )"
+                          R"("question": "effect", "label": 0, "idx": 0})" "\n";
+  const TaskData t = load_task("copa", write_copa_dir("copa_rules", val));
+  const Request v04 = build_requests(t, 2, 1, 1234)[0];
+  const Request v03 = build_requests(t, 2, 1, 1234, lm_eval_rules("0.3", "test"))[0];
+  EXPECT_EQ(v04.continuations[0], "  it broke.");
+  EXPECT_EQ(v03.continuations[0], " it broke.");
+  EXPECT_NE(v04.context.find("therefore  steam rose."), std::string::npos) << v04.context;
+  EXPECT_NE(v03.context.find("therefore steam rose."), std::string::npos) << v03.context;
+  EXPECT_EQ(v03.context.find("  "), std::string::npos) << v03.context;
+  EXPECT_EQ(lm_eval_rules("0.4.10", "t").bos, BosRule::kTokenizer);
+  EXPECT_EQ(lm_eval_rules("0.4.9", "t").bos, BosRule::kNone);
+  EXPECT_THROW(lm_eval_rules("0.5", "t"), InputError);
+  const std::string head = "name: a\nmodels: [synthetic:tiny-llama]\nstrategies: [full]\neval:\n  tasks: [copa]\n";
+  const ExperimentSpec spec = parse_experiment(head + "  lm_eval: \"0.3\"\n  add_bos: tokenizer\n", "a.yaml");
+  EXPECT_FALSE(spec.eval.lm_eval.copa_double_space);
+  EXPECT_EQ(spec.eval.lm_eval.bos, BosRule::kTokenizer);
+  try {
+    parse_experiment(head + "  lm_eval: \"0.5\"\n", "a.yaml");
+    ADD_FAILURE() << "lm_eval 0.5 accepted";
+  } catch (const InputError& e) {
+    EXPECT_NE(std::string(e.what()).find("a.yaml:6: lm_eval '0.5'"), std::string::npos) << e.what();
+  }
+}
+
+// A context longer than the model's positions is left-truncated as lm-eval does (context +
+// continuation cut to the last max_length + 1 tokens, for the longest choice), counted per item,
+// and scored, also on a model with learned positions, where it was an error.
+TEST(Scorer, LongContextsAreLeftTruncatedToTheModelsPositions) {
+  for (const char* preset : {"synthetic:tiny-llama", "synthetic:tiny-opt"}) {
+    Model m = load_model(preset);
+    Request r;
+    r.task = "t";
+    for (int i = 0; i < 400; ++i) r.context += "ab cd ";
+    r.context += "x";
+    r.continuations = {" yes", " no way"};
+    r.choices = {"yes", "no way"};
+    const EncodedRequest full = encode_request(*m.tokenizer, r, false);
+    ASSERT_GT(int(full.context.size()), m.hp.max_pos) << preset;
+    const EncodedRequest e = encode_request(*m.tokenizer, r, false, m.hp.max_pos);
+    size_t longest = 0;
+    for (auto& c : e.continuations) longest = std::max(longest, c.size());
+    EXPECT_EQ(e.context.size() + longest, size_t(m.hp.max_pos) + 1) << preset;
+    EXPECT_EQ(e.truncated, int(full.context.size() - e.context.size()));
+    EXPECT_TRUE(std::equal(e.context.begin(), e.context.end(), full.context.end() - int64_t(e.context.size())));
+    RuntimeConfig rc;
+    rc.device = "emulated";
+    Runtime rt(rc);
+    auto kv = make_strategy("full", StrategyContext{rt.accel_backend(), &rt, &m}, {});
+    Scorer sc(m, rt.accel_backend(), *kv, &rt, ContextMode::kPrefill, false);
+    ItemScore s;
+    ASSERT_NO_THROW(s = sc.score(r)) << preset;
+    EXPECT_EQ(s.truncated, e.truncated);
+    EXPECT_EQ(s.context_tokens, int(e.context.size()));
+    EXPECT_TRUE(std::isfinite(s.ll[0]) && std::isfinite(s.ll[1]));
+  }
+}
+
 TEST(Scorer, CpuEqualsRefInBothModes) {
   Model m = load_model("synthetic:tiny-llama");
   for (ContextMode mode : {ContextMode::kPrefill, ContextMode::kStream})
