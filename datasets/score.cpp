@@ -237,8 +237,41 @@ nlohmann::ordered_json Fidelity::json() const {
           {"mean_kl", mean_kl}};
 }
 
-void FidelityAccumulator::add(const ItemScore& ref, const ItemScore& s,
-                              const std::vector<std::vector<std::vector<float>>>& ref_lp,
+RefDist compact_dist(const std::vector<float>& lp) {
+  RefDist d;
+  if (int64_t(lp.size()) <= kRefFullVocab) {
+    d.lp = lp;
+    return d;
+  }
+  std::vector<int32_t> idx(lp.size());
+  for (size_t i = 0; i < idx.size(); ++i) idx[i] = int32_t(i);
+  std::partial_sort(idx.begin(), idx.begin() + kRefTopK, idx.end(),
+                    [&](int32_t a, int32_t b) { return lp[size_t(a)] > lp[size_t(b)] || (lp[size_t(a)] == lp[size_t(b)] && a < b); });
+  idx.resize(size_t(kRefTopK));
+  d.ids = idx;
+  for (int32_t i : idx) d.lp.push_back(lp[size_t(i)]);
+  return d;
+}
+
+double kl_divergence(const RefDist& p, const std::vector<float>& q) {
+  double kl = 0;
+  if (p.ids.empty()) {
+    HG_CHECK(p.lp.size() == q.size());
+    for (size_t v = 0; v < p.lp.size(); ++v) kl += std::exp(double(p.lp[v])) * (double(p.lp[v]) - double(q[v]));
+    return std::max(0.0, kl);
+  }
+  double pm = 0, qm = 0;
+  for (size_t i = 0; i < p.ids.size(); ++i) {
+    const double pi = std::exp(double(p.lp[i])), qi = double(q[size_t(p.ids[i])]);
+    kl += pi * (double(p.lp[i]) - qi);
+    pm += pi, qm += std::exp(qi);
+  }
+  const double pt = 1.0 - pm, qt = std::max(1.0 - qm, 1e-30);  // the lumped rest
+  if (pt > 1e-12) kl += pt * (std::log(pt) - std::log(qt));
+  return std::max(0.0, kl);
+}
+
+void FidelityAccumulator::add(const ItemScore& ref, const ItemScore& s, const std::vector<std::vector<RefDist>>& ref_lp,
                               const std::vector<std::vector<std::vector<float>>>& s_lp) {
   HG_CHECK(ref.ll.size() == s.ll.size() && ref_lp.size() == s_lp.size());
   ++items_;
@@ -250,11 +283,7 @@ void FidelityAccumulator::add(const ItemScore& ref, const ItemScore& s,
   for (size_t c = 0; c < s_lp.size(); ++c) {
     HG_CHECK(ref_lp[c].size() == s_lp[c].size());
     for (size_t k = 0; k < s_lp[c].size(); ++k) {
-      const auto& p = ref_lp[c][k];
-      const auto& q = s_lp[c][k];
-      double kl = 0;
-      for (size_t v = 0; v < p.size(); ++v) kl += std::exp(double(p[v])) * (double(p[v]) - double(q[v]));
-      kl_ += std::max(0.0, kl);
+      kl_ += kl_divergence(ref_lp[c][k], s_lp[c][k]);
       ++tokens_;
     }
   }

@@ -80,6 +80,26 @@ struct TaskMetrics {
 // lm-eval's acc / acc_norm with the sample standard error of the mean.
 TaskMetrics task_metrics(const std::vector<ItemScore>& items, const std::vector<Request>& reqs);
 
+// A reference's next-token distribution at one scored position, as kept for KL: the whole
+// log-softmax for vocabularies of up to kRefFullVocab tokens, else its kRefTopK most likely tokens
+// with the rest as one lumped outcome — KL against the lumped distribution is a lower bound of the
+// full KL (log-sum inequality) and bounds what a reference costs to keep for every item.
+constexpr int64_t kRefFullVocab = 1024;
+constexpr int kRefTopK = 256;
+struct RefDist {
+  std::vector<int32_t> ids;  // empty: lp is the whole distribution
+  std::vector<float> lp;
+};
+RefDist compact_dist(const std::vector<float>& lp);
+// KL(p ‖ q) in nats; q a whole log-softmax.
+double kl_divergence(const RefDist& p, const std::vector<float>& q);
+// A reference scored once for every strategy: per item its scores and distributions [choice][token].
+struct ReferenceScores {
+  std::vector<ItemScore> items;
+  std::vector<std::vector<std::vector<RefDist>>> dists;
+  double seconds = 0;  // what scoring it took
+};
+
 // A strategy's scores against a reference's on the same items.
 struct Fidelity {
   int items = 0;
@@ -91,7 +111,7 @@ struct Fidelity {
 };
 class FidelityAccumulator {
  public:
-  void add(const ItemScore& ref, const ItemScore& s, const std::vector<std::vector<std::vector<float>>>& ref_lp,
+  void add(const ItemScore& ref, const ItemScore& s, const std::vector<std::vector<RefDist>>& ref_lp,
            const std::vector<std::vector<std::vector<float>>>& s_lp);
   Fidelity result() const;
 

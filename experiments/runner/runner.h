@@ -19,6 +19,7 @@
 #include "engine/runtime/event_log.h"
 #include "engine/runtime/runtime.h"
 #include "engine/runtime/transfer.h"
+#include "datasets/score.h"
 #include "experiments/runner/spec.h"
 
 namespace hg {
@@ -108,6 +109,9 @@ class Runner {
   std::unique_ptr<Model> model_;
   std::map<std::string, PlatformProfile> profiles_;  // loaded once per platform name
   std::map<std::string, TaskData> tasks_;            // loaded once per task
+  // Fidelity references, scored once per (model, task, shots, limit, seed, context mode, lm-eval
+  // rules, reference strategy) and reused by every strategy and swept parameter of the process.
+  std::map<std::string, std::shared_ptr<const ReferenceScores>> references_;
 };
 
 // Provenance of this build and machine (commit and dirty flag, build type, compiler, CPU, GPU).

@@ -6,6 +6,7 @@
 // accuracy experiment file runs unchanged on a user's HF directory.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <filesystem>
 #include <fstream>
@@ -391,9 +392,14 @@ TEST(Fidelity, ZeroForTheSameScoresAndPositiveOtherwise) {
   a.pred = 0, b.pred = 1;
   const std::vector<std::vector<std::vector<float>>> p = {{{std::log(0.5f), std::log(0.5f)}}, {{std::log(0.9f), std::log(0.1f)}}};
   const std::vector<std::vector<std::vector<float>>> q = {{{std::log(0.9f), std::log(0.1f)}}, {{std::log(0.9f), std::log(0.1f)}}};
+  std::vector<std::vector<RefDist>> pd;
+  for (auto& choice : p) {
+    pd.emplace_back();
+    for (auto& pos : choice) pd.back().push_back(compact_dist(pos));
+  }
   FidelityAccumulator same, diff;
-  same.add(a, a, p, p);
-  diff.add(a, b, p, q);
+  same.add(a, a, pd, p);
+  diff.add(a, b, pd, q);
   EXPECT_EQ(same.result().agreement, 1.0);
   EXPECT_NEAR(same.result().mean_kl, 0.0, 1e-12);
   EXPECT_EQ(diff.result().agreement, 0.0);
@@ -401,6 +407,73 @@ TEST(Fidelity, ZeroForTheSameScoresAndPositiveOtherwise) {
   // KL(0.5,0.5 ‖ 0.9,0.1) over two scored tokens, the second identical.
   const double kl = 0.5 * std::log(0.5 / 0.9) + 0.5 * std::log(0.5 / 0.1);
   EXPECT_NEAR(diff.result().mean_kl, kl / 2, 1e-6);
+}
+
+// Large vocabularies keep the reference's top kRefTopK tokens with the rest lumped: zero against
+// itself, never above the full KL (log-sum inequality), and close to it for a peaked reference.
+TEST(Fidelity, TopKReferenceIsALowerBoundOfTheFullKl) {
+  const size_t V = 5000;
+  auto log_softmax_of = [](std::vector<double> z) {
+    double m = *std::max_element(z.begin(), z.end()), s = 0;
+    for (double x : z) s += std::exp(x - m);
+    std::vector<float> lp;
+    for (double x : z) lp.push_back(float(x - m - std::log(s)));
+    return lp;
+  };
+  std::vector<double> zp(V), zq(V);
+  for (size_t i = 0; i < V; ++i) {
+    zp[i] = (i < 40 ? 8.0 : 0.0) + std::sin(double(i) * 0.7);
+    zq[i] = zp[i] + 0.3 * std::cos(double(i) * 1.3);
+  }
+  const auto p = log_softmax_of(zp), q = log_softmax_of(zq);
+  double full = 0;
+  for (size_t v = 0; v < V; ++v) full += std::exp(double(p[v])) * (double(p[v]) - double(q[v]));
+  const RefDist d = compact_dist(p);
+  ASSERT_EQ(d.ids.size(), size_t(kRefTopK));
+  EXPECT_NEAR(kl_divergence(d, p), 0.0, 1e-6);
+  const double lumped = kl_divergence(d, q);
+  EXPECT_LE(lumped, full + 1e-9);
+  EXPECT_GT(lumped, 0.9 * full) << "lumped " << lumped << " full " << full;
+  const RefDist small = compact_dist(std::vector<float>(p.begin(), p.begin() + 100));
+  EXPECT_TRUE(small.ids.empty());  // a small vocabulary is kept whole: exact KL
+}
+
+// One reference per (model, task, shots, seed, mode): across strategies and a swept budget it is
+// scored once — by `full` itself when it runs first — and every other row reuses it, with the same
+// fidelity as scoring it beside each strategy gave (exact strategies agree with it exactly).
+TEST(Experiments, TheReferenceIsScoredOncePerKey) {
+  std::string val;
+  for (int i = 0; i < 4; ++i)
+    val += fmt::format(R"({{"premise": "The child dropped cup {}.", "choice1": "It broke.", "choice2": "It sang.", )"
+                       R"("question": "effect", "label": {}, "idx": {}}})" "\n", i, i % 2, i);
+  const std::string data = write_copa_dir("copa_ref_once", val);
+  for (const char* order : {"[full, flexgen, h2o]", "[h2o, flexgen, full]"}) {
+    ExperimentSpec spec = parse_experiment(
+        fmt::format("name: r\nmodels: [synthetic:tiny-llama]\nstrategies: {}\neval: {{tasks: [copa], context: stream, "
+                    "limit: 3, data_dir: \"{}\"}}\nsweep: {{kv_ratio: [0.5, 0.2]}}\n", order, data),
+        "r.yaml");
+    Runner runner(spec);
+    int fresh = 0, rows = 0;
+    for (auto& p : expand(spec))
+      for (auto& e : spec.strategies)
+        runner.run(p, e, {}, [&](nlohmann::ordered_json r) {
+          ++rows;
+          ASSERT_EQ(r["status"], "ok") << r.dump();
+          if (e.name == "full") {
+            EXPECT_TRUE(r["fidelity"].is_null());
+            return;
+          }
+          const auto& f = r["fidelity"];
+          fresh += !f["reference_reused"].get<bool>();
+          if (e.name == "flexgen") {
+            EXPECT_EQ(f["agreement"], 1.0);
+            EXPECT_LT(f["mean_kl"].get<double>(), 1e-6);
+          }
+        });
+    EXPECT_EQ(rows, 6);
+    // full first: it is the reference, nothing else scores one; h2o first: it scores the one.
+    EXPECT_EQ(fresh, std::string(order).rfind("[full", 0) == 0 ? 0 : 1) << order;
+  }
 }
 
 // experiments/accuracy.yaml, unchanged but for the model (a user's HF directory), the data and the
