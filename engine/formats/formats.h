@@ -74,6 +74,9 @@ void check_model_spec(const std::string& spec);
 
 ModelFormat gguf_format();
 ModelFormat hf_format();
+// The tokenizer of an HF-style directory without its model (tokenizer.model, tokenizer.json or
+// vocab.json + merges.txt, with tokenizer_config.json's add_bos_token when present).
+std::unique_ptr<Tokenizer> load_hf_tokenizer_dir(const std::string& dir);
 ModelFormat llama2c_format();
 ModelFormat synthetic_format();
 

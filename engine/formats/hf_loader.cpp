@@ -43,6 +43,24 @@ int first_id(const nlohmann::json& cfg, const char* field) {
   return -1;
 }
 
+// The tokenizer files of an HF directory: tokenizer.model (SentencePiece), tokenizer.json
+// (byte-level BPE) or vocab.json + merges.txt (GPT-2).
+std::unique_ptr<Tokenizer> tokenizer_files(const fs::path& dir, const std::string& where) {
+  if (fs::exists(dir / "tokenizer.model")) return load_sentencepiece_model((dir / "tokenizer.model").string());
+  if (fs::exists(dir / "tokenizer.json")) return load_hf_tokenizer_json((dir / "tokenizer.json").string());
+  if (fs::exists(dir / "vocab.json") && fs::exists(dir / "merges.txt"))
+    return load_gpt2_files((dir / "vocab.json").string(), (dir / "merges.txt").string(), PreSplit::kGpt2);
+  input_error("{}: no tokenizer (expected tokenizer.model, tokenizer.json, or vocab.json + merges.txt)", where);
+}
+
+// tokenizer_config.json's add_bos_token, when the directory has one.
+void apply_tokenizer_config(const fs::path& dir, Tokenizer* tok) {
+  if (!fs::exists(dir / "tokenizer_config.json")) return;
+  const auto tc = read_json(dir / "tokenizer_config.json");
+  if (tc.is_object() && tc.contains("add_bos_token") && tc["add_bos_token"].is_boolean())
+    tok->add_bos = tc["add_bos_token"].get<bool>();
+}
+
 Model load(const ModelSpec& spec, const LoadOptions& opts) {
   check_spec_options(spec, {"load"});
   const WeightLoad how = weight_load_option(spec);
@@ -127,30 +145,24 @@ Model load(const ModelSpec& spec, const LoadOptions& opts) {
     for (auto s : layer_slots(m.traits))
       m.layers[size_t(i)][s] = load_tensor(arch->hf_name(s, i), slot_is_matrix(s));
 
-  // Tokenizer.
-  std::unique_ptr<Tokenizer> tok;
-  if (fs::exists(dir / "tokenizer.model")) {
-    tok = load_sentencepiece_model((dir / "tokenizer.model").string());
-  } else if (fs::exists(dir / "tokenizer.json")) {
-    tok = load_hf_tokenizer_json((dir / "tokenizer.json").string());
-  } else if (fs::exists(dir / "vocab.json") && fs::exists(dir / "merges.txt")) {
-    tok = load_gpt2_files((dir / "vocab.json").string(), (dir / "merges.txt").string(), PreSplit::kGpt2);
-  } else {
-    input_error("{}: no tokenizer (expected tokenizer.model, tokenizer.json, or vocab.json + merges.txt)", spec.path);
-  }
+  std::unique_ptr<Tokenizer> tok = tokenizer_files(dir, spec.path);
   if (m.hp.bos_id >= 0) tok->bos_id = m.hp.bos_id;
   if (m.hp.eos_id >= 0) tok->eos_id = m.hp.eos_id;
   tok->add_bos = arch->default_add_bos;
-  if (fs::exists(dir / "tokenizer_config.json")) {
-    const auto tc = read_json(dir / "tokenizer_config.json");
-    if (tc.contains("add_bos_token") && tc["add_bos_token"].is_boolean()) tok->add_bos = tc["add_bos_token"].get<bool>();
-  }
+  apply_tokenizer_config(dir, tok.get());
   m.tokenizer = std::move(tok);
   m.source = spec.path;
   return m;
 }
 
 }  // namespace
+
+std::unique_ptr<Tokenizer> load_hf_tokenizer_dir(const std::string& dir) {
+  if (!fs::is_directory(dir)) input_error("{}: not a directory", dir);
+  auto tok = tokenizer_files(dir, dir);
+  apply_tokenizer_config(dir, tok.get());
+  return tok;
+}
 
 ModelFormat hf_format() {
   return {"hf", "Hugging Face directory: config.json + (sharded) safetensors; Llama, Qwen2, OPT", probe, load};

@@ -187,6 +187,26 @@ TEST(Cli, BenchAndStrategyRunsOnSyntheticModel) {
   EXPECT_NE(r.out.find("weights f16"), std::string::npos) << r.out;
 }
 
+// `tokenize` on a folder with tokenizer files and no model (no config.json) gives the ids the
+// whole model directory gives; a folder with neither is one line naming what it expected.
+TEST(Cli, TokenizeLoadsATokenizerOnlyFolder) {
+  HG_REQUIRE_SHARED("models/stories260K-hf/tokenizer.model");
+  const std::string d = test::temp_path("tok_only");
+  std::filesystem::remove_all(d);
+  std::filesystem::create_directories(d);
+  for (const char* f : {"tokenizer.model", "tokenizer_config.json"})
+    std::filesystem::copy_file(test::shared_path(std::string("models/stories260K-hf/") + f), d + "/" + f);
+  const CmdResult a = run("tokenize -m " + d + " -p 'Once upon a time' --ids");
+  const CmdResult b = run("tokenize -m " + test::shared_path("models/stories260K-hf") + " -p 'Once upon a time' --ids");
+  EXPECT_EQ(a.status, 0) << a.out;
+  EXPECT_EQ(a.out, b.out);
+  std::filesystem::remove(d + "/tokenizer.model");
+  const CmdResult c = run("tokenize -m " + d + " -p x");
+  EXPECT_EQ(c.status, 2) << c.out;
+  EXPECT_NE(c.out.find("no tokenizer (expected tokenizer.model, tokenizer.json"), std::string::npos) << c.out;
+  std::filesystem::remove_all(d);
+}
+
 TEST(Cli, GenerateAndInfoOnRealModel) {
   HG_REQUIRE_SHARED("models/stories260K/stories260K.gguf");
   const std::string m = test::shared_path("models/stories260K/stories260K.gguf");
