@@ -30,6 +30,13 @@ void log_softmax(const float* x, int64_t V, std::vector<float>& out) {
   for (int64_t i = 0; i < V; ++i) out[size_t(i)] = float(double(x[i]) - lse);
 }
 
+template <class T>
+int argmax(const std::vector<T>& v) {
+  return int(std::max_element(v.begin(), v.end()) - v.begin());  // first of equal maxima, as numpy
+}
+
+}  // namespace
+
 double mean_stderr(const std::vector<double>& v) {
   const size_t n = v.size();
   if (n < 2) return 0;
@@ -40,13 +47,6 @@ double mean_stderr(const std::vector<double>& v) {
   for (double x : v) ss += (x - m) * (x - m);
   return std::sqrt(ss / double(n - 1)) / std::sqrt(double(n));
 }
-
-template <class T>
-int argmax(const std::vector<T>& v) {
-  return int(std::max_element(v.begin(), v.end()) - v.begin());  // first of equal maxima, as numpy
-}
-
-}  // namespace
 
 ContextMode parse_context_mode(const std::string& s, const std::string& where) {
   if (s == "prefill") return ContextMode::kPrefill;

@@ -77,6 +77,8 @@ struct TaskMetrics {
   double acc = 0, acc_stderr = 0, acc_norm = 0, acc_norm_stderr = 0;
   nlohmann::ordered_json json() const;
 };
+// The sample standard error of the mean (0 below two values).
+double mean_stderr(const std::vector<double>& v);
 // lm-eval's acc / acc_norm with the sample standard error of the mean.
 TaskMetrics task_metrics(const std::vector<ItemScore>& items, const std::vector<Request>& reqs);
 

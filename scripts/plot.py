@@ -142,6 +142,60 @@ def accuracy_figure(cfg, rows, labels, strategy_of, points, varying):
     return {"accuracy": fig}
 
 
+NEEDLE_TASKS = ("passkey", "niah_single", "niah_multikey", "variable_tracking")
+
+
+def needle_figures(cfg, rows, labels, strategy_of):
+    """Retrieval runs: per task, one heatmap per strategy of the match rate over prompt length
+    (rows) and needle depth (columns); the agreement with the reference in each cell's text."""
+    out = {}
+    tasks = [t for t in NEEDLE_TASKS if any(r["point"].get("task") == t for r in rows)]
+    for t in tasks:
+        rs = [r for r in rows if r["point"].get("task") == t]
+        lengths = sorted({r["point"]["needle_tokens"] for r in rs})
+        depths = sorted({r["point"]["depth"] for r in rs})
+        ncol = min(4, len(labels))
+        nrow = (len(labels) + ncol - 1) // ncol
+        fig, axes = plt.subplots(nrow, ncol, figsize=(3.2 * ncol + 1.2, 2.6 * nrow + 0.8), squeeze=False)
+        im = None
+        for j, l in enumerate(labels):
+            ax = axes[j // ncol][j % ncol]
+            grid = [[float("nan")] * len(depths) for _ in lengths]
+            agree = [[None] * len(depths) for _ in lengths]
+            for r in rs:
+                if r["label"] != l or r.get("status") != "ok":
+                    continue
+                i, k = lengths.index(r["point"]["needle_tokens"]), depths.index(r["point"]["depth"])
+                grid[i][k] = r["accuracy"]["acc"]
+                f = r.get("fidelity")
+                agree[i][k] = f.get("agreement") if isinstance(f, dict) else None
+            im = ax.imshow(grid, vmin=0, vmax=1, cmap="viridis", aspect="auto", origin="lower")
+            for i in range(len(lengths)):
+                for k in range(len(depths)):
+                    v = grid[i][k]
+                    txt = "failed" if v != v else f"{v:.2f}"
+                    if agree[i][k] is not None:
+                        txt += f"\nagr {agree[i][k]:.2f}"
+                    ax.text(k, i, txt, ha="center", va="center", fontsize=6,
+                            color="white" if v != v or v < 0.5 else "black")
+            ax.set_xticks(range(len(depths)))
+            ax.set_xticklabels([f"{d}%" for d in depths], fontsize=7)
+            ax.set_yticks(range(len(lengths)))
+            ax.set_yticklabels([f"{n // 1024}K" if n % 1024 == 0 else str(n) for n in lengths], fontsize=7)
+            ax.set_title(display(l, strategy_of.get(l)), fontsize=8)
+            if j % ncol == 0:
+                ax.set_ylabel("prompt length, tokens", fontsize=7)
+            if j // ncol == nrow - 1:
+                ax.set_xlabel("needle depth", fontsize=7)
+        for j in range(len(labels), nrow * ncol):
+            axes[j // ncol][j % ncol].axis("off")
+        fig.suptitle(f"{cfg['name']}: {t}, match rate (higher is better; second line, agr: agreement with the "
+                     f"reference's output) — measured, {platforms_of(rows)}", fontsize=8)
+        fig.colorbar(im, ax=axes.ravel().tolist(), shrink=0.8, label="match rate")
+        out[f"needle_{t}"] = fig
+    return out
+
+
 def figures(d):
     """The figures of result directory d, by file stem."""
     rows, cfg, labels, strategy_of = load(d)
@@ -159,6 +213,13 @@ def figures(d):
         has_acc |= "accuracy" in r
     keys = list(next(iter(points.values())).keys()) if points else []
     varying = [k for k in keys if len({json.dumps(p.get(k), sort_keys=True) for p in points.values()}) > 1]
+    if has_acc and any(p.get("task") in NEEDLE_TASKS for p in points.values()):
+        out = needle_figures(cfg, rows, labels, strategy_of)
+        mc = [r for r in rows if r["point"].get("task") not in NEEDLE_TASKS]
+        if mc:  # multiple-choice tasks beside them: their bars too
+            mc_points = OrderedDict((pi, p) for pi, p in points.items() if p.get("task") not in NEEDLE_TASKS)
+            out.update(accuracy_figure(cfg, mc, labels, strategy_of, mc_points, varying))
+        return out
     if has_acc:
         return accuracy_figure(cfg, rows, labels, strategy_of, points, varying)
 

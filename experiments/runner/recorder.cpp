@@ -172,7 +172,9 @@ std::string write_accuracy_summary(const std::string& dir, const std::vector<Res
       if (!r && !reason.count(key)) continue;
       const Json acc = r ? (*r)["accuracy"] : Json::object();
       const Json fid = r && (*r)["fidelity"].is_object() ? (*r)["fidelity"] : Json::object();
-      auto g = [](const Json& j, const char* k) { return j.contains(k) ? num(j[k].get<double>()) : std::string(); };
+      auto g = [](const Json& j, const char* k) {
+        return j.contains(k) && j[k].is_number() ? num(j[k].get<double>()) : std::string();
+      };
       const std::string strategy = r ? (*r)["strategy"].get<std::string>() : "";
       std::vector<std::string> rec = {json_str(pj["id"]), std::to_string(pi), json_str(pj["model"]), json_str(pj["task"])};
       for (auto& c : axis_cells(pj, true)) rec.push_back(c);
@@ -236,19 +238,30 @@ std::string write_accuracy_summary(const std::string& dir, const std::vector<Res
     std::string ref;
     for (auto& [k, r] : cell)
       if ((*r)["fidelity"].is_object()) ref = (*r)["fidelity"].value("reference", "");
-    auto fid = [](const Json& r, const char* k) {
-      return r["fidelity"].is_object() ? r["fidelity"][k].get<double>() : NAN;
+    auto is_ref = [](const Json& r) {  // the reference's own row has no fidelity
+      auto f = r.find("fidelity");
+      return std::string(f == r.end() || !f->is_object() ? "ref" : "-");
+    };
+    auto fid = [](const Json& r, const char* k) {  // NaN where a row has no such figure (retrieval tasks: no KL)
+      auto f = r.find("fidelity");
+      if (f == r.end() || !f->is_object()) return double(NAN);
+      auto v = f->find(k);
+      return v != f->end() && v->is_number() ? v->get<double>() : double(NAN);
     };
     out += "\n";
     out += table(
         "agreement with " + ref + " (fraction of items with the same answer)",
-        [&](const Json& r) { const double v = fid(r, "agreement"); return std::isfinite(v) ? fmt::format("{:.3f}", v) : std::string("ref"); },
+        [&](const Json& r) { const double v = fid(r, "agreement"); return std::isfinite(v) ? fmt::format("{:.3f}", v) : is_ref(r); },
         [&](const Json& r) { return fid(r, "agreement"); });
-    out += "\n";
-    out += table(
-        "mean KL(" + ref + " ‖ strategy) per scored token, nats",
-        [&](const Json& r) { const double v = fid(r, "mean_kl"); return std::isfinite(v) ? fmt::format("{:.2e}", v) : std::string("ref"); },
-        [&](const Json& r) { return fid(r, "mean_kl"); });
+    bool any_kl = false;
+    for (auto& [k, r] : cell) any_kl = any_kl || std::isfinite(fid(*r, "mean_kl"));
+    if (any_kl) {  // retrieval tasks compare outputs, not distributions
+      out += "\n";
+      out += table(
+          "mean KL(" + ref + " ‖ strategy) per scored token, nats",
+          [&](const Json& r) { const double v = fid(r, "mean_kl"); return std::isfinite(v) ? fmt::format("{:.2e}", v) : is_ref(r); },
+          [&](const Json& r) { return fid(r, "mean_kl"); });
+    }
   }
   write_checked(dir + "/table.txt", out);
   return out;

@@ -104,6 +104,7 @@ class Runner {
   const Model& model_for(const std::string& spec);
   nlohmann::ordered_json run_once(const Point& p, const StrategyEntry& entry, int repeat, bool record);
   nlohmann::ordered_json run_eval_once(const Point& p, const StrategyEntry& entry, int repeat);
+  nlohmann::ordered_json run_needle_once(const Point& p, const StrategyEntry& entry, int repeat);
   const ExperimentSpec& spec_;
   std::string model_key_;
   std::unique_ptr<Model> model_;
@@ -112,6 +113,8 @@ class Runner {
   // Fidelity references, scored once per (model, task, shots, limit, seed, context mode, lm-eval
   // rules, reference strategy) and reused by every strategy and swept parameter of the process.
   std::map<std::string, std::shared_ptr<const ReferenceScores>> references_;
+  // The same for retrieval tasks: the reference's greedy outputs per item.
+  std::map<std::string, std::vector<std::vector<int32_t>>> needle_refs_;
 };
 
 // Provenance of this build and machine (commit and dirty flag, build type, compiler, CPU, GPU).

@@ -289,8 +289,10 @@ ExperimentSpec parse_node(YAML::Node y, const std::string& file) {
     if (tv.empty()) fail(file, t, "'eval.tasks' is empty");
     for (auto& x : tv) {
       const std::string name = scalar(file, x, "tasks");
-      if (std::find(task_names().begin(), task_names().end(), name) == task_names().end())
-        fail(file, x, fmt::format("unknown task '{}' (did you mean '{}'?)", name, nearest_key(name, task_names())));
+      std::vector<std::string> known = task_names();
+      known.insert(known.end(), needle_task_names().begin(), needle_task_names().end());
+      if (std::find(known.begin(), known.end(), name) == known.end())
+        fail(file, x, fmt::format("unknown task '{}' (did you mean '{}'?)", name, nearest_key(name, known)));
       e.tasks.push_back(name);
     }
     if (ev["shots"]) e.shots = int_field(file, ev["shots"], "shots", 0);
@@ -519,15 +521,40 @@ const std::vector<SweepAxis>& sweep_axes() {
     // Accuracy experiments.
     SweepAxis shots = int_axis("shots", 0, &Point::shots), limit = int_axis("limit", 0, &Point::limit);
     for (SweepAxis* a : {&shots, &limit}) a->timing = false, a->accuracy = true;
+    // The retrieval tasks have no few-shot examples and no context mode.
+    shots.record = [](Json& j, const Point& p) {
+      if (!is_needle_task(p.task)) j["shots"] = p.shots;
+    };
     SweepAxis context;
     context.name = "context";
     context.timing = false, context.accuracy = true;
     context.parse = choice("context", {"prefill", "stream"});
     context.apply = [](Point& p, const std::string& x, const Spec&) { p.context = x; };
-    context.record = [](Json& j, const Point& p) { j["context"] = p.context; };
+    context.record = [](Json& j, const Point& p) {
+      if (!is_needle_task(p.task)) j["context"] = p.context;
+    };
     v.push_back(shots);
     v.push_back(context);
     v.push_back(limit);
+    // Long-context retrieval tasks (datasets/needle.h): the prompt's length in tokens and the
+    // needle's depth in percent; recorded for those tasks only (other points keep their ids).
+    SweepAxis needle_tokens = int_axis("needle_tokens", 16, &Point::needle_tokens);
+    needle_tokens.timing = false, needle_tokens.accuracy = true;
+    needle_tokens.record = [](Json& j, const Point& p) {
+      if (p.needle_tokens > 0) j["needle_tokens"] = p.needle_tokens;
+    };
+    SweepAxis depth;
+    depth.name = "depth";
+    depth.timing = false, depth.accuracy = true;
+    depth.parse = [](const Spec&, const std::string& file, const YAML::Node& x) {
+      return std::to_string(integer(file, x, "depth", 0, 100));
+    };
+    depth.apply = [](Point& p, const std::string& x, const Spec&) { p.depth = std::stoi(x); };
+    depth.record = [](Json& j, const Point& p) {
+      if (p.depth >= 0) j["depth"] = p.depth;
+    };
+    v.push_back(needle_tokens);
+    v.push_back(depth);
     return v;
   }();
   return axes;
@@ -608,6 +635,12 @@ std::vector<Point> expand(const ExperimentSpec& spec) {
       else if (k == "task") p.task = v;
       else if (const SweepAxis* ax = sweep_axis(k)) ax->apply(p, v, spec);
       else p.strategy_params[k.substr(0, k.find('.'))][k.substr(k.find('.') + 1)] = v;
+    }
+    if (is_needle_task(p.task)) {  // defaults of the retrieval tasks; the other tasks have neither
+      if (p.needle_tokens == 0) p.needle_tokens = kNeedleTokensDefault;
+      if (p.depth < 0) p.depth = kNeedleDepthDefault;
+    } else {
+      p.needle_tokens = 0, p.depth = -1;
     }
     nlohmann::ordered_json j;
     j["model"] = p.model;

@@ -10,6 +10,7 @@
 #include <nlohmann/json.hpp>
 #include <yaml-cpp/yaml.h>
 
+#include "datasets/needle.h"
 #include "datasets/tasks.h"
 
 namespace hg {
@@ -34,6 +35,9 @@ struct EvalSpec {
   LmEvalRules lm_eval;             // the lm-eval version's request rules (eval.lm_eval, copa_spacing, add_bos)
   std::string reference = "full";  // fidelity against this strategy ("none": no fidelity)
 };
+
+// A retrieval task's point without needle_tokens / depth in its sweep.
+constexpr int kNeedleTokensDefault = 4096, kNeedleDepthDefault = 50, kNeedleItemsDefault = 4;
 
 struct ExperimentSpec {
   std::string file;  // where it came from ("" for specs built in code)
@@ -70,6 +74,8 @@ struct Point {
   std::string task;
   int shots = 0, limit = 0;
   std::string context;
+  int needle_tokens = 0;  // retrieval tasks: prompt length in tokens (0: not one)
+  int depth = -1;         // retrieval tasks: the needle's depth in percent (-1: not one)
   // Strategy parameters swept as `strategy.param`: strategy name → param → value.
   std::map<std::string, std::map<std::string, std::string>> strategy_params;
   nlohmann::ordered_json values;  // the effective point as recorded in rows
