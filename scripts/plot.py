@@ -115,6 +115,17 @@ def legend_right(ax, n):
     return ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False, ncol=1 if n <= 14 else 2)
 
 
+def accuracy_caption(rows):
+    """The settings every accuracy row shares: model, context mode, shots, items per point."""
+    acc = [r["accuracy"] for r in rows if r.get("status") == "ok" and "accuracy" in r]
+    def one(key, fmt):
+        vals = sorted({str(a[key]) for a in acc if key in a})
+        return fmt.format(", ".join(vals)) if vals else None
+    models = sorted({model_name(r["point"].get("model", "")) for r in rows})
+    parts = [", ".join(models), one("context", "{} context"), one("shots", "{}-shot"), one("n", "n = {}")]
+    return "; ".join(p for p in parts if p)
+
+
 def accuracy_figure(cfg, rows, labels, strategy_of, points, varying):
     """Accuracy runs: acc per point (task) and strategy with its standard error, mean last."""
     cell = {}
@@ -137,7 +148,7 @@ def accuracy_figure(cfg, rows, labels, strategy_of, points, varying):
     ax.set_xlabel(" / ".join(axis_label(k, points) for k in varying) or "task")
     ax.set_ylabel("accuracy (acc ± standard error), higher is better")
     ax.set_ylim(0, 1)
-    ax.set_title(f"{cfg['name']}: accuracy — measured, {platforms_of(rows)}", fontsize=9)
+    ax.set_title(f"{cfg['name']}: accuracy — {accuracy_caption(rows)} — measured, {platforms_of(rows)}", fontsize=9)
     legend_right(ax, len(labels))
     return {"accuracy": fig}
 

@@ -6,6 +6,7 @@
 
 #include <csv.h>
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include <algorithm>
 #include <cmath>
@@ -227,7 +228,23 @@ std::string write_accuracy_summary(const std::string& dir, const std::vector<Res
     }
     return out;
   };
-  std::string out = table(
+  // What every column shares, named once above the tables: model, context mode, shots, items,
+  // lm-eval rules (a setting that varies is in the column names instead).
+  auto shared = [&](const char* key, const char* acc_key = nullptr) {
+    std::set<std::string> vals;
+    for (auto& [k, r] : cell) {
+      const Json& src = acc_key ? (*r)["accuracy"] : (*r)["point"];
+      const char* f = acc_key ? acc_key : key;
+      if (src.contains(f)) vals.insert(f == std::string("model") ? fs::path(json_str(src[f])).filename().string()
+                                                                 : json_str(f == std::string("lm_eval") ? src[f]["version"] : src[f]));
+    }
+    return fmt::format("{}", fmt::join(vals, ", "));
+  };
+  std::string caption = "model: " + shared("model");
+  for (auto [title, key, acc_key] : {std::tuple{"context", "context", "context"}, {"shots", "shots", "shots"},
+                                     {"items per point", "n", "n"}, {"lm-eval", "lm_eval", "lm_eval"}})
+    if (const std::string v = shared(key, acc_key); !v.empty()) caption += fmt::format(" | {}: {}", title, v);
+  std::string out = caption + "\n" + table(
       "accuracy (acc ± standard error) per point",
       [](const Json& r) { return fmt::format("{:.3f}±{:.3f}", r["accuracy"]["acc"].get<double>(),
                                              r["accuracy"]["acc_stderr"].get<double>()); },
