@@ -129,7 +129,11 @@ ItemScore Scorer::score(const Request& r, std::vector<std::vector<std::vector<fl
   const int C = int(e.continuations.size());
   const int32_t n_ctx = int32_t(e.context.size());
   const int64_t V = model_.hp.n_vocab;
-  std::vector<int32_t> capacity(static_cast<size_t>(C)), prompt_len(size_t(C), mode_ == ContextMode::kPrefill ? n_ctx : 1);
+  // Prefill mode prefills all but the last context token exactly; that token is a decode step, so
+  // that every scored position (the first continuation token included) comes from a step the
+  // strategy shapes. Stream mode: a one-token prompt, every other token a decode step.
+  const int32_t prefilled = mode_ == ContextMode::kPrefill ? std::max<int32_t>(1, n_ctx - 1) : 1;
+  std::vector<int32_t> capacity(static_cast<size_t>(C)), prompt_len(size_t(C), prefilled);
   for (int c = 0; c < C; ++c) {
     capacity[size_t(c)] = n_ctx + std::max<int32_t>(1, int32_t(e.continuations[size_t(c)].size()));
     // The last continuation token is scored, not fed: capacity − 1 positions are used.
@@ -176,11 +180,17 @@ ItemScore Scorer::score(const Request& r, std::vector<std::vector<std::vector<fl
   if (mode_ == ContextMode::kPrefill) {
     toks.clear(), rows.clear(), row_choice.clear();
     for (int c = 0; c < C; ++c)
-      for (int32_t p = 0; p < n_ctx; ++p) toks.push_back(e.context[size_t(p)]), rows.push_back({c, p});
+      for (int32_t p = 0; p < prefilled; ++p) toks.push_back(e.context[size_t(p)]), rows.push_back({c, p});
     want.clear();
-    for (int c = 0; c < C; ++c) want.push_back((c + 1) * n_ctx - 1), row_choice.push_back(c);
-    logits.resize(size_t(C) * size_t(V));
+    if (prefilled == n_ctx)  // a one-token context: its prefill gives the first scored logits
+      for (int c = 0; c < C; ++c) want.push_back((c + 1) * n_ctx - 1), row_choice.push_back(c);
+    logits.resize(want.size() * size_t(V));
     forward(toks, rows, want, logits.data());
+    if (prefilled < n_ctx) {
+      toks.clear(), rows.clear(), row_choice.clear();
+      for (int c = 0; c < C; ++c) toks.push_back(e.context[size_t(n_ctx - 1)]), rows.push_back({c, n_ctx - 1}), row_choice.push_back(c);
+      run(true);
+    }
   } else {
     for (int32_t p = 0; p < n_ctx; ++p) {
       toks.clear(), rows.clear(), row_choice.clear();

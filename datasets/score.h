@@ -18,8 +18,9 @@ namespace hg {
 class Runtime;
 class Tokenizer;
 
-// prefill: the context is prefilled (exact attention for every strategy), then each choice's
-// tokens are teacher-forced as decode steps with the strategy active. stream: every token, the
+// prefill: all but the last context token are prefilled (exact attention for every strategy), then
+// the last context token and each choice's tokens are teacher-forced as decode steps with the
+// strategy active, so every scored position (a one-token answer's too) is one the strategy shapes. stream: every token, the
 // context included, is a decode step after a one-token prompt, so the strategy shapes the whole
 // sequence.
 enum class ContextMode { kPrefill, kStream };

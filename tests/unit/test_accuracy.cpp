@@ -358,6 +358,40 @@ TEST(Scorer, BudgetBeyondTheSequenceEqualsFullAndASmallOneDiffers) {
   EXPECT_GT(max_diff(score_with(m, "streamingllm", {{"sinks", "1"}, {"window", "3"}}, ContextMode::kPrefill), full), 1e-3);
 }
 
+// A one-token answer (RTE's " True"/" False" in most vocabularies) is scored from a step the
+// strategy shapes in both modes: with a small budget it differs from full in prefill mode too
+// (it was scored from the exact prefill), and a budget beyond the sequence still equals full.
+TEST(Scorer, SingleTokenAnswersFeelTheStrategyInBothModes) {
+  Model m = load_model("synthetic:tiny-llama");
+  Request r;
+  r.task = "single";
+  r.context = "Question: Is the sky blue on a clear summer day, when the sun is high? Answer:";
+  r.continuations = {"T", "F"};  // one byte-token each
+  r.choices = {"T", "F"};
+  ASSERT_EQ(encode_request(*m.tokenizer, r, false).continuations[0].size(), 1u);
+  RuntimeConfig rc;
+  rc.device = "emulated";
+  for (ContextMode mode : {ContextMode::kPrefill, ContextMode::kStream}) {
+    auto ll = [&](const std::string& name, const std::map<std::string, std::string>& params) {
+      Runtime rt(rc);
+      auto kv = make_strategy(name, StrategyContext{rt.accel_backend(), &rt, &m}, params);
+      Scorer sc(m, rt.accel_backend(), *kv, &rt, mode, false);
+      return sc.score(r).ll;
+    };
+    const auto full = ll("full", {{"kv_dtype", "f32"}});
+    const std::string what = context_mode_name(mode);
+    for (auto [name, params] : std::vector<std::pair<std::string, std::map<std::string, std::string>>>{
+             {"h2o", {{"heavy_tokens", "2"}, {"recent_tokens", "2"}, {"kv_dtype", "f32"}}},
+             {"streamingllm", {{"sinks", "1"}, {"window", "3"}}}}) {
+      const auto got = ll(name, params);
+      EXPECT_GT(std::abs(got[0] - full[0]) + std::abs(got[1] - full[1]), 1e-3) << name << " " << what;
+    }
+    const auto wide = ll("h2o", {{"kv_ratio", "1.0"}, {"recent_tokens", "1000"}, {"kv_dtype", "f32"}});
+    EXPECT_NEAR(wide[0], full[0], 1e-4) << what;
+    EXPECT_NEAR(wide[1], full[1], 1e-4) << what;
+  }
+}
+
 TEST(Metrics, AccAccNormAndStandardErrors) {
   std::vector<ItemScore> items(4);
   std::vector<Request> reqs(4);
