@@ -26,6 +26,7 @@ hg_install_deps() {
   apt-get install -y -qq --no-install-recommends "${missing[@]}" >&2
 }
 
+# hg_build [TARGET…]: configure once, then build the targets (default: all of them).
 hg_build() {
   local jobs
   jobs="$(nproc)"
@@ -33,5 +34,9 @@ hg_build() {
     # shellcheck disable=SC2086
     cmake -S "$HG_ROOT" -B "$HG_BUILD_DIR" -DCMAKE_BUILD_TYPE=Release ${HG_CMAKE_ARGS:-} >&2
   fi
-  cmake --build "$HG_BUILD_DIR" -j "$jobs" >&2
+  if [ $# -gt 0 ]; then
+    cmake --build "$HG_BUILD_DIR" -j "$jobs" --target "$@" >&2
+  else
+    cmake --build "$HG_BUILD_DIR" -j "$jobs" >&2
+  fi
 }
