@@ -143,6 +143,36 @@ d = read(os.path.join(shared, "models/stories260K-hf/model.safetensors"))
 if d:
     put("safetensors", "stories260K.safetensors", d)
 
+# An HF directory with weights: config.json and model.safetensors joined by fuzz_hf_dir's marker.
+cfg = read(os.path.join(shared, "models/stories260K-hf/config.json"))
+st = read(os.path.join(shared, "models/stories260K-hf/model.safetensors"))
+if cfg and st:
+    put("hf_dir", "stories260K", cfg + b"\n--hgbench-safetensors--\n" + st)
+
+# And a one-layer llama written here (a few KiB: fast mutations).
+d, ff, kvd, V = 8, 16, 4, 8
+hf_shapes = [("model.embed_tokens.weight", [V, d]), ("model.norm.weight", [d]), ("lm_head.weight", [V, d]),
+             ("model.layers.0.input_layernorm.weight", [d]), ("model.layers.0.post_attention_layernorm.weight", [d]),
+             ("model.layers.0.self_attn.q_proj.weight", [d, d]), ("model.layers.0.self_attn.k_proj.weight", [kvd, d]),
+             ("model.layers.0.self_attn.v_proj.weight", [kvd, d]), ("model.layers.0.self_attn.o_proj.weight", [d, d]),
+             ("model.layers.0.mlp.gate_proj.weight", [ff, d]), ("model.layers.0.mlp.up_proj.weight", [ff, d]),
+             ("model.layers.0.mlp.down_proj.weight", [d, ff])]
+hdr, blob = {}, b""
+for i, (name, shape) in enumerate(hf_shapes):
+    n_el = 1
+    for x in shape:
+        n_el *= x
+    data = struct.pack(f"<{n_el}f", *values(n_el, i))
+    hdr[name] = {"dtype": "F32", "shape": shape, "data_offsets": [len(blob), len(blob) + len(data)]}
+    blob += data
+hj = json.dumps(hdr).encode()
+hj += b" " * ((-len(hj)) % 8)
+mini_cfg = json.dumps({"architectures": ["LlamaForCausalLM"], "hidden_size": d, "num_hidden_layers": 1,
+                       "num_attention_heads": 2, "num_key_value_heads": 1, "intermediate_size": ff,
+                       "vocab_size": V, "max_position_embeddings": 64, "rms_norm_eps": 1e-5,
+                       "tie_word_embeddings": False}).encode()
+put("hf_dir", "min-llama", mini_cfg + b"\n--hgbench-safetensors--\n" + struct.pack("<Q", len(hj)) + hj + blob)
+
 # config.json: the real one and one per architecture.
 d = read(os.path.join(shared, "models/stories260K-hf/config.json"))
 if d:
