@@ -29,6 +29,9 @@ const char* regex_of(PreSplit p) {
       return R"((?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+)";
     case PreSplit::kStarcoder:  // two passes: digits split off first, then GPT-2's rules on the rest
       return R"(\p{N})" "\x1f" R"('s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+)";
+    case PreSplit::kFalcon:  // three passes: punctuation runs, GPT-2's rules, then digits in threes
+      return R"([\p{P}\$\+<=>\^~\|`]+)" "\x1f" R"('s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S))"
+             "\x1f" R"([0-9][0-9][0-9])";
   }
   return "";
 }
@@ -295,8 +298,9 @@ PreSplit pre_split_from_name(const std::string& pre, const std::string& where) {
   if (pre == "llama-bpe" || pre == "llama3" || pre == "smaug-bpe" || pre == "dbrx") return PreSplit::kLlama3;
   if (pre == "qwen2") return PreSplit::kQwen2;
   if (pre == "starcoder" || pre == "refact") return PreSplit::kStarcoder;
+  if (pre == "falcon") return PreSplit::kFalcon;
   input_error("{}: tokenizer pre-split '{}' is not supported (expected gpt-2, mpt, llama-bpe, qwen2, starcoder, "
-              "refact)", where, pre);
+              "refact, falcon)", where, pre);
 }
 
 std::unique_ptr<Tokenizer> make_byte_bpe_tokenizer(ByteBpeSpec spec, const std::string& where) {
