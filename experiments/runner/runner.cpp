@@ -313,6 +313,29 @@ namespace {
 Json row_head(const ExperimentSpec& spec, const Point& p, const StrategyEntry& e, int repeat, bool ok) {
   return ResultRow::head(spec.name, p.id, p.index, e.label, e.name, repeat, ok);
 }
+
+// The start of an ok accuracy row (multiple-choice and retrieval alike): head, point, parameters.
+Json accuracy_row(const ExperimentSpec& spec, const Point& p, const StrategyEntry& e, int repeat,
+                  const StrategyParams& effective) {
+  Json r = row_head(spec, p, e, repeat, true);
+  r["execute"] = spec.execute;
+  r["time_basis"] = "measured";
+  r["point"] = p.values;
+  Json par;
+  for (auto& [k, v] : effective.all()) par[k] = v;
+  r["params"] = par;
+  return r;
+}
+
+// An item's per-choice, per-position log-softmax as the reference keeps it.
+std::vector<std::vector<RefDist>> compact_dists(const std::vector<std::vector<std::vector<float>>>& lp) {
+  std::vector<std::vector<RefDist>> d;
+  for (auto& choice : lp) {
+    d.emplace_back();
+    for (auto& pos : choice) d.back().push_back(compact_dist(pos));
+  }
+  return d;
+}
 }  // namespace
 
 namespace {
@@ -398,11 +421,7 @@ Json Runner::run_eval_once(const Point& p, const StrategyEntry& entry, int repea
       const auto r0 = std::chrono::steady_clock::now();
       for (const Request& rq : reqs) {
         made->items.push_back(ref_scorer.score(rq, &rlp));
-        auto& d = made->dists.emplace_back();
-        for (auto& choice : rlp) {
-          d.emplace_back();
-          for (auto& pos : choice) d.back().push_back(compact_dist(pos));
-        }
+        made->dists.push_back(compact_dists(rlp));
       }
       made->seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - r0).count();
       it = references_.emplace(ref_key, std::move(made)).first;
@@ -440,11 +459,7 @@ Json Runner::run_eval_once(const Point& p, const StrategyEntry& entry, int repea
     }
     if (kept) {
       kept->items.push_back(s);
-      auto& d = kept->dists.emplace_back();
-      for (auto& choice : lp) {
-        d.emplace_back();
-        for (auto& pos : choice) d.back().push_back(compact_dist(pos));
-      }
+      kept->dists.push_back(compact_dists(lp));
     }
     if (items) *items << json_text(rec) << "\n";
     scores.push_back(std::move(s));
@@ -465,13 +480,7 @@ Json Runner::run_eval_once(const Point& p, const StrategyEntry& entry, int repea
                  model.hp.max_pos);
   }
 
-  Json r = row_head(spec_, p, entry, repeat, true);
-  r["execute"] = spec_.execute;
-  r["time_basis"] = "measured";
-  r["point"] = p.values;
-  Json par;
-  for (auto& [k, v] : effective.all()) par[k] = v;
-  r["params"] = par;
+  Json r = accuracy_row(spec_, p, entry, repeat, effective);
   Json acc = m.json();
   acc["task"] = p.task;
   acc["shots"] = p.shots;
@@ -593,13 +602,7 @@ Json Runner::run_needle_once(const Point& p, const StrategyEntry& entry, int rep
   for (double m : match) mean += m / double(match.size());
   for (auto& it : items) tokens += double(it.tokens) / double(items.size());
 
-  Json r = row_head(spec_, p, entry, repeat, true);
-  r["execute"] = spec_.execute;
-  r["time_basis"] = "measured";
-  r["point"] = p.values;
-  Json par;
-  for (auto& [k, v] : effective.all()) par[k] = v;
-  r["params"] = par;
+  Json r = accuracy_row(spec_, p, entry, repeat, effective);
   Json acc = {{"n", n}, {"acc", mean}, {"acc_stderr", mean_stderr(match)}, {"metric", "string_match_all"},
               {"task", p.task}, {"needle_tokens", p.needle_tokens}, {"depth", p.depth},
               {"mean_context_tokens", tokens}, {"fewshot_seed", ev.fewshot_seed}};
