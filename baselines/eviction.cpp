@@ -400,6 +400,24 @@ void EvictingStrategy::attend(int layer, std::span<const TokenRow> rows, const f
   else last_rows_.assign(rows.begin(), rows.end());
 }
 
+void EvictingStrategy::fork(int32_t src, int32_t, std::span<const int32_t> dst) {
+  settle();  // a load in flight reads the store; dst's layers load afresh in the next step
+  for (int32_t d : dst) {
+    for (int l = 0; l < shape_.n_layers; ++l) {
+      store_.copy_sequence(l, src, d);
+      ++version(l, d);
+      for (int g = 0; g < shape_.H_kv; ++g) {
+        const auto& from = scores(l, src, g);
+        auto& to = scores(l, d, g);
+        const size_t live = size_t(store_.count(l, src, g));
+        std::copy(from.begin(), from.begin() + int64_t(live), to.begin());
+        std::fill(to.begin() + int64_t(live), to.end(), 0.0);
+      }
+    }
+    context_[size_t(d)] = context_[size_t(src)];
+  }
+}
+
 StageWork EvictingStrategy::tap_work(const AttentionArgs& a) const {
   int64_t keys = 0;
   for (int i = 0; i < a.n_rows; ++i) keys += a.rows[i].n_keys;

@@ -30,6 +30,7 @@ class EvictingStrategy : public KvStrategy {
   void append(int layer, std::span<const TokenRow> rows, const float* k, const float* v) override;
   void attend(int layer, std::span<const TokenRow> rows, const float* q, float scale, float* out) override;
   std::map<std::string, double> step_stats() const override;
+  void fork(int32_t src, int32_t n, std::span<const int32_t> dst) override;
   DType kv_dtype() const override { return kv_.dtype(); }
   std::map<std::string, std::string> effective_params() const override;
   const SlotStore& store() const { return store_; }

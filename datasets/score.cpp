@@ -107,9 +107,10 @@ nlohmann::ordered_json ItemScore::json() const {
   return j;
 }
 
-Scorer::Scorer(const Model& model, Backend& backend, KvStrategy& kv, Runtime* rt, ContextMode mode, bool add_bos)
+Scorer::Scorer(const Model& model, Backend& backend, KvStrategy& kv, Runtime* rt, ContextMode mode, bool add_bos,
+               int batch_seqs)
     : model_(model), be_(backend), kv_(kv), rt_(rt && rt->device() != DeviceKind::kCpu ? rt : nullptr), mode_(mode),
-      add_bos_(add_bos), dec_(model, backend, kv) {}
+      add_bos_(add_bos), batch_seqs_(std::max(1, batch_seqs)), dec_(model, backend, kv) {}
 
 void Scorer::forward(std::span<const int32_t> t, std::span<const TokenRow> rows, std::span<const int32_t> want,
                      float* lg) {
@@ -124,98 +125,189 @@ void Scorer::forward(std::span<const int32_t> t, std::span<const TokenRow> rows,
   ++step_;
 }
 
-ItemScore Scorer::score(const Request& r, std::vector<std::vector<std::vector<float>>>* logprobs) {
-  const EncodedRequest e = encode_request(*model_.tokenizer, r, add_bos_, model_.hp.max_pos);
-  const int C = int(e.continuations.size());
-  const int32_t n_ctx = int32_t(e.context.size());
-  const int64_t V = model_.hp.n_vocab;
-  // Prefill mode prefills all but the last context token exactly; that token is a decode step, so
-  // that every scored position (the first continuation token included) comes from a step the
-  // strategy shapes. Stream mode: a one-token prompt, every other token a decode step.
-  const int32_t prefilled = mode_ == ContextMode::kPrefill ? std::max<int32_t>(1, n_ctx - 1) : 1;
-  std::vector<int32_t> capacity(static_cast<size_t>(C)), prompt_len(size_t(C), prefilled);
-  for (int c = 0; c < C; ++c) {
-    capacity[size_t(c)] = n_ctx + std::max<int32_t>(1, int32_t(e.continuations[size_t(c)].size()));
-    // The last continuation token is scored, not fed: capacity − 1 positions are used.
-    if (model_.traits.pos == PosKind::kLearned && capacity[size_t(c)] - 1 > model_.hp.max_pos)
-      input_error("{} item {}: {} tokens, but the model has {} learned positions", r.task, r.index,
-                  capacity[size_t(c)] - 1, model_.hp.max_pos);
+ItemScore Scorer::score(const Request& r, ChoiceLogprobs* logprobs) {
+  ItemScore out;
+  score_all(std::span<const Request>(&r, 1), logprobs != nullptr, [&](size_t, ItemScore& s, ChoiceLogprobs& lp) {
+    out = std::move(s);
+    if (logprobs) *logprobs = std::move(lp);
+  });
+  return out;
+}
+
+void Scorer::score_all(std::span<const Request> reqs, bool logprobs, const ItemDone& done) {
+  // Items of similar length share a batch (a stream-mode batch runs as long as its longest item).
+  std::vector<size_t> order(reqs.size());
+  std::vector<size_t> len(reqs.size());
+  for (size_t i = 0; i < reqs.size(); ++i) {
+    order[i] = i;
+    len[i] = reqs[i].context.size();
+    size_t longest = 0;
+    for (auto& c : reqs[i].continuations) longest = std::max(longest, c.size());
+    len[i] += longest;
   }
-  ItemScore s;
-  s.index = r.index;
-  s.gold = r.gold;
-  s.context_tokens = n_ctx;
-  s.truncated = e.truncated;
-  s.ll.assign(size_t(C), 0.0);
-  s.tokens.assign(size_t(C), 0);
-  s.greedy.assign(size_t(C), true);
-  if (logprobs) logprobs->assign(size_t(C), {});
+  std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) { return len[a] < len[b]; });
+  if (kv_.needs_prompt_attention() && !calibrated_ && !reqs.empty()) calibrate(reqs);
+  for (size_t i0 = 0; i0 < order.size();) {
+    size_t i1 = i0 + 1, seqs = std::max<size_t>(1, reqs[order[i0]].continuations.size());
+    while (i1 < order.size() && seqs + std::max<size_t>(1, reqs[order[i1]].continuations.size()) <= size_t(batch_seqs_))
+      seqs += std::max<size_t>(1, reqs[order[i1++]].continuations.size());
+    score_batch(reqs, std::span<const size_t>(order).subspan(i0, i1 - i0), logprobs, done);
+    if (on_batch_) on_batch_(int(i1 - i0));
+    i0 = i1;
+  }
+}
+
+void Scorer::calibrate(std::span<const Request> reqs) {
+  std::vector<int32_t> longest;
+  for (const Request& r : reqs) {
+    std::vector<int32_t> c = encode_request(*model_.tokenizer, r, add_bos_, model_.hp.max_pos).context;
+    if (c.size() > longest.size()) longest = std::move(c);
+  }
+  const int32_t n = int32_t(longest.size());
+  std::vector<TokenRow> rows;
+  for (int32_t p = 0; p < n; ++p) rows.push_back({0, p});
+  const int32_t cap[1] = {n}, prompt[1] = {n};
+  step_ = 0;
+  kv_.begin(dec_.kv_shape(), cap, prompt);
+  forward(longest, rows, {}, nullptr);
+  calibrated_ = true;
+}
+
+void Scorer::score_batch(std::span<const Request> reqs, std::span<const size_t> which, bool logprobs,
+                         const ItemDone& done) {
+  const int64_t V = model_.hp.n_vocab;
+  // Per item: its encoding, its first sequence (the context runs there; choice c is sequence base + c),
+  // the prompt (prefill mode: all but the last context token; stream mode: one token) and scores.
+  struct Item {
+    EncodedRequest e;
+    int32_t base = 0, n_ctx = 0, prompt = 0, C = 0;
+    ItemScore s;
+    ChoiceLogprobs lp;
+  };
+  std::vector<Item> items(which.size());
+  std::vector<int32_t> capacity, prompt_len;
+  for (size_t j = 0; j < which.size(); ++j) {
+    const Request& r = reqs[which[j]];
+    Item& it = items[j];
+    it.e = encode_request(*model_.tokenizer, r, add_bos_, model_.hp.max_pos);
+    it.C = std::max(1, int(it.e.continuations.size()));
+    it.e.continuations.resize(size_t(it.C));
+    it.n_ctx = int32_t(it.e.context.size());
+    // Prefill mode prefills all but the last context token exactly; that token is a decode step, so
+    // that every scored position (the first continuation token included) comes from a step the
+    // strategy shapes. Stream mode: a one-token prompt, every other token a decode step.
+    it.prompt = mode_ == ContextMode::kPrefill ? std::max<int32_t>(1, it.n_ctx - 1) : 1;
+    it.base = int32_t(capacity.size());
+    for (int c = 0; c < it.C; ++c) {
+      const int32_t cap = it.n_ctx + std::max<int32_t>(1, int32_t(it.e.continuations[size_t(c)].size()));
+      // The last continuation token is scored, not fed: capacity − 1 positions are used.
+      if (model_.traits.pos == PosKind::kLearned && cap - 1 > model_.hp.max_pos)
+        input_error("{} item {}: {} tokens, but the model has {} learned positions", r.task, r.index, cap - 1,
+                    model_.hp.max_pos);
+      capacity.push_back(cap);
+      prompt_len.push_back(it.prompt);
+    }
+    it.s.index = r.index;
+    it.s.gold = r.gold;
+    it.s.context_tokens = it.n_ctx;
+    it.s.truncated = it.e.truncated;
+    it.s.ll.assign(size_t(it.C), 0.0);
+    it.s.tokens.assign(size_t(it.C), 0);
+    it.s.greedy.assign(size_t(it.C), true);
+    if (logprobs) it.lp.assign(size_t(it.C), {});
+  }
   step_ = 0;
   kv_.begin(dec_.kv_shape(), capacity, prompt_len);
 
   std::vector<int32_t> toks, want;
   std::vector<TokenRow> rows;
-  std::vector<int> row_choice;
-  std::vector<float> logits, lp;
-  // Scores the logits of row i (choice row_choice[i]) against that choice's token at `k`.
-  auto take = [&](size_t i, int k) {
-    const int c = row_choice[i];
-    const int32_t target = e.continuations[size_t(c)][size_t(k)];
-    const float* x = logits.data() + int64_t(i) * V;
-    log_softmax(x, V, lp);
-    s.ll[size_t(c)] += double(lp[size_t(target)]);
-    s.tokens[size_t(c)] += 1;
-    if (std::max_element(x, x + V) - x != target) s.greedy[size_t(c)] = false;
-    if (logprobs) (*logprobs)[size_t(c)].push_back(lp);
+  // Per wanted logits row: its item, and the choice it scores (-1: every choice, the context's last
+  // token) and the continuation token it scores.
+  struct Want {
+    size_t item;
+    int choice, k;
   };
-  auto run = [&](bool with_logits) {
-    want.clear();
-    if (with_logits)
-      for (size_t i = 0; i < rows.size(); ++i) want.push_back(int32_t(i));
-    logits.resize(want.size() * size_t(V));
-    forward(toks, rows, want, logits.data());
+  std::vector<Want> wants;
+  std::vector<float> logits, lp;
+  auto score_row = [&](const float* x, Item& it, int c, int k) {
+    const int32_t target = it.e.continuations[size_t(c)][size_t(k)];
+    it.s.ll[size_t(c)] += double(lp[size_t(target)]);
+    it.s.tokens[size_t(c)] += 1;
+    if (std::max_element(x, x + V) - x != target) it.s.greedy[size_t(c)] = false;
+    if (logprobs) it.lp[size_t(c)].push_back(lp);
+  };
+  auto take = [&]() {
+    for (size_t w = 0; w < wants.size(); ++w) {
+      const float* x = logits.data() + int64_t(w) * V;
+      log_softmax(x, V, lp);
+      Item& it = items[wants[w].item];
+      if (wants[w].choice >= 0) {
+        score_row(x, it, wants[w].choice, wants[w].k);
+        continue;
+      }
+      for (int c = 0; c < it.C; ++c)
+        if (!it.e.continuations[size_t(c)].empty()) score_row(x, it, c, 0);
+    }
+  };
+  // After the context's last token: the choices continue from forks of the context's sequence.
+  auto fork = [&](Item& it) {
+    if (it.C < 2) return;
+    std::vector<int32_t> dst;
+    for (int c = 1; c < it.C; ++c) dst.push_back(it.base + c);
+    kv_.fork(it.base, it.n_ctx, dst);
   };
 
-  // The context, for every choice's sequence.
-  if (mode_ == ContextMode::kPrefill) {
-    toks.clear(), rows.clear(), row_choice.clear();
-    for (int c = 0; c < C; ++c)
-      for (int32_t p = 0; p < prefilled; ++p) toks.push_back(e.context[size_t(p)]), rows.push_back({c, p});
-    want.clear();
-    if (prefilled == n_ctx)  // a one-token context: its prefill gives the first scored logits
-      for (int c = 0; c < C; ++c) want.push_back((c + 1) * n_ctx - 1), row_choice.push_back(c);
-    logits.resize(want.size() * size_t(V));
-    forward(toks, rows, want, logits.data());
-    if (prefilled < n_ctx) {
-      toks.clear(), rows.clear(), row_choice.clear();
-      for (int c = 0; c < C; ++c) toks.push_back(e.context[size_t(n_ctx - 1)]), rows.push_back({c, n_ctx - 1}), row_choice.push_back(c);
-      run(true);
-    }
-  } else {
-    for (int32_t p = 0; p < n_ctx; ++p) {
-      toks.clear(), rows.clear(), row_choice.clear();
-      for (int c = 0; c < C; ++c) toks.push_back(e.context[size_t(p)]), rows.push_back({c, p}), row_choice.push_back(c);
-      run(p == n_ctx - 1);
-    }
+  // The prompts, in one forward (chunked by the decoder).
+  toks.clear(), rows.clear(), want.clear(), wants.clear();
+  for (size_t j = 0; j < items.size(); ++j) {
+    const Item& it = items[j];
+    for (int32_t p = 0; p < it.prompt; ++p) toks.push_back(it.e.context[size_t(p)]), rows.push_back({it.base, p});
+    if (it.prompt == it.n_ctx) want.push_back(int32_t(rows.size()) - 1), wants.push_back({j, -1, 0});
   }
-  for (size_t i = 0; i < row_choice.size(); ++i)
-    if (!e.continuations[size_t(row_choice[i])].empty()) take(i, 0);
-  // The continuations, one teacher-forced token per step; the last token is scored, not fed.
-  for (int k = 0;; ++k) {
-    toks.clear(), rows.clear(), row_choice.clear();
-    for (int c = 0; c < C; ++c) {
-      const auto& cont = e.continuations[size_t(c)];
-      if (int(cont.size()) > k + 1) toks.push_back(cont[size_t(k)]), rows.push_back({c, n_ctx + k}), row_choice.push_back(c);
+  logits.resize(want.size() * size_t(V));
+  forward(toks, rows, want, logits.data());
+  take();
+  for (auto& it : items)
+    if (it.prompt == it.n_ctx) fork(it);
+
+  // Decode steps: step t feeds each item's position prompt + t, the context's on its first sequence,
+  // then each choice's teacher-forced tokens on its own (the last token is scored, not fed).
+  for (int32_t t = 0;; ++t) {
+    toks.clear(), rows.clear(), want.clear(), wants.clear();
+    for (size_t j = 0; j < items.size(); ++j) {
+      const Item& it = items[j];
+      const int32_t pos = it.prompt + t;
+      if (pos < it.n_ctx) {
+        toks.push_back(it.e.context[size_t(pos)]), rows.push_back({it.base, pos});
+        if (pos == it.n_ctx - 1) want.push_back(int32_t(rows.size()) - 1), wants.push_back({j, -1, 0});
+        continue;
+      }
+      const int k = pos - it.n_ctx;  // the continuation token fed at pos
+      for (int c = 0; c < it.C; ++c) {
+        const auto& cont = it.e.continuations[size_t(c)];
+        if (int(cont.size()) <= k + 1) continue;
+        toks.push_back(cont[size_t(k)]), rows.push_back({it.base + c, pos});
+        want.push_back(int32_t(rows.size()) - 1), wants.push_back({j, c, k + 1});
+      }
     }
     if (rows.empty()) break;
-    run(true);
-    for (size_t i = 0; i < rows.size(); ++i) take(i, k + 1);
+    logits.resize(want.size() * size_t(V));
+    forward(toks, rows, want, logits.data());
+    take();
+    for (auto& it : items)
+      if (it.prompt + t == it.n_ctx - 1) fork(it);
   }
-  s.pred = argmax(s.ll);
-  std::vector<double> norm(static_cast<size_t>(C));
-  for (int c = 0; c < C; ++c) norm[size_t(c)] = s.ll[size_t(c)] / double(std::max<size_t>(1, char_length(r.choices[size_t(c)])));
-  s.pred_norm = argmax(norm);
-  return s;
+
+  for (size_t j = 0; j < items.size(); ++j) {
+    Item& it = items[j];
+    const Request& r = reqs[which[j]];
+    it.s.pred = argmax(it.s.ll);
+    std::vector<double> norm(static_cast<size_t>(it.C));
+    for (int c = 0; c < it.C; ++c)
+      norm[size_t(c)] = it.s.ll[size_t(c)] / double(std::max<size_t>(1, char_length(r.choices[size_t(c)])));
+    it.s.pred_norm = argmax(norm);
+    done(which[j], it.s, it.lp);
+  }
 }
 
 nlohmann::ordered_json TaskMetrics::json() const {

@@ -3,6 +3,7 @@
 // acc_norm (log-likelihood over the choice's length in characters), each with its standard error;
 // and the fidelity of a strategy against a reference (`full`) on the same items.
 #pragma once
+#include <functional>
 #include <span>
 #include <string>
 #include <vector>
@@ -51,26 +52,47 @@ struct ItemScore {
   nlohmann::ordered_json json() const;
 };
 
-// Scores requests with one strategy. The choices of an item run as one batch of sequences over the
-// same context tokens (each sequence holds its own copy of the context's KV, as a strategy keeps
-// per-sequence state); a runtime with an accelerator runs each forward on its queue.
+// Per choice, the log-softmax over the vocabulary at each scored position: [choice][token][V].
+using ChoiceLogprobs = std::vector<std::vector<std::vector<float>>>;
+
+// Scores requests with one strategy. An item's context runs once, on the first of its choices'
+// sequences; after its last token the strategy forks that sequence into the others, and each
+// choice continues from its fork. Items run in batches of up to batch_seqs sequences per forward,
+// items of similar length together (a strategy's per-sequence state does not depend on its batch;
+// HybridGen's adaptive K is the batch's, as the scheduler sets one K per step). A strategy that
+// calibrates on its first prompt (needs_prompt_attention(): InfiniGen's skew) is first shown the
+// longest context as an exact prefill, in either mode, as its authors calibrate once offline. A
+// runtime with an accelerator runs each forward on its queue.
 class Scorer {
  public:
-  Scorer(const Model& model, Backend& backend, KvStrategy& kv, Runtime* rt, ContextMode mode, bool add_bos);
-  // logprobs, when given, receives the log-softmax over the vocabulary at every scored position:
-  // [choice][token][V].
-  ItemScore score(const Request& r, std::vector<std::vector<std::vector<float>>>* logprobs = nullptr);
+  static constexpr int kDefaultBatchSeqs = 64;
+  Scorer(const Model& model, Backend& backend, KvStrategy& kv, Runtime* rt, ContextMode mode, bool add_bos,
+         int batch_seqs = kDefaultBatchSeqs);
+  // One item; logprobs, when given, receives its distributions.
+  ItemScore score(const Request& r, ChoiceLogprobs* logprobs = nullptr);
+  // Every request; done(index, score, logprobs) as each batch ends (logprobs empty unless asked for).
+  // Items are scored in batches of similar length, so calls come in no particular order of index.
+  using ItemDone = std::function<void(size_t, ItemScore&, ChoiceLogprobs&)>;
+  void score_all(std::span<const Request> reqs, bool logprobs, const ItemDone& done);
+  // Called after each batch with its number of items (the strategy's step_stats() are then its last step's).
+  using BatchDone = std::function<void(int items)>;
+  void on_batch(BatchDone f) { on_batch_ = std::move(f); }
 
  private:
   void forward(std::span<const int32_t> t, std::span<const TokenRow> rows, std::span<const int32_t> want, float* lg);
+  void score_batch(std::span<const Request> reqs, std::span<const size_t> which, bool logprobs, const ItemDone& done);
+  void calibrate(std::span<const Request> reqs);
   const Model& model_;
   Backend& be_;
   KvStrategy& kv_;
   Runtime* rt_;
   ContextMode mode_;
   bool add_bos_;
+  int batch_seqs_;
   Decoder dec_;
   int64_t step_ = 0;
+  bool calibrated_ = false;
+  BatchDone on_batch_;
 };
 
 struct TaskMetrics {

@@ -94,6 +94,12 @@ class FlexGen final : public KvStrategy {
     next_first_.clear();
   }
   std::map<std::string, double> step_stats() const override { return {{"exposed_loads", double(exposed_last_)}}; }
+  // The dram store is the state; the next step loads dst's layers as a sequence the prefetch missed.
+  void fork(int32_t src, int32_t n, std::span<const int32_t> dst) override {
+    settle();
+    for (int32_t d : dst)
+      for (int l = 0; l < shape_.n_layers; ++l) store_.copy_tokens(l, src, d, n);
+  }
 
   // Copies tokens [0, first[seq]) of `layer` from dram into staging slot layer % 2.
   Event load(int layer, const std::map<int32_t, int32_t>& first) {

@@ -27,4 +27,9 @@ void FullStrategy::attend(int layer, std::span<const TokenRow> rows, const float
   be_.attention(a);
 }
 
+void FullStrategy::fork(int32_t src, int32_t n, std::span<const int32_t> dst) {
+  for (int32_t d : dst)
+    for (int l = 0; l < store_.shape().n_layers; ++l) store_.copy_tokens(l, src, d, n, &be_);
+}
+
 }  // namespace hg

@@ -27,6 +27,7 @@ class FullStrategy final : public KvStrategy {
   void begin(const KvShape& shape, std::span<const int32_t> capacity, std::span<const int32_t> prompt_len) override;
   void append(int layer, std::span<const TokenRow> rows, const float* k, const float* v) override;
   void attend(int layer, std::span<const TokenRow> rows, const float* q, float scale, float* out) override;
+  void fork(int32_t src, int32_t n, std::span<const int32_t> dst) override;
   const KvStore& store() const { return store_; }
 
  private:

@@ -1,6 +1,8 @@
 // HybridGen: set-up, the accelerator's merged attention, the end of a step (hybridgen.h).
 #include "baselines/hybridgen/hybridgen.h"
 
+#include <cstring>
+
 namespace hg {
 
 HybridGen::HybridGen(const StrategyContext& ctx, const StrategyParams& p)
@@ -59,21 +61,21 @@ void HybridGen::begin(const KvShape& shape, std::span<const int32_t> capacity,
   last_pos_.assign(pending_.size(), -1);
   sched_ = FeedbackScheduler(sched_cfg_);
   if (k_min_ratio_ > 0 || budget_ > 0)
-    set_k_min_for(prompt_len.empty() ? 1 : *std::max_element(prompt_len.begin(), prompt_len.end()));
+    set_k_min_for(prompt_len.empty() ? 1 : *std::min_element(prompt_len.begin(), prompt_len.end()));
   t_cpu_ = t_tx_ = t_query_ = t_fixed_ = waited_ = 0;
   seen_pos_max_ = 0;
   in_step_ = false;
   last_ = {};
 }
 
-void HybridGen::set_k_min_for(int64_t context) {
+int64_t HybridGen::k_min_for(int64_t context) const {
   if (budget_ > 0) {
     // The shared budget counts the resident ring too: K_min is what the ring leaves of it.
     const int64_t resident = std::min<int64_t>(context, int64_t(resident_tokens_) + 1);
-    sched_.set_k_min(std::max<int64_t>(1, int64_t(std::floor(budget_ * double(context))) - resident));
-  } else {
-    sched_.set_k_min(int64_t(std::floor(k_min_ratio_ * double(context))));
+    return std::max<int64_t>(1, int64_t(std::floor(budget_ * double(context))) - resident);
   }
+  if (k_min_ratio_ > 0) return std::max<int64_t>(1, int64_t(std::floor(k_min_ratio_ * double(context))));
+  return 0;  // k_min in tokens: the scheduler's alone
 }
 
 std::map<std::string, std::string> HybridGen::effective_params() const {
@@ -140,7 +142,12 @@ void HybridGen::end_step() {
            {"t_cpu_ms", t_cpu * 1e3},        {"t_tx_ms", t_tx * 1e3},
            {"t_gpu_ms", t_gpu * 1e3},        {"wait_ms", waited_ * 1e3},
            {"cpu_hidden_pct", 100 * hidden}, {"t_query_ms", t_query * 1e3}};
-  if (k_min_ratio_ > 0 || budget_ > 0) set_k_min_for(seen_pos_max_ + 1);
+  if (k_min_ratio_ > 0 || budget_ > 0) {  // the batch's shortest context (each row's own K_min: k_for())
+    int32_t shortest = seen_pos_max_;
+    for (int b = 0; b < B_; ++b)
+      if (last_pos_[pidx(0, b)] >= 0) shortest = std::min(shortest, last_pos_[pidx(0, b)]);
+    set_k_min_for(shortest + 1);
+  }
   sched_.update(t_cpu, t_tx, t_gpu, n_off, t_fixed);
   waited_ = 0;
   last_["tokens_gpu"] = double(std::min<int64_t>(resident_tokens_, seen_pos_max_ + 1));
@@ -148,6 +155,43 @@ void HybridGen::end_step() {
   // K as the scheduler set it, and the tokens a CPU stage selects with it (no more than offloaded).
   last_["K_effective"] = double(std::min<int64_t>(int64_t(last_["K"]), n_off));
   last_["v_pages_far"] = double(offloaded_kv_.far_value_pages());
+}
+
+void HybridGen::fork(int32_t src, int32_t n, std::span<const int32_t> dst) {
+  const int Hkv = shape_.H_kv;
+  const int64_t row = kv_.bytes(shape_.D);
+  for (int32_t d : dst)
+    for (int l = 0; l < shape_.n_layers; ++l) {
+      HG_CHECK(!pending_[pidx(l, src)] && !deferred_[pidx(l, src)]);  // between steps: no stage in flight
+      ring_.copy_tokens(l, src, d, std::min(n, resident_tokens_ + 1), &be_);
+      const int32_t n_off = offloaded_[pidx(l, src)];
+      // Offloaded rows go from src's tier to dst's (pages are placed per sequence: they may differ).
+      for (Tier from : {Tier::kDram, Tier::kFar})
+        for (Tier to : {Tier::kDram, Tier::kFar}) {
+          auto key_here = [&](int32_t p) {
+            return offloaded_kv_.key_tier(l, src, p) == from && offloaded_kv_.key_tier(l, d, p) == to;
+          };
+          auto value_here = [&](int32_t p) { return vtier(l, src, p) == from && vtier(l, d, p) == to; };
+          int64_t rows = 0;
+          for (int32_t p = 0; p < n_off; ++p) rows += key_here(p) + value_here(p);
+          if (rows == 0) continue;
+          rt_.transfers()
+              .run(
+                  from, to, rows * Hkv * row,
+                  [&] {
+                    for (int32_t p = 0; p < n_off; ++p)
+                      for (int g = 0; g < Hkv; ++g) {
+                        if (key_here(p))
+                          std::memcpy(offloaded_kv_.key(l, d, g, p), offloaded_kv_.key(l, src, g, p), size_t(row));
+                        if (value_here(p)) std::memcpy(vrow(l, d, g, p), vrow(l, src, g, p), size_t(row));
+                      }
+                  },
+                  {}, "fork offloaded kv")
+              .wait();
+        }
+      offloaded_[pidx(l, d)] = n_off;
+      last_pos_[pidx(l, d)] = last_pos_[pidx(l, src)];
+    }
 }
 
 void HybridGen::attend_hybrid(int layer, const TokenRow& r, const float* q, float scale, float* out) {

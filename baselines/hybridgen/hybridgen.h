@@ -78,7 +78,7 @@ class HybridGen final : public KvStrategy {
   int64_t accel_attention_keys(const TokenRow& r) const override {
     if (r.pos < prompt_[size_t(r.seq)]) return int64_t(r.pos) + 1;
     const int64_t resident = std::min<int64_t>(r.pos + 1, int64_t(resident_tokens_) + 1);
-    return resident + std::min<int64_t>(sched_.k(), std::max<int64_t>(0, r.pos + 1 - resident));
+    return resident + std::min<int64_t>(k_for(r), std::max<int64_t>(0, r.pos + 1 - resident));
   }
 
   // Decode: the resident ring on the accelerator, the K selected offloaded tokens by CPU logits.
@@ -121,12 +121,18 @@ class HybridGen final : public KvStrategy {
 
   void end_step() override;
 
+  // The ring and the offloaded keys and values; the scheduler is the batch's.
+  void fork(int32_t src, int32_t n, std::span<const int32_t> dst) override;
+
   std::map<std::string, double> step_stats() const override { return last_; }
 
  private:
   size_t pidx(int layer, int seq) const { return size_t(layer) * size_t(B_) + size_t(seq); }
+  // K for row r: the scheduler's (one for the batch), raised to r's own K_min where the batch's
+  // contexts differ (the scheduler's K_min is its shortest context's).
+  int64_t k_for(const TokenRow& r) const { return std::max<int64_t>(sched_.k(), k_min_for(r.pos)); }
   int32_t current_k(const TokenRow& r) const {
-    return int32_t(std::min<int64_t>(sched_.k(), offloaded_[pidx(0, r.seq)]));
+    return int32_t(std::min<int64_t>(k_for(r), offloaded_[pidx(0, r.seq)]));
   }
   char* vrow(int layer, int seq, int g, int32_t pos) { return offloaded_kv_.value(layer, seq, g, pos); }
   // Byte address of element `elems` of a KV array of kv_dtype.
@@ -227,7 +233,10 @@ class HybridGen final : public KvStrategy {
   double k_min_ratio_ = 0;  // > 0: k_min is this fraction of the current context
   double budget_ = 0;       // > 0: resident + k_min is this fraction of the current context
   KvElement kv_;
-  void set_k_min_for(int64_t context);
+  // K_min for a context of `context` tokens from kv_ratio or the shared budget (0 without them: k_min in
+  // tokens is the scheduler's alone).
+  int64_t k_min_for(int64_t context) const;
+  void set_k_min_for(int64_t context) { sched_.set_k_min(k_min_for(context)); }
   bool in_step_ = false;
   Clock::time_point step_start_;
   std::mutex mu_;

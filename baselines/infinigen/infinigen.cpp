@@ -17,6 +17,7 @@
 #include <Eigen/Dense>
 #include <Eigen/SVD>
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <map>
 #include <mutex>
@@ -140,9 +141,17 @@ class InfiniGen final : public KvStrategy {
     prompt_.assign(prompt_len.begin(), prompt_len.end());
     store_.reset(shape, capacity, &rt_.memory(), Tier::kDram, kv_.dtype());
     dp_ = std::max(1, int(std::lround(partial_ratio_ * shape.D)));
-    forget_skew();
-    skew_.clear();
-    skew_.resize(size_t(shape.n_layers) * size_t(shape.H_kv));
+    // The skew is calibrated once, on the first prompt this instance sees (the authors calibrate
+    // once, offline): later batches of the same shape keep it, and their partial keys are built as
+    // their rows are appended.
+    const bool keep = calibrated() && skew_.size() == size_t(shape.n_layers) * size_t(shape.H_kv) &&
+                      skew_shape_ == std::array<int, 3>{shape.H_kv, shape.D, dp_};
+    if (!keep) {
+      forget_skew();
+      skew_.clear();
+      skew_.resize(size_t(shape.n_layers) * size_t(shape.H_kv));
+      skew_shape_ = {shape.H_kv, shape.D, dp_};
+    }
     calib_q_.assign(size_t(shape.n_layers), {});
     calib_k_.assign(size_t(shape.n_layers), {});
     // Partial key cache [H_kv, cap, dp] per (layer, seq) on the accelerator.
@@ -284,6 +293,16 @@ class InfiniGen final : public KvStrategy {
   }
   std::optional<AttendedKeys> last_attended() const override { return AttendedKeys{last_attended_, 0}; }
   bool needs_prompt_attention() const override { return true; }
+  // The dram store and the partial key cache (fetches live within a step).
+  void fork(int32_t src, int32_t n, std::span<const int32_t> dst) override {
+    wait_fetches();
+    for (int32_t d : dst)
+      for (int l = 0; l < shape_.n_layers; ++l) {
+        HG_CHECK(!fetch_[size_t(l) * size_t(B_) + size_t(src)]);
+        store_.copy_tokens(l, src, d, n);
+        if (ready(l)) partial_.copy_tokens(l, src, d, n, &be_);
+      }
+  }
 
  private:
   struct Fetch {
@@ -324,7 +343,11 @@ class InfiniGen final : public KvStrategy {
   // the 8B shape would otherwise hold 20 GB of them.
   int32_t calib_len() const { return calib_tokens_ > 0 ? std::min(prompt_[0], calib_tokens_) : prompt_[0]; }
   bool calibration_row(const TokenRow& r) const { return r.seq == 0 && r.pos < calib_len(); }
+  bool calibrated() const {
+    return !skew_.empty() && std::all_of(skew_.begin(), skew_.end(), [](const Weight& w) { return !w.empty(); });
+  }
   bool calibrating(std::span<const TokenRow> rows) const {
+    if (calibrated()) return false;
     for (auto& r : rows)
       if (calibration_row(r)) return true;
     return false;
@@ -502,6 +525,7 @@ class InfiniGen final : public KvStrategy {
   std::vector<int32_t> prompt_;
   KvStore store_, partial_;
   int svd_layers_ = 0;
+  std::array<int, 3> skew_shape_{};  // H_kv, D, dp of the kept skew
   std::vector<Weight> skew_;  // per (layer, KV head): the kept columns of the skew, [dp, D]
   std::vector<std::vector<float>> calib_q_, calib_k_;
   std::vector<std::shared_ptr<Fetch>> fetch_;

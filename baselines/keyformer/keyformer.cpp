@@ -5,8 +5,9 @@
 // current context (or kv_tokens), of which recent_ratio is a recent window (Keyformer's split: recent = kv·recent_ratio)
 // and the rest key tokens by score. Attention itself uses the normal softmax. Follows the
 // authors' decode path (attention.py); their lm-eval path cannot accumulate (see BASELINES.md).
-// The noise of (layer, seq, query row, head, key position) is a pure function of the seed
-// (keyformer_gumbel): every query row, prompt rows included, has its own draw per key.
+// The noise of (layer, query row, head, key position) is a pure function of the seed
+// (keyformer_gumbel): every query row, prompt rows included, has its own draw per key. It does not
+// depend on the sequence's index in the batch, so a sequence scores the same alone, batched or forked.
 #include <immintrin.h>
 
 #include <algorithm>
@@ -170,7 +171,7 @@ class Keyformer : public EvictingStrategy {
     // Independent noise per (query row, key), prompt rows included, as the authors' decode path
     // draws it over the prompt's [query, key] scores.
     for (int h = 0; h < group(); ++h)
-      keyformer_add_scores(host_backend(), seed_, layer, seq, row_pos, g * group() + h, pos, logits + h * ld, n, t,
+      keyformer_add_scores(host_backend(), seed_, layer, /*stream=*/0, row_pos, g * group() + h, pos, logits + h * ld, n, t,
                            z_.data(), gn_.data(), sc.data());
   }
   void victims(int layer, int seq, int g, int32_t count, std::vector<int32_t>& slots) override {

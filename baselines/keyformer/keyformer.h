@@ -7,17 +7,18 @@ namespace hg {
 
 class Backend;
 
-// g ~ Gumbel(0, 1) for one (seed, layer, seq, query row position, head, key position): −log(−log u).
-double keyformer_gumbel(uint64_t seed, int layer, int seq, int row, int head, int32_t pos);
+// g ~ Gumbel(0, 1) for one (seed, layer, stream, query row position, head, key position): −log(−log u).
+// The strategy draws from stream 0 for every sequence.
+double keyformer_gumbel(uint64_t seed, int layer, int stream, int row, int head, int32_t pos);
 // out[i] = keyformer_gumbel(seed, layer, seq, row, head, pos[i]) for i < n.
-void keyformer_gumbel_n(uint64_t seed, int layer, int seq, int row, int head, const int32_t* pos, int32_t n,
+void keyformer_gumbel_n(uint64_t seed, int layer, int stream, int row, int head, const int32_t* pos, int32_t n,
                         double* out);
 // The noise's logarithm (for its test against std::log).
 double keyformer_log(double x);
 
 // acc[s] += softmax((logits + g) / tau)[s] for s < n: one query row of one head, keys at `pos`;
 // z (n floats) and noise (n doubles) are scratch. `host` supplies the vectorised max and exp-sum.
-void keyformer_add_scores(Backend& host, uint64_t seed, int layer, int seq, int row, int head, const int32_t* pos,
+void keyformer_add_scores(Backend& host, uint64_t seed, int layer, int stream, int row, int head, const int32_t* pos,
                           const float* logits, int32_t n, double tau, float* z, double* noise, double* acc);
 
 // The modeled cost of keyformer_add_scores per score, in elements of the host backend's

@@ -111,6 +111,12 @@ class MoeLightning final : public KvStrategy {
   void end_step() override {
     if (kv_in_.valid()) kv_in_.wait();
   }
+  // The dram store is the state (the prompt's staging layer serves prefill rows only).
+  void fork(int32_t src, int32_t n, std::span<const int32_t> dst) override {
+    if (kv_in_.valid()) kv_in_.wait();
+    for (int32_t d : dst)
+      for (int l = 0; l < shape_.n_layers; ++l) store_.copy_tokens(l, src, d, n);
+  }
 
  private:
 

@@ -12,6 +12,7 @@ class NullStrategy final : public KvStrategy {
   void begin(const KvShape& shape, std::span<const int32_t>, std::span<const int32_t>) override { shape_ = shape; }
   void append(int, std::span<const TokenRow>, const float*, const float*) override {}
   void attend(int, std::span<const TokenRow> rows, const float*, float, float* out) override;
+  void fork(int32_t, int32_t, std::span<const int32_t>) override {}
 
  private:
   KvShape shape_;

@@ -78,4 +78,20 @@ void KvStore::write(int layer, std::span<const TokenRow> rows, const float* k, c
   }
 }
 
+void KvStore::copy_tokens(int layer, int src, int dst, int32_t n, Backend* be) {
+  if (n > capacity(src) || n > capacity(dst))
+    throw OutOfMemoryError(fmt::format("KV store: {} positions do not fit sequence {} or {}", n, src, dst));
+  const int64_t es = int64_t(dtype_size(dtype_)), len = int64_t(n) * shape_.D * es;
+  for (auto kv : {0, 1}) {
+    const char* from = static_cast<const char*>(kv ? v_raw(layer, src) : k_raw(layer, src));
+    char* to = static_cast<char*>(kv ? v_raw(layer, dst) : k_raw(layer, dst));
+    for (int g = 0; g < shape_.H_kv; ++g) {
+      const char* a = from + g * head_stride(src) * es;
+      char* b = to + g * head_stride(dst) * es;
+      if (be) be->copy(b, a, size_t(len));
+      else std::memcpy(b, a, size_t(len));
+    }
+  }
+}
+
 }  // namespace hg

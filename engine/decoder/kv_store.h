@@ -36,6 +36,9 @@ class KvStore {
   // write_kv (k and v then live in the backend's memory, as the store does: device memory for
   // cuda); without one, on the host.
   void write(int layer, std::span<const TokenRow> rows, const float* k, const float* v, Backend* be = nullptr);
+  // Copies positions [0, n) of every KV head of (layer, src) into (layer, dst): through `be` (the
+  // storage is in its memory, as write() with a backend), else on the host.
+  void copy_tokens(int layer, int src, int dst, int32_t n, Backend* be = nullptr);
   int64_t bytes() const { return bytes_; }
   const KvShape& shape() const { return shape_; }
 

@@ -49,6 +49,12 @@ class KvStrategy {
   }
   // After the last layer of each decoder forward call.
   virtual void end_step() {}
+  // Makes each sequence of `dst` a copy of sequence `src`, which holds positions [0, n): its keys,
+  // values and whatever the strategy keeps about them, so that each continues exactly as src would
+  // (scoring runs an item's context once and forks it into the item's choices). Called between
+  // forward calls; the dst sequences have received no rows since begin(), and have src's prompt
+  // length and room for n positions. State shared by the batch (a scheduler) stays shared.
+  virtual void fork(int32_t src, int32_t n, std::span<const int32_t> dst) = 0;
   // What the last step did (K, mode, tokens per tier, bytes moved, …), for per-step records.
   virtual std::map<std::string, double> step_stats() const { return {}; }
   // True when the decode path depends on the prompt's attention (InfiniGen calibrates its skew

@@ -1,6 +1,7 @@
 // Slot storage.
 #include "engine/decoder/slot_store.h"
 
+#include <algorithm>
 #include <cstring>
 
 #include "engine/core/error.h"
@@ -57,6 +58,25 @@ int32_t SlotStore::remove(int layer, int seq, int g, int32_t slot) {
   }
   pos_[i][size_t(last)] = -1;
   return last;
+}
+
+void SlotStore::copy_sequence(int layer, int src, int dst) {
+  const int64_t es = elem_bytes(), row = int64_t(shape_.D) * es;
+  for (int g = 0; g < shape_.H_kv; ++g) {
+    const size_t i = idx(layer, src, g), j = idx(layer, dst, g);
+    const int32_t n = count_[i];
+    if (n > cap_[size_t(dst)])
+      throw OutOfMemoryError(fmt::format("slot store: {} slots do not fit sequence {} ({} slots)", n, dst, cap_[size_t(dst)]));
+    for (auto kv : {0, 1}) {
+      const char* a = static_cast<const char*>(kv ? v_raw(layer, src) : k_raw(layer, src)) + g * head_stride(src) * es;
+      char* b = static_cast<char*>(kv ? v_raw(layer, dst) : k_raw(layer, dst)) + g * head_stride(dst) * es;
+      if (device_) device_->copy(b, a, size_t(n * row));
+      else std::memcpy(b, a, size_t(n * row));
+    }
+    std::fill(pos_[j].begin(), pos_[j].end(), -1);
+    std::copy(pos_[i].begin(), pos_[i].begin() + n, pos_[j].begin());
+    count_[j] = n;
+  }
 }
 
 void SlotStore::copy_row(void* dst, const void* src) const {

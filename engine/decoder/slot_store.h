@@ -40,6 +40,8 @@ class SlotStore {
   // Frees `slot`; the last live slot moves into it. Returns the index that moved (or slot itself
   // when it was the last), so callers can mirror per-slot metadata.
   int32_t remove(int layer, int seq, int g, int32_t slot);
+  // Makes (layer, dst) a copy of (layer, src): every head's live slots, their rows and positions.
+  void copy_sequence(int layer, int src, int dst);
   const KvShape& shape() const { return shape_; }
   int64_t bytes() const { return bytes_; }
 

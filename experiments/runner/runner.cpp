@@ -417,12 +417,13 @@ Json Runner::run_eval_once(const Point& p, const StrategyEntry& entry, int repea
       reserve_weights(ref_rt, model);
       auto ref_kv = make_strategy(ev.reference, StrategyContext{ref_rt.accel_backend(), &ref_rt, &model}, {});
       Scorer ref_scorer(model, ref_rt.accel_backend(), *ref_kv, &ref_rt, mode, add_bos);
-      std::vector<std::vector<std::vector<float>>> rlp;
       const auto r0 = std::chrono::steady_clock::now();
-      for (const Request& rq : reqs) {
-        made->items.push_back(ref_scorer.score(rq, &rlp));
-        made->dists.push_back(compact_dists(rlp));
-      }
+      made->items.resize(reqs.size());
+      made->dists.resize(reqs.size());
+      ref_scorer.score_all(reqs, true, [&](size_t i, ItemScore& s, ChoiceLogprobs& lp) {
+        made->items[i] = std::move(s);
+        made->dists[i] = compact_dists(lp);
+      });
       made->seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - r0).count();
       it = references_.emplace(ref_key, std::move(made)).first;
     }
@@ -438,32 +439,38 @@ Json Runner::run_eval_once(const Point& p, const StrategyEntry& entry, int repea
     items = std::make_unique<std::ofstream>(items_dir + "/" + fmt::format("{}.{}.r{}.jsonl", p.id, entry.label, repeat));
     if (!*items) input_error("{}: cannot write the per-item records", items_dir);
   }
-  std::vector<ItemScore> scores;
+  std::vector<ItemScore> scores(reqs.size());
+  std::vector<std::vector<std::vector<RefDist>>> kept_dists;
+  if (kept) kept_dists.resize(reqs.size());
   FidelityAccumulator fid;
-  std::vector<std::vector<std::vector<float>>> lp;
   std::map<std::string, double> stats_sum;
   int64_t ctx_tokens = 0;
-  int truncated_items = 0;
+  int truncated_items = 0, scored = 0;
   const auto t0 = std::chrono::steady_clock::now();
-  for (size_t i = 0; i < reqs.size(); ++i) {
-    ItemScore s = scorer.score(reqs[i], with_ref || kept ? &lp : nullptr);
-    for (auto& [k, v] : kv->step_stats()) stats_sum[k] += v;
+  scorer.on_batch([&](int n) {
+    for (auto& [k, v] : kv->step_stats()) stats_sum[k] += v * n;  // the batch's last step, per item
+    scored += n;
+    if (on_items) on_items(scored, int(reqs.size()));
+  });
+  scorer.score_all(reqs, with_ref || kept, [&](size_t i, ItemScore& s, ChoiceLogprobs& lp) {
     ctx_tokens += s.context_tokens;
     truncated_items += s.truncated > 0;
-    Json rec = s.json();
+    if (with_ref) fid.add(ref->items[i], s, ref->dists[i], lp);
+    if (kept) kept_dists[i] = compact_dists(lp);
+    scores[i] = std::move(s);
+  });
+  // Per-item records in request order.
+  for (size_t i = 0; i < reqs.size() && items; ++i) {
+    Json rec = scores[i].json();
     if (with_ref) {
-      const ItemScore& r = ref->items[i];
-      fid.add(r, s, ref->dists[i], lp);
-      rec["ref_pred"] = r.pred;
-      rec["ref_ll"] = r.ll;
+      rec["ref_pred"] = ref->items[i].pred;
+      rec["ref_ll"] = ref->items[i].ll;
     }
-    if (kept) {
-      kept->items.push_back(s);
-      kept->dists.push_back(compact_dists(lp));
-    }
-    if (items) *items << json_text(rec) << "\n";
-    scores.push_back(std::move(s));
-    if (on_items) on_items(int(i + 1), int(reqs.size()));
+    *items << json_text(rec) << "\n";
+  }
+  if (kept) {
+    kept->items = scores;
+    kept->dists = std::move(kept_dists);
   }
   if (items && !items->flush()) input_error("{}: write failed", items_dir);
   const double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();

@@ -392,6 +392,46 @@ TEST(Scorer, SingleTokenAnswersFeelTheStrategyInBothModes) {
   }
 }
 
+// Items batched many to a forward (each item's context forked into its choices) score as each
+// item alone: a strategy's per-sequence state does not depend on its batch.
+TEST(Scorer, BatchedItemsScoreAsOneAtATime) {
+  Model m = load_model("synthetic:tiny-llama");
+  const std::vector<Request> reqs = synthetic_requests();
+  RuntimeConfig rc;
+  rc.device = "emulated";
+  for (ContextMode mode : {ContextMode::kPrefill, ContextMode::kStream})
+    for (auto [name, params] : std::vector<std::pair<std::string, std::map<std::string, std::string>>>{
+             {"full", {}},
+             {"flexgen", {}},
+             {"h2o", {{"heavy_tokens", "3"}, {"recent_tokens", "2"}}},
+             {"keyformer", {{"kv_tokens", "5"}}},
+             {"streamingllm", {{"sinks", "1"}, {"window", "4"}}},
+             {"infinigen", {}},
+             {"hybridgen", {{"gpu_kv_tokens", "4"}, {"k", "fixed"}, {"k_fixed", "3"}, {"mode", "post"}}}}) {
+      auto run = [&](int batch_seqs) {
+        Runtime rt(rc);
+        auto kv = make_strategy(name, StrategyContext{rt.accel_backend(), &rt, &m}, params);
+        Scorer sc(m, rt.accel_backend(), *kv, &rt, mode, false, batch_seqs);
+        std::vector<ItemScore> out(reqs.size());
+        int batches = 0;
+        sc.on_batch([&](int) { ++batches; });
+        sc.score_all(reqs, false, [&](size_t i, ItemScore& s, ChoiceLogprobs&) { out[i] = s; });
+        return std::make_pair(out, batches);
+      };
+      const auto [alone, n_alone] = run(1);
+      const auto [batched, n_batched] = run(64);
+      const std::string what = name + " " + context_mode_name(mode);
+      EXPECT_EQ(n_alone, int(reqs.size())) << what;
+      EXPECT_EQ(n_batched, 1) << what;
+      for (size_t i = 0; i < reqs.size(); ++i) {
+        EXPECT_EQ(batched[i].index, alone[i].index) << what;
+        EXPECT_EQ(batched[i].tokens, alone[i].tokens) << what;
+        for (size_t c = 0; c < alone[i].ll.size(); ++c)
+          EXPECT_NEAR(batched[i].ll[c], alone[i].ll[c], 1e-4 * (1 + std::abs(alone[i].ll[c]))) << what << " item " << i;
+      }
+    }
+}
+
 TEST(Metrics, AccAccNormAndStandardErrors) {
   std::vector<ItemScore> items(4);
   std::vector<Request> reqs(4);

@@ -115,6 +115,7 @@ class SpeculationInputs final : public KvStrategy {
   void attend(int layer, std::span<const TokenRow> rows, const float* q, float scale, float* out) override {
     full_.attend(layer, rows, q, scale, out);
   }
+  void fork(int32_t src, int32_t n, std::span<const int32_t> dst) override { full_.fork(src, n, dst); }
   // The speculative query InfiniGen forms for `layer` from the row: layer − 1's attention norm,
   // layer's W_q (+ bias), RoPE at the row's position (while the decoder and its RoPE table live).
   void prepare(int next_layer, std::span<const TokenRow> rows, const float* x) override {

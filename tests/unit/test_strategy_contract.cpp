@@ -222,6 +222,95 @@ TEST(TransferAccounting, EvictionStrategiesSendTheirRetainedKvEveryStep) {
 
 // The contract covers every registered strategy: each has a case above (exact against the oracle,
 // or holding its budget), so a new strategy without one fails here.
+// Forking: a sequence forked from another after a shared context continues exactly as one that
+// ran the same context itself. Two sequences share a context and then take different
+// continuations; once with the context run on both ("recomputed"), once on the first only and
+// forked into the second after its last token. Budgets are small, so that eviction, offloading
+// and selection all act before and after the fork.
+struct ForkCase {
+  std::string strategy;
+  std::map<std::string, std::string> params;
+};
+
+// Logits of every continuation step of both sequences, [step][seq][V].
+std::vector<std::vector<std::vector<float>>> two_choices(const Model& m, const ForkCase& c, bool prefill, bool fork) {
+  RuntimeConfig rc;
+  rc.device = "emulated";
+  Runtime rt(rc);
+  auto kv = make_strategy(c.strategy, StrategyContext{rt.accel_backend(), &rt, &m}, c.params);
+  const auto ctx = token_stream(14, m.hp.n_vocab, 11);
+  const std::vector<std::vector<int32_t>> cont = {token_stream(6, m.hp.n_vocab, 12), token_stream(6, m.hp.n_vocab, 13)};
+  const int32_t n = int32_t(ctx.size()), P = prefill ? n - 1 : 1;
+  const std::vector<int32_t> cap = {n + 6, n + 6}, prompt = {P, P};
+  std::vector<std::vector<std::vector<float>>> out;
+  rt.accel().submit("run", {}, {}, [&] {
+    Decoder dec(m, rt.accel_backend(), *kv);
+    kv->begin(dec.kv_shape(), cap, prompt);
+    const int seqs = fork ? 1 : 2;
+    std::vector<int32_t> t;
+    std::vector<TokenRow> rows;
+    for (int s = 0; s < seqs; ++s)
+      for (int32_t p = 0; p < P; ++p) t.push_back(ctx[size_t(p)]), rows.push_back({s, p});
+    dec.forward(t, rows, {}, nullptr);
+    for (int32_t p = P; p < n; ++p) {
+      t.clear(), rows.clear();
+      for (int s = 0; s < seqs; ++s) t.push_back(ctx[size_t(p)]), rows.push_back({s, p});
+      dec.forward(t, rows, {}, nullptr);
+    }
+    if (fork) kv->fork(0, n, std::vector<int32_t>{1});
+    const int64_t V = m.hp.n_vocab;
+    std::vector<float> lg(size_t(2 * V));
+    const std::vector<int32_t> want = {0, 1};
+    for (size_t k = 0; k < cont[0].size(); ++k) {
+      t = {cont[0][k], cont[1][k]};
+      rows = {{0, n + int32_t(k)}, {1, n + int32_t(k)}};
+      dec.forward(t, rows, want, lg.data());
+      out.push_back({std::vector<float>(lg.begin(), lg.begin() + V), std::vector<float>(lg.begin() + V, lg.end())});
+    }
+  }).wait();
+  return out;
+}
+
+class ForkedStrategies : public ::testing::TestWithParam<ForkCase> {};
+
+TEST_P(ForkedStrategies, ContinueAsARecomputedSequence) {
+  const ForkCase& c = GetParam();
+  Model m = load_model("synthetic:tiny-llama");
+  for (bool prefill : {false, true}) {
+    const auto want = two_choices(m, c, prefill, false), got = two_choices(m, c, prefill, true);
+    ASSERT_EQ(got.size(), want.size());
+    for (size_t k = 0; k < want.size(); ++k)
+      for (size_t s = 0; s < 2; ++s) {
+        double worst = 0, scale = 0;
+        for (size_t v = 0; v < want[k][s].size(); ++v) {
+          worst = std::max(worst, double(std::abs(got[k][s][v] - want[k][s][v])));
+          scale = std::max(scale, double(std::abs(want[k][s][v])));
+        }
+        EXPECT_LE(worst, 1e-5 * scale) << c.strategy << (prefill ? " prefill" : " stream") << " step " << k << " sequence " << s;
+      }
+  }
+}
+
+const ForkCase kForkCases[] = {
+    {"full", {}},
+    {"flexgen", {}},
+    {"moe_lightning", {}},
+    {"h2o", {{"heavy_tokens", "3"}, {"recent_tokens", "2"}}},
+    {"keyformer", {{"kv_tokens", "5"}}},
+    {"streamingllm", {{"sinks", "1"}, {"window", "4"}}},
+    {"infinigen", {}},
+    {"hybridgen", {{"gpu_kv_tokens", "4"}, {"k", "fixed"}, {"k_fixed", "3"}, {"mode", "post"}, {"page_tokens", "4"}}}};
+
+INSTANTIATE_TEST_SUITE_P(Strategies, ForkedStrategies, ::testing::ValuesIn(kForkCases),
+                         [](const auto& i) { return i.param.strategy; });
+
+TEST(Strategies, EveryRegisteredStrategyForks) {
+  std::set<std::string> covered;
+  for (auto& c : kForkCases) covered.insert(c.strategy);
+  for (auto& s : strategies())
+    if (s.name != "null") EXPECT_TRUE(covered.count(s.name)) << s.name << " has no fork case";
+}
+
 TEST(Strategies, EveryRegisteredStrategyHasContractCases) {
   std::set<std::string> covered;
   for (auto& c : kExactCases) covered.insert(c.strategy);
