@@ -3,7 +3,11 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
+#include <fstream>
+#include <iterator>
 
+#include "engine/core/atomic_file.h"
 #include "engine/core/error.h"
 #include "engine/decoder/generate.h"
 #include "engine/runtime/runtime.h"
@@ -105,6 +109,20 @@ nlohmann::ordered_json ItemScore::json() const {
   j["tokens"] = tokens;
   j["greedy"] = greedy;
   return j;
+}
+
+ItemScore ItemScore::from_json(const nlohmann::json& j) {
+  ItemScore s;
+  s.index = j.at("index").get<int>();
+  s.gold = j.at("gold").get<int>();
+  s.pred = j.at("pred").get<int>();
+  s.pred_norm = j.at("pred_norm").get<int>();
+  s.context_tokens = j.at("context_tokens").get<int>();
+  s.truncated = j.value("truncated", 0);
+  s.ll = j.at("ll").get<std::vector<double>>();
+  s.tokens = j.at("tokens").get<std::vector<int>>();
+  s.greedy = j.at("greedy").get<std::vector<bool>>();
+  return s;
 }
 
 Scorer::Scorer(const Model& model, Backend& backend, KvStrategy& kv, Runtime* rt, ContextMode mode, bool add_bos,
@@ -399,6 +417,78 @@ Fidelity FidelityAccumulator::result() const {
   f.mean_abs_ll_diff = choices_ ? abs_ll_ / choices_ : 0;
   f.mean_kl = tokens_ ? kl_ / double(tokens_) : 0;
   return f;
+}
+
+void save_reference(const ReferenceScores& ref, const std::string& key, const std::string& path) {
+  nlohmann::ordered_json head;
+  head["format"] = "hgbench-reference-1";
+  head["key"] = key;
+  head["seconds"] = ref.seconds;
+  nlohmann::ordered_json items = nlohmann::ordered_json::array();
+  for (auto& s : ref.items) items.push_back(s.json());
+  head["items"] = std::move(items);
+  std::string out = head.dump() + "\n";
+  auto put = [&](const void* p, size_t n) { out.append(static_cast<const char*>(p), n); };
+  for (auto& item : ref.dists) {
+    const int32_t nc = int32_t(item.size());
+    put(&nc, 4);
+    for (auto& choice : item) {
+      const int32_t nt = int32_t(choice.size());
+      put(&nt, 4);
+      for (auto& d : choice) {
+        const int32_t ni = int32_t(d.ids.size()), nl = int32_t(d.lp.size());
+        put(&ni, 4), put(&nl, 4);
+        put(d.ids.data(), d.ids.size() * 4), put(d.lp.data(), d.lp.size() * 4);
+      }
+    }
+  }
+  AtomicFile f(path);
+  f.write(out);
+  f.commit();
+}
+
+std::optional<ReferenceScores> load_reference(const std::string& path, const std::string& key) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return std::nullopt;
+  const std::string data((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  const size_t eol = data.find('\n');
+  if (eol == std::string::npos) input_error("{}: torn reference (no header line)", path);
+  ReferenceScores ref;
+  try {
+    const nlohmann::json head = nlohmann::json::parse(data.substr(0, eol));
+    if (head.at("format").get<std::string>() != "hgbench-reference-1")
+      input_error("{}: format '{}' (expected hgbench-reference-1)", path, head.at("format").get<std::string>());
+    if (head.at("key").get<std::string>() != key) return std::nullopt;
+    ref.seconds = head.at("seconds").get<double>();
+    for (auto& j : head.at("items")) ref.items.push_back(ItemScore::from_json(j));
+  } catch (const nlohmann::json::exception& e) {
+    input_error("{}: malformed reference header ({})", path, e.what());
+  }
+  size_t at = eol + 1;
+  auto get = [&](void* p, size_t n) {
+    if (n > data.size() - at) input_error("{}: torn reference (ends inside item {})", path, ref.dists.size());
+    std::memcpy(p, data.data() + at, n);
+    at += n;
+  };
+  auto count = [&](int64_t most) {
+    int32_t n = 0;
+    get(&n, 4);
+    if (n < 0 || n > most) input_error("{}: malformed reference (a count of {} in item {})", path, n, ref.dists.size());
+    return n;
+  };
+  for (size_t i = 0; i < ref.items.size(); ++i) {
+    auto& item = ref.dists.emplace_back(size_t(count(int64_t(ref.items[i].ll.size()))));
+    for (auto& choice : item) {
+      choice.resize(size_t(count(int64_t(data.size() - at) / 8)));  // each needs at least its two counts
+      for (auto& d : choice) {
+        const int32_t ni = count(int64_t(data.size() / 4)), nl = count(int64_t(data.size() / 4));
+        d.ids.resize(size_t(ni)), d.lp.resize(size_t(nl));
+        get(d.ids.data(), size_t(ni) * 4), get(d.lp.data(), size_t(nl) * 4);
+      }
+    }
+  }
+  if (at != data.size()) input_error("{}: malformed reference ({} bytes after the last item)", path, data.size() - at);
+  return ref;
 }
 
 }  // namespace hg

@@ -4,6 +4,7 @@
 // and the fidelity of a strategy against a reference (`full`) on the same items.
 #pragma once
 #include <functional>
+#include <optional>
 #include <span>
 #include <string>
 #include <vector>
@@ -50,6 +51,7 @@ struct ItemScore {
   std::vector<int> tokens;       // per choice: continuation tokens
   std::vector<bool> greedy;      // per choice: every token was the argmax
   nlohmann::ordered_json json() const;
+  static ItemScore from_json(const nlohmann::json& j);  // throws nlohmann's errors on a bad record
 };
 
 // Per choice, the log-softmax over the vocabulary at each scored position: [choice][token][V].
@@ -124,6 +126,13 @@ struct ReferenceScores {
   std::vector<std::vector<std::vector<RefDist>>> dists;
   double seconds = 0;  // what scoring it took
 };
+// Kept in a result directory, so that --resume compares with the same reference instead of scoring
+// it again: `path` is binary (a JSON header line with `key`, then each distribution's ids and
+// log-probabilities as little-endian int32 and float32), written atomically.
+void save_reference(const ReferenceScores& ref, const std::string& key, const std::string& path);
+// The reference saved at `path` under `key`; nullopt when there is none or it was saved under
+// another key; InputError naming the file when it is torn or malformed.
+std::optional<ReferenceScores> load_reference(const std::string& path, const std::string& key);
 
 // A strategy's scores against a reference's on the same items.
 struct Fidelity {

@@ -192,11 +192,35 @@ class InfiniGen final : public KvStrategy {
 
   void prepare(int layer, std::span<const TokenRow> rows, const float* x) override {
     if (layer < full_layers_ || !ready(layer)) return;
+    // Each row's selection, then one gather for all of them (one transfer per layer, not per row).
+    std::vector<Gather> gathers;
     for (size_t i = 0; i < rows.size(); ++i) {
       const TokenRow r = rows[i];
       if (r.pos < prompt_[size_t(r.seq)]) continue;
-      speculate(layer, r, x + int64_t(i) * model_->hp.d_model);
+      gathers.push_back(speculate(layer, r, x + int64_t(i) * model_->hp.d_model));
     }
+    if (gathers.empty()) return;
+    const int Hkv = shape_.H_kv, D = shape_.D;
+    int64_t bytes = 0, n_rows = 0;
+    for (const Gather& g : gathers) {
+      bytes += int64_t(2) * kv_.bytes(int64_t(Hkv) * g.f->n * D);
+      for (const auto& sel : g.sel) n_rows += 2 * gathered_runs(sel);
+    }
+    auto fetch = [this, gathers, layer, Hkv, D] {
+      for (const Gather& gt : gathers)
+        for (int g = 0; g < Hkv; ++g) {
+          const int64_t head = kv_.bytes(g * store_.head_stride(gt.seq)), n = int64_t(gt.sel[size_t(g)].size());
+          const int64_t row = kv_.bytes(D), dst = kv_.bytes(int64_t(g) * gt.f->n * D);
+          be_.gather_rows(gt.f->k + dst, static_cast<const char*>(store_.k_raw(layer, gt.seq)) + head, row, row,
+                          gt.sel[size_t(g)].data(), n);
+          be_.gather_rows(gt.f->v + dst, static_cast<const char*>(store_.v_raw(layer, gt.seq)) + head, row, row,
+                          gt.sel[size_t(g)].data(), n);
+        }
+      be_.synchronize();  // the attention reading them runs on another thread's stream
+    };
+    const Event done =
+        rt_.transfers().run_gather(Tier::kDram, Tier::kGpu, bytes, n_rows, std::move(fetch), {}, "speculative kv fetch");
+    for (const Gather& g : gathers) g.f->done = done;
   }
 
   void attend(int layer, std::span<const TokenRow> rows, const float* q, float scale, float* out) override {
@@ -225,6 +249,8 @@ class InfiniGen final : public KvStrategy {
       if (!spec) full_n[r.seq] = std::max(full_n[r.seq], r.pos + 1);
     }
     own_rows_.assign(size_t(B_), false);
+    std::vector<std::pair<int32_t, int32_t>> loads;  // (seq, tokens): one transfer for all of them
+    int64_t load_bytes = 0;
     for (auto& [seq, n] : full_n) {
       Buffers& fb = full_pool_[size_t(seq)];
       grow(fb.k, kv_.bytes(int64_t(Hkv) * n * D));
@@ -234,17 +260,21 @@ class InfiniGen final : public KvStrategy {
         own_rows_[size_t(seq)] = true;
         continue;
       }
-      const int sq = seq, nn = n;
+      loads.emplace_back(seq, n);
+      load_bytes += int64_t(2) * kv_.bytes(int64_t(Hkv) * n * D);
+    }
+    if (!loads.empty())
       rt_.transfers()
           .run(
-              Tier::kDram, Tier::kGpu, int64_t(2) * kv_.bytes(int64_t(Hkv) * n * D),
+              Tier::kDram, Tier::kGpu, load_bytes,
               [&] {
-                upload_prefix(kb, store_.k_raw(layer, sq), sq, nn);
-                upload_prefix(vb, store_.v_raw(layer, sq), sq, nn);
+                for (auto [sq, nn] : loads) {
+                  upload_prefix(full_pool_[size_t(sq)].k.as<char>(), store_.k_raw(layer, sq), sq, nn);
+                  upload_prefix(full_pool_[size_t(sq)].v.as<char>(), store_.v_raw(layer, sq), sq, nn);
+                }
               },
               {}, "full kv load")
           .wait();
-    }
     for (size_t i = 0; i < rows.size(); ++i) {
       const TokenRow r = rows[i];
       auto& f = fetch_[size_t(layer) * size_t(B_) + size_t(r.seq)];
@@ -441,7 +471,14 @@ class InfiniGen final : public KvStrategy {
                  partial_.k(layer, r.seq) + g * partial_.head_stride(r.seq) + int64_t(r.pos) * dp_);
   }
 
-  void speculate(int layer, const TokenRow& r, const float* x) {
+  // One row's fetch: its sequence, the buffers its rows go to, and the positions per KV head.
+  struct Gather {
+    int seq;
+    std::shared_ptr<Fetch> f;
+    std::vector<std::vector<int32_t>> sel;
+  };
+  // The speculation for one row: its fetch count and selection (prepare() gathers them all at once).
+  Gather speculate(int layer, const TokenRow& r, const float* x) {
     const Model& m = *model_;
     const int Hkv = shape_.H_kv, D = shape_.D, H = shape_.H, G = H / Hkv;
     const int64_t d = m.hp.d_model;
@@ -491,25 +528,10 @@ class InfiniGen final : public KvStrategy {
     grow(fb.k, kv_.bytes(int64_t(Hkv) * count * D));
     grow(fb.v, kv_.bytes(int64_t(Hkv) * count * D));
     f->k = fb.k.as<char>(), f->v = fb.v.as<char>();
-    std::vector<std::vector<int32_t>> sel(static_cast<size_t>(Hkv));
-    for (int g = 0; g < Hkv; ++g) logit_top_k(logits + int64_t(g) * G * n, G, n, n, count, sel[size_t(g)]);
-    const int seq = r.seq;
-    int64_t n_rows = 0;  // runs of K and V rows gathered (the modeled clock's row cost)
-    for (const auto& s : sel) n_rows += 2 * gathered_runs(s);
-    auto fetch = [this, f, sel = std::move(sel), layer, seq, Hkv, D] {
-      for (int g = 0; g < Hkv; ++g) {
-        const int64_t head = kv_.bytes(g * store_.head_stride(seq)), n = int64_t(sel[size_t(g)].size());
-        const int64_t row = kv_.bytes(D), dst = kv_.bytes(int64_t(g) * f->n * D);
-        be_.gather_rows(f->k + dst, static_cast<const char*>(store_.k_raw(layer, seq)) + head, row, row,
-                        sel[size_t(g)].data(), n);
-        be_.gather_rows(f->v + dst, static_cast<const char*>(store_.v_raw(layer, seq)) + head, row, row,
-                        sel[size_t(g)].data(), n);
-      }
-      be_.synchronize();  // the attention reading them runs on another thread's stream
-    };
-    f->done = rt_.transfers().run_gather(Tier::kDram, Tier::kGpu, int64_t(2) * kv_.bytes(int64_t(Hkv) * count * D), n_rows,
-                                         std::move(fetch), {}, "speculative kv fetch");
+    Gather out{r.seq, f, std::vector<std::vector<int32_t>>(static_cast<size_t>(Hkv))};
+    for (int g = 0; g < Hkv; ++g) logit_top_k(logits + int64_t(g) * G * n, G, n, n, count, out.sel[size_t(g)]);
     fetch_[size_t(layer) * size_t(B_) + size_t(r.seq)] = f;
+    return out;
   }
 
   Backend& be_;

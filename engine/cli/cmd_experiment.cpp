@@ -187,6 +187,7 @@ int run_experiment(ExperimentSpec spec, const std::string& output, const std::st
 
   Runner runner(spec);
   runner.items_dir = dir + "/items";
+  runner.reference_dir = dir + "/references";
   const bool tty = isatty(STDERR_FILENO);
   std::string line;
   auto item_start = std::chrono::steady_clock::now();

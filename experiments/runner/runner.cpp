@@ -408,6 +408,17 @@ Json Runner::run_eval_once(const Point& p, const StrategyEntry& entry, int repea
   const bool keep_ref = is_ref && ev.reference != "none" && !references_.count(ref_key);
   std::shared_ptr<const ReferenceScores> ref;
   bool ref_reused = true;
+  // Kept in the result directory by the run that scored it, so that a resumed run compares with it.
+  const std::string ref_file =
+      reference_dir.empty() ? "" : fmt::format("{}/{:016x}.bin", reference_dir, fnv1a(ref_key));
+  if (with_ref && !ref_file.empty() && !references_.count(ref_key))
+    if (auto saved = load_reference(ref_file, ref_key))
+      references_.emplace(ref_key, std::make_shared<ReferenceScores>(std::move(*saved)));
+  auto save = [&](const ReferenceScores& r) {
+    if (ref_file.empty()) return;
+    std::filesystem::create_directories(reference_dir);
+    save_reference(r, ref_key, ref_file);
+  };
   if (with_ref) {
     auto it = references_.find(ref_key);
     if (it == references_.end()) {
@@ -425,6 +436,7 @@ Json Runner::run_eval_once(const Point& p, const StrategyEntry& entry, int repea
         made->dists[i] = compact_dists(lp);
       });
       made->seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - r0).count();
+      save(*made);
       it = references_.emplace(ref_key, std::move(made)).first;
     }
     ref = it->second;
@@ -476,6 +488,7 @@ Json Runner::run_eval_once(const Point& p, const StrategyEntry& entry, int repea
   const double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   if (kept) {
     kept->seconds = wall;
+    save(*kept);
     references_.emplace(ref_key, std::move(kept));
   }
   const TaskMetrics m = task_metrics(scores, reqs);
@@ -507,6 +520,7 @@ Json Runner::run_eval_once(const Point& p, const StrategyEntry& entry, int repea
     // Scored once for this key (by this row or an earlier one); not part of this row's time.
     f["reference_scored_s"] = ref->seconds;
     f["reference_reused"] = ref_reused;
+    if (!ref_file.empty()) f["reference_file"] = "references/" + std::filesystem::path(ref_file).filename().string();
     f["kl_over"] = model.hp.n_vocab <= kRefFullVocab ? "vocabulary"
                                                       : fmt::format("reference top {} + rest lumped", kRefTopK);
     r["fidelity"] = f;

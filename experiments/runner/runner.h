@@ -98,6 +98,8 @@ class Runner {
   // Accuracy points: per-item records go to items_dir/<point id>.<label>.r<repeat>.jsonl when set;
   // on_items(done, total) reports scoring progress.
   std::string items_dir;
+  // Accuracy references are kept here (one file per key) and read back by a resumed run.
+  std::string reference_dir;
   std::function<void(int done, int total)> on_items;
 
  private:

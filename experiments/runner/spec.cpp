@@ -168,12 +168,6 @@ void check_param(const std::string& file, const YAML::Node& at, const std::strin
   }
 }
 
-uint64_t fnv1a(const std::string& s) {
-  uint64_t h = 0xcbf29ce484222325ull;
-  for (unsigned char c : s) h = (h ^ c) * 0x100000001b3ull;
-  return h;
-}
-
 ExperimentSpec parse_node(YAML::Node y, const std::string& file) {
   ExperimentSpec s;
   s.file = file;
@@ -390,6 +384,13 @@ ExperimentSpec parse_node(YAML::Node y, const std::string& file) {
 }
 
 }  // namespace
+
+uint64_t fnv1a(const std::string& s) {
+  uint64_t h = 0xcbf29ce484222325ull;
+  for (unsigned char c : s) h = (h ^ c) * 0x100000001b3ull;
+  return h;
+}
+
 
 std::string resolve_execute(ExperimentSpec& s, bool have_gpu) {
   if (s.execute != "auto") return "";

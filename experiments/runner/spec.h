@@ -116,4 +116,7 @@ std::string resolve_execute(ExperimentSpec& spec, bool have_gpu);
 // The keys `sweep` accepts besides `strategy.param`.
 const std::vector<std::string>& sweep_keys();
 
+// FNV-1a, 64 bits: the hash of point ids and reference files.
+uint64_t fnv1a(const std::string& s);
+
 }  // namespace hg

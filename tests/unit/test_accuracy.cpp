@@ -550,6 +550,44 @@ TEST(Experiments, TheReferenceIsScoredOncePerKey) {
   }
 }
 
+// The reference is kept in the result directory: a second runner over it (a resumed run) reads it
+// instead of scoring it again, with the same fidelity; a torn file is named, not used.
+TEST(Experiments, AResumedRunReadsTheKeptReference) {
+  std::string val;
+  for (int i = 0; i < 4; ++i)
+    val += fmt::format(R"({{"premise": "The dog saw ball {}.", "choice1": "It ran.", "choice2": "It froze.", )"
+                       R"("question": "effect", "label": {}, "idx": {}}})" "\n", i, i % 2, i);
+  const std::string data = write_copa_dir("copa_ref_kept", val);
+  const std::string dir = (std::filesystem::temp_directory_path() / "hg_ref_kept").string();
+  std::filesystem::remove_all(dir);
+  ExperimentSpec spec = parse_experiment(
+      fmt::format("name: r\nmodels: [synthetic:tiny-llama]\nstrategies: [{{name: h2o, params: {{kv_ratio: 0.3}}}}]\n"
+                  "eval: {{tasks: [copa], context: stream, limit: 4, data_dir: \"{}\"}}\n", data),
+      "r.yaml");
+  auto run = [&]() {
+    Runner runner(spec);
+    runner.reference_dir = dir;
+    nlohmann::ordered_json row;
+    for (auto& p : expand(spec)) runner.run(p, spec.strategies[0], {}, [&](nlohmann::ordered_json r) { row = r; });
+    return row;
+  };
+  const auto first = run();
+  ASSERT_EQ(first["status"], "ok") << first.dump();
+  EXPECT_FALSE(first["fidelity"]["reference_reused"].get<bool>());
+  const std::string file = dir + "/" + std::filesystem::path(first["fidelity"]["reference_file"].get<std::string>()).filename().string();
+  ASSERT_TRUE(std::filesystem::exists(file));
+  const auto second = run();
+  EXPECT_TRUE(second["fidelity"]["reference_reused"].get<bool>());
+  EXPECT_EQ(second["fidelity"]["mean_kl"], first["fidelity"]["mean_kl"]);
+  EXPECT_EQ(second["fidelity"]["reference_scored_s"], first["fidelity"]["reference_scored_s"]);
+  // Torn: the row fails naming the file.
+  std::filesystem::resize_file(file, std::filesystem::file_size(file) - 3);
+  const auto torn = run();
+  EXPECT_EQ(torn["status"], "failed");
+  EXPECT_NE(torn["reason"].get<std::string>().find(file), std::string::npos) << torn.dump();
+  std::filesystem::remove_all(dir);
+}
+
 // experiments/accuracy.yaml, unchanged but for the model (a user's HF directory), the data and the
 // item count: every strategy scores, rows carry accuracy and fidelity.
 TEST(Experiments, AccuracyFileRunsOnAUserHfDirectory) {
