@@ -32,6 +32,27 @@ const char* regex_of(PreSplit p) {
     case PreSplit::kFalcon:  // three passes: punctuation runs, GPT-2's rules, then digits in threes
       return R"([\p{P}\$\+<=>\^~\|`]+)" "\x1f" R"('s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S))"
              "\x1f" R"([0-9][0-9][0-9])";
+    case PreSplit::kDeepseekLlm:  // six passes: line breaks, letter runs (Latin, Greek, Cyrillic and other cased
+                                  // scripts), ASCII and full-width punctuation, trailing space, CJK, digits
+      return R"([\r\n])" "\x1f" R"(\s?[)"
+             R"(A-Za-z\x{b5}\x{c0}-\x{d6}\x{d8}-\x{f6}\x{f8}-\x{1ba}\x{1bc}-\x{1bf}\x{1c4}-\x{293})"
+             R"(\x{295}-\x{2af}\x{370}-\x{373}\x{376}\x{377}\x{37b}-\x{37d}\x{37f}\x{386}\x{388}-\x{38a})"
+             R"(\x{38c}\x{38e}-\x{3a1}\x{3a3}-\x{3f5}\x{3f7}-\x{481}\x{48a}-\x{52f}\x{531}-\x{556})"
+             R"(\x{10a0}-\x{10c5}\x{13a0}-\x{13f5}\x{13f8}-\x{13fd}\x{1c90}-\x{1cba}\x{1cbd}-\x{1cbf})"
+             R"(\x{1d00}-\x{1d2b}\x{1d6b}-\x{1d77}\x{1d79}-\x{1d9a}\x{1e00}-\x{1f15}\x{1f18}-\x{1f1d})"
+             R"(\x{1f20}-\x{1f45}\x{1f48}-\x{1f4d}\x{1f50}-\x{1f57}\x{1f59}\x{1f5b}\x{1f5d}\x{1f5f}-\x{1f7d})"
+             R"(\x{1f80}-\x{1fb4}\x{1fb6}-\x{1fbc}\x{1fbe}\x{1fc2}-\x{1fc4}\x{1fc6}-\x{1fcc})"
+             R"(\x{1fd0}-\x{1fd3}\x{1fd6}-\x{1fdb}\x{1fe0}-\x{1fec}\x{1ff2}-\x{1ff4}\x{1ff6}-\x{1ffc})"
+             R"(\x{2102}\x{2107}\x{210a}-\x{2113}\x{2115}\x{2119}-\x{211d}\x{2124}\x{2126}\x{2128})"
+             R"(\x{212a}-\x{212d}\x{212f}-\x{2134}\x{2139}\x{213c}-\x{213f}\x{2145}-\x{2149}\x{214e}\x{2183})"
+             R"(\x{2184}\x{2c00}-\x{2c7b}\x{2c7e}-\x{2ce4}\x{2ceb}-\x{2cee}\x{2cf2}\x{2cf3}\x{a640}-\x{a66d})"
+             R"(\x{a680}-\x{a69b}\x{a722}-\x{a76f}\x{a771}-\x{a787}\x{a78b}-\x{a78e}\x{ab70}-\x{abbf})"
+             R"(\x{fb00}-\x{fb06}\x{fb13}-\x{fb17}\x{ff21}-\x{ff3a}\x{ff41}-\x{ff5a}\x{10400}-\x{1044f})"
+             R"(\x{104b0}-\x{104d3}\x{104d8}-\x{104fb}\x{10c80}-\x{10cb2}\x{10cc0}-\x{10cf2})"
+             R"(\x{118a0}-\x{118df}\x{1e900}-\x{1e943})"
+             R"(]+)"
+             "\x1f" R"(\s?[\x{21}-\x{2f}\x{3a}-\x{7e}\x{ff01}-\x{ff0f}\x{ff1a}-\x{ff5e}\x{2018}-\x{201f}\x{3000}-\x{3002}]+)"
+             "\x1f" R"(\s+$)" "\x1f" R"([\x{4e00}-\x{9fa5}\x{800}-\x{4e00}\x{ac00}-\x{d7ff}]+)" "\x1f" R"(\p{N}+)";
   }
   return "";
 }
@@ -299,8 +320,9 @@ PreSplit pre_split_from_name(const std::string& pre, const std::string& where) {
   if (pre == "qwen2") return PreSplit::kQwen2;
   if (pre == "starcoder" || pre == "refact") return PreSplit::kStarcoder;
   if (pre == "falcon") return PreSplit::kFalcon;
+  if (pre == "deepseek-llm") return PreSplit::kDeepseekLlm;
   input_error("{}: tokenizer pre-split '{}' is not supported (expected gpt-2, mpt, llama-bpe, qwen2, starcoder, "
-              "refact, falcon)", where, pre);
+              "refact, falcon, deepseek-llm)", where, pre);
 }
 
 std::unique_ptr<Tokenizer> make_byte_bpe_tokenizer(ByteBpeSpec spec, const std::string& where) {

@@ -41,7 +41,7 @@ std::unique_ptr<Tokenizer> make_spm_bpe_tokenizer(std::vector<std::string> piece
 std::unique_ptr<Tokenizer> load_llama2c_tokenizer(const std::string& path, int n_vocab);
 
 // Pre-tokenizer regexes of the byte-level BPE families.
-enum class PreSplit { kGpt2, kLlama3, kQwen2, kStarcoder, kFalcon };
+enum class PreSplit { kGpt2, kLlama3, kQwen2, kStarcoder, kFalcon, kDeepseekLlm };
 // Maps GGUF tokenizer.ggml.pre names to a pre-split; throws InputError for unknown names.
 PreSplit pre_split_from_name(const std::string& pre, const std::string& where);
 

@@ -60,7 +60,7 @@ void expect_vectors(const Tokenizer& tok, const std::string& stem, bool roundtri
 
 // llama.cpp vocab-only GGUF files with their vectors: SPM vocabularies (llama-spm, phi-3) and
 // byte-level BPE ones (gpt-2; mpt with user-defined whitespace tokens; starcoder's digit pass;
-// falcon's three passes).
+// falcon's three passes; deepseek-llm's six).
 struct GgufVocab {
   const char* name;
   bool roundtrip;  // SPM's prefix space makes decode(encode(t)) differ for some inputs
@@ -77,7 +77,8 @@ TEST_P(GgufVocabVectors, MatchLlamaCppVectors) {
 INSTANTIATE_TEST_SUITE_P(Vocabs, GgufVocabVectors,
                          ::testing::Values(GgufVocab{"llama-spm", false}, GgufVocab{"phi-3", false},
                                            GgufVocab{"gpt-2", true}, GgufVocab{"mpt", true},
-                                           GgufVocab{"starcoder", true}, GgufVocab{"falcon", true}),
+                                           GgufVocab{"starcoder", true}, GgufVocab{"falcon", true},
+                                           GgufVocab{"deepseek-llm", true}),
                          [](const auto& i) {
                            std::string s = i.param.name;
                            for (auto& c : s)
