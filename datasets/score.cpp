@@ -141,6 +141,9 @@ void Scorer::forward(std::span<const int32_t> t, std::span<const TokenRow> rows,
     dec_.forward(t, rows, want, lg);
   }).wait();
   ++step_;
+  // Scoring is timed on the wall clock; kept, the event log would hold every stage of the run
+  // (millions for HybridGen over a task).
+  rt_->log().clear();
 }
 
 ItemScore Scorer::score(const Request& r, ChoiceLogprobs* logprobs) {
