@@ -388,12 +388,21 @@ class InfiniGen final : public KvStrategy {
     const auto& qs = calib_q_[size_t(layer)];
     const auto& ks = calib_k_[size_t(layer)];
     const int64_t T = int64_t(ks.size()) / (int64_t(Hkv) * D);
-    const SkewCache::Key key = SkewCache::key(qs, ks, Hkv, D, G, dp_);
-    std::optional<std::vector<std::vector<float>>> kept = SkewCache::instance().find(key);
-    if (!kept) {
-      ++svd_layers_;
-      kept = skew_columns(qs, ks, T);
-      SkewCache::instance().put(key, *kept);
+    std::optional<std::vector<std::vector<float>>> kept;
+    if (rt_.dry()) {
+      // A dry run has no values to decompose: the first dp unit vectors stand in (its fetch counts
+      // are the documented fraction, whatever the skew), and nothing is hashed or factorised.
+      kept.emplace(size_t(Hkv), std::vector<float>(size_t(dp_) * size_t(D), 0.0f));
+      for (auto& w : *kept)
+        for (int c = 0; c < dp_; ++c) w[size_t(c) * size_t(D) + size_t(c)] = 1.0f;
+    } else {
+      const SkewCache::Key key = SkewCache::key(qs, ks, Hkv, D, G, dp_);
+      kept = SkewCache::instance().find(key);
+      if (!kept) {
+        ++svd_layers_;
+        kept = skew_columns(qs, ks, T);
+        SkewCache::instance().put(key, *kept);
+      }
     }
     for (int g = 0; g < Hkv; ++g)
       skew_[size_t(layer) * size_t(Hkv) + size_t(g)] =
@@ -529,7 +538,15 @@ class InfiniGen final : public KvStrategy {
     grow(fb.v, kv_.bytes(int64_t(Hkv) * count * D));
     f->k = fb.k.as<char>(), f->v = fb.v.as<char>();
     Gather out{r.seq, f, std::vector<std::vector<int32_t>>(static_cast<size_t>(Hkv))};
-    for (int g = 0; g < Hkv; ++g) logit_top_k(logits + int64_t(g) * G * n, G, n, n, count, out.sel[size_t(g)]);
+    for (int g = 0; g < Hkv; ++g) {
+      auto& sel = out.sel[size_t(g)];
+      if (rt_.dry()) {  // no logits: the first `count` positions (what equal scores select), no scan
+        sel.resize(size_t(count));
+        for (int32_t t = 0; t < count; ++t) sel[size_t(t)] = t;
+      } else {
+        logit_top_k(logits + int64_t(g) * G * n, G, n, n, count, sel);
+      }
+    }
     fetch_[size_t(layer) * size_t(B_) + size_t(r.seq)] = f;
     return out;
   }

@@ -657,27 +657,54 @@ MergeReport merge_results(const std::vector<std::string>& dirs, const std::strin
     return std::make_tuple(a.point_index, label_order[a.label], a.repeat) <
            std::make_tuple(b.point_index, label_order[b.label], b.repeat);
   });
-  if (fs::exists(out) && !fs::is_empty(out)) {
+  const bool replace = fs::exists(out) && !fs::is_empty(out);
+  if (replace) {
     if (!opts.force) input_error("{}: the merge output directory is not empty (--force to replace it)", out);
     refuse_unless_result_dir(out);
-    fs::remove_all(out);
   }
-  fs::create_directories(out, ec);
-  if (ec) input_error("{}: cannot create ({})", out, ec.message());
-  fs::copy_file(first_dir + "/config.yaml", out + "/config.yaml", fs::copy_options::overwrite_existing);
+  // Written whole into a sibling staging directory, then renamed into place: a failure on the way
+  // (a full disk, a kill) leaves `out` as it was.
+  const fs::path out_path = fs::absolute(out).lexically_normal();
+  const std::string stage = (out_path.parent_path() / fmt::format(".{}.merge.{}", out_path.filename().string(), ::getpid())).string();
+  struct Staging {
+    std::string dir;
+    ~Staging() {
+      std::error_code e;
+      if (!dir.empty()) fs::remove_all(dir, e);
+    }
+  } staging{stage};
+  fs::remove_all(stage, ec);
+  fs::create_directories(stage, ec);
+  if (ec) input_error("{}: cannot create ({})", stage, ec.message());
+  fs::copy_file(first_dir + "/config.yaml", stage + "/config.yaml", fs::copy_options::overwrite_existing, ec);
+  if (ec) throw IoError(fmt::format("{}/config.yaml: {}; {} is unchanged", stage, ec.message(), out));
   {
-    // A failed write (a full disk) leaves no torn rows.jsonl.
-    AtomicFile o(out + "/" + kRows);
+    AtomicFile o(stage + "/" + kRows);
     for (auto& r : all) o.write(json_text(r.json) + "\n");
     try {
       o.commit();
     } catch (const IoError& e) {
-      throw IoError(fmt::format("{}; the input directories are unchanged", e.what()));
+      throw IoError(fmt::format("{}; the input directories and {} are unchanged", e.what(), out));
     }
   }
   std::vector<std::string> labels(label_order.size());
   for (auto& [l, i] : label_order) labels[size_t(i)] = l;
-  rep.table = write_summary(out, all, baseline, labels);
+  rep.table = write_summary(stage, all, baseline, labels);
+  // The old output moves aside first, so that there is always a whole result at one of the names.
+  const std::string old_out = replace ? stage + ".old" : "";
+  if (replace) {
+    fs::rename(out, old_out, ec);
+    if (ec) throw IoError(fmt::format("{}: cannot move it aside ({}); it is unchanged", out, ec.message()));
+  } else if (fs::exists(out)) {
+    fs::remove(out, ec);  // an empty directory
+  }
+  fs::rename(stage, out, ec);
+  if (ec) {
+    if (replace) fs::rename(old_out, out, ec);
+    throw IoError(fmt::format("{}: cannot rename the merged result into place ({}); {} is unchanged", stage, ec.message(), out));
+  }
+  staging.dir.clear();
+  if (replace) fs::remove_all(old_out, ec);
   rep.rows = all.size();
   return rep;
 }

@@ -359,6 +359,23 @@ TEST(ExperimentRun, MergeOfTwoShardsEqualsTheUnshardedRun) {
     return std::count(all.begin(), all.end(), '\n');
   };
   EXPECT_EQ(lines(d + "/merged/summary.csv"), lines(d + "/all/summary.csv"));
+  // A merge that fails on the way (a file-size limit, as a full disk) over an existing result leaves
+  // that result whole and no staging directory beside it.
+  {
+    FILE* pp = popen(("bash -c 'ulimit -f 4; exec " + std::string(HG_BINARY) + " merge " + d + "/s1 " + d + "/s0 --out " +
+                      d + "/merged --force' 2>&1").c_str(), "r");
+    std::string out;
+    char buf[4096];
+    size_t n;
+    while ((n = fread(buf, 1, sizeof buf, pp)) > 0) out.append(buf, n);
+    const int st = pclose(pp);
+    EXPECT_TRUE(WIFEXITED(st) && WEXITSTATUS(st) == 1) << out;
+    EXPECT_NE(out.find("unchanged"), std::string::npos) << out;
+    EXPECT_EQ(keys_of(read_rows(d + "/merged")), keys_of(all));
+    EXPECT_EQ(lines(d + "/merged/summary.csv"), lines(d + "/all/summary.csv"));
+    for (auto& e : fs::directory_iterator(d))
+      EXPECT_EQ(e.path().filename().string().find(".merged.merge"), std::string::npos) << e.path();
+  }
   // Nothing lost or mixed: an output that is one of the inputs is refused before anything is
   // removed, and so is a shard of other settings.
   Proc p = run_cli("merge " + d + "/s0 " + d + "/s1 --out " + d + "/s0 --shards 2 --force");
