@@ -69,7 +69,12 @@ void EvictingStrategy::evict_to(int layer, int seq, int32_t keep) {
     const int32_t n = store_.count(layer, seq, g);
     if (n <= keep) continue;
     ++version(layer, seq);
-    victims(layer, seq, g, n - keep, victims_);
+    if (rt_.dry()) {  // no scores to rank (no taps): which slots go does not change what moves
+      victims_.resize(size_t(n - keep));
+      for (int32_t i = 0; i < n - keep; ++i) victims_[size_t(i)] = n - 1 - i;
+    } else {
+      victims(layer, seq, g, n - keep, victims_);
+    }
     HG_CHECK(int32_t(victims_.size()) == n - keep);
     // Dropped in the policy's order. Each removal moves the last slot into the freed one, so a victim
     // still to come that sat in the last slot is followed there (the slots then end as if the

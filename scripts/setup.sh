@@ -26,17 +26,32 @@ hg_install_deps() {
   apt-get install -y -qq --no-install-recommends "${missing[@]}" >&2
 }
 
-# hg_build [TARGET…]: configure once, then build the targets (default: all of them).
+# hg_build [TARGET…]: configure once, then build the targets (default: all of them). Configure and
+# build output go to BUILD/build.log and are shown only when a step fails.
 hg_build() {
-  local jobs
+  local jobs log
   jobs="$(nproc)"
+  mkdir -p "$HG_BUILD_DIR"
+  log="$HG_BUILD_DIR/build.log"
+  : >"$log"
   if [ ! -f "$HG_BUILD_DIR/CMakeCache.txt" ]; then
+    echo "hgbench: configuring $HG_BUILD_DIR (log: $log)" >&2
     # shellcheck disable=SC2086
-    cmake -S "$HG_ROOT" -B "$HG_BUILD_DIR" -DCMAKE_BUILD_TYPE=Release ${HG_CMAKE_ARGS:-} >&2
+    cmake -S "$HG_ROOT" -B "$HG_BUILD_DIR" -DCMAKE_BUILD_TYPE=Release ${HG_CMAKE_ARGS:-} >>"$log" 2>&1 ||
+      { tail -n 40 "$log" >&2; echo "hgbench: configure failed (whole log: $log)" >&2; exit 1; }
+  elif [ -n "${HG_CMAKE_ARGS:-}" ]; then
+    # shellcheck disable=SC2086
+    cmake -S "$HG_ROOT" -B "$HG_BUILD_DIR" ${HG_CMAKE_ARGS} >>"$log" 2>&1 ||
+      { tail -n 40 "$log" >&2; echo "hgbench: configure failed (whole log: $log)" >&2; exit 1; }
   fi
-  if [ $# -gt 0 ]; then
-    cmake --build "$HG_BUILD_DIR" -j "$jobs" --target "$@" >&2
-  else
-    cmake --build "$HG_BUILD_DIR" -j "$jobs" >&2
-  fi
+  echo "hgbench: building ${*:-everything} (log: $log)" >&2
+  local targets=()
+  [ $# -gt 0 ] && targets=(--target "$@")
+  cmake --build "$HG_BUILD_DIR" -j "$jobs" "${targets[@]}" >>"$log" 2>&1 ||
+    { grep -E "error|Error" "$log" | head -n 30 >&2; tail -n 20 "$log" >&2; echo "hgbench: build failed (whole log: $log)" >&2; exit 1; }
+}
+
+# True when a CUDA device is visible (the CUDA sources are then worth compiling for a run).
+hg_gpu_visible() {
+  command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L 2>/dev/null | grep -q "^GPU"
 }

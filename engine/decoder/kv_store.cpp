@@ -70,7 +70,7 @@ void KvStore::write(int layer, std::span<const TokenRow> rows, const float* k, c
     if (be) {
       be->write_kv(k + int64_t(i0) * row, n, Hkv, D, pos_.data(), k_raw(layer, seq), hs, dtype_);
       be->write_kv(v + int64_t(i0) * row, n, Hkv, D, pos_.data(), v_raw(layer, seq), hs, dtype_);
-    } else {
+    } else if (!(mem_ && mem_->phantom())) {  // a dry run's values mean nothing
       write_kv_host(k + int64_t(i0) * row, n, Hkv, D, pos_.data(), k_raw(layer, seq), hs, dtype_);
       write_kv_host(v + int64_t(i0) * row, n, Hkv, D, pos_.data(), v_raw(layer, seq), hs, dtype_);
     }

@@ -13,6 +13,7 @@ void SlotStore::reset(const KvShape& shape, std::span<const int32_t> slots, Memo
   shape_ = shape;
   dtype_ = dtype;
   device_ = device && !device->host_memory() && tier == Tier::kGpu ? device : nullptr;
+  phantom_ = mem.phantom();
   cap_.assign(slots.begin(), slots.end());
   k_.clear();
   v_.clear();
@@ -70,6 +71,7 @@ void SlotStore::copy_sequence(int layer, int src, int dst) {
     for (auto kv : {0, 1}) {
       const char* a = static_cast<const char*>(kv ? v_raw(layer, src) : k_raw(layer, src)) + g * head_stride(src) * es;
       char* b = static_cast<char*>(kv ? v_raw(layer, dst) : k_raw(layer, dst)) + g * head_stride(dst) * es;
+      if (phantom_) continue;
       if (device_) device_->copy(b, a, size_t(n * row));
       else std::memcpy(b, a, size_t(n * row));
     }
@@ -80,12 +82,14 @@ void SlotStore::copy_sequence(int layer, int src, int dst) {
 }
 
 void SlotStore::copy_row(void* dst, const void* src) const {
+  if (phantom_) return;
   const size_t n = size_t(shape_.D) * size_t(elem_bytes());
   if (device_) device_->copy(dst, src, n);
   else std::memcpy(dst, src, n);
 }
 
 void SlotStore::put_row(void* head, int32_t slot, const float* row) const {
+  if (phantom_) return;
   if (dtype_ == DType::kF32) return copy_row(static_cast<float*>(head) + int64_t(slot) * shape_.D, row);
   if (device_) device_->write_kv(row, 1, 1, shape_.D, &slot, head, 0, dtype_);
   else write_kv_host(row, 1, 1, shape_.D, &slot, head, 0, dtype_);

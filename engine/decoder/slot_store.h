@@ -58,6 +58,7 @@ class SlotStore {
   KvShape shape_;
   DType dtype_ = DType::kF32;
   Backend* device_ = nullptr;  // copies within device memory
+  bool phantom_ = false;       // dry run: rows are not copied (positions and counts are kept)
   std::vector<int32_t> cap_;
   std::vector<Allocation> k_, v_;
   std::vector<std::vector<int32_t>> pos_;

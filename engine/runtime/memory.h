@@ -129,6 +129,8 @@ class MemorySystem {
   int far_node() const { return far_node_; }
   int local_node() const { return local_node_; }
   bool device_memory() const { return device_.has_value(); }
+  // Dry runs: every allocation is phantom memory, whose values mean nothing (stores skip copying them).
+  bool phantom() const { return cfg_.phantom; }
 
  private:
   // Allocations on `t` are mapped into the device (far memory with a device that maps host memory).

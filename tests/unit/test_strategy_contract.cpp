@@ -307,8 +307,11 @@ INSTANTIATE_TEST_SUITE_P(Strategies, ForkedStrategies, ::testing::ValuesIn(kFork
 TEST(Strategies, EveryRegisteredStrategyForks) {
   std::set<std::string> covered;
   for (auto& c : kForkCases) covered.insert(c.strategy);
-  for (auto& s : strategies())
-    if (s.name != "null") EXPECT_TRUE(covered.count(s.name)) << s.name << " has no fork case";
+  for (auto& s : strategies()) {
+    if (s.name != "null") {
+      EXPECT_TRUE(covered.count(s.name)) << s.name << " has no fork case";
+    }
+  }
 }
 
 TEST(Strategies, EveryRegisteredStrategyHasContractCases) {
