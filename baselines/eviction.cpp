@@ -69,7 +69,8 @@ void EvictingStrategy::evict_to(int layer, int seq, int32_t keep) {
     const int32_t n = store_.count(layer, seq, g);
     if (n <= keep) continue;
     ++version(layer, seq);
-    if (rt_.dry()) {  // no scores to rank (no taps): which slots go does not change what moves
+    if (rt_.dry()) {  // no scores to rank (no taps), and which slots go does not change what moves:
+                      // the last ones, whose removal moves no row
       victims_.resize(size_t(n - keep));
       for (int32_t i = 0; i < n - keep; ++i) victims_[size_t(i)] = n - 1 - i;
     } else {

@@ -431,7 +431,9 @@ void save_reference(const ReferenceScores& ref, const std::string& key, const st
   for (auto& s : ref.items) items.push_back(s.json());
   head["items"] = std::move(items);
   std::string out = head.dump() + "\n";
-  auto put = [&](const void* p, size_t n) { out.append(static_cast<const char*>(p), n); };
+  auto put = [&](const void* p, size_t n) {
+    if (n > 0) out.append(static_cast<const char*>(p), n);
+  };
   for (auto& item : ref.dists) {
     const int32_t nc = int32_t(item.size());
     put(&nc, 4);
@@ -470,7 +472,7 @@ std::optional<ReferenceScores> load_reference(const std::string& path, const std
   size_t at = eol + 1;
   auto get = [&](void* p, size_t n) {
     if (n > data.size() - at) input_error("{}: torn reference (ends inside item {})", path, ref.dists.size());
-    std::memcpy(p, data.data() + at, n);
+    if (n > 0) std::memcpy(p, data.data() + at, n);
     at += n;
   };
   auto count = [&](int64_t most) {
