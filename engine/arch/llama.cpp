@@ -72,7 +72,7 @@ Architecture llama_architecture() {
   Architecture a;
   a.name = "llama";
   a.hf_classes = {"LlamaForCausalLM"};
-  a.traits = ArchTraits{NormKind::kRms, PosKind::kRope, FfnKind::kSwiGlu, false, false, false, false};
+  a.traits = ArchTraits{.norm = NormKind::kRms, .pos = PosKind::kRope, .ffn = FfnKind::kSwiGlu};
   a.parse_hf_config = parse_config;
   a.hf_name = hf_name;
   a.hf_global_name = hf_global_name;

@@ -71,7 +71,8 @@ Architecture opt_architecture() {
   Architecture a;
   a.name = "opt";
   a.hf_classes = {"OPTForCausalLM"};
-  a.traits = ArchTraits{NormKind::kLayer, PosKind::kLearned, FfnKind::kRelu, true, true, true, true};
+  a.traits = ArchTraits{.norm = NormKind::kLayer, .pos = PosKind::kLearned, .ffn = FfnKind::kRelu, .qkv_bias = true,
+                        .o_bias = true, .ffn_bias = true, .norm_bias = true};
   a.parse_hf_config = parse_config;
   a.hf_name = hf_name;
   a.hf_global_name = hf_global_name;

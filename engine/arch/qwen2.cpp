@@ -29,7 +29,7 @@ Architecture qwen2_architecture() {
   Architecture a;
   a.name = "qwen2";
   a.hf_classes = {"Qwen2ForCausalLM"};
-  a.traits = ArchTraits{NormKind::kRms, PosKind::kRope, FfnKind::kSwiGlu, true, false, false, false};
+  a.traits = ArchTraits{.norm = NormKind::kRms, .pos = PosKind::kRope, .ffn = FfnKind::kSwiGlu, .qkv_bias = true};
   a.default_add_bos = false;
   a.parse_hf_config = parse_config;
   a.hf_name = llama_hf_name;
