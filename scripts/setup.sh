@@ -34,14 +34,15 @@ hg_build() {
   mkdir -p "$HG_BUILD_DIR"
   log="$HG_BUILD_DIR/build.log"
   : >"$log"
+  # Configure a fresh build directory, or an existing one again when HG_CMAKE_ARGS asks for settings.
+  local configure=()
   if [ ! -f "$HG_BUILD_DIR/CMakeCache.txt" ]; then
     echo "hgbench: configuring $HG_BUILD_DIR (log: $log)" >&2
+    configure=(-DCMAKE_BUILD_TYPE=Release)
+  fi
+  if [ ${#configure[@]} -gt 0 ] || [ -n "${HG_CMAKE_ARGS:-}" ]; then
     # shellcheck disable=SC2086
-    cmake -S "$HG_ROOT" -B "$HG_BUILD_DIR" -DCMAKE_BUILD_TYPE=Release ${HG_CMAKE_ARGS:-} >>"$log" 2>&1 ||
-      { tail -n 40 "$log" >&2; echo "hgbench: configure failed (whole log: $log)" >&2; exit 1; }
-  elif [ -n "${HG_CMAKE_ARGS:-}" ]; then
-    # shellcheck disable=SC2086
-    cmake -S "$HG_ROOT" -B "$HG_BUILD_DIR" ${HG_CMAKE_ARGS} >>"$log" 2>&1 ||
+    cmake -S "$HG_ROOT" -B "$HG_BUILD_DIR" "${configure[@]}" ${HG_CMAKE_ARGS:-} >>"$log" 2>&1 ||
       { tail -n 40 "$log" >&2; echo "hgbench: configure failed (whole log: $log)" >&2; exit 1; }
   fi
   echo "hgbench: building ${*:-everything} (log: $log)" >&2

@@ -57,20 +57,16 @@ class Walker {
  private:
   bool have(size_t k) const { return k <= n_ - pos_; }
   void field(int width, bool real = false) { fields.push_back({pos_, width, real}), pos_ += size_t(width); }
-  bool u32(uint32_t* v, bool record) {
-    if (!have(4)) return false;
-    if (v) std::memcpy(v, d_ + pos_, 4);
-    if (record) field(4);
-    else pos_ += 4;
+  // A little-endian integer of `width` bytes, read into v when given, recorded as a field or skipped.
+  bool num(void* v, int width, bool record) {
+    if (!have(size_t(width))) return false;
+    if (v) std::memcpy(v, d_ + pos_, size_t(width));
+    if (record) field(width);
+    else pos_ += size_t(width);
     return true;
   }
-  bool u64(uint64_t* v, bool record) {
-    if (!have(8)) return false;
-    if (v) std::memcpy(v, d_ + pos_, 8);
-    if (record) field(8);
-    else pos_ += 8;
-    return true;
-  }
+  bool u32(uint32_t* v, bool record) { return num(v, 4, record); }
+  bool u64(uint64_t* v, bool record) { return num(v, 8, record); }
   bool string() {
     uint64_t len = 0;
     if (!u64(&len, true) || !have(len)) return false;

@@ -238,4 +238,17 @@ void brute_force_check(const std::string& name, const std::map<std::string, std:
   }
 }
 
+const std::vector<StrategyCase>& small_budget_cases() {
+  static const std::vector<StrategyCase> cases = {
+      {"full", {}},
+      {"flexgen", {}},
+      {"moe_lightning", {}},
+      {"h2o", {{"heavy_tokens", "3"}, {"recent_tokens", "2"}}},
+      {"keyformer", {{"kv_tokens", "5"}}},
+      {"streamingllm", {{"sinks", "1"}, {"window", "4"}}},
+      {"infinigen", {}},
+      {"hybridgen", {{"gpu_kv_tokens", "4"}, {"k", "fixed"}, {"k_fixed", "3"}, {"mode", "post"}, {"page_tokens", "4"}}}};
+  return cases;
+}
+
 }  // namespace hg::test

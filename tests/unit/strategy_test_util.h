@@ -44,6 +44,14 @@ std::set<int32_t> held(const SlotStore& st, int l, int g);
 // Drives a 1-layer eviction strategy with seeded q/k/v rows and checks every eviction against a
 // brute-force re-implementation (double precision, explicit sets).
 void brute_force_check(const std::string& name, const std::map<std::string, std::string>& params);
+// Every registered strategy (but `null`) with budgets small enough that eviction, offloading and
+// selection act within a few dozen tokens, HybridGen at a fixed K (its adaptive K follows measured
+// times): the cases of the fork and batched-scoring tests.
+struct StrategyCase {
+  std::string strategy;
+  std::map<std::string, std::string> params;
+};
+const std::vector<StrategyCase>& small_budget_cases();
 // Keyformer's noise written independently of the strategy (test_keyformer.cpp).
 double ref_gumbel(uint64_t seed, int layer, int seq, int row, int head, int32_t pos);
 

@@ -23,6 +23,7 @@
 #include "experiments/runner/runner.h"
 #include "experiments/runner/spec.h"
 #include "hf_writer.h"
+#include "strategy_test_util.h"
 #include "test_util.h"
 
 namespace hg {
@@ -400,14 +401,7 @@ TEST(Scorer, BatchedItemsScoreAsOneAtATime) {
   RuntimeConfig rc;
   rc.device = "emulated";
   for (ContextMode mode : {ContextMode::kPrefill, ContextMode::kStream})
-    for (auto [name, params] : std::vector<std::pair<std::string, std::map<std::string, std::string>>>{
-             {"full", {}},
-             {"flexgen", {}},
-             {"h2o", {{"heavy_tokens", "3"}, {"recent_tokens", "2"}}},
-             {"keyformer", {{"kv_tokens", "5"}}},
-             {"streamingllm", {{"sinks", "1"}, {"window", "4"}}},
-             {"infinigen", {}},
-             {"hybridgen", {{"gpu_kv_tokens", "4"}, {"k", "fixed"}, {"k_fixed", "3"}, {"mode", "post"}}}}) {
+    for (const auto& [name, params] : test::small_budget_cases()) {
       auto run = [&](int batch_seqs) {
         Runtime rt(rc);
         auto kv = make_strategy(name, StrategyContext{rt.accel_backend(), &rt, &m}, params);
@@ -512,15 +506,20 @@ TEST(Fidelity, TopKReferenceIsALowerBoundOfTheFullKl) {
   EXPECT_TRUE(small.ids.empty());  // a small vocabulary is kept whole: exact KL
 }
 
-// One reference per (model, task, shots, seed, mode): across strategies and a swept budget it is
-// scored once — by `full` itself when it runs first — and every other row reuses it, with the same
-// fidelity as scoring it beside each strategy gave (exact strategies agree with it exactly).
-TEST(Experiments, TheReferenceIsScoredOncePerKey) {
+// Four COPA items in a data directory of their own.
+std::string four_copa_items(const std::string& name) {
   std::string val;
   for (int i = 0; i < 4; ++i)
     val += fmt::format(R"({{"premise": "The child dropped cup {}.", "choice1": "It broke.", "choice2": "It sang.", )"
                        R"("question": "effect", "label": {}, "idx": {}}})" "\n", i, i % 2, i);
-  const std::string data = write_copa_dir("copa_ref_once", val);
+  return write_copa_dir(name, val);
+}
+
+// One reference per (model, task, shots, seed, mode): across strategies and a swept budget it is
+// scored once — by `full` itself when it runs first — and every other row reuses it, with the same
+// fidelity as scoring it beside each strategy gave (exact strategies agree with it exactly).
+TEST(Experiments, TheReferenceIsScoredOncePerKey) {
+  const std::string data = four_copa_items("copa_ref_once");
   for (const char* order : {"[full, flexgen, h2o]", "[h2o, flexgen, full]"}) {
     ExperimentSpec spec = parse_experiment(
         fmt::format("name: r\nmodels: [synthetic:tiny-llama]\nstrategies: {}\neval: {{tasks: [copa], context: stream, "
@@ -553,11 +552,7 @@ TEST(Experiments, TheReferenceIsScoredOncePerKey) {
 // The reference is kept in the result directory: a second runner over it (a resumed run) reads it
 // instead of scoring it again, with the same fidelity; a torn file is named, not used.
 TEST(Experiments, AResumedRunReadsTheKeptReference) {
-  std::string val;
-  for (int i = 0; i < 4; ++i)
-    val += fmt::format(R"({{"premise": "The dog saw ball {}.", "choice1": "It ran.", "choice2": "It froze.", )"
-                       R"("question": "effect", "label": {}, "idx": {}}})" "\n", i, i % 2, i);
-  const std::string data = write_copa_dir("copa_ref_kept", val);
+  const std::string data = four_copa_items("copa_ref_kept");
   const std::string dir = (std::filesystem::temp_directory_path() / "hg_ref_kept").string();
   std::filesystem::remove_all(dir);
   ExperimentSpec spec = parse_experiment(

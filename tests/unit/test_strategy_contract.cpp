@@ -227,13 +227,9 @@ TEST(TransferAccounting, EvictionStrategiesSendTheirRetainedKvEveryStep) {
 // continuations; once with the context run on both ("recomputed"), once on the first only and
 // forked into the second after its last token. Budgets are small, so that eviction, offloading
 // and selection all act before and after the fork.
-struct ForkCase {
-  std::string strategy;
-  std::map<std::string, std::string> params;
-};
 
 // Logits of every continuation step of both sequences, [step][seq][V].
-std::vector<std::vector<std::vector<float>>> two_choices(const Model& m, const ForkCase& c, bool prefill, bool fork) {
+std::vector<std::vector<std::vector<float>>> two_choices(const Model& m, const StrategyCase& c, bool prefill, bool fork) {
   RuntimeConfig rc;
   rc.device = "emulated";
   Runtime rt(rc);
@@ -271,10 +267,10 @@ std::vector<std::vector<std::vector<float>>> two_choices(const Model& m, const F
   return out;
 }
 
-class ForkedStrategies : public ::testing::TestWithParam<ForkCase> {};
+class ForkedStrategies : public ::testing::TestWithParam<StrategyCase> {};
 
 TEST_P(ForkedStrategies, ContinueAsARecomputedSequence) {
-  const ForkCase& c = GetParam();
+  const StrategyCase& c = GetParam();
   Model m = load_model("synthetic:tiny-llama");
   for (bool prefill : {false, true}) {
     const auto want = two_choices(m, c, prefill, false), got = two_choices(m, c, prefill, true);
@@ -291,22 +287,13 @@ TEST_P(ForkedStrategies, ContinueAsARecomputedSequence) {
   }
 }
 
-const ForkCase kForkCases[] = {
-    {"full", {}},
-    {"flexgen", {}},
-    {"moe_lightning", {}},
-    {"h2o", {{"heavy_tokens", "3"}, {"recent_tokens", "2"}}},
-    {"keyformer", {{"kv_tokens", "5"}}},
-    {"streamingllm", {{"sinks", "1"}, {"window", "4"}}},
-    {"infinigen", {}},
-    {"hybridgen", {{"gpu_kv_tokens", "4"}, {"k", "fixed"}, {"k_fixed", "3"}, {"mode", "post"}, {"page_tokens", "4"}}}};
 
-INSTANTIATE_TEST_SUITE_P(Strategies, ForkedStrategies, ::testing::ValuesIn(kForkCases),
+INSTANTIATE_TEST_SUITE_P(Strategies, ForkedStrategies, ::testing::ValuesIn(small_budget_cases()),
                          [](const auto& i) { return i.param.strategy; });
 
 TEST(Strategies, EveryRegisteredStrategyForks) {
   std::set<std::string> covered;
-  for (auto& c : kForkCases) covered.insert(c.strategy);
+  for (auto& c : small_budget_cases()) covered.insert(c.strategy);
   for (auto& s : strategies()) {
     if (s.name != "null") {
       EXPECT_TRUE(covered.count(s.name)) << s.name << " has no fork case";
