@@ -1,23 +1,30 @@
 #!/usr/bin/env bash
-# Runs on the GPU machine (device tool), from the repository root, with .device/bundle.tar.gz
-# carried (scripts/gpu_bundle.sh makes it): bash scripts/gpu_check.sh. One prepared pass,
-# everything logged to $OUT:
-#   1. the CUDA test suite (every kernel against the CPU backend, the device-resident decoder,
-#      the strategies on --device cuda);
-#   2. `hgbench calibrate`: the machine's host rates and the GPU's (device copy, pinned link,
-#      BF16 GEMM), written as a platform profile;
-#   3. decode of synthetic:llama-3.1-8b (BF16 weights, F32 KV in GPU memory) at 128, 8K and 32K
-#      tokens of context against the HBM floor (weights + KV bytes per token over the copy rate);
-#   4. all eight strategies (bench --strategy) at 8K and 32K: decode tok/s and bytes per link, and
-#      HybridGen end to end (generate) with a prompt longer than its GPU ring.
-# Each part has its own time limit so that one hang does not cost the others. HG_GPU_PARTS picks
-# parts (default: tests,calibrate,full,strategies,ablation,generate).
+# Runs on the GPU machine (device tool), from the repository root, with .device/ carried
+# (scripts/gpu_bundle.sh packs .device/bundle.tar.gz and copies the accuracy data beside it):
+# bash scripts/gpu_check.sh. One prepared pass, everything logged to $OUT, bounded as a whole by
+# HG_GPU_SECONDS (default 450) so that a hang in one part leaves time for the others:
+#   tests       the CUDA test suite (every kernel against the CPU backend, the device-resident
+#               decoder, the strategies on --device cuda);
+#   calibrate   `hgbench calibrate`: host rates, the GPU's copy, link, GEMM, achieved kernel rates
+#               and fixed costs, written as a platform profile ($OUT/h200.yaml);
+#   clock       experiments/clock_check_gpu.yaml: all eight strategies for real at 8K and 32K, F16
+#               KV, replayed on that profile (modeled ÷ measured per row; $OUT/clock/);
+#               (HG_GPU_CLOCK_ARGS: extra `--set`s, e.g. fewer strategies or lengths);
+#   full        decode of `full` with F32 KV in HBM at 128 / 8K / 32K against the HBM floor (`bench
+#               --backend cuda` reads F32 KV; the clock rows give `full` with F16 KV);
+#   accuracy    experiments/accuracy.yaml at limit=20 on the GPU (items/s per strategy).
+# HG_GPU_PARTS picks parts (default: all, in that order).
 set -uo pipefail
 . "$(dirname "$0")/gpu_env.sh"
+export CUDA_MODULE_LOADING=EAGER  # kernel images load at start-up, not inside the first timed step
 log=$OUT/gpu_check.log
 model="synthetic:llama-3.1-8b?dtype=bf16"
-parts=",${HG_GPU_PARTS:-tests,calibrate,full,strategies,ablation,generate},"
+parts=",${HG_GPU_PARTS:-tests,calibrate,clock,full,accuracy},"
 want() { [[ $parts == *",$1,"* ]]; }
+deadline=$((SECONDS + ${HG_GPU_SECONDS:-450}))
+# limit BUDGET: the part's own limit, cut to what is left before the deadline (at least 5 s).
+limit() { local left=$((deadline - SECONDS)); ((left < 5)) && left=5; echo $(($1 < left ? $1 : left)); }
+part() { echo "== $1 (at ${SECONDS}s, limit $2 s)"; }
 {
   date -u
   nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm,pcie.link.gen.current,pcie.link.width.current \
@@ -25,37 +32,41 @@ want() { [[ $parts == *",$1,"* ]]; }
   echo "cublas: ${cublas:-not found}; nproc $(nproc); $(grep -m1 'model name' /proc/cpuinfo); running $hgbench"
   ldd $hgbench | grep -E 'not found|cublas|cudart'
   if want tests; then
-    echo "== CUDA tests"
-    timeout 150 $bin/hg_tests --gtest_filter='Cuda*:DeviceContract*:GpuStrategies*' 2>&1
+    t=$(limit 150); part "CUDA tests" $t
+    timeout $t $bin/hg_tests --gtest_filter='Cuda*:DeviceContract*:GpuStrategies*' 2>&1 | grep -Ev '^\[ +(RUN|OK) +\]'
+    echo "tests rc ${PIPESTATUS[0]}"
   fi
+  profile=$OUT/h200.yaml
   if want calibrate; then
-    echo "== calibrate"
-    timeout 90 $hgbench calibrate --out "$OUT/h200.yaml" --seconds 0.3 2>&1
+    t=$(limit 60); part "calibrate" $t
+    timeout $t $hgbench calibrate --out "$profile" 2>&1
+    echo "calibrate rc $?"
+    cat "$profile" 2>/dev/null
+  fi
+  if want clock; then
+    t=$(limit 300); part "clock check: 8 strategies x {8K, 32K}, F16 KV, measured and replayed" $t
+    clock=calibrate
+    [ -s "$profile" ] && clock=$profile
+    timeout $t $hgbench run experiments/clock_check_gpu.yaml --set clock=modeled:$clock ${HG_GPU_CLOCK_ARGS:-} \
+      -o "$OUT/clock" 2>&1
+    echo "clock rc $?"
+    cat "$OUT/clock/table.txt" 2>/dev/null
   fi
   if want full; then
-    echo "== decode against the HBM floor (F32 KV in GPU memory)"
-    timeout 200 $hgbench bench --model "$model" --backend cuda --kv f32 --context 128,8192,32768 --threads 1 \
+    t=$(limit 120); part "decode against the HBM floor (full, F32 KV in GPU memory)" $t
+    timeout $t $hgbench bench --model "$model" --backend cuda --kv f32 --context ${HG_GPU_CONTEXTS:-128,8192,32768} --threads 1 \
       --steps 8 --prefill 512 2>&1
+    echo "full rc $?"
   fi
-  if want strategies; then
-    echo "== all eight strategies on the GPU: decode tok/s and bytes per link"
-    timeout 420 $hgbench bench --model "$model" \
-      --strategy full,flexgen,moe_lightning,h2o,keyformer,streamingllm,infinigen,hybridgen --device cuda \
-      --context 8192,32768 --steps 4 2>&1
-    echo "== hybridgen, its speculative query projected on the GPU (query_on=accelerator)"
-    timeout 200 $hgbench bench --model "$model" --strategy hybridgen --device cuda --context 8192,32768 --steps 4 \
-      --set hybridgen.query_on=accelerator 2>&1
+  if want accuracy; then
+    t=$(limit 120); part "accuracy.yaml, limit=20, on the GPU" $t
+    data=.device/shared
+    timeout $t $hgbench run experiments/accuracy.yaml --set limit=20 --set device=cuda \
+      --set "models=[$data/models/stories260K/stories260K.gguf]" --set eval.data_dir=$data/datasets \
+      -o /tmp/accuracy 2>&1 | tail -30
+    echo "accuracy rc ${PIPESTATUS[0]}"
+    cat /tmp/accuracy/table.txt 2>/dev/null
+    cp /tmp/accuracy/summary.csv "$OUT/accuracy_summary.csv" 2>/dev/null
   fi
-  if want ablation; then
-    echo "== hybridgen with the scheduler fixed: post selection, K = 1024"
-    timeout 120 $hgbench bench --model "$model" --strategy hybridgen --device cuda --context 32768 --steps 4 \
-      --set hybridgen.mode=post --set hybridgen.k=fixed --set hybridgen.k_fixed=1024 2>&1
-  fi
-  if want generate; then
-    echo "== generate, hybridgen on --device cuda, 3000-token prompt (ring of 1024)"
-    timeout 90 $hgbench generate --model "$model" --device cuda --strategy hybridgen --prompt-tokens 3000 -n 16 \
-      --ignore-eos --quiet 2>&1
-    echo "== generate, --device cuda"
-    timeout 60 $hgbench generate --model "$model" --device cuda --prompt-tokens 512 -n 16 --ignore-eos 2>&1
-  fi
+  echo "== done at ${SECONDS}s"
 } 2>&1 | tee "$log"

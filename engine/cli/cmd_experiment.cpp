@@ -131,7 +131,12 @@ void check_inputs(const ExperimentSpec& spec) {
 int run_experiment(ExperimentSpec spec, const std::string& output, const std::string& resume, bool force,
                    const std::string& shard, bool list) {
   check_inputs(spec);
-  const std::string how = resolve_execute(spec, cuda_device_count_or_zero() > 0);
+  const bool have_gpu = cuda_device_count_or_zero() > 0;
+  const std::string how = resolve_execute(spec, have_gpu);
+  // Asked for the GPU and none is here: say so before any row, not in every row of the result.
+  if (!list && spec.execute == "real" && spec.device == "cuda" && !have_gpu)
+    input_error("{}: device: cuda, but no CUDA device is visible on this machine (device: emulated runs on the host)",
+                spec.file);
   const std::vector<Point> points = expand(spec);
   const auto [shard_i, shard_n] = shard.empty() ? std::pair{0, 1} : parse_shard(shard);
   std::vector<const Point*> mine;

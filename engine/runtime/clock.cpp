@@ -57,11 +57,12 @@ PlatformProfile load_platform(const std::string& name_or_path, const std::string
     }
   }
   if (!y["cpu"]) input_error("{}: missing key 'cpu'", file);
-  check_keys(y["cpu"], {"flops_gflops", "dram_gbs", "dram_gib", "dram_row_ns"}, file, "cpu");
+  check_keys(y["cpu"], {"flops_gflops", "dram_gbs", "dram_gib", "dram_row_ns", "attn_gbs"}, file, "cpu");
   p.cpu_flops = yaml_number(y["cpu"], "flops_gflops", 0, true, file, "cpu") * 1e9;
   p.dram_gbs = yaml_number(y["cpu"], "dram_gbs", 0, true, file, "cpu");
   p.dram_gib = yaml_number(y["cpu"], "dram_gib", 0, false, file, "cpu");
   p.dram_row_ns = yaml_number(y["cpu"], "dram_row_ns", 0, false, file, "cpu");
+  p.cpu_attn_gbs = yaml_number(y["cpu"], "attn_gbs", 0, false, file, "cpu");
   p.far_gbs = p.dram_gbs;
   p.far_row_ns = p.dram_row_ns;
   if (y["far"]) {
@@ -85,6 +86,7 @@ PlatformProfile load_platform(const std::string& name_or_path, const std::string
   for (auto [v, what] : {std::pair{p.cpu_flops, "cpu.flops_gflops"}, {p.dram_gbs, "cpu.dram_gbs"}, {p.far_gbs, "far.gbs"}})
     if (!(v > 0)) input_error("{}: {} must be positive", file, what);
   for (auto [v, what] : {std::pair{p.dram_row_ns, "cpu.dram_row_ns"}, {p.far_row_ns, "far.row_ns"},
+                         {p.cpu_attn_gbs, "cpu.attn_gbs"},
                          {p.gpu_elem_eps, "gpu.elem_gops"},
                          {p.stage_us, "fixed.stage_us"}, {p.launch_us, "fixed.launch_us"}, {p.copy_us, "fixed.copy_us"}})
     if (!(v >= 0)) input_error("{}: {} must be zero or positive", file, what);
@@ -106,6 +108,7 @@ void save_platform(const PlatformProfile& p, const std::string& path, const std:
   if (p.gpu_flops > 0 && p.gpu_elem_eps > 0) out << "  elem_gops: " << p.gpu_elem_eps / 1e9 << "\n";
   out << "cpu:\n  flops_gflops: " << p.cpu_flops / 1e9 << "\n  dram_gbs: " << p.dram_gbs << "\n  dram_gib: " << p.dram_gib
       << "\n  dram_row_ns: " << p.dram_row_ns << "\n";
+  if (p.cpu_attn_gbs > 0) out << "  attn_gbs: " << p.cpu_attn_gbs << "\n";
   out << "far:\n  gbs: " << p.far_gbs << "\n  latency_ns: " << p.far_latency_ns << "\n  gib: " << p.far_gib
       << "\n  row_ns: " << p.far_row_ns << "\n";
   if (p.h2d_gbs > 0) out << "link:\n  h2d_gbs: " << p.h2d_gbs << "\n  d2h_gbs: " << p.d2h_gbs << "\n";
@@ -157,8 +160,10 @@ double work_seconds(const StageRecord& r, const PlatformProfile& p) {
     }
     case StageKind::kCpuCompute: {
       const double c = w.flops / p.cpu_flops;
-      const double m = secs(double(w.bytes[size_t(Tier::kDram)]), p.dram_gbs) +
-                       secs(double(w.bytes[size_t(Tier::kFar)]), p.far_gbs) + row_secs(w, p);
+      // The CPU kernels' achieved rate caps each tier's read rate (converting 16-bit KV, FMAs).
+      const auto rate = [&](double gbs) { return p.cpu_attn_gbs > 0 ? std::min(gbs, p.cpu_attn_gbs) : gbs; };
+      const double m = secs(double(w.bytes[size_t(Tier::kDram)]), rate(p.dram_gbs)) +
+                       secs(double(w.bytes[size_t(Tier::kFar)]), rate(p.far_gbs)) + row_secs(w, p);
       return std::max(c, m) + (w.bytes[size_t(Tier::kFar)] > 0 ? lat : 0.0);
     }
     case StageKind::kTransfer: {

@@ -31,6 +31,10 @@ struct PlatformProfile {
   double gpu_mem_gib = 0;
   double cpu_flops = 0;    // FP32 FLOP/s of all cores
   double dram_gbs = 0;     // read GB/s of local DRAM
+  // GB/s at which the CPU worker's decode attention kernel reads F16 KV (all its threads): CPU
+  // stages stream KV (and weights) at this rate when it is below a tier's read rate. Calibrated
+  // profiles measure it; 0 (datasheet profiles): the tiers' read rates.
+  double cpu_attn_gbs = 0;
   double dram_gib = 0;
   double far_gbs = 0;      // read GB/s of the far tier (CXL / remote node)
   double far_latency_ns = 0;

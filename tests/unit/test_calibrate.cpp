@@ -34,6 +34,11 @@ TEST(Calibrate, ProfileIsMeasuredAndRoundTrips) {
   EXPECT_NEAR(back.dram_gbs, p.dram_gbs, 1e-3 * p.dram_gbs);
   EXPECT_NEAR(back.cpu_flops, p.cpu_flops, 1e-3 * p.cpu_flops);
   EXPECT_NEAR(back.dram_row_ns, p.dram_row_ns, 1e-3 * p.dram_row_ns + 1e-6);
+  // The CPU worker's decode attention over F16 KV: measured, and no faster than a plain read of
+  // the same memory could make it by more than the noise of two short measurements.
+  EXPECT_GT(p.cpu_attn_gbs, 0) << notes;
+  EXPECT_LT(p.cpu_attn_gbs, 3 * p.dram_gbs) << notes;
+  EXPECT_NEAR(back.cpu_attn_gbs, p.cpu_attn_gbs, 1e-3 * p.cpu_attn_gbs);
   EXPECT_NEAR(back.stage_us, p.stage_us, 1e-3 * p.stage_us);
   // The attention rate per head dimension of the evaluated models, and the score-policy rate.
   ASSERT_EQ(p.gpu_attn_flops_by_dim.size(), 2u) << notes;

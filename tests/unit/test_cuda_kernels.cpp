@@ -434,7 +434,13 @@ TEST(CudaBackend, RuntimeDeviceCudaGenerates) {
   const auto got = generate(m, rt.accel_backend(), *kv, {{1, 20, 30, 40}}, o);
   EXPECT_EQ(got.tokens, want.tokens);
   EXPECT_GT(rt.memory().ledger().usage(Tier::kGpu).peak, 0);
-  EXPECT_THROW(make_strategy("h2o", StrategyContext{rt.accel_backend(), &rt, &m}, {}), UnsupportedError);
+  // Every strategy that declares the GPU builds on it; one that does not is refused, not run.
+  for (const StrategyInfo& s : strategies()) {
+    if (s.runs_on_cuda)
+      EXPECT_NO_THROW(make_strategy(s.name, StrategyContext{rt.accel_backend(), &rt, &m}, {})) << s.name;
+    else
+      EXPECT_THROW(make_strategy(s.name, StrategyContext{rt.accel_backend(), &rt, &m}, {}), UnsupportedError) << s.name;
+  }
 }
 
 // Teacher-forced logits on a runtime's accelerator queue: the prompt's last row, then one decode

@@ -330,6 +330,15 @@ TEST(ModeledClock, ToyPipelineByHand) {
   EXPECT_DOUBLE_EQ(modeled_stage_seconds(h, p), 3.0);
   h.work.bytes[size_t(Tier::kFar)] = 500'000'000;  // + 1 s of far bytes, + 1 ms latency
   EXPECT_DOUBLE_EQ(modeled_stage_seconds(h, p), 4.001);
+  // The CPU kernels' achieved rate caps the tiers' read rates: at 0.25 GB/s, A's 1 GB of dram
+  // keys take 4 s (over its 2 s of FLOPs); a rate above a tier's leaves that tier's alone.
+  p.cpu_attn_gbs = 0.25;
+  EXPECT_DOUBLE_EQ(modeled_stage_seconds(a, p), 4.0);
+  p.cpu_attn_gbs = 0.75;  // caps dram (1 GB/s), not far (0.5 GB/s): f stays 1 s + 1 ms
+  EXPECT_DOUBLE_EQ(modeled_stage_seconds(a, p), 2.0);
+  EXPECT_DOUBLE_EQ(modeled_stage_seconds(f, p), 1.001);
+  p.cpu_attn_gbs = 0.2;
+  EXPECT_DOUBLE_EQ(modeled_stage_seconds(f, p), 2.501);
 }
 
 // Fixed costs: every stage pays the hand-off, an accelerator stage each kernel launch, a transfer
