@@ -13,7 +13,7 @@
 #include <vector>
 
 #include "baselines/common.h"
-#include "engine/decoder/slot_store.h"
+#include "engine/kv/slot_store.h"
 
 namespace hg {
 

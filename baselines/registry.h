@@ -8,8 +8,8 @@
 
 #include "engine/backend/backend.h"
 #include "engine/core/model.h"
-#include "engine/decoder/kv_strategy.h"
-#include "engine/decoder/strategy_params.h"
+#include "engine/kv/kv_strategy.h"
+#include "engine/kv/strategy_params.h"
 
 namespace hg {
 

@@ -8,7 +8,7 @@
 // of sequences with different lengths (ragged rows). On a GPU the staging layers are device memory
 // and the copies cudaMemcpy2D from pinned dram (Backend::upload_2d on the copy queue's stream).
 #include "baselines/common.h"
-#include "engine/decoder/kv_store.h"
+#include "engine/kv/kv_store.h"
 
 namespace hg {
 namespace {

@@ -6,8 +6,8 @@
 #include <vector>
 
 #include "engine/backend/backend.h"
-#include "engine/decoder/kv_store.h"
-#include "engine/decoder/kv_strategy.h"
+#include "engine/kv/kv_store.h"
+#include "engine/kv/kv_strategy.h"
 #include "engine/runtime/runtime.h"
 
 namespace hg {

@@ -1,33 +1,11 @@
-// HybridGen's strategy class, defined in parts: hybridgen.cpp (set-up, the accelerator's merged
-// attention, the end of a step and the scheduler's feedback), residency.cpp (the ring of resident
-// tokens, offloading, prefill), cpu_stage.cpp (the speculative CPU stage: query, logits of the
-// offloaded keys, selection, transfers); offloaded_kv.h holds the CPU side's keys and values and
-// scheduler.h Algorithm 1.
-//
-// `hybridgen` — the method under study (arXiv 2604.18529), on the engine's runtime.
-//
-// Residency: per layer and sequence the accelerator keeps the newest `gpu_kv_tokens` (R) tokens
-// between steps (a ring on the `gpu` tier with one more slot for the token being generated);
-// after each step the oldest resident tokens are offloaded so that R remain. The CPU side of a
-// step is therefore fixed before the step starts, and the speculative CPU stage scores exactly the
-// tokens the accelerator does not hold; older ones are evicted least-recently-generated to the CPU side: K to
-// `dram` (row = position), V into pages whose tier the placement policy picks (`semantic`: V to
-// `far` once dram is full; `interleave`; `dram-only`). The token mapper is positional: position
-// < p − R (p the current position) lives on the CPU side, the rest in ring slot position mod (R+1).
-// Logit parallelism: for layer i+1, while the accelerator runs layer i, a CPU worker builds a
-// query from layer i's input with layer i+1's norm, W_q (+ bias) and RoPE at the current position
-// (`speculative_query: true`), or waits for the true query (`false`, exact); layer 0 always uses
-// its true query. Where the speculative query is projected is `query_on`: `cpu` (the paper's
-// Figure 12: the accelerator sends layer i's input, and the CPU stage reads W_q from host memory)
-// or `accelerator` (it projects with its own copy of the weights and sends the query; the CPU stage
-// only scores keys). It computes q·kᵀ/√d for offloaded keys, selects tokens per KV head (`post`: all
-// offloaded logits, top-K by the group's max logit; `pre`: sinks + most recent offloaded, logits
-// only for those), and sends their logits and V rows (read from their tier, never touched by the
-// CPU otherwise) to the accelerator. The accelerator computes logits of its resident tokens with
-// the true query, concatenates both sets in token order, applies one softmax and aggregates V.
-// The feedback scheduler (scheduler.h) sets K and the mode after each step from the measured
-// stage times. Prefill attention is exact on the accelerator (offloaded prompt KV is copied back
-// for it); the paper's method concerns decode.
+// `hybridgen` — the method under study (arXiv 2604.18529) on the engine's runtime. The accelerator
+// keeps each sequence's newest `gpu_kv_tokens` in a ring; older K and V live in a PagedKvStore on
+// dram/far. While layer i runs, a CPU stage projects layer i+1's speculative query, scores the
+// offloaded keys and selects K per KV head (`pre` or `post`); the accelerator merges those logits
+// with its resident ones in one softmax and aggregates V; the feedback scheduler (scheduler.h,
+// Algorithm 1) sets K and the mode from measured stage times. Parts: hybridgen.cpp (set-up, merge,
+// end of step), residency.cpp (ring, offload, prefill), cpu_stage.cpp (the CPU stage and its
+// transfers). The whole step, with each choice, is in docs/strategies.md, "HybridGen's step".
 #pragma once
 #include <algorithm>
 #include <array>
@@ -42,11 +20,11 @@
 #include <vector>
 
 #include "baselines/common.h"
-#include "baselines/hybridgen/offloaded_kv.h"
+#include "engine/kv/paged_kv_store.h"
 #include "baselines/hybridgen/scheduler.h"
 #include "baselines/speculation.h"
-#include "engine/decoder/kv_store.h"
-#include "engine/runtime/placement.h"
+#include "engine/kv/kv_store.h"
+#include "engine/kv/placement.h"
 #include "selectors/logit_topk.h"
 #include "selectors/sinks_recent.h"
 
@@ -213,7 +191,7 @@ class HybridGen final : public KvStrategy {
   int B_ = 0;
   std::vector<int32_t> prompt_, cap_;
   KvStore ring_;
-  OffloadedKv offloaded_kv_;
+  PagedKvStore offloaded_kv_;
   std::vector<std::shared_ptr<CpuResult>> pending_;
   std::vector<std::function<void()>>
       deferred_;  // per (layer, seq): a speculative stage held back by prepare()

@@ -26,7 +26,7 @@
 
 #include "baselines/common.h"
 #include "baselines/speculation.h"
-#include "engine/decoder/kv_store.h"
+#include "engine/kv/kv_store.h"
 #include "selectors/logit_topk.h"
 
 namespace hg {

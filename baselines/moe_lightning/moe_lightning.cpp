@@ -9,7 +9,7 @@
 // the `gpu` tier (the chunk's own k, v, plus earlier chunks' loaded back from dram); only decode
 // attention goes to the CPU.
 #include "baselines/common.h"
-#include "engine/decoder/kv_store.h"
+#include "engine/kv/kv_store.h"
 
 namespace hg {
 namespace {

@@ -2,7 +2,7 @@
 // exists so that `hgbench bench` can measure the engine's own per-step overhead (with the `null`
 // backend) and so that a strategy's cost can be separated from the rest of a step.
 #pragma once
-#include "engine/decoder/kv_strategy.h"
+#include "engine/kv/kv_strategy.h"
 
 namespace hg {
 

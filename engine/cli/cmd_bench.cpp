@@ -90,13 +90,6 @@ std::string thp_mode() {
   return a != std::string::npos && b > a ? line.substr(a + 1, b - a - 1) : "unknown";
 }
 
-// n seeded token ids after BOS.
-std::vector<int32_t> seeded_prompt(const Model& model, int n, std::mt19937_64& rng) {
-  std::vector<int32_t> ids = {model.tokenizer->bos_id >= 0 ? model.tokenizer->bos_id : 0};
-  while (int(ids.size()) < n) ids.push_back(int32_t(3 + rng() % uint64_t(std::max<int64_t>(1, model.hp.n_vocab - 3))));
-  return ids;
-}
-
 // Decode of `steps` timed steps at context n (one warm-up step first) through the Runner's loop,
 // the cache filled with seeded rows; after_step(s) runs after each timed step, untimed.
 Measurement decode_at(const Model& model, Backend& be, KvStrategy& kv, int n, int steps, std::mt19937_64& rng,

@@ -96,10 +96,7 @@ int cmd_generate(const std::vector<std::string>& args) {
   Model model = load_model(model_spec, load_options(weights, cmd));
   auto strategy = make_strategy(sname, StrategyContext{*backend, &rt, &model}, params);
   // The weights live on the accelerator: an emulated gpu tier too small for them is a result.
-  if (rt.device() != DeviceKind::kCpu) {
-    if (auto oom = rt.memory().ledger().reserve(Tier::kGpu, model.weight_bytes()))
-      throw OutOfMemoryError("model weights: " + oom->message());
-  }
+  if (rt.device() != DeviceKind::kCpu) reserve_weights(rt, model);
   go.runtime = &rt;
   const Tokenizer& tok = *model.tokenizer;
 
@@ -109,8 +106,7 @@ int cmd_generate(const std::vector<std::string>& args) {
     if (app.count("--prompt")) input_error("generate: give --prompt or --prompt-tokens, not both");
     if (prompt_tokens < 1) input_error("generate: --prompt-tokens must be >= 1");
     std::mt19937_64 g(so.seed);
-    std::vector<int32_t> ids = {tok.bos_id >= 0 ? tok.bos_id : 0};
-    for (int i = 1; i < prompt_tokens; ++i) ids.push_back(int32_t(3 + g() % uint64_t(model.hp.n_vocab - 3)));
+    const std::vector<int32_t> ids = seeded_prompt(model, prompt_tokens, g);
     texts = {fmt::format("<{} random tokens>", prompt_tokens)};
     for (int b = 0; b < batch; ++b) prompts.push_back(ids);
   } else {

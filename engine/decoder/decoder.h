@@ -10,7 +10,7 @@
 
 #include "engine/backend/backend.h"
 #include "engine/core/model.h"
-#include "engine/decoder/kv_strategy.h"
+#include "engine/kv/kv_strategy.h"
 
 namespace hg {
 

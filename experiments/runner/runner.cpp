@@ -75,6 +75,17 @@ std::string cpu_model() {
 
 }  // namespace
 
+std::vector<int32_t> seeded_prompt(const Model& model, int n, std::mt19937_64& rng) {
+  std::vector<int32_t> ids = {model.tokenizer->bos_id >= 0 ? model.tokenizer->bos_id : 0};
+  while (int(ids.size()) < n) ids.push_back(int32_t(3 + rng() % uint64_t(std::max<int64_t>(1, model.hp.n_vocab - 3))));
+  return ids;
+}
+
+void reserve_weights(Runtime& rt, const Model& model) {
+  if (auto oom = rt.memory().ledger().reserve(Tier::kGpu, model.weight_bytes()))
+    throw OutOfMemoryError("model weights: " + oom->message());
+}
+
 Measurement measure_generation(Runtime* rt, const Model& model, Backend& backend, KvStrategy& kv,
                                const std::vector<std::vector<int32_t>>& prompts, const GenerateOptions& opts,
                                int warmup_steps, const std::function<void(int, int32_t)>& on_token) {
@@ -341,11 +352,6 @@ std::vector<std::vector<RefDist>> compact_dists(const std::vector<std::vector<st
 
 namespace {
 // The weights live on the accelerator: a gpu tier too small for them is a result.
-void reserve_weights(Runtime& rt, const Model& model) {
-  if (auto oom = rt.memory().ledger().reserve(Tier::kGpu, model.weight_bytes()))
-    throw OutOfMemoryError("model weights: " + oom->message());
-}
-
 // A device backend uploads weights on first use: one token through `full` before the clock starts
 // puts every weight (and the libraries' state) on the device, so that no strategy's prefill pays
 // the model's load (the paper's end-to-end latency excludes it).
@@ -702,11 +708,8 @@ Json Runner::run_once(const Point& p, const StrategyEntry& entry, int repeat, bo
   const StrategyParams effective(entry.name, info.params, params);
   auto kv = make_strategy(entry.name, StrategyContext{rt.accel_backend(), &rt, &model}, params);
 
-  // The prompt: BOS and seeded uniform token ids, the same for every strategy and repeat.
   std::mt19937_64 g(spec_.seed);
-  std::vector<int32_t> ids = {model.tokenizer->bos_id >= 0 ? model.tokenizer->bos_id : 0};
-  for (int i = 1; i < p.prompt_tokens; ++i) ids.push_back(int32_t(3 + g() % uint64_t(model.hp.n_vocab - 3)));
-  const std::vector<std::vector<int32_t>> prompts(size_t(p.batch), ids);
+  const std::vector<std::vector<int32_t>> prompts(size_t(p.batch), seeded_prompt(model, p.prompt_tokens, g));
   GenerateOptions go;
   go.runtime = &rt;
   go.n_new = p.decode_tokens;

@@ -7,6 +7,7 @@
 #include <map>
 #include <memory>
 #include <optional>
+#include <random>
 #include <string>
 #include <vector>
 
@@ -45,6 +46,13 @@ struct Measurement {
 Measurement measure_generation(Runtime* rt, const Model& model, Backend& backend, KvStrategy& kv,
                                const std::vector<std::vector<int32_t>>& prompts, const GenerateOptions& opts,
                                int warmup_steps = 0, const std::function<void(int, int32_t)>& on_token = {});
+
+// The set-up every measured run shares (run, bench, generate):
+// n token ids, BOS then uniform ids drawn from rng (the first three ids, the usual special tokens,
+// left out): the same prompt for every strategy and repeat of a seed.
+std::vector<int32_t> seeded_prompt(const Model& model, int n, std::mt19937_64& rng);
+// The weights charged to the accelerator's tier; OutOfMemoryError when they do not fit there.
+void reserve_weights(Runtime& rt, const Model& model);
 
 // The figures of one Measurement; every printed or recorded figure is defined here once.
 struct Figures {

@@ -12,7 +12,7 @@
 #include "baselines/full/full.h"
 #include "baselines/registry.h"
 #include "engine/decoder/generate.h"
-#include "engine/decoder/slot_store.h"
+#include "engine/kv/slot_store.h"
 #include "engine/runtime/runtime.h"
 #include "test_util.h"
 

@@ -4,7 +4,7 @@
 #include "baselines/full/full.h"
 #include "engine/decoder/decoder.h"
 #include "engine/decoder/generate.h"
-#include "engine/decoder/kv_store.h"
+#include "engine/kv/kv_store.h"
 #include "engine/formats/formats.h"
 #include "engine/tokenizer/tokenizer.h"
 #include "test_util.h"

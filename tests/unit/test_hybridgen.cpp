@@ -19,8 +19,8 @@
 #include "engine/formats/formats.h"
 #include "engine/runtime/runtime.h"
 #include "test_util.h"
-#include "baselines/hybridgen/offloaded_kv.h"
-#include "engine/runtime/placement.h"
+#include "engine/kv/paged_kv_store.h"
+#include "engine/kv/placement.h"
 #include "strategy_test_util.h"
 
 namespace hg {
@@ -96,7 +96,7 @@ TEST(HybridGen, OffloadedKeysFollowTheirPagesTiers) {
   const std::vector<int32_t> cap = {37, 20};
   for (const char* name : {"interleave", "semantic", "dram-only"}) {
     auto placement = make_placement(name, 0.5);
-    OffloadedKv kv;
+    PagedKvStore kv;
     // semantic: room for 12 of the 2·3·10 key pages of 64 bytes, so the 18 oldest go far.
     const int64_t page_bytes = int64_t(shape.H_kv) * 4 * shape.D * 4;
     kv.reset(shape, cap, 4, *placement, std::string(name) == "semantic" ? 12 * page_bytes : int64_t(1) << 40, rt.memory(),

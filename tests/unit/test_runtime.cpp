@@ -16,7 +16,7 @@
 #include "engine/core/error.h"
 #include "engine/decoder/generate.h"
 #include "engine/formats/formats.h"
-#include "engine/runtime/placement.h"
+#include "engine/kv/placement.h"
 #include "engine/runtime/bandwidth.h"
 #include "engine/runtime/runtime.h"
 #include "test_util.h"

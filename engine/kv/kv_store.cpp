@@ -1,5 +1,5 @@
 // Contiguous host KV storage.
-#include "engine/decoder/kv_store.h"
+#include "engine/kv/kv_store.h"
 
 #include <algorithm>
 #include <cstring>

@@ -1,5 +1,5 @@
 // Slot storage.
-#include "engine/decoder/slot_store.h"
+#include "engine/kv/slot_store.h"
 
 #include <algorithm>
 #include <cstring>

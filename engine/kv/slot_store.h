@@ -9,7 +9,7 @@
 #include <vector>
 
 #include "engine/backend/backend.h"
-#include "engine/decoder/kv_strategy.h"
+#include "engine/kv/kv_strategy.h"
 #include "engine/runtime/memory.h"
 
 namespace hg {

@@ -9,7 +9,7 @@
 #include "engine/backend/backend.h"
 #include "engine/core/error.h"
 #include "engine/core/tensor.h"
-#include "engine/decoder/kv_strategy.h"
+#include "engine/kv/kv_strategy.h"
 #include "engine/runtime/memory.h"
 
 namespace hg {

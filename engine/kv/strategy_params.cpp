@@ -1,5 +1,5 @@
 // Strategy parameter validation.
-#include "engine/decoder/strategy_params.h"
+#include "engine/kv/strategy_params.h"
 
 #include <charconv>
 #include <cmath>

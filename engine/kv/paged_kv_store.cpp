@@ -1,5 +1,5 @@
 // HybridGen's offloaded keys and values on dram and far memory.
-#include "baselines/hybridgen/offloaded_kv.h"
+#include "engine/kv/paged_kv_store.h"
 
 #include <algorithm>
 
@@ -10,7 +10,7 @@ namespace {
 size_t ti(Tier t) { return t == Tier::kDram ? 0 : 1; }
 }  // namespace
 
-void OffloadedKv::reset(const KvShape& shape, std::span<const int32_t> capacity, int32_t page_tokens,
+void PagedKvStore::reset(const KvShape& shape, std::span<const int32_t> capacity, int32_t page_tokens,
                         PlacementPolicy& placement, int64_t dram_bytes, MemorySystem& mem, DType dt) {
   shape_ = shape;
   dt_ = dt;
@@ -46,41 +46,41 @@ void OffloadedKv::reset(const KvShape& shape, std::span<const int32_t> capacity,
     }
 }
 
-Tier OffloadedKv::key_tier(int layer, int seq, int32_t pos) const {
+Tier PagedKvStore::key_tier(int layer, int seq, int32_t pos) const {
   const int32_t p = pos / page_;
   return dram_pages_before(layer, seq, p + 1) > dram_pages_before(layer, seq, p) ? Tier::kDram : Tier::kFar;
 }
 
-Tier OffloadedKv::value_tier(int layer, int seq, int32_t pos) const {
+Tier PagedKvStore::value_tier(int layer, int seq, int32_t pos) const {
   return placement_->place(KvKind::kValue, global_page(layer, seq, pos / page_), pos / page_);
 }
 
-int32_t OffloadedKv::row_of(Tier t, int layer, int seq, int32_t pos) const {
+int32_t PagedKvStore::row_of(Tier t, int layer, int seq, int32_t pos) const {
   const int32_t p = pos / page_, dram = dram_pages_before(layer, seq, p);
   return (t == Tier::kDram ? dram : p - dram) * page_ + pos % page_;
 }
 
-char* OffloadedKv::keys(Tier t, int layer, int seq, int g) {
+char* PagedKvStore::keys(Tier t, int layer, int seq, int g) {
   return key_blocks_[idx(layer, seq)][ti(t)].as<char>() + int64_t(g) * key_head_stride(t, layer, seq) * es_;
 }
 
-int64_t OffloadedKv::key_head_stride(Tier t, int layer, int seq) const {
+int64_t PagedKvStore::key_head_stride(Tier t, int layer, int seq) const {
   return int64_t(key_rows_[idx(layer, seq)][ti(t)]) * shape_.D;
 }
 
-char* OffloadedKv::key(int layer, int seq, int g, int32_t pos) {
+char* PagedKvStore::key(int layer, int seq, int g, int32_t pos) {
   const Tier t = key_tier(layer, seq, pos);
   return keys(t, layer, seq, g) + int64_t(row_of(t, layer, seq, pos)) * shape_.D * es_;
 }
 
-int32_t OffloadedKv::key_rows_before(Tier t, int layer, int seq, int32_t n) const {
+int32_t PagedKvStore::key_rows_before(Tier t, int layer, int seq, int32_t n) const {
   if (n <= 0) return 0;
   const int32_t p = n / page_, dram = dram_pages_before(layer, seq, p);
   const int32_t whole = (t == Tier::kDram ? dram : p - dram) * page_;
   return whole + (n % page_ != 0 && key_tier(layer, seq, n - 1) == t ? n % page_ : 0);
 }
 
-int32_t OffloadedKv::key_position(Tier t, int layer, int seq, int32_t row) const {
+int32_t PagedKvStore::key_position(Tier t, int layer, int seq, int32_t row) const {
   // The page holding the tier's (row / page)-th page: the first p whose count of the tier's pages
   // up to and including it exceeds that rank.
   const int32_t rank = row / page_;
@@ -97,7 +97,7 @@ int32_t OffloadedKv::key_position(Tier t, int layer, int seq, int32_t row) const
   return lo * page_ + row % page_;
 }
 
-char* OffloadedKv::value(int layer, int seq, int g, int32_t pos) {
+char* PagedKvStore::value(int layer, int seq, int g, int32_t pos) {
   Allocation& pg = value_pages_[idx(layer, seq) * size_t(max_pages_) + size_t(pos / page_)];
   if (pg.empty()) {
     const Tier t = value_tier(layer, seq, pos);

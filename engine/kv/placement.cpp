@@ -1,5 +1,5 @@
 // Placement policies.
-#include "engine/runtime/placement.h"
+#include "engine/kv/placement.h"
 
 #include <algorithm>
 #include <climits>

@@ -1,12 +1,11 @@
-// The CPU side of HybridGen's KV cache: the keys and values of offloaded tokens, placed page by
-// page on `dram` or `far` by the placement policy (engine/runtime/placement.h). Pages are numbered
+// A paged, tiered KV store for tokens kept off the accelerator (HybridGen's CPU side; any strategy
+// that scores or selects pages can hold its offloaded KV here). Pages of `page_tokens` positions
+// go to `dram` or `far` as the placement policy (engine/kv/placement.h) decides; pages are numbered
 // position-major across layers and sequences, so early tokens of every layer claim dram first.
-//
-// Keys: per (layer, sequence) and tier, one block [H_kv][rows][D] whose rows are that tier's
-// offloaded positions in position order ("rows" of the tier), so that the CPU stage scores each
-// tier's keys in one pass and reads far memory only for keys that live there. Values: pages
-// [H_kv][page_tokens][D], each allocated on its tier when its first token is offloaded. Elements
-// are of the strategy's KV type; addresses below are byte addresses of D-element rows.
+// Keys: per (layer, sequence) and tier, one block [H_kv][rows][D] of that tier's positions in
+// order, so a scorer reads each tier's keys in one pass and far memory only for keys there.
+// Values: pages [H_kv][page_tokens][D], allocated on their tier at their first token. Elements are
+// of the strategy's KV type; addresses are byte addresses of D-element rows.
 #pragma once
 #include <algorithm>
 #include <array>
@@ -14,13 +13,13 @@
 #include <span>
 #include <vector>
 
-#include "engine/decoder/kv_strategy.h"
+#include "engine/kv/kv_strategy.h"
 #include "engine/runtime/memory.h"
-#include "engine/runtime/placement.h"
+#include "engine/kv/placement.h"
 
 namespace hg {
 
-class OffloadedKv {
+class PagedKvStore {
  public:
   // capacity: offloadable tokens per sequence. dram_bytes: dram the offloaded KV may use (the
   // placement plan's budget). dt: the element type stored.
