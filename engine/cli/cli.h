@@ -44,10 +44,6 @@ std::optional<PlatformProfile> clock_profile(const std::string& clock, const std
 // "128,4096" → positive integers.
 std::vector<int> int_list(const std::string& s, const std::string& what, const std::string& cmd);
 
-// Runs an experiment spec into a result directory (the body of `hgbench FILE.yaml`); the exit status.
-int run_experiment(ExperimentSpec spec, const std::string& output, const std::string& resume, bool force,
-                   const std::string& shard, bool list);
-
 int cmd_generate(const std::vector<std::string>& args);
 int cmd_info(const std::vector<std::string>& args);
 int cmd_models(const std::vector<std::string>& args);

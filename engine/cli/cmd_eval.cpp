@@ -13,6 +13,7 @@
 
 #include "datasets/tasks.h"
 #include "engine/cli/cli.h"
+#include "experiments/runner/sweep.h"
 #include "engine/core/error.h"
 #include "engine/core/json_text.h"
 #include "engine/core/thread_pool.h"
@@ -122,7 +123,10 @@ int cmd_eval(const std::vector<std::string>& args) {
   // Two runs started in the same second get their own directories.
   if (output.empty())
     output = fmt::format("results/eval-{:%Y%m%d-%H%M%S}-{}", fmt::localtime(std::time(nullptr)), ::getpid());
-  return run_experiment(parse_experiment(YAML::Dump(y), "hgbench eval"), output, "", force, "", false);
+  SweepOptions so;
+  so.output = output;
+  so.force = force;
+  return run_sweep(parse_experiment(YAML::Dump(y), "hgbench eval"), so);
 }
 
 }  // namespace hg::cli
