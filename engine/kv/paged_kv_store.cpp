@@ -1,4 +1,4 @@
-// HybridGen's offloaded keys and values on dram and far memory.
+// The paged tiered KV store: keys per tier in position order, values in pages (paged_kv_store.h).
 #include "engine/kv/paged_kv_store.h"
 
 #include <algorithm>
@@ -95,6 +95,13 @@ int32_t PagedKvStore::key_position(Tier t, int layer, int seq, int32_t row) cons
       lo = mid + 1;
   }
   return lo * page_ + row % page_;
+}
+
+std::vector<PagedKvStore::Page> PagedKvStore::page_table(int layer, int seq, int32_t n) const {
+  std::vector<Page> t;
+  for (int32_t first = 0; first < n; first += page_)
+    t.push_back(Page{first, std::min(page_, n - first), key_tier(layer, seq, first), value_tier(layer, seq, first)});
+  return t;
 }
 
 char* PagedKvStore::value(int layer, int seq, int g, int32_t pos) {

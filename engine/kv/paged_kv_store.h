@@ -54,6 +54,14 @@ class PagedKvStore {
     }
   }
 
+  // The page table of (layer, seq) over positions [0, n): page p holds positions [first, first +
+  // count), p·page_tokens onward, its keys and its values each on one tier.
+  struct Page {
+    int32_t first = 0, count = 0;
+    Tier key_tier = Tier::kDram, value_tier = Tier::kDram;
+  };
+  std::vector<Page> page_table(int layer, int seq, int32_t n) const;
+
   // Values: the row of (g, pos) in its page (allocated on the page's tier on first use).
   char* value(int layer, int seq, int g, int32_t pos);
   int64_t far_value_pages() const { return far_value_pages_; }

@@ -1,0 +1,121 @@
+// engine/kv as a layer a new strategy builds on: a page-selecting strategy in the manner of Quest
+// (Tang et al., ICML 2024), written against engine/kv and the Backend alone.
+#include <algorithm>
+#include <cstring>
+#include <numeric>
+
+#include "baselines/full/full.h"
+#include "engine/backend/backend.h"
+#include "engine/formats/formats.h"
+#include "engine/kv/kv_strategy.h"
+#include "engine/kv/paged_kv_store.h"
+#include "engine/kv/placement.h"
+#include "strategy_test_util.h"
+
+namespace hg {
+namespace {
+
+// K and V in a PagedKvStore on dram; per page and KV head the elementwise min and max of its keys.
+// A decode row attends, per KV head, the `pages` pages whose upper bound on q·k (over the group's
+// query heads) is highest, its own page always among them, exactly over their tokens. Prompt rows
+// attend every key. Host memory only (the backend reads dram).
+class ToyPageSelect final : public KvStrategy {
+ public:
+  ToyPageSelect(Backend& be, int32_t page_tokens, int32_t pages) : be_(be), page_(page_tokens), pages_(pages) {}
+  std::string_view name() const override { return "toy_page_select"; }
+  void begin(const KvShape& s, std::span<const int32_t> cap, std::span<const int32_t> prompt) override {
+    shape_ = s, prompt_.assign(prompt.begin(), prompt.end());
+    store_.reset(s, cap, page_, *placement_, int64_t(1) << 40, mem_, DType::kF32);
+    max_pages_ = (*std::max_element(cap.begin(), cap.end()) + page_ - 1) / page_;
+    bounds_.assign(size_t(s.n_layers) * cap.size() * size_t(max_pages_) * size_t(s.H_kv) * size_t(2 * s.D), 0.0f);
+  }
+  void append(int l, std::span<const TokenRow> rows, const float* k, const float* v) override {
+    const int D = shape_.D;
+    for (size_t i = 0; i < rows.size(); ++i)
+      for (int g = 0; g < shape_.H_kv; ++g) {
+        const float* kr = k + (i * size_t(shape_.H_kv) + size_t(g)) * size_t(D);
+        std::memcpy(store_.key(l, rows[i].seq, g, rows[i].pos), kr, size_t(D) * 4);
+        std::memcpy(store_.value(l, rows[i].seq, g, rows[i].pos), v + (kr - k), size_t(D) * 4);
+        float* b = bound(l, rows[i].seq, rows[i].pos / page_, g);
+        const bool first = rows[i].pos % page_ == 0;
+        for (int d = 0; d < D; ++d)
+          b[d] = first ? kr[d] : std::min(b[d], kr[d]), b[D + d] = first ? kr[d] : std::max(b[D + d], kr[d]);
+      }
+  }
+  void attend(int l, std::span<const TokenRow> rows, const float* q, float scale, float* out) override {
+    const int D = shape_.D, G = shape_.H / shape_.H_kv;
+    for (size_t i = 0; i < rows.size(); ++i) {
+      const TokenRow r = rows[i];
+      const auto table = store_.page_table(l, r.seq, r.pos + 1);
+      const float* qr = q + i * size_t(shape_.H) * size_t(D);
+      selected_ = 0;
+      for (int g = 0; g < shape_.H_kv; ++g) {
+        std::vector<int32_t> pick(table.size());
+        std::iota(pick.begin(), pick.end(), 0);
+        if (r.pos >= prompt_[size_t(r.seq)] && int(table.size()) > pages_) {
+          std::vector<float> ub(table.size(), -INFINITY);
+          for (size_t p = 0; p + 1 < table.size(); ++p)  // the last page (the row's own) is kept
+            for (int h = g * G; h < (g + 1) * G; ++h) {
+              float s = 0;
+              const float* b = bound(l, r.seq, int32_t(p), g);
+              for (int d = 0; d < D; ++d) s += std::max(qr[h * D + d] * b[d], qr[h * D + d] * b[D + d]);
+              ub[p] = std::max(ub[p], s);
+            }
+          std::partial_sort(pick.begin(), pick.begin() + pages_ - 1, pick.end() - 1,
+                            [&](int32_t a, int32_t b) { return ub[size_t(a)] > ub[size_t(b)]; });
+          pick.erase(pick.begin() + pages_ - 1, pick.end() - 1);
+          std::sort(pick.begin(), pick.end());
+        }
+        int32_t n = 0;
+        for (int32_t p : pick) n += table[size_t(p)].count;
+        if (g == 0) kbuf_.assign(size_t(shape_.H_kv * n * D), 0), vbuf_.assign(kbuf_.size(), 0), selected_ = n;
+        int32_t j = 0;
+        for (int32_t p : pick)
+          for (int32_t t = table[size_t(p)].first; t < table[size_t(p)].first + table[size_t(p)].count; ++t, ++j) {
+            std::memcpy(&kbuf_[size_t((g * n + j) * D)], store_.key(l, r.seq, g, t), size_t(D) * 4);
+            std::memcpy(&vbuf_[size_t((g * n + j) * D)], store_.value(l, r.seq, g, t), size_t(D) * 4);
+          }
+      }
+      const AttnRow ar{kbuf_.data(), vbuf_.data(), int64_t(selected_) * D, selected_};
+      be_.attention(attention_args(shape_.H, shape_.H_kv, D, scale, qr, {&ar, 1}, out + i * size_t(shape_.H) * size_t(D)));
+    }
+  }
+  void fork(int32_t, int32_t, std::span<const int32_t>) override { HG_CHECK(false); }  // not scored here
+  int32_t selected() const { return selected_; }
+
+ private:
+  float* bound(int l, int seq, int32_t page, int g) {
+    return &bounds_[((size_t(l * int(prompt_.size()) + seq) * size_t(max_pages_) + size_t(page)) * size_t(shape_.H_kv) +
+                     size_t(g)) * size_t(2 * shape_.D)];
+  }
+  Backend& be_;
+  int32_t page_, pages_, max_pages_ = 0, selected_ = 0;
+  KvShape shape_;
+  std::vector<int32_t> prompt_;
+  MemorySystem mem_{TierConfig{}};
+  std::unique_ptr<PlacementPolicy> placement_ = make_placement("dram-only");
+  PagedKvStore store_;
+  std::vector<float> bounds_, kbuf_, vbuf_;  // bounds: [layer][seq][page][g][min D, max D]
+};
+
+TEST(KvLayer, APageSelectingStrategyOnEngineKvMatchesFullWithEveryPageAndSelectsBelowIt) {
+  const Model m = load_model("synthetic:tiny-llama");
+  auto be = make_cpu_backend();
+  const auto toks = test::token_stream(48, int(m.hp.n_vocab), 3);
+  FullStrategy full(*be);
+  const auto want = test::step_logits(m, *be, full, toks, 16);
+  ToyPageSelect all(*be, 8, 6);  // 6 pages of 8 hold all 48 tokens: exact
+  test::expect_steps_close(test::step_logits(m, *be, all, toks, 16), want, 1e-5, "every page selected");
+  ToyPageSelect two(*be, 8, 2);  // the row's own page and the best other one
+  const auto got = test::step_logits(m, *be, two, toks, 16);
+  EXPECT_EQ(two.selected(), 8 + (47 % 8) + 1);  // the last step: one full page and its own 8
+  double diff = 0;
+  for (size_t s = 1; s < got.size(); ++s)
+    for (size_t j = 0; j < got[s].size(); ++j) diff = std::max(diff, double(std::abs(got[s][j] - want[s][j])));
+  EXPECT_GT(diff, 1e-3) << "two pages of eight attend as every page would";
+  // The prompt's forward attends every key, as full does.
+  test::expect_steps_close({got[0]}, {want[0]}, 1e-5, "prompt rows");
+}
+
+}  // namespace
+}  // namespace hg
