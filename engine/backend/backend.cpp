@@ -54,73 +54,9 @@ void Backend::download_2d(void* dst, size_t dst_pitch, const void* src, size_t s
     download(static_cast<char*>(dst) + r * dst_pitch, static_cast<const char*>(src) + r * src_pitch, width);
 }
 
-void Backend::group_logit_max(const float* q, int G, const void* K, int64_t n, int D, float scale,
-                              float* score, DType kt) {
-  HG_CHECK(host_memory());  // the scratch below is read on the host
-  thread_local std::vector<float> lg;
-  if (lg.size() < size_t(G) * size_t(n)) lg.resize(size_t(G) * size_t(n));
-  group_logits(q, G, K, n, D, scale, lg.data(), kt);
-  for (int64_t t = 0; t < n; ++t) {
-    float m = -INFINITY;
-    for (int h = 0; h < G; ++h) m = m < lg[size_t(h * n + t)] ? lg[size_t(h * n + t)] : m;
-    score[t] = m;
-  }
-}
-
-float Backend::max_value(const float* x, int64_t n) {
-  float m = -std::numeric_limits<float>::infinity();
-  for (int64_t i = 0; i < n; ++i)
-    if (x[i] > m) m = x[i];
-  return m;
-}
-
-float Backend::exp_shift_sum(float* x, int64_t n, float shift) {
-  double s = 0;
-  for (int64_t i = 0; i < n; ++i) s += (x[i] = float(std::exp(double(x[i]) - double(shift))));
-  return float(s);
-}
-
-void Backend::gather_rows(void* dst, const void* src, int64_t row_bytes, int64_t src_stride, const int32_t* idx,
-                          int64_t n) {
-  for (int64_t i = 0; i < n; ++i)
-    std::memcpy(static_cast<char*>(dst) + i * row_bytes, static_cast<const char*>(src) + int64_t(idx[i]) * src_stride,
-                size_t(row_bytes));
-}
-
 void Backend::convert_to_f32(const void* src, DType st, int64_t n, float* dst) {
   HG_CHECK(host_memory());
   to_f32(st, src, dst, size_t(n));
-}
-
-void Backend::merged_attention(const MergedAttention& a) {
-  const int G = a.H / a.H_kv, D = a.D;
-  const int64_t es = int64_t(dtype_size(a.kv_dtype));
-  auto rows = [es](const void* p, int64_t elems) { return static_cast<const char*>(p) + elems * es; };
-  const int64_t n = a.na + a.nb;
-  std::vector<float> u(size_t(G) * size_t(std::max<int64_t>(n, 1))),
-      lb(size_t(G) * size_t(std::max<int64_t>(a.nb, 1)));
-  std::vector<float> o2(size_t(G) * size_t(D));
-  for (int g = 0; g < a.H_kv; ++g) {
-    if (a.lb) std::copy_n(a.lb + int64_t(g) * G * a.nb, G * a.nb, lb.begin());
-    else group_logits(a.q + int64_t(g) * G * D, G, rows(a.Kb, int64_t(g) * a.ld_b * D), a.nb, D, a.scale, lb.data(),
-                      a.kv_dtype);
-    for (int h = 0; h < G; ++h) {
-      std::copy_n(a.la + (int64_t(g) * G + h) * a.na, a.na, u.begin() + int64_t(h) * n);
-      std::copy_n(lb.begin() + int64_t(h) * a.nb, a.nb, u.begin() + int64_t(h) * n + a.na);
-    }
-    softmax_rows(u.data(), G, n);
-    float* out = a.out + int64_t(g) * G * D;
-    // Each part's probabilities as a dense [G, n_part] block: reuse lb for B, u's front for A.
-    for (int h = 0; h < G; ++h)
-      std::copy_n(u.begin() + int64_t(h) * n + a.na, a.nb, lb.begin() + int64_t(h) * a.nb);
-    group_weighted_v(lb.data(), G, rows(a.Vb, int64_t(g) * a.ld_b * D), a.nb, D, out, a.kv_dtype);
-    if (a.na > 0) {
-      for (int h = 0; h < G; ++h)
-        std::copy_n(u.begin() + int64_t(h) * n, a.na, u.begin() + int64_t(h) * a.na);
-      group_weighted_v(u.data(), G, rows(a.Va, int64_t(g) * a.na * D), a.na, D, o2.data(), a.kv_dtype);
-      for (size_t i = 0; i < o2.size(); ++i) out[i] += o2[i];
-    }
-  }
 }
 
 void write_kv_host(const float* src, int64_t n, int H_kv, int D, const int32_t* pos, void* dst, int64_t head_stride,

@@ -11,6 +11,7 @@
 #include <string_view>
 #include <vector>
 
+#include "engine/backend/policy_ops.h"
 #include "engine/core/model.h"
 
 namespace hg {
@@ -52,9 +53,10 @@ struct AttentionArgs {
 AttentionArgs attention_args(int H, int H_kv, int D, float scale, const float* q, std::span<const AttnRow> rows,
                              float* out, DType kv_dtype = DType::kF32);
 
-class Backend {
+// The model ops every backend implements, its memory, and (from PolicyOps, policy_ops.h) the
+// kernels strategies' policies call, each with a reference default.
+class Backend : public PolicyOps {
  public:
-  virtual ~Backend() = default;
   virtual std::string_view name() const = 0;
   // y[M, N] = x[M, K] · W[N, K]ᵀ (+ bias[N]).
   virtual void matmul(const float* x, int64_t M, const Weight& w, const float* bias, float* y) = 0;
@@ -75,61 +77,8 @@ class Backend {
   // Softmax attention per row and query head; query head h uses KV head h / (H / H_kv).
   virtual void attention(const AttentionArgs& a) = 0;
 
-  // Attention in parts, for strategies that split it (HybridGen, InfiniGen): G query heads of one
-  // KV group over n keys/values given as D-contiguous rows of element type kt (F32 queries,
-  // logits and outputs).
-  // logits[h, t] = scale · q[h] · K[t]   (q [G, D], K [n, D], logits [G, n])
-  virtual void group_logits(const float* q, int G, const void* K, int64_t n, int D, float scale, float* logits,
-                            DType kt = DType::kF32) = 0;
-  // score[t] = max over h < G of logits[h, t] (NaN logits skipped; -inf when all are): HybridGen's
-  // `post` selection score. The CPU backend reduces each block of logits before storing it (one
-  // float written per key instead of G); the default (host backends) computes group_logits into a
-  // scratch.
-  virtual void group_logit_max(const float* q, int G, const void* K, int64_t n, int D, float scale,
-                               float* score, DType kt = DType::kF32);
-  // In place softmax over each of `rows` rows of length n.
-  virtual void softmax_rows(float* x, int64_t rows, int64_t n) = 0;
-  // out[h] = Σ_t p[h, t] · V[t]   (p [G, n], V [n, D], out [G, D])
-  virtual void group_weighted_v(const float* p, int G, const void* V, int64_t n, int D, float* out,
-                                DType vt = DType::kF32) = 0;
   // dst[i] = src[i] as F32, i < n (src of type st; both in this backend's memory).
   virtual void convert_to_f32(const void* src, DType st, int64_t n, float* dst);
-
-  // Decode attention of one query row over two key sets that share one softmax (HybridGen's merge
-  // of CPU-computed and accelerator-computed logits). Set A arrives as scaled logits la [H, na]
-  // with its values Va [H_kv, na, D]; set B as keys and values Kb, Vb [H_kv, ld_b, D] of which the
-  // first nb rows count. q [H, D] → out [H, D]; query head h uses KV head h / (H / H_kv). The
-  // result does not depend on the order of either set. lb, when given, holds set B's scaled logits
-  // [H, nb] already (computed with group_logits before set A was ready, so that work overlaps the
-  // wait for it). Va, Kb and Vb are of element type kv_dtype. Default: the group ops above on a
-  // host scratch (host backends).
-  struct MergedAttention {
-    int H = 0, H_kv = 0, D = 0;
-    float scale = 1.0f;
-    const float* q = nullptr;
-    const float* la = nullptr;
-    const void* Va = nullptr;
-    int64_t na = 0;
-    const void* Kb = nullptr;
-    const void* Vb = nullptr;
-    int64_t ld_b = 0, nb = 0;
-    const float* lb = nullptr;
-    DType kv_dtype = DType::kF32;
-    float* out = nullptr;
-  };
-  virtual void merged_attention(const MergedAttention& a);
-
-  // The small operations strategies' policies need, on buffers in this backend's memory. The
-  // defaults are scalar loops over host memory (the ref backend's; the others' are checked against them).
-  // The largest of x[0, n), NaN ignored; -inf for n = 0 or all NaN.
-  virtual float max_value(const float* x, int64_t n);
-  // x[i] = exp(x[i] - shift) in place; returns the sum.
-  virtual float exp_shift_sum(float* x, int64_t n, float shift);
-  // dst row i ← the row at src + idx[i] · src_stride bytes, row_bytes each, i < n. idx is a host
-  // array; dst is this backend's memory; src is too, or host memory from alloc_host or
-  // register_host (read by DMA). May run on the copy queue's thread while another thread computes.
-  virtual void gather_rows(void* dst, const void* src, int64_t row_bytes, int64_t src_stride, const int32_t* idx,
-                           int64_t n);
 
   // K or V rows of n new tokens of one sequence into its cache: element (g, pos[i], d) at
   // g·head_stride + pos[i]·D + d of `dst` (type dt), from src [n, H_kv, D] F32. pos is a host array.
@@ -146,7 +95,7 @@ class Backend {
   // these host-side arguments — Weight objects, norm weights and biases (model-owned host arrays,
   // uploaded on first use and cached), embed ids, rope positions, write_kv positions, and the
   // AttentionArgs::rows array itself (its k/v pointers are device memory).
-  virtual bool host_memory() const { return true; }
+  // host_memory() (declared in PolicyOps, whose references read host memory): true here.
   virtual void* alloc(size_t bytes);
   virtual void free(void* p);
   virtual void upload(void* dst, const void* src, size_t bytes);    // host → backend memory

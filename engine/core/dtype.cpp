@@ -77,6 +77,15 @@ uint16_t f32_to_f16(float f) {  // round to nearest even
   return uint16_t(sign | res);
 }
 
+double element_at(DType t, const void* p, int64_t i) {
+  switch (t) {
+    case DType::kF32: return static_cast<const float*>(p)[i];
+    case DType::kBF16: return bf16_to_f32(static_cast<const uint16_t*>(p)[i]);
+    case DType::kF16: return f16_to_f32(static_cast<const uint16_t*>(p)[i]);
+  }
+  return 0;
+}
+
 void to_f32(DType from, const void* src, float* dst, size_t n) {
   switch (from) {
     case DType::kF32: std::memcpy(dst, src, n * 4); return;

@@ -34,6 +34,8 @@ uint16_t f32_to_f16(float f);
 
 // Converts n elements of type `from` at src into F32 at dst.
 void to_f32(DType from, const void* src, float* dst, size_t n);
+// Element i of an array of type t, as a double (the references' reads).
+double element_at(DType t, const void* p, int64_t i);
 // Converts n F32 values into `to` at dst.
 void from_f32(DType to, const float* src, void* dst, size_t n);
 

@@ -9,23 +9,7 @@
 namespace hg {
 namespace {
 
-double weight_at(const Weight& w, int64_t i) {
-  switch (w.dtype) {
-    case DType::kF32: return w.as<float>()[i];
-    case DType::kBF16: return bf16_to_f32(w.as<uint16_t>()[i]);
-    case DType::kF16: return f16_to_f32(w.as<uint16_t>()[i]);
-  }
-  return 0;
-}
-
-double kv_at(DType t, const void* p, int64_t i) {
-  switch (t) {
-    case DType::kF32: return static_cast<const float*>(p)[i];
-    case DType::kBF16: return bf16_to_f32(static_cast<const uint16_t*>(p)[i]);
-    case DType::kF16: return f16_to_f32(static_cast<const uint16_t*>(p)[i]);
-  }
-  return 0;
-}
+double weight_at(const Weight& w, int64_t i) { return element_at(w.dtype, w.as<char>(), i); }
 
 class RefBackend final : public Backend {
  public:
@@ -110,8 +94,8 @@ class RefBackend final : public Backend {
       for (int h = 0; h < a.H; ++h) {
         const int g = h / group;
         const float* q = a.q + (int64_t(r) * a.H + h) * a.D;
-        auto K = [&](int64_t i) { return kv_at(a.kv_dtype, row.k, g * row.head_stride + i); };
-        auto V = [&](int64_t i) { return kv_at(a.kv_dtype, row.v, g * row.head_stride + i); };
+        auto K = [&](int64_t i) { return element_at(a.kv_dtype, row.k, g * row.head_stride + i); };
+        auto V = [&](int64_t i) { return element_at(a.kv_dtype, row.v, g * row.head_stride + i); };
         std::vector<double> s(static_cast<size_t>(row.n_keys));
         double mx = -INFINITY;
         for (int t = 0; t < row.n_keys; ++t) {
@@ -134,36 +118,6 @@ class RefBackend final : public Backend {
         }
       }
     }
-  }
-
-  void group_logits(const float* q, int G, const void* K, int64_t n, int D, float scale, float* logits,
-                    DType kt) override {
-    for (int h = 0; h < G; ++h)
-      for (int64_t t = 0; t < n; ++t) {
-        double acc = 0;
-        for (int d = 0; d < D; ++d) acc += double(q[int64_t(h) * D + d]) * kv_at(kt, K, t * D + d);
-        logits[int64_t(h) * n + t] = float(acc * scale);
-      }
-  }
-
-  void softmax_rows(float* x, int64_t rows, int64_t n) override {
-    for (int64_t r = 0; r < rows; ++r) {
-      float* v = x + r * n;
-      double mx = -INFINITY, sum = 0;
-      for (int64_t t = 0; t < n; ++t) mx = std::max(mx, double(v[t]));
-      std::vector<double> e(static_cast<size_t>(n));
-      for (int64_t t = 0; t < n; ++t) sum += (e[size_t(t)] = std::exp(double(v[t]) - mx));
-      for (int64_t t = 0; t < n; ++t) v[t] = float(e[size_t(t)] / sum);
-    }
-  }
-
-  void group_weighted_v(const float* p, int G, const void* V, int64_t n, int D, float* out, DType vt) override {
-    for (int h = 0; h < G; ++h)
-      for (int d = 0; d < D; ++d) {
-        double acc = 0;
-        for (int64_t t = 0; t < n; ++t) acc += double(p[int64_t(h) * n + t]) * kv_at(vt, V, t * D + d);
-        out[int64_t(h) * D + d] = float(acc);
-      }
   }
 };
 

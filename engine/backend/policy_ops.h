@@ -1,0 +1,73 @@
+// Kernels of KV strategies' policies, apart from the model ops every backend implements
+// (backend.h): attention in parts (logits, softmax, weighted values), the merged attention of two
+// key sets, and the reductions and gathers scoring needs. Each op's default is its reference: a
+// scalar loop over host memory that accumulates in double (policy_ops.cpp). A backend overrides
+// an op where it has a faster kernel (cpu, checked against the reference by PolicyOps.* tests) or
+// keeps its buffers elsewhere (cuda, checked against cpu). A new policy op is its declaration and
+// reference here, plus the overrides a backend wants.
+#pragma once
+#include <cstdint>
+
+#include "engine/core/dtype.h"
+
+namespace hg {
+
+class PolicyOps {
+ public:
+  virtual ~PolicyOps() = default;
+  // Whether every buffer argument is host memory (the references read them directly). A backend
+  // with memory of its own says false and overrides each op it supports.
+  virtual bool host_memory() const { return true; }
+
+  // Attention in parts, for strategies that split it (HybridGen, InfiniGen): G query heads of one
+  // KV group over n keys/values given as D-contiguous rows of element type kt (F32 queries,
+  // logits and outputs).
+  // logits[h, t] = scale · q[h] · K[t]   (q [G, D], K [n, D], logits [G, n])
+  virtual void group_logits(const float* q, int G, const void* K, int64_t n, int D, float scale, float* logits,
+                            DType kt = DType::kF32);
+  // score[t] = max over h < G of logits[h, t] (NaN logits skipped; -inf when all are): HybridGen's
+  // `post` selection score. The CPU backend reduces each block of logits before storing it (one
+  // float written per key instead of G); the reference computes group_logits into a scratch.
+  virtual void group_logit_max(const float* q, int G, const void* K, int64_t n, int D, float scale,
+                               float* score, DType kt = DType::kF32);
+  // In place softmax over each of `rows` rows of length n.
+  virtual void softmax_rows(float* x, int64_t rows, int64_t n);
+  // out[h] = Σ_t p[h, t] · V[t]   (p [G, n], V [n, D], out [G, D])
+  virtual void group_weighted_v(const float* p, int G, const void* V, int64_t n, int D, float* out,
+                                DType vt = DType::kF32);
+  // Decode attention of one query row over two key sets that share one softmax (HybridGen's merge
+  // of CPU-computed and accelerator-computed logits). Set A arrives as scaled logits la [H, na]
+  // with its values Va [H_kv, na, D]; set B as keys and values Kb, Vb [H_kv, ld_b, D] of which the
+  // first nb rows count. q [H, D] → out [H, D]; query head h uses KV head h / (H / H_kv). The
+  // result does not depend on the order of either set. lb, when given, holds set B's scaled logits
+  // [H, nb] already (computed with group_logits before set A was ready, so that work overlaps the
+  // wait for it). Va, Kb and Vb are of element type kv_dtype. Reference: the group ops above on a
+  // host scratch.
+  struct MergedAttention {
+    int H = 0, H_kv = 0, D = 0;
+    float scale = 1.0f;
+    const float* q = nullptr;
+    const float* la = nullptr;
+    const void* Va = nullptr;
+    int64_t na = 0;
+    const void* Kb = nullptr;
+    const void* Vb = nullptr;
+    int64_t ld_b = 0, nb = 0;
+    const float* lb = nullptr;
+    DType kv_dtype = DType::kF32;
+    float* out = nullptr;
+  };
+  virtual void merged_attention(const MergedAttention& a);
+
+  // The largest of x[0, n), NaN ignored; -inf for n = 0 or all NaN.
+  virtual float max_value(const float* x, int64_t n);
+  // x[i] = exp(x[i] - shift) in place; returns the sum.
+  virtual float exp_shift_sum(float* x, int64_t n, float shift);
+  // dst row i ← the row at src + idx[i] · src_stride bytes, row_bytes each, i < n. idx is a host
+  // array; dst is this backend's memory; src is too, or host memory from alloc_host or
+  // register_host (read by DMA). May run on the copy queue's thread while another thread computes.
+  virtual void gather_rows(void* dst, const void* src, int64_t row_bytes, int64_t src_stride, const int32_t* idx,
+                           int64_t n);
+};
+
+}  // namespace hg
