@@ -317,11 +317,11 @@ void measure_weight_rates(Backend& be, int64_t gemm_m, int64_t gemm_k, int64_t g
   p->gpu_mem_gbs = double(w.bytes()) / pass_s(w, x, 1, y) / 1e9;
 }
 
-// The achieved FLOP/s of `be`'s attention in the prefill shape: a causal chunk of 512 query rows
-// after 1,536 cached positions, 32 query and 8 KV heads of D, F16 K and V (4·H·D FLOPs per key).
+// The achieved FLOP/s of `be`'s attention in a prefill shape, 32 query and 8 KV heads of D, F16 K
+// and V (4·H·D FLOPs per key). A host backend: a causal chunk of 512 query rows after 1,536 cached
+// positions. A GPU: a whole causal 8K prompt, as its kernel's rate falls with the key count and
+// the prompts it runs are 8K-32K.
 double attention_flops(Backend& be, int D, double seconds) {
-  // A GPU is measured on a long causal prefill (rows 1..8192 keys): its kernel's rate falls with
-  // the key count, and the prompts it runs are 8K-32K. A host backend keeps a cache-sized shape.
   const bool device = !be.host_memory();
   const int H = 32, Hkv = 8, kRows = device ? 8192 : 512, kKeys = device ? 8192 : 2048;
   std::mt19937 g(5);

@@ -103,17 +103,15 @@ void check_inputs(const ExperimentSpec& spec) {
 }
 
 int run_sweep(ExperimentSpec spec, const SweepOptions& o) {
-  const std::string &output = o.output, &resume = o.resume, &shard = o.shard;
-  const bool force = o.force, list = o.list;
   check_inputs(spec);
   const bool have_gpu = cuda_device_count_or_zero() > 0;
   const std::string how = resolve_execute(spec, have_gpu);
   // Asked for the GPU and none is here: say so before any row, not in every row of the result.
-  if (!list && spec.execute == "real" && spec.device == "cuda" && !have_gpu)
+  if (!o.list && spec.execute == "real" && spec.device == "cuda" && !have_gpu)
     input_error("{}: device: cuda, but no CUDA device is visible on this machine (device: emulated runs on the host)",
                 spec.file);
   const std::vector<Point> points = expand(spec);
-  const auto [shard_i, shard_n] = shard.empty() ? std::pair{0, 1} : parse_shard(shard);
+  const auto [shard_i, shard_n] = o.shard.empty() ? std::pair{0, 1} : parse_shard(o.shard);
   std::vector<const Point*> mine;
   for (auto& p : points)
     if (p.index % shard_n == shard_i) mine.push_back(&p);
@@ -122,15 +120,15 @@ int run_sweep(ExperimentSpec spec, const SweepOptions& o) {
                            : modeled              ? "real execution, measured, also MODELED on a platform profile"
                                                   : "real execution, measured";
   fmt::print("hgbench: {} — {} ({} points × {} strategies × {} repeats{})\n", spec.name, mode, mine.size(),
-             spec.strategies.size(), spec.repeats, shard.empty() ? "" : ", shard " + shard);
+             spec.strategies.size(), spec.repeats, o.shard.empty() ? "" : ", shard " + o.shard);
   if (!how.empty()) fmt::print("hgbench: {}\n", how);
   std::fflush(stdout);
-  if (list) {
+  if (o.list) {
     for (const Point* p : mine) fmt::print("{:>4} {}  {}\n", p->index, p->id, describe(*p));
     return 0;
   }
-  std::string dir = !resume.empty() ? resume : !output.empty() ? output : spec.output;
-  ResultDir out(dir, spec, !resume.empty(), force, shard);
+  std::string dir = !o.resume.empty() ? o.resume : !o.output.empty() ? o.output : spec.output;
+  ResultDir out(dir, spec, !o.resume.empty(), o.force, o.shard);
   if (out.resumed_rows()) fmt::print("hgbench: resuming {}: {} rows already recorded\n", dir, out.resumed_rows());
 
   struct sigaction sa {};

@@ -1,6 +1,7 @@
 // engine/kv as a layer a new strategy builds on: a page-selecting strategy in the manner of Quest
 // (Tang et al., ICML 2024), written against engine/kv and the Backend alone.
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <numeric>
 
@@ -80,7 +81,18 @@ class ToyPageSelect final : public KvStrategy {
       be_.attention(attention_args(shape_.H, shape_.H_kv, D, scale, qr, {&ar, 1}, out + i * size_t(shape_.H) * size_t(D)));
     }
   }
-  void fork(int32_t, int32_t, std::span<const int32_t>) override { HG_CHECK(false); }  // not scored here
+  void fork(int32_t src, int32_t n, std::span<const int32_t> dst) override {
+    const size_t D = size_t(shape_.D);
+    for (int32_t d : dst)
+      for (int l = 0; l < shape_.n_layers; ++l)
+        for (int g = 0; g < shape_.H_kv; ++g) {
+          for (int32_t t = 0; t < n; ++t) {
+            std::memcpy(store_.key(l, d, g, t), store_.key(l, src, g, t), D * 4);
+            std::memcpy(store_.value(l, d, g, t), store_.value(l, src, g, t), D * 4);
+          }
+          for (int32_t p = 0; p * page_ < n; ++p) std::copy_n(bound(l, src, p, g), 2 * D, bound(l, d, p, g));
+        }
+  }
   int32_t selected() const { return selected_; }
 
  private:
@@ -115,6 +127,27 @@ TEST(KvLayer, APageSelectingStrategyOnEngineKvMatchesFullWithEveryPageAndSelects
   EXPECT_GT(diff, 1e-3) << "two pages of eight attend as every page would";
   // The prompt's forward attends every key, as full does.
   test::expect_steps_close({got[0]}, {want[0]}, 1e-5, "prompt rows");
+}
+
+// A fork holds the source's keys, values and page bounds: both sequences then attend alike.
+TEST(KvLayer, TheToyForkedSequenceAttendsAsItsSource) {
+  auto be = make_cpu_backend();
+  const KvShape shape{1, 4, 2, 8, nullptr};
+  const std::vector<int32_t> cap = {40, 40}, prompt = {20, 20};  // row 29 decodes: pages selected
+  ToyPageSelect kv(*be, 4, 3);
+  kv.begin(shape, cap, prompt);
+  std::vector<float> k(size_t(30 * 2 * 8)), v(k.size()), q(4 * 8), out0(q.size()), out1(q.size());
+  for (size_t i = 0; i < k.size(); ++i) k[i] = float(std::sin(0.37 * double(i))), v[i] = float(std::cos(0.11 * double(i)));
+  for (size_t i = 0; i < q.size(); ++i) q[i] = float(std::sin(1.3 * double(i)));
+  std::vector<TokenRow> rows;
+  for (int32_t p = 0; p < 30; ++p) rows.push_back({0, p});
+  kv.append(0, rows, k.data(), v.data());
+  const int32_t dst[] = {1};
+  kv.fork(0, 30, dst);
+  const TokenRow r0[] = {{0, 29}}, r1[] = {{1, 29}};
+  kv.attend(0, r0, q.data(), 0.35f, out0.data());
+  kv.attend(0, r1, q.data(), 0.35f, out1.data());
+  EXPECT_EQ(out0, out1);
 }
 
 }  // namespace

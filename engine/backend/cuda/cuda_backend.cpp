@@ -5,10 +5,9 @@
 // positions) go through a growing device scratch. All work is on the calling thread's stream;
 // download() waits for it. Compiled only when CUDA is (engine/CMakeLists.txt).
 //
-// Scope: F32, F16 and BF16 KV caches (read as F32, F32 accumulation); attention without taps; flash decoding per query row, every row of a
-// prefill chunk in one pair of launches. The strategies that run on it (full, flexgen, moe_lightning,
-// hybridgen) keep to the memory contract above; the others keep host pointers and are refused on the cuda
-// device (baselines/registry.cpp).
+// Scope: F32, F16 and BF16 KV caches (read as F32, F32 accumulation); flash decoding per query row,
+// every row of a prefill chunk in one pair of launches. Every registered strategy runs on it and
+// keeps to the memory contract above (StrategyInfo::runs_on_cuda, checked by the CUDA tests).
 #include <algorithm>
 #include <array>
 #include <unordered_map>
