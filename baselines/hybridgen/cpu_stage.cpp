@@ -50,71 +50,85 @@ void HybridGen::prepare(int layer, std::span<const TokenRow> rows, const float* 
     std::lock_guard<std::mutex> l(mu_);
     t_query_ += since(t0);
   }
-  // With query_on=cpu the layer's speculative queries are one projection over all M rows (W_q read
-  // once per layer, not once per sequence): the first of the layer's stages to run computes it for
-  // all, and the first submitted is charged its work.
-  struct SpecQuery {
-    std::once_flag once;
-    std::vector<float> q;
-    std::atomic<bool> charged{false};
-  };
-  auto sq = std::make_shared<SpecQuery>();
-  std::vector<int32_t> need_pos;
-  for (size_t j : need) need_pos.push_back(rows[j].pos);
-  for (size_t j = 0; j < need.size(); ++j) {
-    const TokenRow r = rows[need[j]];
+  std::vector<StageRow> stage;
+  std::vector<int32_t> pos;
+  bool behind = false;
+  for (size_t j : need) {
+    const TokenRow r = rows[j];
     auto res = std::make_shared<CpuResult>();
     pending_[pidx(layer, r.seq)] = res;
-    const int32_t K = current_k(r), pre = sched_.pre();
-    const std::string what =
-        query_on_accel_ ? "hybridgen speculative logits, layer " : "hybridgen speculative q + logits, layer ";
+    stage.push_back({r, current_k(r), res});
+    pos.push_back(r.pos);
     // The CPU queue runs stages in submission order. When the layer now running has no
     // speculation of its own, its CPU stage is submitted at its attention, after this call: this
     // stage then waits until that one is queued, so that it does not run ahead of the stage the
     // accelerator is about to wait for.
-    const bool behind =
-        layer > 0 && offloaded_[pidx(layer - 1, r.seq)] > 0 && !pending_[pidx(layer - 1, r.seq)];
-    auto submit = [this, layer, r, what, from, j, n, sent, res, K, pre, sq, M, need_pos] {
-      const int64_t projects = !query_on_accel_ && !sq->charged.exchange(true) ? M : 0;
-      res->done = rt_.cpu().submit(
-          what + std::to_string(layer), cpu_stage_work(layer, r, K, pre, projects), {sent},
-          [this, layer, r, from, j, n, res, K, pre, sq, M, need_pos, projects] {
-            const auto t0 = Clock::now();
-            const float* q = from->data() + j * size_t(n);
-            if (!query_on_accel_) {
-              std::call_once(sq->once, [&] {
-                const int64_t d = model_->hp.d_model;
-                const auto tq = Clock::now();
-                std::vector<float> h(size_t(M * d));
-                sq->q.resize(size_t(M) * size_t(shape_.H) * size_t(shape_.D));
-                project_query(rt_.cpu_backend(), layer, from->data(), M, need_pos.data(), h.data(), sq->q.data());
-                const double measured = since(tq);
-                std::lock_guard<std::mutex> l(mu_);
-                t_query_ += measured;
-                // The part of the CPU stages that does not scale with the tokens scored (the
-                // scheduler's estimate of post mode from pre), on the stage clock when there is one.
-                t_fixed_ +=
-                    rt_.stage_seconds(StageKind::kCpuCompute, query_work(layer, M, Tier::kDram), measured);
-              });
-              q = sq->q.data() + j * size_t(shape_.H) * size_t(shape_.D);
-            }
-            cpu_stage(layer, r, q, K, pre, projects, *res, t0);
-          });
-    };
-    if (behind)
-      deferred_[pidx(layer, r.seq)] = std::move(submit);
-    else
-      submit();
+    behind |= layer > 0 && offloaded_[pidx(layer - 1, r.seq)] > 0 && !pending_[pidx(layer - 1, r.seq)];
   }
+  // With query_on=cpu the layer's speculative queries are one projection over all M rows (W_q read
+  // once per layer, not once per sequence), the first part of the stage.
+  auto query = [this, layer, from, M, pos]() -> Queries {
+    if (query_on_accel_) return from;
+    const int64_t d = model_->hp.d_model;
+    const auto tq = Clock::now();
+    std::vector<float> h(size_t(M * d));
+    auto q = std::make_shared<std::vector<float>>(size_t(M) * size_t(shape_.H) * size_t(shape_.D));
+    project_query(rt_.cpu_backend(), layer, from->data(), M, pos.data(), h.data(), q->data());
+    const double measured = since(tq);
+    std::lock_guard<std::mutex> l(mu_);
+    t_query_ += measured;
+    // The part of the CPU stage that does not scale with the tokens scored (the scheduler's
+    // estimate of post mode from pre), on the stage clock when there is one.
+    t_fixed_ += rt_.stage_seconds(StageKind::kCpuCompute, query_work(layer, M, Tier::kDram), measured);
+    return q;
+  };
+  const std::string what =
+      query_on_accel_ ? "hybridgen speculative logits, layer " : "hybridgen speculative q + logits, layer ";
+  auto submit = [this, layer, what, stage = std::move(stage), sent, query, M, pre = sched_.pre()] {
+    submit_cpu_stage(layer, what + std::to_string(layer), stage, pre, query_on_accel_ ? 0 : M, sent, query);
+  };
+  if (behind)
+    deferred_[size_t(layer)] = std::move(submit);
+  else
+    submit();
 }
 
-void HybridGen::submit_deferred(int layer, int seq) {
+void HybridGen::submit_deferred(int layer) {
   if (layer >= shape_.n_layers) return;
-  auto& d = deferred_[pidx(layer, seq)];
+  auto& d = deferred_[size_t(layer)];
   if (!d) return;
   auto f = std::move(d);
   d = nullptr;
   f();
+}
+
+void HybridGen::submit_cpu_stage(int layer, const std::string& what, std::vector<StageRow> rows, bool pre,
+                                 int64_t project, Event sent, std::function<Queries()> query) {
+  StageWork work;
+  for (size_t j = 0; j < rows.size(); ++j) {
+    const StageWork w = cpu_stage_work(layer, rows[j].r, rows[j].K, pre, j == 0 ? project : 0);
+    work.flops += w.flops;
+    for (size_t t = 0; t < w.bytes.size(); ++t) work.bytes[t] += w.bytes[t], work.rows[t] += w.rows[t];
+  }
+  auto shared = std::make_shared<std::vector<StageRow>>(std::move(rows));
+  const Event done = rt_.cpu().submit(what, work, {sent}, [this, layer, shared, pre, work, query] {
+    const auto t0 = Clock::now();
+    const Queries qs = query();
+    const float* q = qs->data();
+    const int64_t hd = int64_t(shape_.H) * shape_.D;
+    std::vector<std::vector<float>> lg(shared->size());
+    for (size_t j = 0; j < shared->size(); ++j) {
+      StageRow& s = (*shared)[j];
+      cpu_select(layer, s.r, q + int64_t(j) * hd, s.K, pre, *s.res, lg[j]);
+    }
+    {
+      std::lock_guard<std::mutex> l(mu_);
+      t_cpu_ += rt_.stage_seconds(StageKind::kCpuCompute, work, since(t0));
+    }
+    const std::vector<Event> arrived = send_results(layer, *shared, std::move(lg));
+    for (StageRow& s : *shared) s.res->arrived = arrived;
+  });
+  for (StageRow& s : *shared) s.res->done = done;
 }
 
 void HybridGen::project_query(Backend& b, int layer, const float* x, int64_t M, const int32_t* pos, float* h,
@@ -163,9 +177,8 @@ std::pair<int32_t, int32_t> HybridGen::pre_runs(int32_t K, int32_t n_off) const 
   return {sel.sinks, sel.recent};
 }
 
-void HybridGen::cpu_stage(int layer, const TokenRow& r, const float* q, int32_t K, bool pre, int64_t project,
-                          CpuResult& res, Clock::time_point t0) {
-  const StageWork work = cpu_stage_work(layer, r, K, pre, project);
+void HybridGen::cpu_select(int layer, const TokenRow& r, const float* q, int32_t K, bool pre, CpuResult& res,
+                           std::vector<float>& lg_sel) {
   const int Hkv = shape_.H_kv, D = shape_.D, G = shape_.H / Hkv;
   const int32_t n_off = offloaded_[pidx(layer, r.seq)];
   const float scale = 1.0f / std::sqrt(float(D));
@@ -174,7 +187,7 @@ void HybridGen::cpu_stage(int layer, const TokenRow& r, const float* q, int32_t 
   res.sel.assign(size_t(Hkv), {});
   res.n_tier.assign(size_t(Hkv), {0, 0});
   result_buffers(layer, r.seq, K, res);
-  std::vector<float> lg_sel(size_t(Hkv) * size_t(G) * size_t(K));
+  lg_sel.assign(size_t(Hkv) * size_t(G) * size_t(K), 0.0f);
   Backend& cb = rt_.cpu_backend();
   // This worker thread's scratch, grown (and zeroed) only when a stage needs more; the kernels
   // overwrite what they use. lg: [G, K] logits of one KV head's selected positions. Post mode
@@ -263,55 +276,60 @@ void HybridGen::cpu_stage(int layer, const TokenRow& r, const float* q, int32_t 
     }
     sel = std::move(sorted);
   }
-  {
-    std::lock_guard<std::mutex> l(mu_);
-    t_cpu_ += rt_.stage_seconds(StageKind::kCpuCompute, work, since(t0));
-  }
-  // Logits (dram → gpu) and the selected V rows (their tier → gpu).
+}
+
+std::vector<Event> HybridGen::send_results(int layer, const std::vector<StageRow>& rows,
+                                           std::vector<std::vector<float>> lg) {
+  const int Hkv = shape_.H_kv, D = shape_.D;
+  // Logits (dram → gpu), every row's in one transfer, and the selected V rows (their tier → gpu).
   std::vector<Event> ev;
-  const int64_t lbytes = int64_t(lg_sel.size()) * 4;
+  int64_t lbytes = 0;
+  for (const auto& l : lg) lbytes += int64_t(l.size()) * 4;
   ev.push_back(rt_.transfers().run(
       Tier::kDram, Tier::kGpu, lbytes,
-      [this, &res, lg = std::move(lg_sel)] {
+      [this, &rows, &lg, lbytes] {
         const auto t = Clock::now();
-        be_.upload(res.logits, lg.data(), lg.size() * 4);
-        add_tx(transfer_seconds(Tier::kDram, int64_t(lg.size()) * 4, 0, since(t)));
+        for (size_t j = 0; j < rows.size(); ++j) be_.upload(rows[j].res->logits, lg[j].data(), lg[j].size() * 4);
+        add_tx(transfer_seconds(Tier::kDram, lbytes, 0, since(t)));
       },
       {}, "cpu logits to gpu"));
-  // The selected V rows go from their tier to res.v on the gpu tier in one gather per run of
-  // positions within a page. On a device the accelerator reads them by DMA from pinned dram or
-  // mapped far memory (Backend::gather_rows); the CPU copies nothing.
+  // The selected V rows go from their tier to each row's res.v on the gpu tier in one gather per
+  // run of positions within a page. On a device the accelerator reads them by DMA from pinned dram
+  // or mapped far memory (Backend::gather_rows); the CPU copies nothing.
   for (int ti = 0; ti < 2; ++ti) {
     const Tier tier = ti == 0 ? Tier::kDram : Tier::kFar;
     int64_t bytes = 0, runs = 0;  // runs of consecutive selected positions within one page
-    for (int g = 0; g < Hkv; ++g) {
-      const auto& sel = res.sel[size_t(g)];
-      const int32_t b = ti == 0 ? 0 : res.n_tier[size_t(g)][0], e = b + res.n_tier[size_t(g)][size_t(ti)];
-      bytes += kv_.bytes(int64_t(e - b) * D);
-      for (int32_t i = b; i < e; ++i)
-        runs += i == b || sel[size_t(i)] != sel[size_t(i) - 1] + 1 ||
-                sel[size_t(i)] / page_ != sel[size_t(i) - 1] / page_;
-    }
+    for (const StageRow& s : rows)
+      for (int g = 0; g < Hkv; ++g) {
+        const auto& sel = s.res->sel[size_t(g)];
+        const int32_t b = ti == 0 ? 0 : s.res->n_tier[size_t(g)][0], e = b + s.res->n_tier[size_t(g)][size_t(ti)];
+        bytes += kv_.bytes(int64_t(e - b) * D);
+        for (int32_t i = b; i < e; ++i)
+          runs += i == b || sel[size_t(i)] != sel[size_t(i) - 1] + 1 ||
+                  sel[size_t(i)] / page_ != sel[size_t(i) - 1] / page_;
+      }
     if (bytes == 0) continue;
     ev.push_back(rt_.transfers().run_gather(
         tier, Tier::kGpu, bytes, runs,
-        [this, &res, layer, r, ti, K, D, Hkv, tier, bytes, runs] {
+        [this, &rows, layer, ti, D, Hkv, tier, bytes, runs] {
           const auto t = Clock::now();
           // Each head's rows of this tier are one block of res.v; its positions are sorted.
           std::vector<int32_t> in_page;
-          for (int g = 0; g < Hkv; ++g) {
-            const auto& sel = res.sel[size_t(g)];
-            const int32_t b = ti == 0 ? 0 : res.n_tier[size_t(g)][0],
-                          e = b + res.n_tier[size_t(g)][size_t(ti)];
-            char* block = at(res.v, (int64_t(g) * K + b) * D);
-            for (int32_t i = b; i < e;) {
-              const int32_t page = sel[size_t(i)] / page_;
-              int32_t j = i;
-              in_page.clear();
-              for (; j < e && sel[size_t(j)] / page_ == page; ++j) in_page.push_back(sel[size_t(j)] % page_);
-              be_.gather_rows(at(block, int64_t(i - b) * D), vrow(layer, r.seq, g, page * page_), kv_.bytes(D),
-                              kv_.bytes(D), in_page.data(), j - i);
-              i = j;
+          for (const StageRow& s : rows) {
+            const CpuResult& res = *s.res;
+            for (int g = 0; g < Hkv; ++g) {
+              const auto& sel = res.sel[size_t(g)];
+              const int32_t b = ti == 0 ? 0 : res.n_tier[size_t(g)][0], e = b + res.n_tier[size_t(g)][size_t(ti)];
+              char* block = at(res.v, (int64_t(g) * res.k + b) * D);
+              for (int32_t i = b; i < e;) {
+                const int32_t page = sel[size_t(i)] / page_;
+                int32_t j = i;
+                in_page.clear();
+                for (; j < e && sel[size_t(j)] / page_ == page; ++j) in_page.push_back(sel[size_t(j)] % page_);
+                be_.gather_rows(at(block, int64_t(i - b) * D), vrow(layer, s.r.seq, g, page * page_), kv_.bytes(D),
+                                kv_.bytes(D), in_page.data(), j - i);
+                i = j;
+              }
             }
           }
           be_.synchronize();  // the attention reading res.v runs on another thread's stream
@@ -320,7 +338,7 @@ void HybridGen::cpu_stage(int layer, const TokenRow& r, const float* q, int32_t 
         {}, "selected V to gpu"));
   }
   for (auto& e : ev) e.wait();
-  res.arrived = std::move(ev);
+  return ev;
 }
 
 void HybridGen::result_buffers(int layer, int seq, int32_t K, CpuResult& res) {

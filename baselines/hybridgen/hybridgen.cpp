@@ -2,6 +2,7 @@
 #include "baselines/hybridgen/hybridgen.h"
 
 #include <cstring>
+#include <utility>
 
 namespace hg {
 
@@ -54,7 +55,7 @@ void HybridGen::begin(const KvShape& shape, std::span<const int32_t> capacity,
       dram_kv_bytes_ > 0 ? dram_kv_bytes_ : rt_.memory().ledger().available(Tier::kDram);
   offloaded_kv_.reset(shape, off, page_, *placement_, dram_avail, rt_.memory(), kv_.dtype());
   pending_.assign(size_t(shape.n_layers) * size_t(B_), nullptr);
-  deferred_.assign(pending_.size(), nullptr);
+  deferred_.assign(size_t(shape.n_layers), nullptr);
   pool_.clear();
   pool_.resize(2 * size_t(B_));
   offloaded_.assign(pending_.size(), 0);
@@ -101,10 +102,8 @@ void HybridGen::attend(int layer, std::span<const TokenRow> rows, const float* q
     (rows[i].pos < prompt_[size_t(rows[i].seq)] ? (prefill.push_back(rows[i]), pi)
                                                 : (decode.push_back(rows[i]), di))
         .push_back(i);
-  const int64_t hd = int64_t(shape_.H) * shape_.D;
   if (!prefill.empty()) attend_exact(layer, prefill, pi, q, scale, out);
-  for (size_t j = 0; j < decode.size(); ++j)
-    attend_hybrid(layer, decode[j], q + int64_t(di[j]) * hd, scale, out + int64_t(di[j]) * hd);
+  if (!decode.empty()) attend_decode(layer, decode, di, q, scale, out);
 }
 
 void HybridGen::end_step() {
@@ -162,7 +161,7 @@ void HybridGen::fork(int32_t src, int32_t n, std::span<const int32_t> dst) {
   const int64_t row = kv_.bytes(shape_.D);
   for (int32_t d : dst)
     for (int l = 0; l < shape_.n_layers; ++l) {
-      HG_CHECK(!pending_[pidx(l, src)] && !deferred_[pidx(l, src)]);  // between steps: no stage in flight
+      HG_CHECK(!pending_[pidx(l, src)] && !deferred_[size_t(l)]);  // between steps: no stage in flight
       ring_.copy_tokens(l, src, d, std::min(n, resident_tokens_ + 1), &be_);
       const int32_t n_off = offloaded_[pidx(l, src)];
       // Offloaded rows go from src's tier to dst's (pages are placed per sequence: they may differ).
@@ -194,61 +193,78 @@ void HybridGen::fork(int32_t src, int32_t n, std::span<const int32_t> dst) {
     }
 }
 
-void HybridGen::attend_hybrid(int layer, const TokenRow& r, const float* q, float scale, float* out) {
-  const int Hkv = shape_.H_kv, D = shape_.D;
-  const int32_t ring_slots = resident_tokens_ + 1, n = r.pos + 1, n_off = offloaded_[pidx(layer, r.seq)],
-                n_res = n - n_off, used = std::min(n, ring_slots);
-  // The ring holds exactly the resident tokens: all of them before any offload, afterwards the
-  // R trimmed by the last end_step plus this step's token.
-  HG_CHECK(n_res == used);
-  seen_pos_max_ = std::max(seen_pos_max_, r.pos);
-  std::shared_ptr<CpuResult> res;
-  submit_deferred(layer, r.seq);  // normally queued already, after the previous layer's stage
-  if (n_off > 0) {
-    res = pending_[pidx(layer, r.seq)];
-    pending_[pidx(layer, r.seq)] = nullptr;
-    if (!res) {  // no speculation for this layer: the CPU stage runs now with the true query
-      res = std::make_shared<CpuResult>();
-      // The true query to the host (q stays valid: this call waits for the stage below); queueing
-      // the transfer on a GPU also waits for the work queued so far.
-      auto qt = std::make_shared<std::vector<float>>(size_t(shape_.H) * size_t(D));
-      const Event sent = rt_.transfers().run(
-          Tier::kGpu, Tier::kDram, int64_t(qt->size()) * 4,
-          [this, qt, q] { be_.download(qt->data(), q, qt->size() * 4); }, {}, "query to host");
-      const int32_t K = current_k(r);
-      const bool pre = sched_.pre();
-      res->done = rt_.cpu().submit("hybridgen logits, layer " + std::to_string(layer),
-                                   cpu_stage_work(layer, r, K, pre, false), {sent},
-                                   [this, layer, r, qt, res, K, pre] {
-                                     cpu_stage(layer, r, qt->data(), K, pre, false, *res, Clock::now());
-                                   });
+void HybridGen::attend_decode(int layer, const std::vector<TokenRow>& rows, const std::vector<size_t>& idx,
+                              const float* q, float scale, float* out) {
+  const int Hkv = shape_.H_kv, D = shape_.D, G = shape_.H / Hkv;
+  const int64_t hd = int64_t(shape_.H) * D;
+  const int32_t ring_slots = resident_tokens_ + 1;
+  submit_deferred(layer);  // normally queued already, after the previous layer's stage
+  std::vector<std::shared_ptr<CpuResult>> res(rows.size());
+  std::vector<StageRow> now;  // rows no speculation covered: their stage runs now, with the true query
+  std::vector<size_t> now_idx;
+  for (size_t j = 0; j < rows.size(); ++j) {
+    const TokenRow& r = rows[j];
+    seen_pos_max_ = std::max(seen_pos_max_, r.pos);
+    if (offloaded_[pidx(layer, r.seq)] == 0) continue;
+    res[j] = std::exchange(pending_[pidx(layer, r.seq)], nullptr);
+    if (res[j]) continue;
+    res[j] = std::make_shared<CpuResult>();
+    now.push_back({r, current_k(r), res[j]});
+    now_idx.push_back(idx[j]);
+  }
+  if (!now.empty()) {
+    // The true queries to the host (q stays valid: this call waits for the stage); queueing the
+    // transfer on a GPU also waits for the work queued so far.
+    auto qt = std::make_shared<std::vector<float>>(now.size() * size_t(hd));
+    const Event sent = rt_.transfers().run(
+        Tier::kGpu, Tier::kDram, int64_t(qt->size()) * 4,
+        [this, qt, q, now_idx, hd] {
+          for (size_t j = 0; j < now_idx.size(); ++j)
+            be_.download(qt->data() + int64_t(j) * hd, q + int64_t(now_idx[j]) * hd, size_t(hd) * 4);
+        },
+        {}, "query to host");
+    submit_cpu_stage(layer, "hybridgen logits, layer " + std::to_string(layer), std::move(now), sched_.pre(), 0,
+                     sent, [qt] { return qt; });
+  }
+  submit_deferred(layer + 1);
+  // The accelerator's logits of every row's resident tokens (true query) while the CPU stage
+  // finishes; row j's at j·H·ring_slots.
+  const size_t per_row = size_t(shape_.H) * size_t(ring_slots);
+  if (resident_logits_.size() < rows.size() * per_row) resident_logits_ = BackendArray<float>(be_, rows.size() * per_row);
+  for (size_t j = 0; j < rows.size(); ++j) {
+    const TokenRow& r = rows[j];
+    const int32_t n = r.pos + 1, used = std::min(n, ring_slots);
+    // The ring holds exactly the resident tokens: all of them before any offload, afterwards the
+    // R trimmed by the last end_step plus this step's token.
+    HG_CHECK(n - offloaded_[pidx(layer, r.seq)] == used);
+    float* lb = resident_logits_.data() + j * per_row;
+    for (int g = 0; g < Hkv; ++g)
+      be_.group_logits(q + int64_t(idx[j]) * hd + int64_t(g) * G * D, G,
+                       at(ring_.k_raw(layer, r.seq), g * ring_.head_stride(r.seq)), used, D, scale,
+                       lb + int64_t(g) * G * used, kv_.dtype());
+  }
+  const auto t0 = Clock::now();
+  for (const auto& r : res)
+    if (r) {
+      r->done.wait();
+      // The merge reads the logits and V rows those transfers brought: waiting on each (done by
+      // now) makes the accelerator's next segment follow them in the modeled replay too.
+      for (const Event& e : r->arrived) e.wait();
     }
-  }
-  submit_deferred(layer + 1, r.seq);
-  // The accelerator's logits of its resident tokens (true query) while the CPU stage finishes.
-  const int G = shape_.H / Hkv;
-  if (resident_logits_.size() < size_t(shape_.H) * size_t(used))
-    resident_logits_ = BackendArray<float>(be_, size_t(shape_.H) * size_t(ring_slots));
-  for (int g = 0; g < Hkv; ++g)
-    be_.group_logits(q + int64_t(g) * G * D, G, at(ring_.k_raw(layer, r.seq), g * ring_.head_stride(r.seq)), used, D,
-                     scale, resident_logits_.data() + int64_t(g) * G * used, kv_.dtype());
-  if (res) {
-    const auto t0 = Clock::now();
-    res->done.wait();
-    // The merge reads the logits and V rows those transfers brought: waiting on each (done by now)
-    // makes the accelerator's next segment follow them in the modeled replay too.
-    for (const Event& e : res->arrived) e.wait();
-    waited_ += since(t0);
-  }
-  // One softmax over the CPU's logits of the selected offloaded tokens and those resident
+  waited_ += since(t0);
+  // Per row, one softmax over the CPU's logits of the selected offloaded tokens and the resident
   // logits, then both value sums.
-  Backend::MergedAttention m;
-  m.H = shape_.H, m.H_kv = Hkv, m.D = D, m.scale = scale, m.q = q, m.lb = resident_logits_.data();
-  if (res) m.la = res->logits, m.Va = res->v, m.na = res->k;
-  m.Kb = ring_.k_raw(layer, r.seq), m.Vb = ring_.v_raw(layer, r.seq), m.ld_b = ring_.head_stride(r.seq) / D,
-  m.nb = used, m.kv_dtype = kv_.dtype();
-  m.out = out;
-  be_.merged_attention(m);
+  for (size_t j = 0; j < rows.size(); ++j) {
+    const TokenRow& r = rows[j];
+    Backend::MergedAttention m;
+    m.H = shape_.H, m.H_kv = Hkv, m.D = D, m.scale = scale, m.q = q + int64_t(idx[j]) * hd;
+    m.lb = resident_logits_.data() + j * per_row;
+    if (res[j]) m.la = res[j]->logits, m.Va = res[j]->v, m.na = res[j]->k;
+    m.Kb = ring_.k_raw(layer, r.seq), m.Vb = ring_.v_raw(layer, r.seq), m.ld_b = ring_.head_stride(r.seq) / D,
+    m.nb = std::min(r.pos + 1, ring_slots), m.kv_dtype = kv_.dtype();
+    m.out = out + int64_t(idx[j]) * hd;
+    be_.merged_attention(m);
+  }
 }
 
 StrategyInfo hybridgen_info() {

@@ -92,8 +92,8 @@ class HybridGen final : public KvStrategy {
 
   void prepare(int layer, std::span<const TokenRow> rows, const float* x) override;
 
-  // Queues the speculative stage of (layer, seq) that prepare() held back, if any.
-  void submit_deferred(int layer, int seq);
+  // Queues the speculative stage of `layer` that prepare() held back, if any.
+  void submit_deferred(int layer);
 
   void attend(int layer, std::span<const TokenRow> rows, const float* q, float scale, float* out) override;
 
@@ -156,10 +156,25 @@ class HybridGen final : public KvStrategy {
   // [r0, n_off), as StreamingLLM keeps them.
   std::pair<int32_t, int32_t> pre_runs(int32_t K, int32_t n_off) const;
 
-  // project: rows of the batched speculative query charged to this stage (its time, t0 on,
-  // includes the projection when it ran it).
-  void cpu_stage(int layer, const TokenRow& r, const float* q, int32_t K, bool pre, int64_t project,
-                 CpuResult& res, Clock::time_point t0);
+  // A row of a layer's CPU stage: its token, K, and the result its attention waits for.
+  struct StageRow {
+    TokenRow r;
+    int32_t K = 0;
+    std::shared_ptr<CpuResult> res;
+  };
+  using Queries = std::shared_ptr<std::vector<float>>;
+  // One CPU task for all of a layer's rows, after `sent`: query() gives the host queries (row j's
+  // at j·H·D; it runs the batched speculative projection when there is one, `project` rows of
+  // it), then each row's logits and selection, then one transfer of every row's logits and one
+  // gather of their V rows per tier. Every row's result shares the task's events.
+  void submit_cpu_stage(int layer, const std::string& what, std::vector<StageRow> rows, bool pre, int64_t project,
+                        Event sent, std::function<Queries()> query);
+  // Row r's logits over its offloaded keys and its selection: res.k, res.sel, res.n_tier and the
+  // result buffers; the selected logits in lg_sel ([H_kv][G][K], for the transfer).
+  void cpu_select(int layer, const TokenRow& r, const float* q, int32_t K, bool pre, CpuResult& res,
+                  std::vector<float>& lg_sel);
+  // The transfers of a layer stage's results to the gpu tier; returns when they arrived.
+  std::vector<Event> send_results(int layer, const std::vector<StageRow>& rows, std::vector<std::vector<float>> lg);
 
   // The result buffers of `layer`'s CPU stage: one pair per layer parity and sequence on the gpu tier (the
   // stage for layer l+1 fills its pair while the accelerator reads layer l's), grown to K tokens as needed.
@@ -172,7 +187,10 @@ class HybridGen final : public KvStrategy {
 
   void add_tx(double s);
 
-  void attend_hybrid(int layer, const TokenRow& r, const float* q, float scale, float* out);
+  // Decode rows: the CPU stage with the true query for rows no speculation covered, the resident
+  // logits of every row, one wait for the layer's CPU stage, then each row's merged attention.
+  void attend_decode(int layer, const std::vector<TokenRow>& rows, const std::vector<size_t>& idx, const float* q,
+                     float scale, float* out);
 
   Backend& be_;
   Runtime& rt_;
@@ -193,8 +211,7 @@ class HybridGen final : public KvStrategy {
   KvStore ring_;
   PagedKvStore offloaded_kv_;
   std::vector<std::shared_ptr<CpuResult>> pending_;
-  std::vector<std::function<void()>>
-      deferred_;  // per (layer, seq): a speculative stage held back by prepare()
+  std::vector<std::function<void()>> deferred_;  // per layer: a speculative stage held back by prepare()
   struct ResultPool {
     Allocation logits, v;
   };
@@ -203,7 +220,7 @@ class HybridGen final : public KvStrategy {
   std::vector<int32_t> slots_;                  // append() scratch: ring slots of a run of rows
   const float* new_k_ = nullptr;                // this layer's appended rows (the decoder's, valid until attend)
   const float* new_v_ = nullptr;
-  BackendArray<float> resident_logits_;         // attend_hybrid(): [H, used] in the accelerator's memory
+  BackendArray<float> resident_logits_;         // attend_decode(): [rows][H][ring slots], accelerator memory
   BackendArray<float> spec_x_, spec_h_;         // prepare() with query_on=accelerator: its scratch
   std::array<BackendArray<float>, 2> spec_in_;  // prepare(): the CPU stages' inputs per layer parity
   std::vector<int32_t> offloaded_, last_pos_;   // per (layer, seq): tokens on the CPU side; newest position

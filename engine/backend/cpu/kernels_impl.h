@@ -627,6 +627,22 @@ inline void weighted_v_blocks(const float* p, int64_t ld, const T* V, int cn, in
     for (int h = 0; h < G; ++h) _mm512_mask_storeu_ps(acc + h * D + (b0 + j) * 16, mk[j], a[h][j]);
 }
 
+// All D-blocks of a chunk: passes of BB blocks, the last pass only as wide as the blocks left, so
+// that a small head (D = 8, 16, 32) does not run three masked-off blocks' loads and FMAs per row.
+template <int G, int DT, typename T>
+inline void weighted_v_all_blocks(const float* p, int64_t ld, const T* V, int cn, int D, int nb, __mmask16 last,
+                                  float* acc) {
+  constexpr int BB = v_blocks_per_pass(G);
+  int b0 = 0;
+  for (; b0 + BB <= nb; b0 += BB) weighted_v_blocks<G, BB, DT>(p, ld, V, cn, D, b0, nb, last, acc);
+  switch (nb - b0) {
+    case 1: weighted_v_blocks<G, 1, DT>(p, ld, V, cn, D, b0, nb, last, acc); break;
+    case 2: weighted_v_blocks<G, 2, DT>(p, ld, V, cn, D, b0, nb, last, acc); break;
+    case 3: weighted_v_blocks<G, 3, DT>(p, ld, V, cn, D, b0, nb, last, acc); break;
+    default: break;
+  }
+}
+
 // One pass over K and V in chunks of kChunk keys with an online softmax (running max and sum per
 // head; accumulators rescaled when the max grows): K and V are each streamed once, the chunk's
 // logits stay in L1.
@@ -636,7 +652,6 @@ void attention_group_fused(const float* q, const T* K, const T* V, int64_t n, in
                            const int32_t* key_limits) {
   const int D = DT > 0 ? DT : D_;
   constexpr int kChunk = 64;
-  constexpr int BB = v_blocks_per_pass(G);
   alignas(64) float s[G * kChunk];
   float mx[G], sum[G];
   for (int h = 0; h < G; ++h) mx[h] = -INFINITY, sum[h] = 0.0f;
@@ -669,8 +684,7 @@ void attention_group_fused(const float* q, const T* K, const T* V, int64_t n, in
       }
       sum[h] += exp_shift_sum(sh, kChunk, mx[h]);  // lanes ≥ cn hold -inf → 0
     }
-    for (int b0 = 0; b0 < nb; b0 += BB)
-      weighted_v_blocks<G, BB, DT>(s, kChunk, V + t0 * D, cn, D, b0, nb, last, out);
+    weighted_v_all_blocks<G, DT>(s, kChunk, V + t0 * D, cn, D, nb, last, out);
   }
   for (int h = 0; h < G; ++h) {
     const float inv = sum[h] > 0 ? 1.0f / sum[h] : 0.0f;
@@ -720,13 +734,12 @@ void group_logit_max_fixed(const float* q, const T* K, int64_t t0, int64_t t1, i
 template <int G, int DT, typename T>
 void group_weighted_v_fixed(const float* p, const T* V, int64_t n, int D_, float* out) {
   const int D = DT > 0 ? DT : D_;
-  constexpr int BB = v_blocks_per_pass(G);
   const int nb = (D + 15) / 16;
   const __mmask16 last = (D % 16) ? tail_mask(D % 16) : __mmask16(0xffff);
   std::fill(out, out + int64_t(G) * D, 0.0f);
   for (int64_t t0 = 0; t0 < n; t0 += 64) {
     const int cn = int(std::min<int64_t>(64, n - t0));
-    for (int b0 = 0; b0 < nb; b0 += BB) weighted_v_blocks<G, BB, DT>(p + t0, n, V + t0 * D, cn, D, b0, nb, last, out);
+    weighted_v_all_blocks<G, DT>(p + t0, n, V + t0 * D, cn, D, nb, last, out);
   }
 }
 #endif
