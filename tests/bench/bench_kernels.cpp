@@ -308,6 +308,8 @@ BENCHMARK(BM_DecodeAttentionWarm)
     ->Args({1024, 1, 4, 64})  // the Llama-3.2-1B shape (G = 4, D = 64, F16)
     ->Args({1024, 0, 4, 64})  // the same in F32
     ->Args({1024, 2, 4, 64})  // and in BF16
+    ->Args({512, 1, 2, 8})    // stories260K (G = 2, D = 8, F16): the accuracy runs' model
+    ->Args({512, 0, 2, 8})    // the same in F32
     ->UseRealTime();
 
 #pragma GCC push_options

@@ -238,7 +238,9 @@ INSTANTIATE_TEST_SUITE_P(Shapes, AttentionTest,
                                            AttnCase{10, 2, 128, 2, 300}, AttnCase{28, 4, 128, 1, 129},
                                            AttnCase{16, 1, 64, 1, 200}, AttnCase{8, 2, 96, 1, 65},
                                            // One row, one KV head, long keys: the flash-decoding split path.
-                                           AttnCase{4, 1, 64, 1, 5000}, AttnCase{2, 1, 17, 2, 3001}),
+                                           AttnCase{4, 1, 64, 1, 5000}, AttnCase{2, 1, 17, 2, 3001},
+                                           // D = 8 (stories260K: two rows per vector), odd key counts.
+                                           AttnCase{8, 4, 8, 3, 301}, AttnCase{3, 1, 8, 2, 17}, AttnCase{8, 1, 8, 1, 5001}),
                          [](const auto& i) {
                            const auto& p = i.param;
                            return "H" + std::to_string(p.H) + "_Hkv" + std::to_string(p.H_kv) + "_D" +
@@ -251,7 +253,7 @@ INSTANTIATE_TEST_SUITE_P(Shapes, AttentionTest,
 TEST(AttentionKvTypes, HalfPrecisionKvMatchesRef) {
   for (DType t : {DType::kF16, DType::kBF16})
     for (auto [H, Hkv, D, n] : {std::tuple{8, 2, 64, 1000}, std::tuple{8, 2, 64, 1003}, std::tuple{4, 4, 17, 97},
-                                std::tuple{32, 8, 128, 513}}) {
+                                std::tuple{32, 8, 128, 513}, std::tuple{8, 4, 8, 301}}) {
       const int64_t cap = n + 5;
       auto q = test::random_vec(size_t(H * D), 71);
       auto Kf = test::random_vec(size_t(Hkv * cap * D), 72, -3, 3);
@@ -274,7 +276,8 @@ TEST(AttentionKvTypes, HalfPrecisionKvMatchesRef) {
 // The taps (H2O/Keyformer scores) through the fused one-pass kernel: logits and probabilities
 // of every key, each tap alone and both together, against the oracle.
 TEST(AttentionTaps, LogitsAndProbsMatchRef) {
-  for (auto [H, Hkv, D, n] : {std::tuple{8, 2, 128, 300}, std::tuple{5, 1, 64, 77}, std::tuple{3, 3, 17, 16}}) {
+  for (auto [H, Hkv, D, n] : {std::tuple{8, 2, 128, 300}, std::tuple{5, 1, 64, 77}, std::tuple{3, 3, 17, 16},
+                              std::tuple{8, 4, 8, 77}}) {
     auto q = test::random_vec(size_t(H * D), 81);
     auto K = test::random_vec(size_t(Hkv * n * D), 82, -3, 3);
     auto V = test::random_vec(size_t(Hkv * n * D), 83);
@@ -303,13 +306,13 @@ TEST(AttentionTaps, LogitsAndProbsMatchRef) {
 }
 
 // Attention in parts (HybridGen's CPU logits, its merge): every compiled group size, D = 64/128
-// (unrolled) and 40 (run-time), key counts around the 16-key block, keys and values of each KV
+// (unrolled), 8 (two rows per vector) and 40 (run-time), key counts around the 16-key block, keys and values of each KV
 // element type (the ref backend reads the same 16-bit rows).
 TEST_F(Backends, GroupLogitsAndWeightedVMatchRef) {
   for (DType dt : {DType::kF32, DType::kF16, DType::kBF16})
     for (int G : {1, 3, 4, 8, 12})
-      for (int D : {64, 128, 40})
-        for (int64_t n : {1, 15, 16, 17, 1000}) {
+      for (int D : {64, 128, 8, 40})
+        for (int64_t n : {1, 2, 15, 16, 17, 1000}) {
           const std::string what = fmt::format("{} G {} D {} n {}", dtype_name(dt), G, D, n);
           auto q = test::random_vec(size_t(G * D), 91);
           auto Kf = test::random_vec(size_t(n * D), 92, -2, 2);
@@ -391,7 +394,7 @@ TEST_F(Backends, MergedAttentionMatchesOneSoftmaxForEachKvType) {
 // of NaN is skipped, a key of NaN scores -inf.
 TEST_F(Backends, GroupLogitMaxIsTheMaxOfGroupLogits) {
   for (int G : {1, 3, 4, 8})
-    for (int D : {64, 128, 40})
+    for (int D : {64, 128, 8, 40})
       for (int64_t n : {1, 15, 16, 17, 1000, 1003}) {
         const std::string what = std::to_string(G) + " " + std::to_string(D) + " " + std::to_string(n);
         auto q = test::random_vec(size_t(G * D), 93);

@@ -503,10 +503,82 @@ inline __m512 hsum8x16(const __m256* v) {
   return _mm512_permutexvar_ps(_mm512_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7, 8, 12, 9, 13, 10, 14, 11, 15), r);
 }
 
+// Heads of D = 8 (stories260K, the accuracy runs' model) hold two rows per 512-bit vector. A
+// block of 16 keys is transposed into 8 vectors, one per dimension (keys in the lane order
+// 0 2 4 6 1 3 5 7 8 10 …), so that each head's 16 logits are 8 FMAs with broadcast query elements
+// and one permute, not 16 half-masked FMAs and a 16-vector reduction.
+template <typename T>
+inline __m512 load_row_pair(const T* p, int rows) {  // rows 0, 1 or 2 of 8 elements
+  return rows <= 0 ? _mm512_setzero_ps() : load16(p, rows >= 2 ? __mmask16(0xffff) : __mmask16(0x00ff));
+}
+
+template <int G, typename T>
+inline void logits16_d8(const float* q, const T* K, int kk, float scale, float* s, int64_t ld) {
+  __m512 r[8], t[8], col[8];
+  for (int j = 0; j < 8; ++j) r[j] = load_row_pair(K + 16 * j, kk - 2 * j);
+  // 4×4 transposes within each 128-bit lane of r0..r3 and of r4..r7: t[4·half + e] lane L holds
+  // element e of that lane of the four rows.
+  for (int half = 0; half < 2; ++half) {
+    const __m512* a = r + 4 * half;
+    const __m512d u0 = _mm512_castps_pd(_mm512_unpacklo_ps(a[0], a[1])),
+                  u1 = _mm512_castps_pd(_mm512_unpackhi_ps(a[0], a[1])),
+                  u2 = _mm512_castps_pd(_mm512_unpacklo_ps(a[2], a[3])),
+                  u3 = _mm512_castps_pd(_mm512_unpackhi_ps(a[2], a[3]));
+    t[4 * half + 0] = _mm512_castpd_ps(_mm512_unpacklo_pd(u0, u2));
+    t[4 * half + 1] = _mm512_castpd_ps(_mm512_unpackhi_pd(u0, u2));
+    t[4 * half + 2] = _mm512_castpd_ps(_mm512_unpacklo_pd(u1, u3));
+    t[4 * half + 3] = _mm512_castpd_ps(_mm512_unpackhi_pd(u1, u3));
+  }
+  // Lanes 0 and 2 of t[e] hold dimension e of the even and odd keys, lanes 1 and 3 dimension 4 + e.
+  for (int e = 0; e < 4; ++e) {
+    col[e] = _mm512_shuffle_f32x4(t[e], t[4 + e], 0x88);
+    col[4 + e] = _mm512_shuffle_f32x4(t[e], t[4 + e], 0xDD);
+  }
+  const __m512i natural = _mm512_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7, 8, 12, 9, 13, 10, 14, 11, 15);
+  const __mmask16 valid = kk >= 16 ? __mmask16(0xffff) : tail_mask(kk);
+  for (int h = 0; h < G; ++h) {
+    const float* qh = q + 8 * h;
+    __m512 a = _mm512_mul_ps(_mm512_set1_ps(qh[0]), col[0]);
+    for (int d = 1; d < 8; ++d) a = _mm512_fmadd_ps(_mm512_set1_ps(qh[d]), col[d], a);
+    a = _mm512_mul_ps(_mm512_permutexvar_ps(natural, a), _mm512_set1_ps(scale));
+    _mm512_storeu_ps(s + h * ld, _mm512_mask_mov_ps(_mm512_set1_ps(-INFINITY), valid, a));
+  }
+}
+
+// acc[h] += Σ_{c < cn} p[h * ld + c] · V[c] for D = 8: two rows per vector (even rows' sums in the
+// low 8 lanes, odd rows' in the high 8), each row's weight spread over its half by a permute.
+template <int G, typename T>
+inline void weighted_v_d8(const float* p, int64_t ld, const T* V, int cn, float* acc) {
+  __m512 a[G];
+  for (int h = 0; h < G; ++h) a[h] = _mm512_setzero_ps();
+  __m512i pair[8];
+  for (int j = 0; j < 8; ++j)
+    pair[j] = _mm512_add_epi32(_mm512_set1_epi32(2 * j),
+                               _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1));
+  for (int c0 = 0; c0 < cn; c0 += 16) {
+    const int kk = std::min(16, cn - c0);
+    const __mmask16 valid = kk >= 16 ? __mmask16(0xffff) : tail_mask(kk);
+    __m512 P[G];
+    for (int h = 0; h < G; ++h) P[h] = _mm512_maskz_loadu_ps(valid, p + h * ld + c0);
+    for (int j = 0; 2 * j < kk; ++j) {
+      const __m512 v = in_register(load_row_pair(V + int64_t(c0 + 2 * j) * 8, kk - 2 * j));
+      for (int h = 0; h < G; ++h) a[h] = _mm512_fmadd_ps(_mm512_permutexvar_ps(pair[j], P[h]), v, a[h]);
+    }
+  }
+  for (int h = 0; h < G; ++h) {
+    const __m256 sum = _mm256_add_ps(_mm512_castps512_ps256(a[h]), _mm512_extractf32x8_ps(a[h], 1));
+    _mm256_storeu_ps(acc + 8 * h, _mm256_add_ps(_mm256_loadu_ps(acc + 8 * h), sum));
+  }
+}
+
 // s[h * ld + c] = scale · q[h] · K[c] for c < kk ≤ 16 (lanes c ≥ kk get -inf). Each K row is read
 // once for the G heads.
 template <int G, int DT, typename T>
 inline void logits16(const float* q, const T* K, int kk, int D_, float scale, float* s, int64_t ld) {
+  if constexpr (DT == 8) {
+    logits16_d8<G>(q, K, kk, scale, s, ld);
+    return;
+  }
   const int D = DT > 0 ? DT : D_;
   const int row_bytes = D * int(sizeof(T));
   // KB keys per step share each q load: with one key per step the q loads (G per 16 elements)
@@ -632,6 +704,10 @@ inline void weighted_v_blocks(const float* p, int64_t ld, const T* V, int cn, in
 template <int G, int DT, typename T>
 inline void weighted_v_all_blocks(const float* p, int64_t ld, const T* V, int cn, int D, int nb, __mmask16 last,
                                   float* acc) {
+  if constexpr (DT == 8) {
+    weighted_v_d8<G>(p, ld, V, cn, acc);
+    return;
+  }
   constexpr int BB = v_blocks_per_pass(G);
   int b0 = 0;
   for (; b0 + BB <= nb; b0 += BB) weighted_v_blocks<G, BB, DT>(p, ld, V, cn, D, b0, nb, last, acc);
@@ -854,11 +930,12 @@ bool with_group_size(int G, F&& f) {
 }
 
 // Calls f(std::integral_constant<int, D>) for the common head sizes 64 and 128 (fully unrolled
-// loops), f(std::integral_constant<int, 0>) (run-time D) otherwise.
+// loops) and 8 (two rows per vector), f(std::integral_constant<int, 0>) (run-time D) otherwise.
 template <typename F>
 void with_head_dim(int D, F&& f) {
   if (D == 128) f(std::integral_constant<int, 128>{});
   else if (D == 64) f(std::integral_constant<int, 64>{});
+  else if (D == 8) f(std::integral_constant<int, 8>{});
   else f(std::integral_constant<int, 0>{});
 }
 
