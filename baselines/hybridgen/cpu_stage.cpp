@@ -217,7 +217,7 @@ void HybridGen::cpu_select(int layer, const TokenRow& r, const float* q, int32_t
       // Each tier's keys in one pass: scores [dram rows | far rows].
       if (n_dram > 0) cb.group_logit_max(qg, G, Kd, n_dram, D, scale, score.data(), dt);
       if (n_off > n_dram) cb.group_logit_max(qg, G, Kf, n_off - n_dram, D, scale, score.data() + n_dram, dt);
-      logit_top_k(score.data(), 1, n_off, n_off, K, sel);
+      logit_top_k(cb, score.data(), 1, n_off, n_off, K, sel);
       // The selected keys gathered tier by tier, then their logits; the selection back to positions.
       const auto on_dram =
           std::stable_partition(sel.begin(), sel.end(), [&](int32_t i) { return i < n_dram; });

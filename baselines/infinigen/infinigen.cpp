@@ -36,13 +36,15 @@ namespace hg {
 int32_t infinigen_fetch_count(Backend& host, const float* logits, int H, int64_t n, double alpha,
                               double max_ratio) {
   if (n == 0) return 0;
-  double total = 0;
+  int64_t total = 0;
   for (int h = 0; h < H; ++h) {
     const float* l = logits + int64_t(h) * n;
-    const float mx = host.max_value(l, n);
-    for (int64_t t = 0; t < n; ++t) total += l[t] > mx - alpha;
+    const double threshold = double(host.max_value(l, n)) - alpha;
+    int64_t above = 0;  // an integer count, so that the loop vectorises
+    for (int64_t t = 0; t < n; ++t) above += double(l[t]) > threshold;
+    total += above;
   }
-  const double avg = total / H;
+  const double avg = double(total) / H;
   const double cap = std::max(1.0, std::floor(max_ratio * double(n)));
   return int32_t(std::max(1.0, std::min(std::floor(avg), cap)));
 }
@@ -544,7 +546,7 @@ class InfiniGen final : public KvStrategy {
         sel.resize(size_t(count));
         for (int32_t t = 0; t < count; ++t) sel[size_t(t)] = t;
       } else {
-        logit_top_k(logits + int64_t(g) * G * n, G, n, n, count, sel);
+        logit_top_k(rt_.cpu_backend(), logits + int64_t(g) * G * n, G, n, n, count, sel);
       }
     }
     fetch_[size_t(layer) * size_t(B_) + size_t(r.seq)] = f;

@@ -6,15 +6,14 @@
 namespace hg {
 
 class Backend;
+class PolicyOps;
 
-// g ~ Gumbel(0, 1) for one (seed, layer, stream, query row position, head, key position): −log(−log u).
-// The strategy draws from stream 0 for every sequence.
+// g ~ Gumbel(0, 1) for one (seed, layer, stream, query row position, head, key position): −log(−log u)
+// (engine/backend/gumbel.h). The strategy draws from stream 0 for every sequence.
 double keyformer_gumbel(uint64_t seed, int layer, int stream, int row, int head, int32_t pos);
-// out[i] = keyformer_gumbel(seed, layer, seq, row, head, pos[i]) for i < n.
-void keyformer_gumbel_n(uint64_t seed, int layer, int stream, int row, int head, const int32_t* pos, int32_t n,
-                        double* out);
-// The noise's logarithm (for its test against std::log).
-double keyformer_log(double x);
+// out[i] = keyformer_gumbel(seed, layer, seq, row, head, pos[i]) for i < n, on `host`'s kernel.
+void keyformer_gumbel_n(PolicyOps& host, uint64_t seed, int layer, int stream, int row, int head, const int32_t* pos,
+                        int32_t n, double* out);
 
 // acc[s] += softmax((logits + g) / tau)[s] for s < n: one query row of one head, keys at `pos`;
 // z (n floats) and noise (n doubles) are scratch. `host` supplies the vectorised max and exp-sum.

@@ -8,6 +8,7 @@
 #include <limits>
 #include <vector>
 
+#include "engine/backend/gumbel.h"
 #include "engine/core/error.h"
 
 namespace hg {
@@ -77,6 +78,26 @@ void PolicyOps::gather_rows(void* dst, const void* src, int64_t row_bytes, int64
   for (int64_t i = 0; i < n; ++i)
     std::memcpy(static_cast<char*>(dst) + i * row_bytes, static_cast<const char*>(src) + int64_t(idx[i]) * src_stride,
                 size_t(row_bytes));
+}
+
+void PolicyOps::gumbel_noise(uint64_t stream, const int32_t* pos, int64_t n, double* out) {
+  for (int64_t i = 0; i < n; ++i) out[i] = gumbel::draw(stream, pos[i]);
+}
+
+int32_t PolicyOps::logit_top_k(const float* logits, int G, int64_t ld, int32_t n, int32_t K, int32_t* out) {
+  HG_CHECK(host_memory());
+  if (K <= 0 || n <= 0) return 0;
+  K = std::min(K, n);
+  std::vector<std::pair<float, int32_t>> sc(static_cast<size_t>(n));
+  for (int32_t t = 0; t < n; ++t) {
+    float mx = -std::numeric_limits<float>::infinity();
+    for (int h = 0; h < G; ++h) mx = std::max(mx, logits[int64_t(h) * ld + t]);
+    sc[size_t(t)] = {-mx, t};
+  }
+  std::nth_element(sc.begin(), sc.begin() + (K - 1), sc.end());
+  for (int32_t i = 0; i < K; ++i) out[i] = sc[size_t(i)].second;
+  std::sort(out, out + K);
+  return K;
 }
 
 void PolicyOps::merged_attention(const MergedAttention& a) {

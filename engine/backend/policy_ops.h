@@ -68,6 +68,14 @@ class PolicyOps {
   // register_host (read by DMA). May run on the copy queue's thread while another thread computes.
   virtual void gather_rows(void* dst, const void* src, int64_t row_bytes, int64_t src_stride, const int32_t* idx,
                            int64_t n);
+  // out[i] = gumbel::draw(stream, pos[i]) for i < n (engine/backend/gumbel.h: Keyformer's noise),
+  // the same bits on every backend. Host arrays.
+  virtual void gumbel_noise(uint64_t stream, const int32_t* pos, int64_t n, double* out);
+  // The K positions of the highest scores, score(t) = max over h < G of logits[h * ld + t] (NaN
+  // skipped; all NaN: -inf), t < n, in increasing order into out; ties go to the lower position.
+  // Returns how many: min(K, n), 0 for K ≤ 0. Host arrays. Reference: std::nth_element over
+  // (−score, position), then a sort (selectors/logit_topk.h).
+  virtual int32_t logit_top_k(const float* logits, int G, int64_t ld, int32_t n, int32_t K, int32_t* out);
 };
 
 }  // namespace hg

@@ -457,12 +457,12 @@ void BM_PostSelection(benchmark::State& st) {
       const float* Kg = Ks + g * N * D;
       if (scores) {
         be->group_logit_max(qg, G, Kg, N, D, 0.088f, lg);
-        logit_top_k(lg, 1, N, int32_t(N), K, sel);
+        logit_top_k(*be, lg, 1, N, int32_t(N), K, sel);
         cpu::gather_rows(kg.data(), Kg, D * 4, D * 4, sel.data(), K);
         be->group_logits(qg, G, kg.data(), K, D, 0.088f, sel_lg.data());
       } else {
         be->group_logits(qg, G, Kg, N, D, 0.088f, lg);
-        logit_top_k(lg, G, N, int32_t(N), K, sel);
+        logit_top_k(*be, lg, G, N, int32_t(N), K, sel);
         for (int h = 0; h < G; ++h)
           for (int32_t i = 0; i < K; ++i) sel_lg[size_t(h * K + i)] = lg[h * N + sel[size_t(i)]];
       }
@@ -527,8 +527,8 @@ BENCHMARK(BM_GatherRows)
 
 // HybridGen's post-mode selection (and InfiniGen's): the K positions with the highest max logit
 // over G = 4 query heads, out of n, on one thread, after the logits were computed (so they are in
-// cache, as in the strategies). method 0: logit_top_k_reference, the std::nth_element selection
-// the strategies ran before; 1: logit_top_k (a sampled lower bound, then a select among the few
+// cache, as in the strategies). method 0: the reference policy op, the std::nth_element selection
+// the strategies ran before; 1: the CPU kernel (a sampled lower bound, then a select among the few
 // that pass it). Reported: ns per position (`ns_per_pos`).
 void BM_LogitTopK(benchmark::State& st) {
   const int32_t n = int32_t(st.range(0)), K = int32_t(st.range(1));
@@ -536,11 +536,10 @@ void BM_LogitTopK(benchmark::State& st) {
   std::vector<float> l(size_t(G) * size_t(n));
   fill(l.data(), l.size(), 9);
   std::vector<int32_t> out;
+  auto cpu = make_cpu_backend();
+  auto ref = make_ref_backend();
   for (auto _ : st) {
-    if (st.range(2) == 0)
-      logit_top_k_reference(l.data(), G, n, n, K, out);
-    else
-      logit_top_k(l.data(), G, n, n, K, out);
+    logit_top_k(st.range(2) == 0 ? *ref : *cpu, l.data(), G, n, n, K, out);
     benchmark::DoNotOptimize(out.data());
   }
   st.counters["ns_per_pos"] = benchmark::Counter(

@@ -421,8 +421,8 @@ TEST_F(Backends, GroupLogitMaxIsTheMaxOfGroupLogits) {
             }
             for (int32_t k : {1, 7, 64}) {
               std::vector<int32_t> by_logits, by_score;
-              logit_top_k(lg.data(), G, n, int32_t(n), k, by_logits);
-              logit_top_k(score.data(), 1, n, int32_t(n), k, by_score);
+              logit_top_k(*cpu, lg.data(), G, n, int32_t(n), k, by_logits);
+              logit_top_k(*cpu, score.data(), 1, n, int32_t(n), k, by_score);
               EXPECT_EQ(by_logits, by_score) << what << " K " << k << " " << be->name() << " " << dtype_name(dt);
             }
           }
@@ -481,8 +481,8 @@ TEST(GatherRows, MatchesRowByRowCopy) {
     }
 }
 
-// The backend calls strategies' policies use (max, exp-shift-sum, gather of rows): the CPU
-// backend's SIMD kernels against the ref backend's scalar loops.
+// The backend calls strategies' policies use (max, exp-shift-sum, gather of rows, Keyformer's noise,
+// the logit top-K): the CPU backend's SIMD kernels against the ref backend's scalar loops.
 TEST(PolicyOps, CpuBackendMatchesRef) {
   auto cpu = make_cpu_backend();
   auto ref = make_ref_backend();
@@ -502,6 +502,20 @@ TEST(PolicyOps, CpuBackendMatchesRef) {
     cpu->gather_rows(g.data(), rows.data(), 12, 20, idx.data(), n);
     ref->gather_rows(gr.data(), rows.data(), 12, 20, idx.data(), n);
     EXPECT_EQ(g, gr) << n;
+    // Keyformer's noise, bit for bit, and the logit top-K of two heads (x and its reverse).
+    std::vector<double> noise(static_cast<size_t>(n)), noise_ref(static_cast<size_t>(n));
+    cpu->gumbel_noise(0x1234567ull + uint64_t(n), idx.data(), n, noise.data());
+    ref->gumbel_noise(0x1234567ull + uint64_t(n), idx.data(), n, noise_ref.data());
+    EXPECT_EQ(std::memcmp(noise.data(), noise_ref.data(), noise.size() * sizeof(double)), 0) << n;
+    std::vector<float> two(x);
+    two.insert(two.end(), x.rbegin(), x.rend());
+    for (int32_t K : {1, int32_t(n / 3), int32_t(n)}) {
+      std::vector<int32_t> sel(size_t(n) + 1, -1), sel_ref(sel);
+      EXPECT_EQ(cpu->logit_top_k(two.data(), 2, n, int32_t(n), K, sel.data()),
+                ref->logit_top_k(two.data(), 2, n, int32_t(n), K, sel_ref.data()))
+          << n << " K " << K;
+      EXPECT_EQ(sel, sel_ref) << n << " K " << K;
+    }
   }
 }
 

@@ -2,12 +2,22 @@
 #include <cmath>
 #include <limits>
 
+#include "engine/backend/backend.h"
 #include "selectors/logit_topk.h"
 #include "selectors/sinks_recent.h"
 #include "tests/unit/test_util.h"
 
 namespace hg {
 namespace {
+
+// The selection's CPU kernel (at the level under test) and its reference.
+struct TopKBackends {
+  std::unique_ptr<Backend> cpu = make_cpu_backend(), reference = make_ref_backend();
+};
+TopKBackends& backends() {
+  static TopKBackends b;
+  return b;
+}
 
 // Logits [G][ld] for n positions. `levels` > 0 rounds them to that many distinct values, so that
 // many scores tie; `specials` writes ±0, ±inf and NaN into some of them.
@@ -44,8 +54,8 @@ TEST(LogitTopK, EqualsTheNthElementReferenceWithTiesAndSpecialValues) {
     const int64_t ld = c.n + 13;  // rows further apart than n, as in a larger buffer
     const auto l = logits_for(c.G, ld, c.n, seed++, c.levels, c.specials);
     std::vector<int32_t> fast, ref;
-    logit_top_k(l.data(), c.G, ld, c.n, c.K, fast);
-    logit_top_k_reference(l.data(), c.G, ld, c.n, c.K, ref);
+    logit_top_k(*backends().cpu, l.data(), c.G, ld, c.n, c.K, fast);
+    logit_top_k(*backends().reference, l.data(), c.G, ld, c.n, c.K, ref);
     EXPECT_EQ(fast.size(), size_t(std::clamp(c.K, 0, c.n))) << "G=" << c.G << " n=" << c.n << " K=" << c.K;
     EXPECT_EQ(fast, ref) << "G=" << c.G << " n=" << c.n << " K=" << c.K << " levels=" << c.levels;
   }
@@ -59,8 +69,8 @@ TEST(LogitTopK, ASampleThatMissesTheKthScoreStillSelectsExactly) {
   std::vector<float> l = test::random_vec(size_t(n), 21, -1.0f, 0.0f);
   for (int32_t i = 0; i < 1024; ++i) l[size_t(int64_t(i) * n / 1024)] = 1.0f + float(i % 5);
   std::vector<int32_t> fast, ref;
-  logit_top_k(l.data(), 1, n, n, K, fast);
-  logit_top_k_reference(l.data(), 1, n, n, K, ref);
+  logit_top_k(*backends().cpu, l.data(), 1, n, n, K, fast);
+  logit_top_k(*backends().reference, l.data(), 1, n, n, K, ref);
   EXPECT_EQ(fast.size(), size_t(K));
   EXPECT_EQ(fast, ref);
 }
@@ -69,16 +79,17 @@ TEST(LogitTopK, TiesGoToTheLowerPositionAndNaNIsIgnored) {
   // Scores: position 0..5 = {1, 3, 3, NaN→-inf, 3, 2}; K = 2 takes positions 1 and 2 (not 4).
   const float nan = std::numeric_limits<float>::quiet_NaN();
   const float l[2][6] = {{1, 3, -1, nan, 3, 2}, {0, 0, 3, nan, 1, -5}};
-  std::vector<int32_t> out;
-  logit_top_k(&l[0][0], 2, 6, 6, 2, out);
-  EXPECT_EQ(out, (std::vector<int32_t>{1, 2}));
-  logit_top_k(&l[0][0], 2, 6, 6, 4, out);
-  EXPECT_EQ(out, (std::vector<int32_t>{1, 2, 4, 5}));
-  logit_top_k(&l[0][0], 2, 6, 6, 5, out);  // then 1.0 at position 0, before the all-NaN position
-  EXPECT_EQ(out, (std::vector<int32_t>{0, 1, 2, 4, 5}));
+  for (Backend* be : {backends().cpu.get(), backends().reference.get()}) {
+    std::vector<int32_t> out;
+    logit_top_k(*be, &l[0][0], 2, 6, 6, 2, out);
+    EXPECT_EQ(out, (std::vector<int32_t>{1, 2})) << be->name();
+    logit_top_k(*be, &l[0][0], 2, 6, 6, 4, out);
+    EXPECT_EQ(out, (std::vector<int32_t>{1, 2, 4, 5})) << be->name();
+    logit_top_k(*be, &l[0][0], 2, 6, 6, 5, out);  // then 1.0 at position 0, before the all-NaN position
+    EXPECT_EQ(out, (std::vector<int32_t>{0, 1, 2, 4, 5})) << be->name();
+  }
 }
 
-// The sinks + most recent set (StreamingLLM's, and HybridGen's pre-mode selection).
 TEST(SinksAndRecent, KeepsTheFirstSinksAndTheNewestRest) {
   auto check = [](int32_t n, int32_t k, int32_t sinks, int32_t want_sinks, int32_t want_recent) {
     const SinksAndRecent r = sinks_and_recent(n, k, sinks);

@@ -359,6 +359,12 @@ class CpuBackend final : public Backend {
                    int64_t n) override {
     cpu::gather_rows(dst, src, row_bytes, src_stride, idx, n);
   }
+  void gumbel_noise(uint64_t stream, const int32_t* pos, int64_t n, double* out) override {
+    cpu::gumbel_noise(stream, pos, n, out);
+  }
+  int32_t logit_top_k(const float* logits, int G, int64_t ld, int32_t n, int32_t K, int32_t* out) override {
+    return cpu::logit_top_k(logits, G, ld, n, K, out);
+  }
 
  private:
   struct Prim {

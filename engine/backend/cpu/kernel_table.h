@@ -32,6 +32,8 @@ struct KernelTable {
   float (*sum_rows)(const float*, int64_t, int64_t, const int32_t*, int64_t);
   void (*group_weighted_v)(const float*, int, const void*, DType, int64_t, int, float*);
   void (*to_f32)(const void*, DType, float*, int64_t);
+  void (*gumbel_noise)(uint64_t, const int32_t*, int64_t, double*);
+  int32_t (*logit_top_k)(const float*, int, int64_t, int32_t, int32_t, int32_t*);
 };
 
 namespace portable {

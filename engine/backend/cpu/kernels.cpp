@@ -69,5 +69,9 @@ void group_weighted_v(const float* p, int G, const void* V, DType vt, int64_t n,
   table().group_weighted_v(p, G, V, vt, n, D, out);
 }
 void to_f32(const void* x, DType xt, float* y, int64_t n) { table().to_f32(x, xt, y, n); }
+void gumbel_noise(uint64_t base, const int32_t* pos, int64_t n, double* out) { table().gumbel_noise(base, pos, n, out); }
+int32_t logit_top_k(const float* logits, int G, int64_t ld, int32_t n, int32_t K, int32_t* out) {
+  return table().logit_top_k(logits, G, ld, n, K, out);
+}
 
 }  // namespace hg::cpu

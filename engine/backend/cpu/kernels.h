@@ -74,5 +74,11 @@ float sum_rows(const float* src, int64_t row_floats, int64_t src_stride, const i
 void group_weighted_v(const float* p, int G, const void* V, DType vt, int64_t n, int D, float* out);
 // y[i] = x[i] as F32, i < n (x of type xt).
 void to_f32(const void* x, DType xt, float* y, int64_t n);
+// out[i] = gumbel::draw(base, pos[i]) for i < n (engine/backend/gumbel.h), bit for bit at every level.
+void gumbel_noise(uint64_t base, const int32_t* pos, int64_t n, double* out);
+// The K positions of the highest scores, score(t) = max over h < G of logits[h * ld + t], in
+// increasing order into out (selectors/logit_topk.h has the rule); returns how many: min(K, n), 0
+// for K ≤ 0.
+int32_t logit_top_k(const float* logits, int G, int64_t ld, int32_t n, int32_t K, int32_t* out);
 
 }  // namespace hg::cpu

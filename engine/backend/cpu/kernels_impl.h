@@ -7,10 +7,12 @@
 #include <bit>
 #include <cmath>
 #include <cstring>
+#include <functional>
 #include <type_traits>
 #include <vector>
 
 #include "engine/backend/cpu/kernel_table.h"
+#include "engine/backend/gumbel.h"
 #include "engine/core/cpu_features.h"
 #include "engine/core/dtype.h"
 
@@ -1198,11 +1200,145 @@ float sum_rows(const float* src, int64_t row_floats, int64_t src_stride, const i
   return s;
 }
 
+// The Gumbel noise: 8 positions per step where AVX-512 is on, with the scalar definition's
+// operations in its order (engine/backend/gumbel.h), so that every level gives the same bits.
+#if HG_AVX512
+namespace {
+inline __m512d gumbel_uniform8(__m512i base, __m256i pos) {
+  using namespace gumbel;
+  __m512i x = _mm512_xor_si512(base, _mm512_mullo_epi64(_mm512_cvtepu32_epi64(pos), _mm512_set1_epi64(int64_t(kMixB))));
+  x = _mm512_xor_si512(x, _mm512_srli_epi64(x, 31));
+  x = _mm512_mullo_epi64(x, _mm512_set1_epi64(int64_t(kMixC)));
+  x = _mm512_xor_si512(x, _mm512_srli_epi64(x, 29));
+  x = _mm512_mullo_epi64(x, _mm512_set1_epi64(int64_t(kMixB)));
+  x = _mm512_xor_si512(x, _mm512_srli_epi64(x, 32));
+  const __m512d d = _mm512_cvtepu64_pd(_mm512_srli_epi64(x, 11));
+  return _mm512_mul_pd(_mm512_add_pd(d, _mm512_set1_pd(0.5)), _mm512_set1_pd(kTwoPowMinus53));
+}
+
+inline __m512d gumbel_log8(__m512d x) {
+  using namespace gumbel;
+  const __m512d m = _mm512_getmant_pd(x, _MM_MANT_NORM_p75_1p5, _MM_MANT_SIGN_src);
+  // getexp is floor(log2 x); a mantissa folded below 1 belongs to the next exponent (frexp's e).
+  const __mmask8 below = _mm512_cmp_pd_mask(m, _mm512_set1_pd(1.0), _CMP_LT_OQ);
+  const __m512d e = _mm512_mask_add_pd(_mm512_getexp_pd(x), below, _mm512_getexp_pd(x), _mm512_set1_pd(1.0));
+  const __m512d one = _mm512_set1_pd(1.0);
+  const __m512d s = _mm512_div_pd(_mm512_sub_pd(m, one), _mm512_add_pd(m, one)), w = _mm512_mul_pd(s, s);
+  __m512d p = _mm512_set1_pd(kAtanh[9]);
+  for (int i = 8; i >= 0; --i) p = _mm512_fmadd_pd(p, w, _mm512_set1_pd(kAtanh[i]));
+  const __m512d s2 = _mm512_add_pd(s, s);
+  return _mm512_add_pd(_mm512_fmadd_pd(e, _mm512_set1_pd(kLn2Hi), s2),
+                       _mm512_fmadd_pd(e, _mm512_set1_pd(kLn2Lo), _mm512_mul_pd(_mm512_mul_pd(s2, w), p)));
+}
+}  // namespace
+#endif
+
+void gumbel_noise(uint64_t base, const int32_t* pos, int64_t n, double* out) {
+  int64_t i = 0;
+#if HG_AVX512
+  const __m512i vb = _mm512_set1_epi64(int64_t(base));
+  const __m512d neg = _mm512_set1_pd(-0.0);
+  for (; i + 8 <= n; i += 8) {
+    const __m512d u = gumbel_uniform8(vb, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(pos + i)));
+    const __m512d l1 = _mm512_xor_pd(gumbel_log8(u), neg);  // −log u > 0
+    _mm512_storeu_pd(out + i, _mm512_xor_pd(gumbel_log8(l1), neg));
+  }
+#endif
+  for (; i < n; ++i) out[i] = gumbel::draw(base, pos[i]);
+}
+
+// Logit top-K (selectors/logit_topk.h has the rule): scores, a lower bound from a strided sample,
+// the candidates that pass it, then the K-th score among them. No sort.
+namespace {
+// score[t] = max over h < G of logits[h * ld + t] for t in [t, n), from -inf (NaN logits leave it
+// as it is), with -0 made +0 so that equal scores compare equal.
+void top_k_scores(const float* logits, int G, int64_t ld, int32_t n, float* score) {
+  int32_t t = 0;
+#if HG_AVX512
+  const __m512 zero = _mm512_setzero_ps();
+  for (; t + 16 <= n; t += 16) {
+    __m512 m = _mm512_set1_ps(-INFINITY);
+    for (int h = 0; h < G; ++h) m = _mm512_max_ps(_mm512_loadu_ps(logits + int64_t(h) * ld + t), m);  // NaN: m
+    _mm512_storeu_ps(score + t, _mm512_add_ps(m, zero));
+  }
+#endif
+  for (; t < n; ++t) {
+    float m = -INFINITY;
+    for (int h = 0; h < G; ++h) m = m < logits[int64_t(h) * ld + t] ? logits[int64_t(h) * ld + t] : m;
+    score[t] = m + 0.0f;
+  }
+}
+
+// The positions t < n with score[t] ≥ lb, in order, into cand; returns how many.
+int32_t top_k_at_least(const float* score, int32_t n, float lb, int32_t* cand) {
+  int32_t c = 0, t = 0;
+#if HG_AVX512
+  const __m512 b = _mm512_set1_ps(lb);
+  for (; t + 16 <= n; t += 16)
+    for (uint32_t m = _mm512_cmp_ps_mask(_mm512_loadu_ps(score + t), b, _CMP_GE_OQ); m != 0; m &= m - 1)
+      cand[c++] = t + __builtin_ctz(m);
+#endif
+  for (; t < n; ++t) {  // branch-free: the few that pass are kept
+    cand[c] = t;
+    c += score[t] >= lb;
+  }
+  return c;
+}
+}  // namespace
+
+int32_t logit_top_k(const float* logits, int G, int64_t ld, int32_t n, int32_t K, int32_t* out) {
+  if (K <= 0 || n <= 0) return 0;
+  if (K >= n) {
+    for (int32_t t = 0; t < n; ++t) out[t] = t;
+    return n;
+  }
+  thread_local std::vector<float> score, cs;
+  thread_local std::vector<int32_t> cand;
+  if (score.size() < size_t(n)) score.resize(size_t(n)), cand.resize(size_t(n)), cs.resize(size_t(n));
+  top_k_scores(logits, G, ld, n, score.data());
+  // A lower bound for the K-th score from an evenly strided sample, chosen so that about 2K scores
+  // pass it: the sample's r-th largest. Only the positions that pass are candidates; the K-th score
+  // among them is the K-th overall whenever at least K pass, which holds but for a sample far from
+  // the whole (then every position is a candidate).
+  constexpr int32_t kSample = 1024;
+  float lb = -INFINITY;
+  if (int64_t(K) * 4 < n && n > 4 * kSample) {
+    const int64_t r = (int64_t(2) * K * kSample + n - 1) / n + 2;  // about 2K scores pass
+    float* smp = cs.data();
+    for (int32_t i = 0; i < kSample; ++i) smp[i] = score[size_t(int64_t(i) * n / kSample)];
+    std::nth_element(smp, smp + (r - 1), smp + kSample, std::greater<float>());
+    lb = smp[r - 1];
+  }
+  int32_t c = 0;
+  for (;;) {
+    c = top_k_at_least(score.data(), n, lb, cand.data());
+    if (c >= K) break;
+    lb = -INFINITY;  // the sample misled: every position is a candidate
+  }
+  // The K-th score T among the candidates; then, in position order, every candidate above T and the
+  // first `ties` equal to it.
+  for (int32_t i = 0; i < c; ++i) cs[size_t(i)] = score[size_t(cand[size_t(i)])];
+  std::nth_element(cs.data(), cs.data() + (K - 1), cs.data() + c, std::greater<float>());
+  const float T = cs[size_t(K - 1)];
+  int32_t ties = K, k = 0;
+  for (int32_t i = 0; i < c; ++i) ties -= score[size_t(cand[size_t(i)])] > T;
+  for (int32_t i = 0; i < c; ++i) {
+    const int32_t t = cand[size_t(i)];
+    const float v = score[size_t(t)];
+    if (v > T || (v == T && ties > 0)) {
+      ties -= v == T;
+      out[k++] = t;
+    }
+  }
+  return k;
+}
+
 const KernelTable& kernel_table() {
   static const KernelTable t{
       dot, sum, sum_one_stream, rms_norm_row, layer_norm_row, swiglu, relu, add, max_value, exp_shift_sum,
       f32_to_bf16_row, bf16_to_f32_row, f16_to_f32_row, attention_group, group_logits, group_logit_max,
-      gemv, gemv_rounds_bf16_activations, gather_rows, sum_rows, group_weighted_v, to_f32,
+      gemv, gemv_rounds_bf16_activations, gather_rows, sum_rows, group_weighted_v, to_f32, gumbel_noise,
+      logit_top_k,
   };
   return t;
 }
