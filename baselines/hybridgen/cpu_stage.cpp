@@ -55,7 +55,7 @@ void HybridGen::prepare(int layer, std::span<const TokenRow> rows, const float* 
   bool behind = false;
   for (size_t j : need) {
     const TokenRow r = rows[j];
-    auto res = std::make_shared<CpuResult>();
+    auto res = fresh_result(layer, r.seq);
     pending_[pidx(layer, r.seq)] = res;
     stage.push_back({r, current_k(r), res});
     pos.push_back(r.pos);
@@ -184,7 +184,8 @@ void HybridGen::cpu_select(int layer, const TokenRow& r, const float* q, int32_t
   const float scale = 1.0f / std::sqrt(float(D));
   K = std::min(K, n_off);
   res.k = K;
-  res.sel.assign(size_t(Hkv), {});
+  res.sel.resize(size_t(Hkv));
+  for (auto& v : res.sel) v.clear();  // kept capacity: a result is reused every step
   res.n_tier.assign(size_t(Hkv), {0, 0});
   result_buffers(layer, r.seq, K, res);
   lg_sel.assign(size_t(Hkv) * size_t(G) * size_t(K), 0.0f);
@@ -194,7 +195,8 @@ void HybridGen::cpu_select(int layer, const TokenRow& r, const float* q, int32_t
   // also: score, one per offloaded position; kg, the K selected key rows (kv_dtype).
   thread_local std::vector<float> lg, score;
   thread_local std::vector<char> kg;
-  thread_local std::vector<int32_t> far_rows;
+  thread_local std::vector<int32_t> far_rows, order, sorted;
+  thread_local std::vector<uint8_t> far;
   const DType dt = kv_.dtype();
   const int64_t row = kv_.bytes(D);
   if (lg.size() < size_t(G) * size_t(K)) lg.resize(size_t(G) * size_t(K));
@@ -219,8 +221,7 @@ void HybridGen::cpu_select(int layer, const TokenRow& r, const float* q, int32_t
       if (n_off > n_dram) cb.group_logit_max(qg, G, Kf, n_off - n_dram, D, scale, score.data() + n_dram, dt);
       logit_top_k(cb, score.data(), 1, n_off, n_off, K, sel);
       // The selected keys gathered tier by tier, then their logits; the selection back to positions.
-      const auto on_dram =
-          std::stable_partition(sel.begin(), sel.end(), [&](int32_t i) { return i < n_dram; });
+      const auto on_dram = std::lower_bound(sel.begin(), sel.end(), n_dram);  // sel is in increasing order
       const int32_t sd = int32_t(on_dram - sel.begin());
       far_rows.assign(on_dram, sel.end());
       for (auto& i : far_rows) i -= n_dram;
@@ -264,17 +265,19 @@ void HybridGen::cpu_select(int layer, const TokenRow& r, const float* q, int32_t
                            : lg[size_t(G) * size_t(s) + size_t(h) * size_t(K - s) + (c - size_t(s))];
     };
     // Tier order (dram, then far), each part still sorted.
-    std::vector<size_t> order(sel.size());
-    for (size_t i = 0; i < order.size(); ++i) order[i] = i;
-    std::stable_partition(order.begin(), order.end(),
-                          [&](size_t i) { return vtier(layer, r.seq, sel[i]) == Tier::kDram; });
-    std::vector<int32_t> sorted(sel.size());
+    order.clear();
+    far.resize(sel.size());
+    for (size_t i = 0; i < sel.size(); ++i) far[i] = vtier(layer, r.seq, sel[i]) != Tier::kDram;
+    for (uint8_t part : {0, 1})
+      for (size_t i = 0; i < sel.size(); ++i)
+        if (far[i] == part) order.push_back(int32_t(i));
+    sorted.resize(sel.size());
     for (size_t i = 0; i < order.size(); ++i) {
-      sorted[i] = sel[order[i]];
-      res.n_tier[size_t(g)][vtier(layer, r.seq, sorted[i]) == Tier::kDram ? 0 : 1]++;
-      for (int h = 0; h < G; ++h) lg_sel[(size_t(g) * G + size_t(h)) * size_t(K) + i] = logit(h, order[i]);
+      sorted[i] = sel[size_t(order[i])];
+      res.n_tier[size_t(g)][far[size_t(order[i])]]++;
+      for (int h = 0; h < G; ++h) lg_sel[(size_t(g) * G + size_t(h)) * size_t(K) + i] = logit(h, size_t(order[i]));
     }
-    sel = std::move(sorted);
+    sel.assign(sorted.begin(), sorted.end());
   }
 }
 

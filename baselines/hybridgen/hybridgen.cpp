@@ -55,6 +55,7 @@ void HybridGen::begin(const KvShape& shape, std::span<const int32_t> capacity,
       dram_kv_bytes_ > 0 ? dram_kv_bytes_ : rt_.memory().ledger().available(Tier::kDram);
   offloaded_kv_.reset(shape, off, page_, *placement_, dram_avail, rt_.memory(), kv_.dtype());
   pending_.assign(size_t(shape.n_layers) * size_t(B_), nullptr);
+  results_.assign(pending_.size(), nullptr);
   deferred_.assign(size_t(shape.n_layers), nullptr);
   pool_.clear();
   pool_.resize(2 * size_t(B_));
@@ -208,7 +209,7 @@ void HybridGen::attend_decode(int layer, const std::vector<TokenRow>& rows, cons
     if (offloaded_[pidx(layer, r.seq)] == 0) continue;
     res[j] = std::exchange(pending_[pidx(layer, r.seq)], nullptr);
     if (res[j]) continue;
-    res[j] = std::make_shared<CpuResult>();
+    res[j] = fresh_result(layer, r.seq);
     now.push_back({r, current_k(r), res[j]});
     now_idx.push_back(idx[j]);
   }

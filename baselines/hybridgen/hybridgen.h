@@ -211,6 +211,17 @@ class HybridGen final : public KvStrategy {
   KvStore ring_;
   PagedKvStore offloaded_kv_;
   std::vector<std::shared_ptr<CpuResult>> pending_;
+  // Per (layer, seq): the result its CPU stage fills each step, reused (its vectors keep their
+  // capacity). Its last reader, the layer's attention of the step before, finished before the next
+  // stage for it is submitted.
+  std::vector<std::shared_ptr<CpuResult>> results_;
+  std::shared_ptr<CpuResult> fresh_result(int layer, int seq) {
+    auto& r = results_[pidx(layer, seq)];
+    if (!r) r = std::make_shared<CpuResult>();
+    r->done = Event{};
+    r->arrived.clear();
+    return r;
+  }
   std::vector<std::function<void()>> deferred_;  // per layer: a speculative stage held back by prepare()
   struct ResultPool {
     Allocation logits, v;
