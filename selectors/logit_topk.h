@@ -6,8 +6,8 @@
 // position whose G logits are all NaN scores -inf); K ≥ n gives every position, K ≤ 0 none. The
 // selection is a policy op (PolicyOps::logit_top_k): the reference is std::nth_element over
 // (−score, position) and a sort; the CPU kernel takes the K-th score from the candidates that pass a
-// lower bound from a strided sample of 1024 scores (about 2K pass; a sample that lets fewer than K
-// pass costs a second pass with every position a candidate), with no sort.
+// lower bound from a strided sample of up to 1024 scores (about 2K pass; a sample that lets fewer
+// than K pass costs a second pass with every position a candidate), with no sort.
 #pragma once
 #include <algorithm>
 #include <cstdint>

@@ -546,7 +546,10 @@ void BM_LogitTopK(benchmark::State& st) {
       double(n), benchmark::Counter::kIsIterationInvariantRate | benchmark::Counter::kInvert);
   st.SetLabel(st.range(2) == 0 ? "nth_element reference" : "logit_top_k");
 }
-BENCHMARK(BM_LogitTopK)->ArgNames({"n", "K", "method"})->ArgsProduct({{16384, 65536}, {128, 2048}, {0, 1}});
+BENCHMARK(BM_LogitTopK)
+    ->ArgNames({"n", "K", "method"})
+    ->ArgsProduct({{16384, 65536}, {128, 2048}, {0, 1}})
+    ->ArgsProduct({{1024}, {200}, {0, 1}});  // InfiniGen on an RTE context of stories260K
 
 // Keyformer's score policy (one query row of one head over n cached keys: noise, softmax,
 // accumulation) against the unit its modeled cost is counted in, the host backend's exp_shift_sum

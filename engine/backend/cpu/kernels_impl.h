@@ -1296,17 +1296,18 @@ int32_t logit_top_k(const float* logits, int G, int64_t ld, int32_t n, int32_t K
   thread_local std::vector<int32_t> cand;
   if (score.size() < size_t(n)) score.resize(size_t(n)), cand.resize(size_t(n)), cs.resize(size_t(n));
   top_k_scores(logits, G, ld, n, score.data());
-  // A lower bound for the K-th score from an evenly strided sample, chosen so that about 2K scores
-  // pass it: the sample's r-th largest. Only the positions that pass are candidates; the K-th score
-  // among them is the K-th overall whenever at least K pass, which holds but for a sample far from
-  // the whole (then every position is a candidate).
-  constexpr int32_t kSample = 1024;
+  // A lower bound for the K-th score from an evenly strided sample (every fourth score or sparser,
+  // at most 1024), chosen so that about 2K scores pass it: the sample's r-th largest. Only the
+  // positions that pass are candidates; the K-th score among them is the K-th overall whenever at
+  // least K pass, which holds but for a sample far from the whole (then every position is a
+  // candidate).
+  const int32_t sample = std::min<int32_t>(1024, n / 4);
   float lb = -INFINITY;
-  if (int64_t(K) * 4 < n && n > 4 * kSample) {
-    const int64_t r = (int64_t(2) * K * kSample + n - 1) / n + 2;  // about 2K scores pass
+  if (int64_t(K) * 4 < n && sample >= 64) {
+    const int64_t r = (int64_t(2) * K * sample + n - 1) / n + 2;  // about 2K scores pass
     float* smp = cs.data();
-    for (int32_t i = 0; i < kSample; ++i) smp[i] = score[size_t(int64_t(i) * n / kSample)];
-    std::nth_element(smp, smp + (r - 1), smp + kSample, std::greater<float>());
+    for (int32_t i = 0; i < sample; ++i) smp[i] = score[size_t(int64_t(i) * n / sample)];
+    std::nth_element(smp, smp + (r - 1), smp + sample, std::greater<float>());
     lb = smp[r - 1];
   }
   int32_t c = 0;
