@@ -157,33 +157,37 @@ ItemScore Scorer::score(const Request& r, ChoiceLogprobs* logprobs) {
 
 void Scorer::score_all(std::span<const Request> reqs, bool logprobs, const ItemDone& done) {
   // Items of similar length share a batch (a stream-mode batch runs as long as its longest item).
-  std::vector<size_t> order(reqs.size());
-  std::vector<size_t> len(reqs.size());
+  std::vector<EncodedRequest> enc(reqs.size());
+  std::vector<size_t> order(reqs.size()), len(reqs.size());
   for (size_t i = 0; i < reqs.size(); ++i) {
+    enc[i] = encode_request(*model_.tokenizer, reqs[i], add_bos_, model_.hp.max_pos);
     order[i] = i;
-    len[i] = reqs[i].context.size();
     size_t longest = 0;
-    for (auto& c : reqs[i].continuations) longest = std::max(longest, c.size());
-    len[i] += longest;
+    for (auto& c : enc[i].continuations) longest = std::max(longest, c.size());
+    len[i] = enc[i].context.size() + longest;
   }
   std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) { return len[a] < len[b]; });
-  if (kv_.needs_prompt_attention() && !calibrated_ && !reqs.empty()) calibrate(reqs);
+  if (kv_.needs_prompt_attention() && !calibrated_ && !reqs.empty()) calibrate(enc);
+  // An item's sequences and the KV positions they hold (each choice: the context and its tokens).
+  auto seqs_of = [&](size_t i) { return std::max<size_t>(1, enc[i].continuations.size()); };
+  auto tokens_of = [&](size_t i) { return seqs_of(i) * len[i]; };
   for (size_t i0 = 0; i0 < order.size();) {
-    size_t i1 = i0 + 1, seqs = std::max<size_t>(1, reqs[order[i0]].continuations.size());
-    while (i1 < order.size() && seqs + std::max<size_t>(1, reqs[order[i1]].continuations.size()) <= size_t(batch_seqs_))
-      seqs += std::max<size_t>(1, reqs[order[i1++]].continuations.size());
-    score_batch(reqs, std::span<const size_t>(order).subspan(i0, i1 - i0), logprobs, done);
+    size_t i1 = i0 + 1, seqs = seqs_of(order[i0]), tokens = tokens_of(order[i0]);
+    while (i1 < order.size() && seqs + seqs_of(order[i1]) <= size_t(batch_seqs_) &&
+           tokens + tokens_of(order[i1]) <= size_t(kBatchTokens)) {
+      seqs += seqs_of(order[i1]);
+      tokens += tokens_of(order[i1++]);
+    }
+    score_batch(reqs, enc, std::span<const size_t>(order).subspan(i0, i1 - i0), logprobs, done);
     if (on_batch_) on_batch_(int(i1 - i0));
     i0 = i1;
   }
 }
 
-void Scorer::calibrate(std::span<const Request> reqs) {
+void Scorer::calibrate(std::span<const EncodedRequest> enc) {
   std::vector<int32_t> longest;
-  for (const Request& r : reqs) {
-    std::vector<int32_t> c = encode_request(*model_.tokenizer, r, add_bos_, model_.hp.max_pos).context;
-    if (c.size() > longest.size()) longest = std::move(c);
-  }
+  for (const EncodedRequest& e : enc)
+    if (e.context.size() > longest.size()) longest = e.context;
   const int32_t n = int32_t(longest.size());
   std::vector<TokenRow> rows;
   for (int32_t p = 0; p < n; ++p) rows.push_back({0, p});
@@ -194,7 +198,8 @@ void Scorer::calibrate(std::span<const Request> reqs) {
   calibrated_ = true;
 }
 
-void Scorer::score_batch(std::span<const Request> reqs, std::span<const size_t> which, bool logprobs,
+void Scorer::score_batch(std::span<const Request> reqs, std::span<const EncodedRequest> enc,
+                         std::span<const size_t> which, bool logprobs,
                          const ItemDone& done) {
   const int64_t V = model_.hp.n_vocab;
   // Per item: its encoding, its first sequence (the context runs there; choice c is sequence base + c),
@@ -210,7 +215,7 @@ void Scorer::score_batch(std::span<const Request> reqs, std::span<const size_t> 
   for (size_t j = 0; j < which.size(); ++j) {
     const Request& r = reqs[which[j]];
     Item& it = items[j];
-    it.e = encode_request(*model_.tokenizer, r, add_bos_, model_.hp.max_pos);
+    it.e = enc[which[j]];
     it.C = std::max(1, int(it.e.continuations.size()));
     it.e.continuations.resize(size_t(it.C));
     it.n_ctx = int32_t(it.e.context.size());

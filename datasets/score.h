@@ -59,15 +59,17 @@ using ChoiceLogprobs = std::vector<std::vector<std::vector<float>>>;
 
 // Scores requests with one strategy. An item's context runs once, on the first of its choices'
 // sequences; after its last token the strategy forks that sequence into the others, and each
-// choice continues from its fork. Items run in batches of up to batch_seqs sequences per forward,
-// items of similar length together (a strategy's per-sequence state does not depend on its batch;
+// choice continues from its fork. Items run in batches of up to batch_seqs sequences per forward
+// and kBatchTokens positions of KV cache in all (the bound a batch of 64 sequences at lm-eval's
+// 2048-token max_length had), items of similar length together (a strategy's per-sequence state does not depend on its batch;
 // HybridGen's adaptive K is the batch's, as the scheduler sets one K per step). A strategy that
 // calibrates on its first prompt (needs_prompt_attention(): InfiniGen's skew) is first shown the
 // longest context as an exact prefill, in either mode, as its authors calibrate once offline. A
 // runtime with an accelerator runs each forward on its queue.
 class Scorer {
  public:
-  static constexpr int kDefaultBatchSeqs = 64;
+  static constexpr int kDefaultBatchSeqs = 128;
+  static constexpr int64_t kBatchTokens = 64 * 2048;
   Scorer(const Model& model, Backend& backend, KvStrategy& kv, Runtime* rt, ContextMode mode, bool add_bos,
          int batch_seqs = kDefaultBatchSeqs);
   // One item; logprobs, when given, receives its distributions.
@@ -82,8 +84,9 @@ class Scorer {
 
  private:
   void forward(std::span<const int32_t> t, std::span<const TokenRow> rows, std::span<const int32_t> want, float* lg);
-  void score_batch(std::span<const Request> reqs, std::span<const size_t> which, bool logprobs, const ItemDone& done);
-  void calibrate(std::span<const Request> reqs);
+  void score_batch(std::span<const Request> reqs, std::span<const EncodedRequest> enc, std::span<const size_t> which,
+                   bool logprobs, const ItemDone& done);
+  void calibrate(std::span<const EncodedRequest> enc);
   const Model& model_;
   Backend& be_;
   KvStrategy& kv_;
