@@ -453,19 +453,39 @@ void EvictingStrategy::lowest_non_recent(int layer, int seq, int g, int32_t rece
                                          std::vector<int32_t>& slots) {
   const int32_t n = store_.count(layer, seq, g);
   const int32_t* pos = store_.positions(layer, seq, g);
-  std::vector<int32_t> p(pos, pos + n);
-  std::nth_element(p.begin(), p.begin() + std::max(0, n - recent), p.end());
-  const int32_t cut = recent >= n ? INT32_MIN : p[size_t(n - recent)];  // positions >= cut are recent
+  // Positions ≥ cut are the `recent` newest. Usually they are the last `recent` positions of the
+  // sequence (a window that slides by at most a token per step never drops its own tokens): one
+  // pass confirms it; otherwise the cut is selected.
+  int32_t cut = INT32_MIN;
+  if (recent > 0 && recent < n) {
+    const int32_t newest = *std::max_element(pos, pos + n);
+    cut = newest - recent + 1;
+    if (int32_t(std::count_if(pos, pos + n, [&](int32_t p) { return p >= cut; })) != recent) {
+      recent_scratch_.assign(pos, pos + n);
+      std::nth_element(recent_scratch_.begin(), recent_scratch_.begin() + (n - recent), recent_scratch_.end());
+      cut = recent_scratch_[size_t(n - recent)];
+    }
+  }
   const auto& sc = scores(layer, seq, g);
-  slots.clear();
-  for (int32_t s = 0; s < n; ++s)
-    if (recent <= 0 || pos[s] < cut) slots.push_back(s);
-  if (int32_t(slots.size()) < count)
-    throw std::logic_error("eviction: fewer tokens outside the recent window than must be evicted");
   // Lowest score; ties go to the oldest token.
   const auto before = [&](int32_t a, int32_t b) {
     return sc[size_t(a)] < sc[size_t(b)] || (sc[size_t(a)] == sc[size_t(b)] && pos[a] < pos[b]);
   };
+  const bool all_recent = recent > 0 && recent >= n;
+  slots.clear();
+  if (count == 1 && !all_recent) {  // the steady state: one token per step, one pass
+    int32_t best = -1;
+    for (int32_t s = 0; s < n; ++s)
+      if ((recent <= 0 || pos[s] < cut) && (best < 0 || before(s, best))) best = s;
+    if (best >= 0) {
+      slots.push_back(best);
+      return;
+    }
+  }
+  for (int32_t s = 0; s < n; ++s)
+    if (recent <= 0 || (!all_recent && pos[s] < cut)) slots.push_back(s);
+  if (int32_t(slots.size()) < count)
+    throw std::logic_error("eviction: fewer tokens outside the recent window than must be evicted");
   first_in_order(slots, count, before);
 }
 

@@ -11,6 +11,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <memory>
+#include <numeric>
 #include <random>
 #include <span>
 #include <type_traits>
@@ -524,6 +525,88 @@ BENCHMARK(BM_GatherRows)
     ->ArgNames({"K", "prefetch", "sorted", "hugepages"})
     ->Args({16384, 0, 1, 1})->Args({16384, 1, 1, 1})->Args({16384, 1, 0, 1})->Args({16384, 1, 1, 0})
     ->UseManualTime();
+
+// HybridGen's CPU stage as measured runs take it, stage by stage, for one decode row of the
+// Llama-3.1-8B shape (H = 32, H_kv = 8, D = 128) with F16 KV (the paper's), N = 16K offloaded
+// tokens and K = 2048 selected per KV head, on the CPU worker's threads:
+//   stage 0: the speculative query, W_q (4096 × 4096, F16 weights) times the layer input;
+//   stage 1: the `post` scores, group_logit_max of each KV head's G query heads over its N keys
+//            (F16 rows streamed from memory);
+//   stage 2: the selection, the logit top-K of each head's N scores (in cache: the scores were
+//            just written);
+//   stage 3: the selected V rows gathered, sorted positions, F16 rows of 256 B (from memory).
+// x_bw: the stage's bytes (weights, keys, scores, V rows) over the paired sequential read.
+void BM_HybridGenCpuStage(benchmark::State& st) {
+  const int stage = int(st.range(0)), threads = int(st.range(1));
+  set_num_threads(threads);
+  const int64_t N = 16384, d_model = 4096;
+  const int Hkv = 8, G = 4, D = 128;
+  const int32_t K = 2048;
+  auto be = make_cpu_backend();
+  std::vector<float> x(static_cast<size_t>(d_model)), q(static_cast<size_t>(Hkv * G * D)), y(static_cast<size_t>(d_model));
+  fill(x.data(), x.size(), 6);
+  fill(q.data(), q.size(), 8);
+  // `copies` cold copies of `floats` values stored as F16.
+  auto f16_copies = [](size_t floats, uint64_t seed) {
+    std::vector<float> tmp(floats);
+    fill(tmp.data(), floats, seed);
+    std::vector<AlignedBuffer> out;
+    for (int c = cold_copies(double(floats) * 2); c > 0; --c) {
+      out.emplace_back(floats * 2);
+      from_f32(DType::kF16, tmp.data(), out.back().data(), floats);
+    }
+    return out;
+  };
+  size_t it = 0;
+  static const char* kNames[] = {"speculative query", "scores", "selection", "V gather"};
+  st.SetLabel(kNames[stage]);
+  if (stage == 0) {
+    std::vector<float> tmp(size_t(d_model * d_model));
+    fill(tmp.data(), tmp.size(), 5);
+    std::vector<Weight> ws;
+    for (int c = cold_copies(double(tmp.size()) * 2); c > 0; --c)
+      ws.push_back(convert_weight(DType::kF32, tmp.data(), DType::kF16, {d_model, d_model}));
+    run_paired(st, double(d_model * d_model) * 2, threads,
+               [&] { be->matmul(x.data(), 1, ws[it++ % ws.size()], nullptr, y.data()); });
+    return;
+  }
+  std::vector<float> scores(size_t(Hkv * N));
+  fill(scores.data(), scores.size(), 3);
+  if (stage == 2) {
+    std::vector<int32_t> sel;
+    run_paired(st, double(Hkv * N) * 4, threads, [&] {
+      for (int g = 0; g < Hkv; ++g) logit_top_k(*be, scores.data() + g * N, 1, N, int32_t(N), K, sel);
+    });
+    return;
+  }
+  const std::vector<AlignedBuffer> rows = f16_copies(size_t(Hkv * N * D), 7);
+  if (stage == 1) {
+    run_paired(st, double(Hkv * N * D) * 2, threads, [&] {
+      const char* Kc = static_cast<const char*>(rows[it++ % rows.size()].data());
+      for (int g = 0; g < Hkv; ++g)
+        be->group_logit_max(q.data() + g * G * D, G, Kc + int64_t(g) * N * D * 2, N, D, 0.088f,
+                            scores.data() + g * N, DType::kF16);
+    });
+    return;
+  }
+  // stage 3: each head's K positions, sorted, as the selection leaves them.
+  std::mt19937_64 gen(2);
+  std::vector<std::vector<int32_t>> sel(static_cast<size_t>(Hkv));
+  for (auto& s : sel) {
+    std::vector<int32_t> all(static_cast<size_t>(N));
+    std::iota(all.begin(), all.end(), 0);
+    std::shuffle(all.begin(), all.end(), gen);
+    s.assign(all.begin(), all.begin() + K);
+    std::sort(s.begin(), s.end());
+  }
+  std::vector<uint16_t> out(size_t(Hkv) * K * D);
+  run_paired(st, double(Hkv) * K * D * 2, threads, [&] {
+    const char* V = static_cast<const char*>(rows[it++ % rows.size()].data());
+    for (int g = 0; g < Hkv; ++g)
+      be->gather_rows(out.data() + int64_t(g) * K * D, V + int64_t(g) * N * D * 2, D * 2, D * 2, sel[size_t(g)].data(), K);
+  });
+}
+BENCHMARK(BM_HybridGenCpuStage)->ArgNames({"stage", "threads"})->ArgsProduct({{0, 1, 2, 3}, {1, 2}})->UseManualTime();
 
 // HybridGen's post-mode selection (and InfiniGen's): the K positions with the highest max logit
 // over G = 4 query heads, out of n, on one thread, after the logits were computed (so they are in
