@@ -220,8 +220,6 @@ TEST(TransferAccounting, EvictionStrategiesSendTheirRetainedKvEveryStep) {
 }
 
 
-// The contract covers every registered strategy: each has a case above (exact against the oracle,
-// or holding its budget), so a new strategy without one fails here.
 // Forking: a sequence forked from another after a shared context continues exactly as one that
 // ran the same context itself. Two sequences share a context and then take different
 // continuations; once with the context run on both ("recomputed"), once on the first only and
@@ -287,7 +285,6 @@ TEST_P(ForkedStrategies, ContinueAsARecomputedSequence) {
   }
 }
 
-
 INSTANTIATE_TEST_SUITE_P(Strategies, ForkedStrategies, ::testing::ValuesIn(small_budget_cases()),
                          [](const auto& i) { return i.param.strategy; });
 
@@ -301,6 +298,8 @@ TEST(Strategies, EveryRegisteredStrategyForks) {
   }
 }
 
+// The contract covers every registered strategy: each has a case above (exact against the oracle,
+// or holding its budget), so a new strategy without one fails here.
 TEST(Strategies, EveryRegisteredStrategyHasContractCases) {
   std::set<std::string> covered;
   for (auto& c : kExactCases) covered.insert(c.strategy);
