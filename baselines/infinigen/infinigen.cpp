@@ -194,14 +194,27 @@ class InfiniGen final : public KvStrategy {
 
   void prepare(int layer, std::span<const TokenRow> rows, const float* x) override {
     if (layer < full_layers_ || !ready(layer)) return;
-    // Each row's selection, then one gather for all of them (one transfer per layer, not per row).
-    std::vector<Gather> gathers;
-    for (size_t i = 0; i < rows.size(); ++i) {
-      const TokenRow r = rows[i];
-      if (r.pos < prompt_[size_t(r.seq)]) continue;
-      gathers.push_back(speculate(layer, r, x + int64_t(i) * model_->hp.d_model));
+    // The decode rows' speculative queries in one projection (W_q read once per layer, as the
+    // authors' code projects the batch), each row's selection, then one gather for all of them
+    // (one transfer per layer, not per row).
+    std::vector<size_t> need;
+    for (size_t i = 0; i < rows.size(); ++i)
+      if (rows[i].pos >= prompt_[size_t(rows[i].seq)]) need.push_back(i);
+    if (need.empty()) return;
+    const int64_t d = model_->hp.d_model, M = int64_t(need.size()), hd = int64_t(shape_.H) * shape_.D;
+    const float* xs = x;
+    if (need.size() != rows.size()) {  // prefill rows in the forward too: the decode rows' inputs gathered
+      if (spec_x_.size() < size_t(M * d)) spec_x_ = BackendArray<float>(be_, size_t(M * d));
+      for (int64_t j = 0; j < M; ++j) be_.copy(spec_x_.data() + j * d, x + int64_t(need[size_t(j)]) * d, size_t(d) * 4);
+      xs = spec_x_.data();
     }
-    if (gathers.empty()) return;
+    if (spec_h_.size() < size_t(M * d)) spec_h_ = BackendArray<float>(be_, size_t(M * d));
+    if (spec_q_.size() < size_t(M * hd)) spec_q_ = BackendArray<float>(be_, size_t(M * hd));
+    std::vector<int32_t> pos;
+    for (size_t i : need) pos.push_back(rows[i].pos);
+    speculative_query(be_, *model_, layer - 1, layer, xs, M, pos.data(), shape_.rope, spec_h_.data(), spec_q_.data());
+    std::vector<Gather> gathers;
+    for (int64_t j = 0; j < M; ++j) gathers.push_back(speculate(layer, rows[need[size_t(j)]], spec_q_.data() + j * hd));
     const int Hkv = shape_.H_kv, D = shape_.D;
     int64_t bytes = 0, n_rows = 0;
     for (const Gather& g : gathers) {
@@ -488,23 +501,18 @@ class InfiniGen final : public KvStrategy {
     std::shared_ptr<Fetch> f;
     std::vector<std::vector<int32_t>> sel;
   };
-  // The speculation for one row: its fetch count and selection (prepare() gathers them all at once).
-  Gather speculate(int layer, const TokenRow& r, const float* x) {
-    const Model& m = *model_;
+  // The speculation for one row from its speculative query q [H, D] (in the accelerator's memory:
+  // layer i's attention input through its norm, layer i+1's W_q (+ bias) and RoPE at the row's
+  // position, projected by prepare() for the batch): the skew per KV head, the partial logits over
+  // the tokens stored so far (the current one joins at attention), its fetch count and selection.
+  Gather speculate(int layer, const TokenRow& r, const float* q) {
     const int Hkv = shape_.H_kv, D = shape_.D, H = shape_.H, G = H / Hkv;
-    const int64_t d = m.hp.d_model;
-    // On the accelerator: layer i's attention input (its norm), layer i+1's W_q (+ bias) and RoPE
-    // at the current position, the skew per KV head, then the partial logits over the tokens stored
-    // so far (the current one joins at attention).
     const int32_t n = r.pos;
-    if (spec_h_.size() < size_t(d)) spec_h_ = BackendArray<float>(be_, size_t(d));
-    if (spec_q_.size() < size_t(H) * size_t(D)) spec_q_ = BackendArray<float>(be_, size_t(H) * size_t(D));
     if (spec_qp_.size() < size_t(H) * size_t(dp_))
       spec_qp_ = BackendArray<float>(be_, size_t(H) * size_t(dp_));
     if (spec_logits_.size() < size_t(H) * size_t(n))
       spec_logits_ = BackendArray<float>(be_, size_t(H) * size_t(n) * 2);
-    float *h = spec_h_.data(), *q = spec_q_.data(), *qp = spec_qp_.data(), *dl = spec_logits_.data();
-    speculative_query(be_, m, layer - 1, layer, x, 1, &r.pos, shape_.rope, h, q);
+    float *qp = spec_qp_.data(), *dl = spec_logits_.data();
     for (int g = 0; g < Hkv; ++g) {
       // The group's G query heads [G, D] skewed and sliced to [G, dp]. Scaled by 1/√D as attention
       // scales them: alpha is compared against scaled logits, as in the authors' code
@@ -572,7 +580,7 @@ class InfiniGen final : public KvStrategy {
   std::vector<std::shared_ptr<Fetch>> fetch_;
   std::vector<float> logits_;                                    // speculate()'s partial logits on the host
   std::vector<float> host_k_, host_v_, host_q_;                  // rows read back from the accelerator
-  BackendArray<float> spec_h_, spec_q_, spec_qp_, spec_logits_;  // speculate()'s accelerator scratch
+  BackendArray<float> spec_x_, spec_h_, spec_q_, spec_qp_, spec_logits_;  // prepare()'s and speculate()'s accelerator scratch
   // Kept accelerator buffers: full loads per sequence, fetches per layer parity and sequence, and
   // the fetched rows plus the current token that a row attends over.
   std::vector<Buffers> full_pool_, fetch_pool_;
