@@ -110,3 +110,31 @@ TEST(DeviceContract, HybridGenGathersSelectedVFromHostMemory) {
 
 }  // namespace
 }  // namespace hg
+
+namespace hg {
+namespace {
+
+// InfiniGen projects the speculative queries of a step's decode rows in one matmul per layer (W_q
+// read once, as its authors' code projects the batch), not one per row: four sequences decoding
+// together make as many projections, counted by their norms, as one sequence alone.
+TEST(DeviceContract, InfiniGenProjectsTheBatchsSpeculativeQueriesOnce) {
+  Model m = load_model("synthetic:tiny-llama");
+  std::map<std::string, int64_t> calls[2];
+  for (int b = 0; b < 2; ++b) {
+    RuntimeConfig rc;
+    rc.device = "emulated";
+    rc.device_backend = [] { return std::make_unique<test::ContractBackend>(); };
+    Runtime rt(rc);
+    auto kv = make_strategy("infinigen", StrategyContext{rt.accel_backend(), &rt, &m}, {{"full_layers", "1"}});
+    GenerateOptions o = greedy(6);
+    o.runtime = &rt;
+    const std::vector<int32_t> prompt = {1, 20, 30, 40, 50, 60, 70, 11, 12};
+    generate(m, rt.accel_backend(), *kv, std::vector<std::vector<int32_t>>(b == 0 ? 1 : 4, prompt), o);
+    calls[b] = static_cast<test::ContractBackend&>(rt.accel_backend()).calls();
+  }
+  ASSERT_GT(calls[0]["rms_norm"], 0);
+  EXPECT_EQ(calls[1]["rms_norm"], calls[0]["rms_norm"]);  // per row, batch 4 would add 3 per layer and step
+}
+
+}  // namespace
+}  // namespace hg
