@@ -467,23 +467,23 @@ void EvictingStrategy::lowest_non_recent(int layer, int seq, int g, int32_t rece
     }
   }
   const auto& sc = scores(layer, seq, g);
-  // Lowest score; ties go to the oldest token.
+  // Lowest score; ties go to the oldest token. With recent ≥ n the cut stays INT32_MIN: none is outside.
   const auto before = [&](int32_t a, int32_t b) {
     return sc[size_t(a)] < sc[size_t(b)] || (sc[size_t(a)] == sc[size_t(b)] && pos[a] < pos[b]);
   };
-  const bool all_recent = recent > 0 && recent >= n;
+  const auto outside = [&](int32_t s) { return recent <= 0 || pos[s] < cut; };
   slots.clear();
-  if (count == 1 && !all_recent) {  // the steady state: one token per step, one pass
+  if (count == 1) {  // the steady state: one token per step, one pass
     int32_t best = -1;
     for (int32_t s = 0; s < n; ++s)
-      if ((recent <= 0 || pos[s] < cut) && (best < 0 || before(s, best))) best = s;
+      if (outside(s) && (best < 0 || before(s, best))) best = s;
     if (best >= 0) {
       slots.push_back(best);
       return;
     }
   }
   for (int32_t s = 0; s < n; ++s)
-    if (recent <= 0 || (!all_recent && pos[s] < cut)) slots.push_back(s);
+    if (outside(s)) slots.push_back(s);
   if (int32_t(slots.size()) < count)
     throw std::logic_error("eviction: fewer tokens outside the recent window than must be evicted");
   first_in_order(slots, count, before);

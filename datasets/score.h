@@ -61,8 +61,9 @@ using ChoiceLogprobs = std::vector<std::vector<std::vector<float>>>;
 // sequences; after its last token the strategy forks that sequence into the others, and each
 // choice continues from its fork. Items run in batches of up to batch_seqs sequences per forward
 // and kBatchTokens positions of KV cache in all (the bound a batch of 64 sequences at lm-eval's
-// 2048-token max_length had), items of similar length together (a strategy's per-sequence state does not depend on its batch;
-// HybridGen's adaptive K is the batch's, as the scheduler sets one K per step). A strategy that
+// 2048-token max_length had), items of similar length together (a strategy's per-sequence state
+// does not depend on its batch; HybridGen's adaptive K is the batch's, as the scheduler sets one K
+// per step). A strategy that
 // calibrates on its first prompt (needs_prompt_attention(): InfiniGen's skew) is first shown the
 // longest context as an exact prefill, in either mode, as its authors calibrate once offline. A
 // runtime with an accelerator runs each forward on its queue.

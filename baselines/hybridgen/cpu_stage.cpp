@@ -105,11 +105,7 @@ void HybridGen::submit_deferred(int layer) {
 void HybridGen::submit_cpu_stage(int layer, const std::string& what, std::vector<StageRow> rows, bool pre,
                                  int64_t project, Event sent, std::function<Queries()> query) {
   StageWork work;
-  for (size_t j = 0; j < rows.size(); ++j) {
-    const StageWork w = cpu_stage_work(layer, rows[j].r, rows[j].K, pre, j == 0 ? project : 0);
-    work.flops += w.flops;
-    for (size_t t = 0; t < w.bytes.size(); ++t) work.bytes[t] += w.bytes[t], work.rows[t] += w.rows[t];
-  }
+  for (size_t j = 0; j < rows.size(); ++j) work += cpu_stage_work(layer, rows[j].r, rows[j].K, pre, j == 0 ? project : 0);
   auto shared = std::make_shared<std::vector<StageRow>>(std::move(rows));
   const Event done = rt_.cpu().submit(what, work, {sent}, [this, layer, shared, pre, work, query] {
     const auto t0 = Clock::now();

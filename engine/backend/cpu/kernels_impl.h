@@ -537,7 +537,7 @@ inline void logits16_d8(const float* q, const T* K, int kk, float scale, float* 
     col[4 + e] = _mm512_shuffle_f32x4(t[e], t[4 + e], 0xDD);
   }
   const __m512i natural = _mm512_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7, 8, 12, 9, 13, 10, 14, 11, 15);
-  const __mmask16 valid = kk >= 16 ? __mmask16(0xffff) : tail_mask(kk);
+  const __mmask16 valid = tail_mask(kk);  // kk ≤ 16
   for (int h = 0; h < G; ++h) {
     const float* qh = q + 8 * h;
     __m512 a = _mm512_mul_ps(_mm512_set1_ps(qh[0]), col[0]);
@@ -559,7 +559,7 @@ inline void weighted_v_d8(const float* p, int64_t ld, const T* V, int cn, float*
                                _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1));
   for (int c0 = 0; c0 < cn; c0 += 16) {
     const int kk = std::min(16, cn - c0);
-    const __mmask16 valid = kk >= 16 ? __mmask16(0xffff) : tail_mask(kk);
+    const __mmask16 valid = tail_mask(kk);  // kk ≤ 16
     __m512 P[G];
     for (int h = 0; h < G; ++h) P[h] = _mm512_maskz_loadu_ps(valid, p + h * ld + c0);
     for (int j = 0; 2 * j < kk; ++j) {
