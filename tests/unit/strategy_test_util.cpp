@@ -238,17 +238,35 @@ void brute_force_check(const std::string& name, const std::map<std::string, std:
   }
 }
 
-const std::vector<StrategyCase>& small_budget_cases() {
-  static const std::vector<StrategyCase> cases = {
-      {"full", {}},
-      {"flexgen", {}},
-      {"moe_lightning", {}},
-      {"h2o", {{"heavy_tokens", "3"}, {"recent_tokens", "2"}}},
-      {"keyformer", {{"kv_tokens", "5"}}},
-      {"streamingllm", {{"sinks", "1"}, {"window", "4"}}},
-      {"infinigen", {}},
-      {"hybridgen", {{"gpu_kv_tokens", "4"}, {"k", "fixed"}, {"k_fixed", "3"}, {"mode", "post"}, {"page_tokens", "4"}}}};
-  return cases;
+namespace {
+// Keyed by strategy name: a function-local static, filled by the test files' initializers.
+std::map<std::string, StrategyCases>& case_registry() {
+  static std::map<std::string, StrategyCases> r;
+  return r;
+}
+}  // namespace
+
+bool register_strategy_cases(StrategyCases c) {
+  const std::string name = c.strategy;
+  return case_registry().emplace(name, std::move(c)).second;
+}
+
+std::vector<ExactCase> exact_cases() {
+  std::vector<ExactCase> out;
+  for (const auto& [name, c] : case_registry()) out.insert(out.end(), c.exact.begin(), c.exact.end());
+  return out;
+}
+
+std::vector<BudgetCase> budget_cases() {
+  std::vector<BudgetCase> out;
+  for (const auto& [name, c] : case_registry()) out.insert(out.end(), c.budget.begin(), c.budget.end());
+  return out;
+}
+
+std::vector<StrategyCase> small_budget_cases() {
+  std::vector<StrategyCase> out;
+  for (const auto& [name, c] : case_registry()) out.push_back({name, c.small_budget});
+  return out;
 }
 
 }  // namespace hg::test

@@ -44,14 +44,40 @@ std::set<int32_t> held(const SlotStore& st, int l, int g);
 // Drives a 1-layer eviction strategy with seeded q/k/v rows and checks every eviction against a
 // brute-force re-implementation (double precision, explicit sets).
 void brute_force_check(const std::string& name, const std::map<std::string, std::string>& params);
-// Every registered strategy (but `null`) with budgets small enough that eviction, offloading and
-// selection act within a few dozen tokens, HybridGen at a fixed K (its adaptive K follows measured
-// times): the cases of the fork and batched-scoring tests.
+// The cases a strategy's own test file registers for the suites every strategy passes
+// (test_strategy_contract.cpp, test_accuracy.cpp); a registered strategy (but `null`) without
+// them fails Strategies.EveryRegisteredStrategy*. A new strategy adds its cases where its tests are:
+//   const bool kRegistered = register_strategy_cases({"name", {small-budget params}, {exact}, {budget}});
+// Exact: its logits match the ref oracle's at every decode step (settings under which nothing is
+// evicted, or everything selected).
+struct ExactCase {
+  std::string model;  // synthetic spec or a ../shared path
+  std::string strategy;
+  std::map<std::string, std::string> params;
+};
+// Budgeted: it holds exactly budget(n) tokens per KV head once the context holds n tokens.
+struct BudgetCase {
+  std::string strategy;
+  std::map<std::string, std::string> params;
+  std::function<int32_t(int32_t)> budget;
+};
+// Small budgets, so that eviction, offloading and selection act within a few dozen tokens (HybridGen
+// at a fixed K: its adaptive K follows measured times): the fork and batched-scoring suites.
 struct StrategyCase {
   std::string strategy;
   std::map<std::string, std::string> params;
 };
-const std::vector<StrategyCase>& small_budget_cases();
+struct StrategyCases {
+  std::string strategy;
+  std::map<std::string, std::string> small_budget;
+  std::vector<ExactCase> exact;
+  std::vector<BudgetCase> budget;
+};
+// Called from a namespace-scope initializer; returns true. Each list is in strategy-name order.
+bool register_strategy_cases(StrategyCases c);
+std::vector<ExactCase> exact_cases();
+std::vector<BudgetCase> budget_cases();
+std::vector<StrategyCase> small_budget_cases();
 // Keyformer's noise written independently of the strategy (test_keyformer.cpp).
 double ref_gumbel(uint64_t seed, int layer, int seq, int row, int head, int32_t pos);
 

@@ -26,6 +26,18 @@ namespace {
 
 using namespace test;
 
+// This strategy's cases in the suites every strategy passes (strategy_test_util.h).
+const bool kCasesRegistered = register_strategy_cases(
+    {"flexgen",
+     {},
+     {{"synthetic:tiny-qwen2", "flexgen", {{"overlap", "true"}}},
+      {"synthetic:tiny-qwen2", "flexgen", {{"overlap", "false"}}},
+      {"synthetic:tiny-opt", "flexgen", {}},
+      {"models/stories260K/stories260K.gguf", "flexgen", {}},
+      // F32 KV: the machinery alone against the F32 oracle.
+      {"synthetic:tiny-qwen2", "flexgen", {{"kv_dtype", "f32"}}}},
+     {}});
+
 // Transfer accounting per decode step: 2·N·d per KV head for layers 1..L−1 (layer 0 was
 // prefetched at the end of the last step) and the next step's layer 0 (N + 1 tokens), plus the new
 // token's K and V back. With overlap no load is waited for; without, every layer's is.

@@ -25,6 +25,10 @@ namespace {
 
 using namespace test;
 
+// This strategy's cases in the suites every strategy passes (strategy_test_util.h).
+const bool kCasesRegistered = register_strategy_cases(
+    {"full", {}, {{"synthetic:tiny-qwen2", "full", {}}}, {}});
+
 TEST(Full, HalfPrecisionKvCacheStaysCloseToF32) {
   Model m = load_model("synthetic:tiny-qwen2");
   const auto toks = token_stream(40, m.hp.n_vocab, 21);

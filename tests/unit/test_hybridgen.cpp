@@ -28,6 +28,15 @@ namespace {
 
 using namespace test;
 
+// This strategy's cases in the suites every strategy passes (strategy_test_util.h).
+const bool kCasesRegistered = register_strategy_cases(
+    {"hybridgen",
+     {{"gpu_kv_tokens", "4"}, {"k", "fixed"}, {"k_fixed", "3"}, {"mode", "post"}, {"page_tokens", "4"}},
+     // Every offloaded token selected: exact.
+     {{"synthetic:tiny-qwen2", "hybridgen",
+       {{"gpu_kv_tokens", "6"}, {"k", "fixed"}, {"k_fixed", "1000"}, {"mode", "post"}, {"speculative_query", "false"}}}},
+     {}});
+
 // Every KV element type: the oracle stores the same type, so both round K and V alike. F16's
 // tolerance is wider: where the cpu and ref decoders' F32 rows differ in their last bits, F16
 // rounds some elements one ulp apart, and stories260K's logits move by up to 3.6e-4 (1e-4 relative

@@ -26,6 +26,15 @@ namespace {
 
 using namespace test;
 
+// This strategy's cases in the suites every strategy passes (strategy_test_util.h).
+const bool kCasesRegistered = register_strategy_cases(
+    {"infinigen",
+     {},
+     // Every column and token fetched: exact.
+     {{"synthetic:tiny-qwen2", "infinigen",
+       {{"partial_ratio", "1"}, {"max_kv_ratio", "1"}, {"alpha", "1e9"}, {"full_layers", "1"}}}},
+     {}});
+
 TEST(InfiniGen, FullColumnsAndAllTokensMatchRef) {
   // partial_ratio 1: the skewed partial keys are the whole (rotated) keys, so q·k is unchanged;
   // alpha huge and max_kv_ratio 1: every token is fetched. Attention must equal the oracle.

@@ -27,6 +27,15 @@ namespace {
 
 using namespace test;
 
+// This strategy's cases in the suites every strategy passes (strategy_test_util.h).
+const bool kCasesRegistered = register_strategy_cases(
+    {"keyformer",
+     {{"kv_tokens", "5"}},
+     {},
+     {{"keyformer", {}, [](int32_t n) { return int32_t(std::lround(0.6 * n)); }},
+      {"keyformer", {{"kv_tokens", "17"}}, [](int32_t) { return 17; }},
+      {"keyformer", {{"budget", "0.3"}}, [](int32_t n) { return std::max(2, int32_t(std::lround(0.3 * n))); }}}});
+
 TEST(Keyformer, EvictionOrderMatchesBruteForce) { brute_force_check("keyformer", {}); }
 
 // Keyformer's noise: the 8-lane path gives the scalar's bits for every position (tails of every

@@ -25,6 +25,16 @@ namespace {
 
 using namespace test;
 
+// This strategy's cases in the suites every strategy passes (strategy_test_util.h).
+const bool kCasesRegistered = register_strategy_cases(
+    {"moe_lightning",
+     {},
+     {{"synthetic:tiny-qwen2", "moe_lightning", {{"micro_batches", "1"}}},
+      {"synthetic:tiny-qwen2", "moe_lightning", {{"micro_batches", "3"}}},
+      {"models/stories260K/stories260K.gguf", "moe_lightning", {}},
+      {"synthetic:tiny-qwen2", "moe_lightning", {{"kv_dtype", "f32"}}}},
+     {}});
+
 // MoE-Lightning's prefill attends on the accelerator (no CPU attention stage before the first
 // decode step, also when the prompt arrives in chunks whose earlier K/V come back from dram), with
 // the oracle's logits; decode attention runs on the CPU.

@@ -28,12 +28,6 @@ namespace {
 
 using namespace test;
 
-struct ExactCase {
-  std::string model;  // synthetic spec or a ../shared path
-  std::string strategy;
-  std::map<std::string, std::string> params;
-};
-
 class ExactStrategies : public ::testing::TestWithParam<ExactCase> {};
 
 TEST_P(ExactStrategies, MatchRefOracleAtEveryDecodeStep) {
@@ -43,33 +37,8 @@ TEST_P(ExactStrategies, MatchRefOracleAtEveryDecodeStep) {
   expect_matches_oracle(*m, c.strategy, c.params, token_stream(40, m->hp.n_vocab, 7), 23, 1e-4, c.strategy);
 }
 
-const ExactCase kExactCases[] = {ExactCase{"synthetic:tiny-qwen2", "full", {}},
-                      ExactCase{"synthetic:tiny-qwen2", "flexgen", {{"overlap", "true"}}},
-                      ExactCase{"synthetic:tiny-qwen2", "flexgen", {{"overlap", "false"}}},
-                      ExactCase{"synthetic:tiny-qwen2", "moe_lightning", {{"micro_batches", "1"}}},
-                      ExactCase{"synthetic:tiny-qwen2", "moe_lightning", {{"micro_batches", "3"}}},
-                      ExactCase{"synthetic:tiny-opt", "flexgen", {}},
-                      // Budgets above the sequence length: nothing is evicted, so these are exact too
-                      // (for streamingllm this checks the pre-RoPE store and the re-rotation).
-                      // (F32: a 16-bit store rounds the keys before RoPE, the oracle after it.)
-                      ExactCase{"synthetic:tiny-llama", "streamingllm", {{"window", "1000"}, {"kv_dtype", "f32"}}},
-                      ExactCase{"synthetic:tiny-qwen2", "h2o", {{"heavy_ratio", "1"}, {"recent_ratio", "1"}}},
-                      ExactCase{"models/stories260K/stories260K.gguf", "flexgen", {}},
-                      ExactCase{"models/stories260K/stories260K.gguf", "moe_lightning", {}},
-                      // F32 KV: the machinery alone against the F32 oracle.
-                      ExactCase{"synthetic:tiny-qwen2", "flexgen", {{"kv_dtype", "f32"}}},
-                      ExactCase{"synthetic:tiny-qwen2", "moe_lightning", {{"kv_dtype", "f32"}}},
-                      ExactCase{"synthetic:tiny-qwen2", "h2o", {{"heavy_ratio", "1"}, {"recent_ratio", "1"}, {"kv_dtype", "bf16"}}},
-                      ExactCase{"synthetic:tiny-llama", "streamingllm", {{"window", "1000"}, {"positions", "original"}}},
-                      // Every offloaded token selected (HybridGen), every column and token fetched (InfiniGen).
-                      ExactCase{"synthetic:tiny-qwen2", "hybridgen",
-                                {{"gpu_kv_tokens", "6"}, {"k", "fixed"}, {"k_fixed", "1000"}, {"mode", "post"},
-                                 {"speculative_query", "false"}}},
-                      ExactCase{"synthetic:tiny-qwen2", "infinigen",
-                                {{"partial_ratio", "1"}, {"max_kv_ratio", "1"}, {"alpha", "1e9"}, {"full_layers", "1"}}}};
-
 INSTANTIATE_TEST_SUITE_P(
-    Strategies, ExactStrategies, ::testing::ValuesIn(kExactCases),
+    Strategies, ExactStrategies, ::testing::ValuesIn(exact_cases()),
     [](const auto& i) {
       std::string s = i.param.model.substr(i.param.model.rfind('/') + 1) + "_" + i.param.strategy;
       for (auto& [k, v] : i.param.params) s += "_" + k + v;
@@ -83,12 +52,6 @@ std::set<int32_t> held(const SlotStore& st, int l, int g) {
   const int32_t n = st.count(l, 0, g);
   return std::set<int32_t>(st.positions(l, 0, g), st.positions(l, 0, g) + n);
 }
-
-struct BudgetCase {
-  std::string strategy;
-  std::map<std::string, std::string> params;
-  std::function<int32_t(int32_t)> budget;  // tokens kept once the context holds n tokens
-};
 
 class BudgetedStrategies : public ::testing::TestWithParam<BudgetCase> {};
 
@@ -129,23 +92,7 @@ TEST_P(BudgetedStrategies, HoldExactlyTheirBudgetEveryStep) {
   }).wait();
 }
 
-const BudgetCase kBudgetCases[] = {
-                             // floor(0.1·n) heavy + floor(0.1·n) recent: 4 + 4 at the 40-token prompt
-                             BudgetCase{"h2o", {}, [](int32_t n) { return 2 * (n / 10); }},
-                             BudgetCase{"h2o", {{"heavy_ratio", "0.2"}, {"recent_ratio", "0.05"}},
-                                        [](int32_t n) { return n / 5 + std::max(1, n / 20); }},
-                             BudgetCase{"h2o", {{"heavy_tokens", "6"}, {"recent_tokens", "3"}}, [](int32_t) { return 9; }},
-                             BudgetCase{"keyformer", {}, [](int32_t n) { return int32_t(std::lround(0.6 * n)); }},
-                             BudgetCase{"keyformer", {{"kv_tokens", "17"}}, [](int32_t) { return 17; }},
-                             BudgetCase{"streamingllm", {{"window", "12"}}, [](int32_t) { return 16; }},
-                             BudgetCase{"streamingllm", {{"window", "12"}, {"positions", "original"}}, [](int32_t) { return 16; }},
-                             BudgetCase{"streamingllm", {{"kv_ratio", "0.5"}}, [](int32_t n) { return 4 + std::max(1, n / 2 - 4); }},
-                             // The shared budget: one attended fraction (heavy = recent = budget / 2 for H2O).
-                             BudgetCase{"h2o", {{"budget", "0.4"}}, [](int32_t n) { return 2 * (n / 5); }},
-                             BudgetCase{"keyformer", {{"budget", "0.3"}}, [](int32_t n) { return std::max(2, int32_t(std::lround(0.3 * n))); }},
-                             BudgetCase{"streamingllm", {{"budget", "0.5"}}, [](int32_t n) { return 4 + std::max(1, n / 2 - 4); }}};
-
-INSTANTIATE_TEST_SUITE_P(Strategies, BudgetedStrategies, ::testing::ValuesIn(kBudgetCases),
+INSTANTIATE_TEST_SUITE_P(Strategies, BudgetedStrategies, ::testing::ValuesIn(budget_cases()),
                          [](const auto& i) {
                            std::string s = i.param.strategy;
                            for (auto& [k, v] : i.param.params) s += "_" + k + v;
@@ -302,8 +249,8 @@ TEST(Strategies, EveryRegisteredStrategyForks) {
 // or holding its budget), so a new strategy without one fails here.
 TEST(Strategies, EveryRegisteredStrategyHasContractCases) {
   std::set<std::string> covered;
-  for (auto& c : kExactCases) covered.insert(c.strategy);
-  for (auto& c : kBudgetCases) covered.insert(c.strategy);
+  for (auto& c : exact_cases()) covered.insert(c.strategy);
+  for (auto& c : budget_cases()) covered.insert(c.strategy);
   for (auto& s : strategies())
     if (s.name != "null") {
       EXPECT_TRUE(covered.count(s.name)) << s.name << " has no contract case";

@@ -25,6 +25,19 @@ namespace {
 
 using namespace test;
 
+// This strategy's cases in the suites every strategy passes (strategy_test_util.h).
+const bool kCasesRegistered = register_strategy_cases(
+    {"streamingllm",
+     {{"sinks", "1"}, {"window", "4"}},
+     // A window above the sequence length evicts nothing: exact, which checks the pre-RoPE store and
+     // the re-rotation (F32: a 16-bit store rounds the keys before RoPE, the oracle after it).
+     {{"synthetic:tiny-llama", "streamingllm", {{"window", "1000"}, {"kv_dtype", "f32"}}},
+      {"synthetic:tiny-llama", "streamingllm", {{"window", "1000"}, {"positions", "original"}}}},
+     {{"streamingllm", {{"window", "12"}}, [](int32_t) { return 16; }},
+      {"streamingllm", {{"window", "12"}, {"positions", "original"}}, [](int32_t) { return 16; }},
+      {"streamingllm", {{"kv_ratio", "0.5"}}, [](int32_t n) { return 4 + std::max(1, n / 2 - 4); }},
+      {"streamingllm", {{"budget", "0.5"}}, [](int32_t n) { return 4 + std::max(1, n / 2 - 4); }}}});
+
 // StreamingLLM with `positions: cache` (pos-shift): after evictions, each kept key is rotated at its
 // rank among the kept tokens and the query at the current token's rank. Checked against attention
 // recomputed in double from the pre-RoPE rows, for every prompt row and decode step.
