@@ -1,138 +1,71 @@
-// HybridGen's CPU stage: the speculative query, logits of the offloaded keys, selection, and the
-// transfers of logits and V rows to the accelerator (hybridgen.h).
-#include "baselines/hybridgen/hybridgen.h"
+// HybridGen's CPU stage: logits of the offloaded keys, selection, and the transfers of logits and
+// V rows to the accelerator (cpu_stage.h).
+#include "baselines/hybridgen/cpu_stage.h"
 
-#include <atomic>
+#include "baselines/speculation.h"
+#include "selectors/logit_topk.h"
+#include "selectors/sinks_recent.h"
 
 namespace hg {
-
-void HybridGen::prepare(int layer, std::span<const TokenRow> rows, const float* x) {
-  if (!speculative_) return;
-  std::vector<size_t> need;  // decode rows with offloaded tokens only
-  for (size_t i = 0; i < rows.size(); ++i)
-    if (rows[i].pos >= prompt_[size_t(rows[i].seq)] && offloaded_[pidx(layer, rows[i].seq)] > 0)
-      need.push_back(i);
-  if (need.empty()) return;
-  // What each CPU stage starts from: the row of x, which it projects itself, or the query the
-  // accelerator projected. Gathered in this layer parity's scratch in the accelerator's memory and
-  // sent to the host by the transfer engine; the CPU stages wait for that transfer, the accelerator
-  // does not. On a GPU, queueing the transfer waits for the work queued so far, which also frees
-  // this layer parity's result buffers (their last reader was layer − 2's attention); the scratch's
-  // next writer, prepare(layer + 2), comes after layer's attention waited for these stages.
-  const int64_t d = model_->hp.d_model, n = query_on_accel_ ? int64_t(shape_.H) * shape_.D : d;
-  const int64_t M = int64_t(need.size());
-  BackendArray<float>& in_dev = spec_in_[size_t(layer % 2)];
-  if (in_dev.size() < size_t(M * n)) in_dev = BackendArray<float>(be_, size_t(M * n));
-  const auto t0 = Clock::now();
-  if (query_on_accel_) {
-    be_.synchronize();  // the work queued so far is not the projection's (t_query_ms)
-    // Scratch in the accelerator's memory, kept between calls (a cudaMalloc/cudaFree per layer
-    // would cost more than the projection).
-    if (spec_x_.size() < size_t(M * d)) spec_x_ = BackendArray<float>(be_, size_t(M * d));
-    if (spec_h_.size() < size_t(M * d)) spec_h_ = BackendArray<float>(be_, size_t(M * d));
-    std::vector<int32_t> pos;
-    for (size_t j = 0; j < need.size(); ++j) {
-      be_.copy(spec_x_.data() + int64_t(j) * d, x + int64_t(need[j]) * d, size_t(d) * 4);
-      pos.push_back(rows[need[j]].pos);
-    }
-    project_query(be_, layer, spec_x_.data(), M, pos.data(), spec_h_.data(), in_dev.data());
-    add_accel_work(query_work(layer, M));
-  } else {
-    for (size_t j = 0; j < need.size(); ++j)
-      be_.copy(in_dev.data() + int64_t(j) * d, x + int64_t(need[j]) * d, size_t(d) * 4);
-  }
-  auto from = std::make_shared<std::vector<float>>(size_t(M * n));
-  const Event sent = rt_.transfers().run(
-      Tier::kGpu, Tier::kDram, M * n * 4,
-      [this, from, src = in_dev.data()] { be_.download(from->data(), src, from->size() * 4); }, {},
-      query_on_accel_ ? "speculative query to host" : "layer input to host");
-  if (query_on_accel_) {
-    std::lock_guard<std::mutex> l(mu_);
-    t_query_ += since(t0);
-  }
-  std::vector<StageRow> stage;
-  std::vector<int32_t> pos;
-  bool behind = false;
-  for (size_t j : need) {
-    const TokenRow r = rows[j];
-    auto res = fresh_result(layer, r.seq);
-    pending_[pidx(layer, r.seq)] = res;
-    stage.push_back({r, current_k(r), res});
-    pos.push_back(r.pos);
-    // The CPU queue runs stages in submission order. When the layer now running has no
-    // speculation of its own, its CPU stage is submitted at its attention, after this call: this
-    // stage then waits until that one is queued, so that it does not run ahead of the stage the
-    // accelerator is about to wait for.
-    behind |= layer > 0 && offloaded_[pidx(layer - 1, r.seq)] > 0 && !pending_[pidx(layer - 1, r.seq)];
-  }
-  // With query_on=cpu the layer's speculative queries are one projection over all M rows (W_q read
-  // once per layer, not once per sequence), the first part of the stage.
-  auto query = [this, layer, from, M, pos]() -> Queries {
-    if (query_on_accel_) return from;
-    const int64_t d = model_->hp.d_model;
-    const auto tq = Clock::now();
-    std::vector<float> h(size_t(M * d));
-    auto q = std::make_shared<std::vector<float>>(size_t(M) * size_t(shape_.H) * size_t(shape_.D));
-    project_query(rt_.cpu_backend(), layer, from->data(), M, pos.data(), h.data(), q->data());
-    const double measured = since(tq);
-    std::lock_guard<std::mutex> l(mu_);
-    t_query_ += measured;
-    // The part of the CPU stage that does not scale with the tokens scored (the scheduler's
-    // estimate of post mode from pre), on the stage clock when there is one.
-    t_fixed_ += rt_.stage_seconds(StageKind::kCpuCompute, query_work(layer, M, Tier::kDram), measured);
-    return q;
-  };
-  const std::string what =
-      query_on_accel_ ? "hybridgen speculative logits, layer " : "hybridgen speculative q + logits, layer ";
-  auto submit = [this, layer, what, stage = std::move(stage), sent, query, M, pre = sched_.pre()] {
-    submit_cpu_stage(layer, what + std::to_string(layer), stage, pre, query_on_accel_ ? 0 : M, sent, query);
-  };
-  if (behind)
-    deferred_[size_t(layer)] = std::move(submit);
-  else
-    submit();
+void CpuStage::reset(const KvShape& shape, int batch) {
+  shape_ = shape;
+  B_ = batch;
+  results_.assign(size_t(shape.n_layers) * size_t(B_), nullptr);
+  pool_.clear();
+  pool_.resize(2 * size_t(B_));
+  take_times();
 }
 
-void HybridGen::submit_deferred(int layer) {
-  if (layer >= shape_.n_layers) return;
-  auto& d = deferred_[size_t(layer)];
-  if (!d) return;
-  auto f = std::move(d);
-  d = nullptr;
-  f();
+std::shared_ptr<CpuResult> CpuStage::fresh_result(int layer, int seq) {
+  auto& r = results_[size_t(layer) * size_t(B_) + size_t(seq)];
+  if (!r) r = std::make_shared<CpuResult>();
+  r->done = Event{};
+  r->arrived.clear();
+  return r;
 }
 
-void HybridGen::submit_cpu_stage(int layer, const std::string& what, std::vector<StageRow> rows, bool pre,
-                                 int64_t project, Event sent, std::function<Queries()> query) {
-  StageWork work;
-  for (size_t j = 0; j < rows.size(); ++j) work += cpu_stage_work(layer, rows[j].r, rows[j].K, pre, j == 0 ? project : 0);
-  auto shared = std::make_shared<std::vector<StageRow>>(std::move(rows));
-  const Event done = rt_.cpu().submit(what, work, {sent}, [this, layer, shared, pre, work, query] {
+CpuStage::Times CpuStage::take_times() {
+  std::lock_guard<std::mutex> l(mu_);
+  return std::exchange(times_, Times{});
+}
+
+void CpuStage::add_query_seconds(double query, double fixed) {
+  std::lock_guard<std::mutex> l(mu_);
+  times_.query += query;
+  times_.fixed += fixed;
+}
+
+void CpuStage::submit(int layer, const std::string& what, std::vector<Row> rows, bool pre, int64_t project,
+                      Event sent, std::function<Queries()> query) {
+  StageWork total;
+  for (size_t j = 0; j < rows.size(); ++j) total += work(layer, rows[j].r, rows[j].K, pre, j == 0 ? project : 0);
+  auto shared = std::make_shared<std::vector<Row>>(std::move(rows));
+  const Event done = rt_.cpu().submit(what, total, {sent}, [this, layer, shared, pre, total, query] {
     const auto t0 = Clock::now();
     const Queries qs = query();
     const float* q = qs->data();
     const int64_t hd = int64_t(shape_.H) * shape_.D;
     std::vector<std::vector<float>> lg(shared->size());
     for (size_t j = 0; j < shared->size(); ++j) {
-      StageRow& s = (*shared)[j];
-      cpu_select(layer, s.r, q + int64_t(j) * hd, s.K, pre, *s.res, lg[j]);
+      Row& s = (*shared)[j];
+      select(layer, s.r, q + int64_t(j) * hd, s.K, pre, *s.res, lg[j]);
     }
     {
       std::lock_guard<std::mutex> l(mu_);
-      t_cpu_ += rt_.stage_seconds(StageKind::kCpuCompute, work, since(t0));
+      times_.cpu += rt_.stage_seconds(StageKind::kCpuCompute, total, since(t0));
     }
     const std::vector<Event> arrived = send_results(layer, *shared, std::move(lg));
-    for (StageRow& s : *shared) s.res->arrived = arrived;
+    for (Row& s : *shared) s.res->arrived = arrived;
   });
-  for (StageRow& s : *shared) s.res->done = done;
+  for (Row& s : *shared) s.res->done = done;
 }
 
-void HybridGen::project_query(Backend& b, int layer, const float* x, int64_t M, const int32_t* pos, float* h,
-                              float* q) {
+void CpuStage::project_query(Backend& b, int layer, const float* x, int64_t M, const int32_t* pos, float* h,
+                             float* q) const {
   speculative_query(b, *model_, layer, layer, x, M, pos, shape_.rope, h, q);
 }
 
-StageWork HybridGen::query_work(int layer, int64_t M, Tier where) const {
+StageWork CpuStage::query_work(int layer, int64_t M, Tier where) const {
   const Weight& wq = model_->layers[size_t(layer)][Slot::kWq];
   StageWork w;
   w.flops = 2.0 * double(wq.rows()) * double(wq.cols()) * double(M);
@@ -140,22 +73,22 @@ StageWork HybridGen::query_work(int layer, int64_t M, Tier where) const {
   return w;
 }
 
-StageWork HybridGen::cpu_stage_work(int layer, const TokenRow& r, int32_t K, bool pre, int64_t project) const {
+StageWork CpuStage::work(int layer, const TokenRow& r, int32_t K, bool pre, int64_t project) const {
   const int Hkv = shape_.H_kv, D = shape_.D;
-  const int32_t n_off = offloaded_[pidx(layer, r.seq)], k = std::min(K, n_off);
+  const int32_t n_off = ring_.offloaded(layer, r.seq), k = std::min(K, n_off);
   const int64_t keys = pre ? k : int64_t(n_off) + k;
   StageWork w;
   w.flops = 2.0 * double(shape_.H) * D * double(keys);
   const int64_t key_bytes = kv_.bytes(int64_t(Hkv) * D);
   if (!pre) {
     for (Tier t : {Tier::kDram, Tier::kFar}) {
-      const int32_t n_t = offloaded_kv_.key_rows_before(t, layer, r.seq, n_off);
+      const int32_t n_t = ring_.offloaded_kv().key_rows_before(t, layer, r.seq, n_off);
       w.bytes[size_t(t)] += key_bytes * (n_t + std::llround(double(k) * n_t / std::max(1, n_off)));
     }
   } else {
     const auto [s, r0] = pre_runs(k, n_off);
     for (auto [a, b] : {std::pair{0, s}, std::pair{r0, n_off}})
-      offloaded_kv_.key_runs(layer, r.seq, a, b, [&](Tier t, int32_t, int32_t, int32_t len) {
+      ring_.offloaded_kv().key_runs(layer, r.seq, a, b, [&](Tier t, int32_t, int32_t, int32_t len) {
         w.bytes[size_t(t)] += key_bytes * len;
         w.rows[size_t(t)] += Hkv;
       });
@@ -168,15 +101,15 @@ StageWork HybridGen::cpu_stage_work(int layer, const TokenRow& r, int32_t K, boo
   return w;
 }
 
-std::pair<int32_t, int32_t> HybridGen::pre_runs(int32_t K, int32_t n_off) const {
+std::pair<int32_t, int32_t> CpuStage::pre_runs(int32_t K, int32_t n_off) const {
   const SinksAndRecent sel = sinks_and_recent(n_off, K, sinks_);
   return {sel.sinks, sel.recent};
 }
 
-void HybridGen::cpu_select(int layer, const TokenRow& r, const float* q, int32_t K, bool pre, CpuResult& res,
-                           std::vector<float>& lg_sel) {
+void CpuStage::select(int layer, const TokenRow& r, const float* q, int32_t K, bool pre, CpuResult& res,
+                      std::vector<float>& lg_sel) {
   const int Hkv = shape_.H_kv, D = shape_.D, G = shape_.H / Hkv;
-  const int32_t n_off = offloaded_[pidx(layer, r.seq)];
+  const int32_t n_off = ring_.offloaded(layer, r.seq);
   const float scale = 1.0f / std::sqrt(float(D));
   K = std::min(K, n_off);
   res.k = K;
@@ -198,11 +131,11 @@ void HybridGen::cpu_select(int layer, const TokenRow& r, const float* q, int32_t
   if (lg.size() < size_t(G) * size_t(K)) lg.resize(size_t(G) * size_t(K));
   if (!pre && score.size() < size_t(n_off)) score.resize(size_t(n_off));
   if (kg.size() < size_t(K * row)) kg.resize(size_t(K * row));
-  const int32_t n_dram = offloaded_kv_.key_rows_before(Tier::kDram, layer, r.seq, n_off);
+  const int32_t n_dram = ring_.offloaded_kv().key_rows_before(Tier::kDram, layer, r.seq, n_off);
   for (int g = 0; g < Hkv; ++g) {
     const float* qg = q + int64_t(g) * G * D;
-    const char* Kd = offloaded_kv_.keys(Tier::kDram, layer, r.seq, g);
-    const char* Kf = offloaded_kv_.keys(Tier::kFar, layer, r.seq, g);
+    const char* Kd = ring_.offloaded_kv().keys(Tier::kDram, layer, r.seq, g);
+    const char* Kf = ring_.offloaded_kv().keys(Tier::kFar, layer, r.seq, g);
     auto& sel = res.sel[size_t(g)];
     // Logit of query head h for the i-th selected position: [G, s] then [G, K − s] (pre mode's
     // two runs, sinks and most recent; post mode has s = 0).
@@ -226,8 +159,8 @@ void HybridGen::cpu_select(int layer, const TokenRow& r, const float* q, int32_t
       cb.group_logits(qg, G, kg.data(), K, D, scale, lg.data(), dt);
       for (int32_t i = 0; i < K; ++i)
         sel[size_t(i)] = i < sd
-                             ? offloaded_kv_.key_position(Tier::kDram, layer, r.seq, sel[size_t(i)])
-                             : offloaded_kv_.key_position(Tier::kFar, layer, r.seq, far_rows[size_t(i - sd)]);
+                             ? ring_.offloaded_kv().key_position(Tier::kDram, layer, r.seq, sel[size_t(i)])
+                             : ring_.offloaded_kv().key_position(Tier::kFar, layer, r.seq, far_rows[size_t(i - sd)]);
     } else {  // pre: position heuristic first (sinks + most recent offloaded), logits only for those
       int32_t r0;
       std::tie(s, r0) = pre_runs(K, n_off);
@@ -239,13 +172,13 @@ void HybridGen::cpu_select(int layer, const TokenRow& r, const float* q, int32_t
       const auto score_run = [&](int32_t a, int32_t len, float* out) {
         int runs = 0;
         const char* first = nullptr;
-        offloaded_kv_.key_runs(layer, r.seq, a, a + len, [&](Tier t, int32_t i, int32_t, int32_t) {
+        ring_.offloaded_kv().key_runs(layer, r.seq, a, a + len, [&](Tier t, int32_t i, int32_t, int32_t) {
           first = (t == Tier::kDram ? Kd : Kf) + i * row;
           ++runs;
         });
         if (runs > 1) {
           const int32_t zero = 0;
-          offloaded_kv_.key_runs(layer, r.seq, a, a + len, [&](Tier t, int32_t i, int32_t pos, int32_t n) {
+          ring_.offloaded_kv().key_runs(layer, r.seq, a, a + len, [&](Tier t, int32_t i, int32_t pos, int32_t n) {
             cb.gather_rows(kg.data() + (pos - a) * row, (t == Tier::kDram ? Kd : Kf) + i * row, n * row, 0, &zero,
                            1);
           });
@@ -263,7 +196,7 @@ void HybridGen::cpu_select(int layer, const TokenRow& r, const float* q, int32_t
     // Tier order (dram, then far), each part still sorted.
     order.clear();
     far.resize(sel.size());
-    for (size_t i = 0; i < sel.size(); ++i) far[i] = vtier(layer, r.seq, sel[i]) != Tier::kDram;
+    for (size_t i = 0; i < sel.size(); ++i) far[i] = ring_.vtier(layer, r.seq, sel[i]) != Tier::kDram;
     for (uint8_t part : {0, 1})
       for (size_t i = 0; i < sel.size(); ++i)
         if (far[i] == part) order.push_back(int32_t(i));
@@ -277,9 +210,10 @@ void HybridGen::cpu_select(int layer, const TokenRow& r, const float* q, int32_t
   }
 }
 
-std::vector<Event> HybridGen::send_results(int layer, const std::vector<StageRow>& rows,
-                                           std::vector<std::vector<float>> lg) {
+std::vector<Event> CpuStage::send_results(int layer, const std::vector<Row>& rows,
+                                          std::vector<std::vector<float>> lg) {
   const int Hkv = shape_.H_kv, D = shape_.D;
+  const int32_t pt = ring_.page_tokens();
   // Logits (dram → gpu), every row's in one transfer, and the selected V rows (their tier → gpu).
   std::vector<Event> ev;
   int64_t lbytes = 0;
@@ -298,34 +232,34 @@ std::vector<Event> HybridGen::send_results(int layer, const std::vector<StageRow
   for (int ti = 0; ti < 2; ++ti) {
     const Tier tier = ti == 0 ? Tier::kDram : Tier::kFar;
     int64_t bytes = 0, runs = 0;  // runs of consecutive selected positions within one page
-    for (const StageRow& s : rows)
+    for (const Row& s : rows)
       for (int g = 0; g < Hkv; ++g) {
         const auto& sel = s.res->sel[size_t(g)];
         const int32_t b = ti == 0 ? 0 : s.res->n_tier[size_t(g)][0], e = b + s.res->n_tier[size_t(g)][size_t(ti)];
         bytes += kv_.bytes(int64_t(e - b) * D);
         for (int32_t i = b; i < e; ++i)
           runs += i == b || sel[size_t(i)] != sel[size_t(i) - 1] + 1 ||
-                  sel[size_t(i)] / page_ != sel[size_t(i) - 1] / page_;
+                  sel[size_t(i)] / pt != sel[size_t(i) - 1] / pt;
       }
     if (bytes == 0) continue;
     ev.push_back(rt_.transfers().run_gather(
         tier, Tier::kGpu, bytes, runs,
-        [this, &rows, layer, ti, D, Hkv, tier, bytes, runs] {
+        [this, &rows, layer, ti, D, Hkv, pt, tier, bytes, runs] {
           const auto t = Clock::now();
           // Each head's rows of this tier are one block of res.v; its positions are sorted.
           std::vector<int32_t> in_page;
-          for (const StageRow& s : rows) {
+          for (const Row& s : rows) {
             const CpuResult& res = *s.res;
             for (int g = 0; g < Hkv; ++g) {
               const auto& sel = res.sel[size_t(g)];
               const int32_t b = ti == 0 ? 0 : res.n_tier[size_t(g)][0], e = b + res.n_tier[size_t(g)][size_t(ti)];
               char* block = at(res.v, (int64_t(g) * res.k + b) * D);
               for (int32_t i = b; i < e;) {
-                const int32_t page = sel[size_t(i)] / page_;
+                const int32_t page = sel[size_t(i)] / pt;
                 int32_t j = i;
                 in_page.clear();
-                for (; j < e && sel[size_t(j)] / page_ == page; ++j) in_page.push_back(sel[size_t(j)] % page_);
-                be_.gather_rows(at(block, int64_t(i - b) * D), vrow(layer, s.r.seq, g, page * page_), kv_.bytes(D),
+                for (; j < e && sel[size_t(j)] / pt == page; ++j) in_page.push_back(sel[size_t(j)] % pt);
+                be_.gather_rows(at(block, int64_t(i - b) * D), ring_.vrow(layer, s.r.seq, g, page * pt), kv_.bytes(D),
                                 kv_.bytes(D), in_page.data(), j - i);
                 i = j;
               }
@@ -340,7 +274,7 @@ std::vector<Event> HybridGen::send_results(int layer, const std::vector<StageRow
   return ev;
 }
 
-void HybridGen::result_buffers(int layer, int seq, int32_t K, CpuResult& res) {
+void CpuStage::result_buffers(int layer, int seq, int32_t K, CpuResult& res) {
   const int Hkv = shape_.H_kv, D = shape_.D, G = shape_.H / Hkv;
   const int64_t lbytes = std::max<int64_t>(4, int64_t(Hkv) * G * K * 4),
                 vbytes = std::max<int64_t>(4, kv_.bytes(int64_t(Hkv) * K * D));
@@ -352,15 +286,15 @@ void HybridGen::result_buffers(int layer, int seq, int32_t K, CpuResult& res) {
   res.v = p.v.as<char>();
 }
 
-double HybridGen::transfer_seconds(Tier src, int64_t bytes, int64_t rows, double measured_s) const {
+double CpuStage::transfer_seconds(Tier src, int64_t bytes, int64_t rows, double measured_s) const {
   StageWork w;
   w.src = src, w.dst = Tier::kGpu, w.transfer_bytes = bytes, w.rows[size_t(src)] = rows;
   return rt_.stage_seconds(StageKind::kTransfer, w, measured_s);
 }
 
-void HybridGen::add_tx(double s) {
+void CpuStage::add_tx(double s) {
   std::lock_guard<std::mutex> l(mu_);
-  t_tx_ += s;
+  times_.tx += s;
 }
 
 }  // namespace hg

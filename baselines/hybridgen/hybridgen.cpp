@@ -10,21 +10,21 @@ HybridGen::HybridGen(const StrategyContext& ctx, const StrategyParams& p)
     : be_(ctx.backend),
       rt_(require_runtime(ctx, "hybridgen")),
       model_(ctx.model),
-      resident_tokens_(int32_t(p.get_int("gpu_kv_tokens"))),
-      gpu_kv_tokens_(resident_tokens_),
+      kv_(ctx, p),
+      gpu_kv_tokens_(int32_t(p.get_int("gpu_kv_tokens"))),
       page_(int32_t(p.get_int("page_tokens"))),
       speculative_(p.get_bool("speculative_query")),
       query_on_accel_(p.get("query_on") == "accelerator"),
-      sinks_(int32_t(p.get_int("pre_sinks"))),
       placement_(make_placement(p.get("placement"), p.get_float("interleave_dram_ratio"))),
       dram_kv_bytes_(p.get_int("dram_kv_bytes")),
       sched_cfg_(config(p)),
       sched_(sched_cfg_),
       k_min_ratio_(p.get_float("kv_ratio")),
       budget_(p.get_float("budget")),
-      kv_(ctx, p) {
+      ring_(be_, rt_, kv_),
+      stage_(be_, rt_, model_, kv_, int32_t(p.get_int("pre_sinks")), ring_) {
   if (k_min_ratio_ < 0 || k_min_ratio_ > 1) input_error("strategy hybridgen: kv_ratio must be in [0, 1]");
-  if (resident_tokens_ < 1 || page_ < 1)
+  if (gpu_kv_tokens_ < 1 || page_ < 1)
     input_error("strategy hybridgen: gpu_kv_tokens and page_tokens must be >= 1");
   if (speculative_ && !model_) input_error("strategy hybridgen: speculative_query needs the model's weights");
 }
@@ -35,7 +35,7 @@ void HybridGen::begin(const KvShape& shape, std::span<const int32_t> capacity,
   B_ = int(capacity.size());
   prompt_.assign(prompt_len.begin(), prompt_len.end());
   cap_.assign(capacity.begin(), capacity.end());
-  resident_tokens_ = gpu_kv_tokens_;
+  int32_t resident = gpu_kv_tokens_;
   if (const int64_t budget = rt_.memory().kv_budget(); budget > 0) {
     // What fits stays on the accelerator: the ring (every layer and sequence) beside the
     // prefill's one layer of each whole sequence (attend_exact).
@@ -43,28 +43,18 @@ void HybridGen::begin(const KvShape& shape, std::span<const int32_t> capacity,
     int64_t staging = 0;
     for (int32_t c : cap_) staging += row * c;
     const int64_t per_token = row * shape.n_layers * B_;
-    resident_tokens_ = int32_t(std::clamp<int64_t>((budget - staging) / per_token - 1, 1, gpu_kv_tokens_));
+    resident = int32_t(std::clamp<int64_t>((budget - staging) / per_token - 1, 1, gpu_kv_tokens_));
   }
-  std::vector<int32_t> ring(static_cast<size_t>(B_)), off(static_cast<size_t>(B_));
-  for (int b = 0; b < B_; ++b) {
-    ring[size_t(b)] = std::min(resident_tokens_ + 1, cap_[size_t(b)]);
-    off[size_t(b)] = std::max(1, cap_[size_t(b)] - resident_tokens_);
-  }
-  ring_.reset(shape, ring, &rt_.memory(), Tier::kGpu, kv_.dtype());
   const int64_t dram_avail =
       dram_kv_bytes_ > 0 ? dram_kv_bytes_ : rt_.memory().ledger().available(Tier::kDram);
-  offloaded_kv_.reset(shape, off, page_, *placement_, dram_avail, rt_.memory(), kv_.dtype());
+  ring_.reset(shape, capacity, resident, page_, *placement_, dram_avail);
+  stage_.reset(shape, B_);
   pending_.assign(size_t(shape.n_layers) * size_t(B_), nullptr);
-  results_.assign(pending_.size(), nullptr);
   deferred_.assign(size_t(shape.n_layers), nullptr);
-  pool_.clear();
-  pool_.resize(2 * size_t(B_));
-  offloaded_.assign(pending_.size(), 0);
-  last_pos_.assign(pending_.size(), -1);
   sched_ = FeedbackScheduler(sched_cfg_);
   if (k_min_ratio_ > 0 || budget_ > 0)
     set_k_min_for(prompt_len.empty() ? 1 : *std::min_element(prompt_len.begin(), prompt_len.end()));
-  t_cpu_ = t_tx_ = t_query_ = t_fixed_ = waited_ = 0;
+  waited_ = 0;
   seen_pos_max_ = 0;
   in_step_ = false;
   last_ = {};
@@ -73,7 +63,7 @@ void HybridGen::begin(const KvShape& shape, std::span<const int32_t> capacity,
 int64_t HybridGen::k_min_for(int64_t context) const {
   if (budget_ > 0) {
     // The shared budget counts the resident ring too: K_min is what the ring leaves of it.
-    const int64_t resident = std::min<int64_t>(context, int64_t(resident_tokens_) + 1);
+    const int64_t resident = std::min<int64_t>(context, int64_t(ring_.resident_tokens()) + 1);
     return std::max<int64_t>(1, int64_t(std::floor(budget_ * double(context))) - resident);
   }
   if (k_min_ratio_ > 0) return std::max<int64_t>(1, int64_t(std::floor(k_min_ratio_ * double(context))));
@@ -88,7 +78,7 @@ std::map<std::string, std::string> HybridGen::effective_params() const {
     if (last_.count("K_effective")) e["K_effective"] = fmt::format("{}", last_.at("K_effective"));
   }
   e["k_min"] = fmt::format("{}", sched_.k_min());
-  if (resident_tokens_ != gpu_kv_tokens_) e["gpu_kv_tokens"] = fmt::format("{}", resident_tokens_);
+  if (ring_.resident_tokens() != gpu_kv_tokens_) e["gpu_kv_tokens"] = fmt::format("{}", ring_.resident_tokens());
   return e;
 }
 
@@ -103,20 +93,12 @@ void HybridGen::attend(int layer, std::span<const TokenRow> rows, const float* q
     (rows[i].pos < prompt_[size_t(rows[i].seq)] ? (prefill.push_back(rows[i]), pi)
                                                 : (decode.push_back(rows[i]), di))
         .push_back(i);
-  if (!prefill.empty()) attend_exact(layer, prefill, pi, q, scale, out);
+  if (!prefill.empty()) seen_pos_max_ = std::max(seen_pos_max_, ring_.attend_exact(layer, prefill, pi, q, scale, out));
   if (!decode.empty()) attend_decode(layer, decode, di, q, scale, out);
 }
 
 void HybridGen::end_step() {
-  // Trim every ring back to the R newest tokens.
-  for (int l = 0; l < shape_.n_layers; ++l) {
-    std::vector<std::pair<int, int32_t>> leaving;
-    for (int b = 0; b < B_; ++b) {
-      int32_t& off = offloaded_[pidx(l, b)];
-      while (last_pos_[pidx(l, b)] - resident_tokens_ + 1 > off) leaving.emplace_back(b, off++);
-    }
-    if (!leaving.empty()) offload(l, leaving, {}, nullptr, nullptr);
-  }
+  ring_.trim();  // every ring back to the R newest tokens
   if (!in_step_) return;
   in_step_ = false;
   // The accelerator's own time this step (its wait for CPU results excluded); modeled from the
@@ -125,16 +107,9 @@ void HybridGen::end_step() {
                            ? rt_.stage_seconds(StageKind::kAccelCompute, current_accel_work(), 0)
                            : std::max(0.0, since(step_start_) - waited_);
   int64_t n_off = 0;
-  for (int b = 0; b < B_; ++b) n_off = std::max<int64_t>(n_off, offloaded_[pidx(0, b)]);
-  double t_cpu, t_tx, t_query, t_fixed;
-  {
-    std::lock_guard<std::mutex> l(mu_);
-    t_cpu = t_cpu_;
-    t_tx = t_tx_;
-    t_query = t_query_;
-    t_fixed = t_fixed_;
-    t_cpu_ = t_tx_ = t_query_ = t_fixed_ = 0;
-  }
+  for (int b = 0; b < B_; ++b) n_off = std::max<int64_t>(n_off, ring_.offloaded(0, b));
+  const CpuStage::Times st = stage_.take_times();
+  const double t_cpu = st.cpu, t_tx = st.tx, t_query = st.query, t_fixed = st.fixed;
   // The accelerator's stage excludes the time it waited for CPU results; that wait is the part
   // of the CPU stage (plus transfers) the pipeline did not hide.
   const double hidden = t_cpu + t_tx > 0 ? std::clamp(1.0 - waited_ / (t_cpu + t_tx), 0.0, 1.0) : 1.0;
@@ -145,71 +120,131 @@ void HybridGen::end_step() {
   if (k_min_ratio_ > 0 || budget_ > 0) {  // the batch's shortest context (each row's own K_min: k_for())
     int32_t shortest = seen_pos_max_;
     for (int b = 0; b < B_; ++b)
-      if (last_pos_[pidx(0, b)] >= 0) shortest = std::min(shortest, last_pos_[pidx(0, b)]);
+      if (ring_.last_pos(0, b) >= 0) shortest = std::min(shortest, ring_.last_pos(0, b));
     set_k_min_for(shortest + 1);
   }
   sched_.update(t_cpu, t_tx, t_gpu, n_off, t_fixed);
   waited_ = 0;
-  last_["tokens_gpu"] = double(std::min<int64_t>(resident_tokens_, seen_pos_max_ + 1));
+  last_["tokens_gpu"] = double(std::min<int64_t>(ring_.resident_tokens(), seen_pos_max_ + 1));
   last_["tokens_offloaded"] = double(n_off);
   // K as the scheduler set it, and the tokens a CPU stage selects with it (no more than offloaded).
   last_["K_effective"] = double(std::min<int64_t>(int64_t(last_["K"]), n_off));
-  last_["v_pages_far"] = double(offloaded_kv_.far_value_pages());
+  last_["v_pages_far"] = double(ring_.offloaded_kv().far_value_pages());
 }
 
 void HybridGen::fork(int32_t src, int32_t n, std::span<const int32_t> dst) {
-  const int Hkv = shape_.H_kv;
-  const int64_t row = kv_.bytes(shape_.D);
-  for (int32_t d : dst)
-    for (int l = 0; l < shape_.n_layers; ++l) {
-      HG_CHECK(!pending_[pidx(l, src)] && !deferred_[size_t(l)]);  // between steps: no stage in flight
-      ring_.copy_tokens(l, src, d, std::min(n, resident_tokens_ + 1), &be_);
-      const int32_t n_off = offloaded_[pidx(l, src)];
-      // Offloaded rows go from src's tier to dst's (pages are placed per sequence: they may differ).
-      for (Tier from : {Tier::kDram, Tier::kFar})
-        for (Tier to : {Tier::kDram, Tier::kFar}) {
-          auto key_here = [&](int32_t p) {
-            return offloaded_kv_.key_tier(l, src, p) == from && offloaded_kv_.key_tier(l, d, p) == to;
-          };
-          auto value_here = [&](int32_t p) { return vtier(l, src, p) == from && vtier(l, d, p) == to; };
-          int64_t rows = 0;
-          for (int32_t p = 0; p < n_off; ++p) rows += key_here(p) + value_here(p);
-          if (rows == 0) continue;
-          rt_.transfers()
-              .run(
-                  from, to, rows * Hkv * row,
-                  [&] {
-                    for (int32_t p = 0; p < n_off; ++p)
-                      for (int g = 0; g < Hkv; ++g) {
-                        if (key_here(p))
-                          std::memcpy(offloaded_kv_.key(l, d, g, p), offloaded_kv_.key(l, src, g, p), size_t(row));
-                        if (value_here(p)) std::memcpy(vrow(l, d, g, p), vrow(l, src, g, p), size_t(row));
-                      }
-                  },
-                  {}, "fork offloaded kv")
-              .wait();
-        }
-      offloaded_[pidx(l, d)] = n_off;
-      last_pos_[pidx(l, d)] = last_pos_[pidx(l, src)];
+  for (int l = 0; l < shape_.n_layers; ++l)
+    HG_CHECK(!pending_[pidx(l, src)] && !deferred_[size_t(l)]);  // between steps: no stage in flight
+  for (int32_t d : dst) ring_.copy_sequence(src, n, d);
+}
+
+void HybridGen::prepare(int layer, std::span<const TokenRow> rows, const float* x) {
+  if (!speculative_) return;
+  std::vector<size_t> need;  // decode rows with offloaded tokens only
+  for (size_t i = 0; i < rows.size(); ++i)
+    if (rows[i].pos >= prompt_[size_t(rows[i].seq)] && ring_.offloaded(layer, rows[i].seq) > 0)
+      need.push_back(i);
+  if (need.empty()) return;
+  // What each CPU stage starts from: the row of x, which it projects itself, or the query the
+  // accelerator projected. Gathered in this layer parity's scratch in the accelerator's memory and
+  // sent to the host by the transfer engine; the CPU stages wait for that transfer, the accelerator
+  // does not. On a GPU, queueing the transfer waits for the work queued so far, which also frees
+  // this layer parity's result buffers (their last reader was layer − 2's attention); the scratch's
+  // next writer, prepare(layer + 2), comes after layer's attention waited for these stages.
+  const int64_t d = model_->hp.d_model, n = query_on_accel_ ? int64_t(shape_.H) * shape_.D : d;
+  const int64_t M = int64_t(need.size());
+  BackendArray<float>& in_dev = spec_in_[size_t(layer % 2)];
+  if (in_dev.size() < size_t(M * n)) in_dev = BackendArray<float>(be_, size_t(M * n));
+  const auto t0 = Clock::now();
+  if (query_on_accel_) {
+    be_.synchronize();  // the work queued so far is not the projection's (t_query_ms)
+    // Scratch in the accelerator's memory, kept between calls (a cudaMalloc/cudaFree per layer
+    // would cost more than the projection).
+    if (spec_x_.size() < size_t(M * d)) spec_x_ = BackendArray<float>(be_, size_t(M * d));
+    if (spec_h_.size() < size_t(M * d)) spec_h_ = BackendArray<float>(be_, size_t(M * d));
+    std::vector<int32_t> pos;
+    for (size_t j = 0; j < need.size(); ++j) {
+      be_.copy(spec_x_.data() + int64_t(j) * d, x + int64_t(need[j]) * d, size_t(d) * 4);
+      pos.push_back(rows[need[j]].pos);
     }
+    stage_.project_query(be_, layer, spec_x_.data(), M, pos.data(), spec_h_.data(), in_dev.data());
+    add_accel_work(stage_.query_work(layer, M));
+  } else {
+    for (size_t j = 0; j < need.size(); ++j)
+      be_.copy(in_dev.data() + int64_t(j) * d, x + int64_t(need[j]) * d, size_t(d) * 4);
+  }
+  auto from = std::make_shared<std::vector<float>>(size_t(M * n));
+  const Event sent = rt_.transfers().run(
+      Tier::kGpu, Tier::kDram, M * n * 4,
+      [this, from, src = in_dev.data()] { be_.download(from->data(), src, from->size() * 4); }, {},
+      query_on_accel_ ? "speculative query to host" : "layer input to host");
+  if (query_on_accel_) stage_.add_query_seconds(since(t0), 0);
+  std::vector<CpuStage::Row> stage;
+  std::vector<int32_t> pos;
+  bool behind = false;
+  for (size_t j : need) {
+    const TokenRow r = rows[j];
+    auto res = stage_.fresh_result(layer, r.seq);
+    pending_[pidx(layer, r.seq)] = res;
+    stage.push_back({r, current_k(r), res});
+    pos.push_back(r.pos);
+    // The CPU queue runs stages in submission order. When the layer now running has no
+    // speculation of its own, its CPU stage is submitted at its attention, after this call: this
+    // stage then waits until that one is queued, so that it does not run ahead of the stage the
+    // accelerator is about to wait for.
+    behind |= layer > 0 && ring_.offloaded(layer - 1, r.seq) > 0 && !pending_[pidx(layer - 1, r.seq)];
+  }
+  // With query_on=cpu the layer's speculative queries are one projection over all M rows (W_q read
+  // once per layer, not once per sequence), the first part of the stage.
+  auto query = [this, layer, from, M, pos]() -> CpuStage::Queries {
+    if (query_on_accel_) return from;
+    const int64_t d = model_->hp.d_model;
+    const auto tq = Clock::now();
+    std::vector<float> h(size_t(M * d));
+    auto q = std::make_shared<std::vector<float>>(size_t(M) * size_t(shape_.H) * size_t(shape_.D));
+    stage_.project_query(rt_.cpu_backend(), layer, from->data(), M, pos.data(), h.data(), q->data());
+    const double measured = since(tq);
+    // The part of the CPU stage that does not scale with the tokens scored (the scheduler's
+    // estimate of post mode from pre), on the stage clock when there is one.
+    stage_.add_query_seconds(measured, rt_.stage_seconds(StageKind::kCpuCompute, stage_.query_work(layer, M, Tier::kDram), measured));
+    return q;
+  };
+  const std::string what =
+      query_on_accel_ ? "hybridgen speculative logits, layer " : "hybridgen speculative q + logits, layer ";
+  auto submit = [this, layer, what, stage = std::move(stage), sent, query, M, pre = sched_.pre()] {
+    stage_.submit(layer, what + std::to_string(layer), stage, pre, query_on_accel_ ? 0 : M, sent, query);
+  };
+  if (behind)
+    deferred_[size_t(layer)] = std::move(submit);
+  else
+    submit();
+}
+
+void HybridGen::submit_deferred(int layer) {
+  if (layer >= shape_.n_layers) return;
+  auto& d = deferred_[size_t(layer)];
+  if (!d) return;
+  auto f = std::move(d);
+  d = nullptr;
+  f();
 }
 
 void HybridGen::attend_decode(int layer, const std::vector<TokenRow>& rows, const std::vector<size_t>& idx,
                               const float* q, float scale, float* out) {
   const int Hkv = shape_.H_kv, D = shape_.D, G = shape_.H / Hkv;
   const int64_t hd = int64_t(shape_.H) * D;
-  const int32_t ring_slots = resident_tokens_ + 1;
+  const int32_t ring_slots = ring_.slots();
   submit_deferred(layer);  // normally queued already, after the previous layer's stage
   std::vector<std::shared_ptr<CpuResult>> res(rows.size());
-  std::vector<StageRow> now;  // rows no speculation covered: their stage runs now, with the true query
+  std::vector<CpuStage::Row> now;  // rows no speculation covered: their stage runs now, with the true query
   std::vector<size_t> now_idx;
   for (size_t j = 0; j < rows.size(); ++j) {
     const TokenRow& r = rows[j];
     seen_pos_max_ = std::max(seen_pos_max_, r.pos);
-    if (offloaded_[pidx(layer, r.seq)] == 0) continue;
+    if (ring_.offloaded(layer, r.seq) == 0) continue;
     res[j] = std::exchange(pending_[pidx(layer, r.seq)], nullptr);
     if (res[j]) continue;
-    res[j] = fresh_result(layer, r.seq);
+    res[j] = stage_.fresh_result(layer, r.seq);
     now.push_back({r, current_k(r), res[j]});
     now_idx.push_back(idx[j]);
   }
@@ -224,7 +259,7 @@ void HybridGen::attend_decode(int layer, const std::vector<TokenRow>& rows, cons
             be_.download(qt->data() + int64_t(j) * hd, q + int64_t(now_idx[j]) * hd, size_t(hd) * 4);
         },
         {}, "query to host");
-    submit_cpu_stage(layer, "hybridgen logits, layer " + std::to_string(layer), std::move(now), sched_.pre(), 0,
+    stage_.submit(layer, "hybridgen logits, layer " + std::to_string(layer), std::move(now), sched_.pre(), 0,
                      sent, [qt] { return qt; });
   }
   submit_deferred(layer + 1);
@@ -237,11 +272,11 @@ void HybridGen::attend_decode(int layer, const std::vector<TokenRow>& rows, cons
     const int32_t n = r.pos + 1, used = std::min(n, ring_slots);
     // The ring holds exactly the resident tokens: all of them before any offload, afterwards the
     // R trimmed by the last end_step plus this step's token.
-    HG_CHECK(n - offloaded_[pidx(layer, r.seq)] == used);
+    HG_CHECK(n - ring_.offloaded(layer, r.seq) == used);
     float* lb = resident_logits_.data() + j * per_row;
     for (int g = 0; g < Hkv; ++g)
       be_.group_logits(q + int64_t(idx[j]) * hd + int64_t(g) * G * D, G,
-                       at(ring_.k_raw(layer, r.seq), g * ring_.head_stride(r.seq)), used, D, scale,
+                       static_cast<const char*>(ring_.ring_k(layer, r.seq)) + kv_.bytes(g * ring_.head_stride(r.seq)), used, D, scale,
                        lb + int64_t(g) * G * used, kv_.dtype());
   }
   const auto t0 = Clock::now();
@@ -261,7 +296,7 @@ void HybridGen::attend_decode(int layer, const std::vector<TokenRow>& rows, cons
     m.H = shape_.H, m.H_kv = Hkv, m.D = D, m.scale = scale, m.q = q + int64_t(idx[j]) * hd;
     m.lb = resident_logits_.data() + j * per_row;
     if (res[j]) m.la = res[j]->logits, m.Va = res[j]->v, m.na = res[j]->k;
-    m.Kb = ring_.k_raw(layer, r.seq), m.Vb = ring_.v_raw(layer, r.seq), m.ld_b = ring_.head_stride(r.seq) / D,
+    m.Kb = ring_.ring_k(layer, r.seq), m.Vb = ring_.ring_v(layer, r.seq), m.ld_b = ring_.head_stride(r.seq) / D,
     m.nb = std::min(r.pos + 1, ring_slots), m.kv_dtype = kv_.dtype();
     m.out = out + int64_t(idx[j]) * hd;
     be_.merged_attention(m);

@@ -1,19 +1,84 @@
 // HybridGen's residency: the ring of the newest tokens on the accelerator, offloading the
-// oldest to the CPU side, and exact prefill attention over both (hybridgen.h).
-#include "baselines/hybridgen/hybridgen.h"
+// oldest to the CPU side, and exact prefill attention over both (residency.h).
+#include "baselines/hybridgen/residency.h"
+
+#include <cstring>
+#include <map>
 
 namespace hg {
 
-void HybridGen::append(int layer, std::span<const TokenRow> rows, const float* k, const float* v) {
+void ResidentRing::reset(const KvShape& shape, std::span<const int32_t> capacity, int32_t resident_tokens,
+                         int32_t page_tokens, PlacementPolicy& placement, int64_t dram_bytes) {
+  shape_ = shape;
+  B_ = int(capacity.size());
+  resident_ = resident_tokens, page_ = page_tokens;
+  std::vector<int32_t> ring(static_cast<size_t>(B_)), off(static_cast<size_t>(B_));
+  for (int b = 0; b < B_; ++b) {
+    ring[size_t(b)] = std::min(resident_ + 1, capacity[size_t(b)]);
+    off[size_t(b)] = std::max(1, capacity[size_t(b)] - resident_);
+  }
+  ring_.reset(shape, ring, &rt_.memory(), Tier::kGpu, kv_.dtype());
+  offloaded_kv_.reset(shape, off, page_, placement, dram_bytes, rt_.memory(), kv_.dtype());
+  offloaded_.assign(size_t(shape.n_layers) * size_t(B_), 0);
+  last_pos_.assign(offloaded_.size(), -1);
+}
+
+void ResidentRing::trim() {
+  for (int l = 0; l < shape_.n_layers; ++l) {
+    std::vector<std::pair<int, int32_t>> leaving;
+    for (int b = 0; b < B_; ++b) {
+      int32_t& off = offloaded_[idx(l, b)];
+      while (last_pos_[idx(l, b)] - resident_ + 1 > off) leaving.emplace_back(b, off++);
+    }
+    if (!leaving.empty()) offload(l, leaving, {}, nullptr, nullptr);
+  }
+}
+
+void ResidentRing::copy_sequence(int32_t src, int32_t n, int32_t d) {
+  const int Hkv = shape_.H_kv;
+  const int64_t row = kv_.bytes(shape_.D);
+  for (int l = 0; l < shape_.n_layers; ++l) {
+    ring_.copy_tokens(l, src, d, std::min(n, resident_ + 1), &be_);
+    const int32_t n_off = offloaded_[idx(l, src)];
+    // Offloaded rows go from src's tier to dst's (pages are placed per sequence: they may differ).
+    for (Tier from : {Tier::kDram, Tier::kFar})
+      for (Tier to : {Tier::kDram, Tier::kFar}) {
+        auto key_here = [&](int32_t p) {
+          return offloaded_kv_.key_tier(l, src, p) == from && offloaded_kv_.key_tier(l, d, p) == to;
+        };
+        auto value_here = [&](int32_t p) { return vtier(l, src, p) == from && vtier(l, d, p) == to; };
+        int64_t rows = 0;
+        for (int32_t p = 0; p < n_off; ++p) rows += key_here(p) + value_here(p);
+        if (rows == 0) continue;
+        rt_.transfers()
+            .run(
+                from, to, rows * Hkv * row,
+                [&] {
+                  for (int32_t p = 0; p < n_off; ++p)
+                    for (int g = 0; g < Hkv; ++g) {
+                      if (key_here(p))
+                        std::memcpy(offloaded_kv_.key(l, d, g, p), offloaded_kv_.key(l, src, g, p), size_t(row));
+                      if (value_here(p)) std::memcpy(vrow(l, d, g, p), vrow(l, src, g, p), size_t(row));
+                    }
+                },
+                {}, "fork offloaded kv")
+            .wait();
+      }
+    offloaded_[idx(l, d)] = n_off;
+    last_pos_[idx(l, d)] = last_pos_[idx(l, src)];
+  }
+}
+
+void ResidentRing::append(int layer, std::span<const TokenRow> rows, const float* k, const float* v) {
   const int Hkv = shape_.H_kv, D = shape_.D;
   // Offload tokens leaving the ring (oldest first), then write the new ones into it.
   // (Only long prefill chunks overflow the ring within one call; decode steps were trimmed by
   // the previous end_step.)
   std::vector<std::pair<int, int32_t>> leaving;
   for (auto& r : rows) {
-    int32_t& off = offloaded_[pidx(layer, r.seq)];
-    while (r.pos - resident_tokens_ - 1 >= off) leaving.emplace_back(r.seq, off++);
-    last_pos_[pidx(layer, r.seq)] = std::max(last_pos_[pidx(layer, r.seq)], r.pos);
+    int32_t& off = offloaded_[idx(layer, r.seq)];
+    while (r.pos - resident_ - 1 >= off) leaving.emplace_back(r.seq, off++);
+    last_pos_[idx(layer, r.seq)] = std::max(last_pos_[idx(layer, r.seq)], r.pos);
   }
   if (!leaving.empty()) offload(layer, leaving, rows, k, v);
   new_k_ = k, new_v_ = v;
@@ -26,11 +91,11 @@ void HybridGen::append(int layer, std::span<const TokenRow> rows, const float* k
     int32_t last = rows[i0].pos;
     while (i1 < rows.size() && rows[i1].seq == rows[i0].seq) last = std::max(last, rows[i1++].pos);
     for (size_t i = i0; i < i1;) {  // sub-runs of rows that stay
-      while (i < i1 && rows[i].pos <= last - (resident_tokens_ + 1)) ++i;
+      while (i < i1 && rows[i].pos <= last - (resident_ + 1)) ++i;
       size_t j = i;
       slots_.clear();
-      while (j < i1 && rows[j].pos > last - (resident_tokens_ + 1))
-        slots_.push_back(rows[j++].pos % (resident_tokens_ + 1));
+      while (j < i1 && rows[j].pos > last - (resident_ + 1))
+        slots_.push_back(rows[j++].pos % (resident_ + 1));
       if (j > i) {
         const int seq = rows[i].seq;
         be_.write_kv(k + int64_t(i) * row, int64_t(j - i), Hkv, D, slots_.data(), ring_.k_raw(layer, seq),
@@ -44,7 +109,7 @@ void HybridGen::append(int layer, std::span<const TokenRow> rows, const float* k
   }
 }
 
-void HybridGen::offload(int layer, const std::vector<std::pair<int, int32_t>>& leaving,
+void ResidentRing::offload(int layer, const std::vector<std::pair<int, int32_t>>& leaving,
                         std::span<const TokenRow> rows, const float* k, const float* v) {
   const int Hkv = shape_.H_kv, D = shape_.D;
   const int64_t row = kv_.bytes(int64_t(Hkv) * D);
@@ -80,7 +145,7 @@ void HybridGen::offload(int layer, const std::vector<std::pair<int, int32_t>>& l
     out.reserve(leaving.size());
     for (auto& [seq, pos] : leaving) {
       const char* ring_dev = static_cast<const char*>(key ? ring_.k_raw(layer, seq) : ring_.v_raw(layer, seq));
-      const int64_t hs = ring_.head_stride(seq), slot = pos % (resident_tokens_ + 1);
+      const int64_t hs = ring_.head_stride(seq), slot = pos % (resident_ + 1);
       if (auto it = in_call.find({seq, pos}); it != in_call.end()) {
         if (!call) call = host_view(be_, kv, rows.size() * size_t(Hkv) * size_t(D), st.rows);
         out.push_back({reinterpret_cast<const char*>(call + int64_t(it->second) * Hkv * D), D, true});
@@ -108,7 +173,7 @@ void HybridGen::offload(int layer, const std::vector<std::pair<int, int32_t>>& l
         auto [seq, pos] = leaving[t];
         const void* ring_dev = key ? ring_.k_raw(layer, seq) : ring_.v_raw(layer, seq);
         char* dst = st.slots.data() + j++ * token;
-        be_.download_2d(dst, row, at(ring_dev, int64_t(pos % (resident_tokens_ + 1)) * D),
+        be_.download_2d(dst, row, at(ring_dev, int64_t(pos % (resident_ + 1)) * D),
                         size_t(kv_.bytes(ring_.head_stride(seq))), row, size_t(Hkv));
         out[t].base = dst;
       }
@@ -151,22 +216,22 @@ void HybridGen::offload(int layer, const std::vector<std::pair<int, int32_t>>& l
   for (auto& e : ev) e.wait();  // the ring slots are reused right after
 }
 
-void HybridGen::attend_exact(int layer, const std::vector<TokenRow>& rows, const std::vector<size_t>& idx,
-                             const float* q, float scale, float* out) {
+int32_t ResidentRing::attend_exact(int layer, const std::vector<TokenRow>& rows, const std::vector<size_t>& out_row,
+                                   const float* q, float scale, float* out) {
   const int Hkv = shape_.H_kv, D = shape_.D;
   const int64_t hd = int64_t(shape_.H) * D;
-  const int32_t ring_slots = resident_tokens_ + 1;
+  const int32_t ring_slots = resident_ + 1;
   std::map<int32_t, int32_t> last;
   for (auto& r : rows) last[r.seq] = std::max(last[r.seq], r.pos);
   for (auto& [seq_, maxpos] : last) {
     const int32_t seq = seq_;  // a plain variable: lambdas below capture it
-    const int32_t n = maxpos + 1, n_off = offloaded_[pidx(layer, seq)];
+    const int32_t n = maxpos + 1, n_off = offloaded_[idx(layer, seq)];
     Allocation kb = rt_.memory().allocate(Tier::kGpu, kv_.bytes(int64_t(Hkv) * n * D), MemUse::kKv);
     Allocation vb = rt_.memory().allocate(Tier::kGpu, kv_.bytes(int64_t(Hkv) * n * D), MemUse::kKv);
     const size_t pitch = size_t(kv_.bytes(int64_t(n) * D));
     // A whole-prompt prefill: its keys and values are this call's own, on the accelerator.
     const bool fresh =
-        write_own_kv(be_, rows, idx, seq, n, new_k_, new_v_, Hkv, D, kb.as<char>(), vb.as<char>(), kv_.dtype());
+        write_own_kv(be_, rows, out_row, seq, n, new_k_, new_v_, Hkv, D, kb.as<char>(), vb.as<char>(), kv_.dtype());
     if (n_off > 0 && !fresh) {
       for (Tier t : {Tier::kDram, Tier::kFar}) {
         const int32_t rows = offloaded_kv_.key_rows_before(t, layer, seq, n_off);
@@ -226,7 +291,7 @@ void HybridGen::attend_exact(int layer, const std::vector<TokenRow>& rows, const
     for (size_t i = 0; i < rows.size(); ++i)
       if (rows[i].seq == seq) {
         ar.push_back(AttnRow{kb.as<char>(), vb.as<char>(), int64_t(n) * D, rows[i].pos + 1});
-        where.push_back(idx[i]);
+        where.push_back(out_row[i]);
       }
     // This sequence's query rows gathered, attended, and scattered back (accelerator memory).
     BackendArray<float> qs(be_, where.size() * size_t(hd)), os(be_, where.size() * size_t(hd));
@@ -237,7 +302,7 @@ void HybridGen::attend_exact(int layer, const std::vector<TokenRow>& rows, const
       be_.copy(out + int64_t(where[j]) * hd, os.data() + int64_t(j) * hd, size_t(hd) * 4);
     be_.synchronize();  // kb, vb, qs and os are freed at the end of this scope
   }
-  seen_pos_max_ = std::max(seen_pos_max_, last.rbegin()->second);
+  return last.rbegin()->second;
 }
 
 }  // namespace hg
