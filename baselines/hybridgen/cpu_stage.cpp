@@ -213,7 +213,6 @@ void CpuStage::select(int layer, const TokenRow& r, const float* q, int32_t K, b
 std::vector<Event> CpuStage::send_results(int layer, const std::vector<Row>& rows,
                                           std::vector<std::vector<float>> lg) {
   const int Hkv = shape_.H_kv, D = shape_.D;
-  const int32_t pt = ring_.page_tokens();
   // Logits (dram → gpu), every row's in one transfer, and the selected V rows (their tier → gpu).
   std::vector<Event> ev;
   int64_t lbytes = 0;
@@ -237,32 +236,20 @@ std::vector<Event> CpuStage::send_results(int layer, const std::vector<Row>& row
         const auto& sel = s.res->sel[size_t(g)];
         const int32_t b = ti == 0 ? 0 : s.res->n_tier[size_t(g)][0], e = b + s.res->n_tier[size_t(g)][size_t(ti)];
         bytes += kv_.bytes(int64_t(e - b) * D);
-        for (int32_t i = b; i < e; ++i)
-          runs += i == b || sel[size_t(i)] != sel[size_t(i) - 1] + 1 ||
-                  sel[size_t(i)] / pt != sel[size_t(i) - 1] / pt;
+        runs += ring_.offloaded_kv().value_runs(std::span<const int32_t>(sel.data() + b, size_t(e - b)));
       }
     if (bytes == 0) continue;
     ev.push_back(rt_.transfers().run_gather(
         tier, Tier::kGpu, bytes, runs,
-        [this, &rows, layer, ti, D, Hkv, pt, tier, bytes, runs] {
+        [this, &rows, layer, ti, D, Hkv, tier, bytes, runs] {
           const auto t = Clock::now();
           // Each head's rows of this tier are one block of res.v; its positions are sorted.
-          std::vector<int32_t> in_page;
           for (const Row& s : rows) {
             const CpuResult& res = *s.res;
             for (int g = 0; g < Hkv; ++g) {
-              const auto& sel = res.sel[size_t(g)];
-              const int32_t b = ti == 0 ? 0 : res.n_tier[size_t(g)][0], e = b + res.n_tier[size_t(g)][size_t(ti)];
-              char* block = at(res.v, (int64_t(g) * res.k + b) * D);
-              for (int32_t i = b; i < e;) {
-                const int32_t page = sel[size_t(i)] / pt;
-                int32_t j = i;
-                in_page.clear();
-                for (; j < e && sel[size_t(j)] / pt == page; ++j) in_page.push_back(sel[size_t(j)] % pt);
-                be_.gather_rows(at(block, int64_t(i - b) * D), ring_.vrow(layer, s.r.seq, g, page * pt), kv_.bytes(D),
-                                kv_.bytes(D), in_page.data(), j - i);
-                i = j;
-              }
+              const int32_t b = ti == 0 ? 0 : res.n_tier[size_t(g)][0], n = res.n_tier[size_t(g)][size_t(ti)];
+              ring_.offloaded_kv().gather_values(be_, layer, s.r.seq, g, res.sel[size_t(g)].data() + b, n,
+                                                 at(res.v, (int64_t(g) * res.k + b) * D));
             }
           }
           be_.synchronize();  // the attention reading res.v runs on another thread's stream

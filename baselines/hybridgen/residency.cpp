@@ -239,17 +239,7 @@ int32_t ResidentRing::attend_exact(int layer, const std::vector<TokenRow>& rows,
         rt_.transfers()
             .run(
                 t, Tier::kGpu, kv_.bytes(int64_t(rows) * Hkv * D),
-                [&, t] {
-                  // Each run of the tier's rows, one strided copy of all heads.
-                  offloaded_kv_.key_runs(
-                      layer, seq, 0, n_off, [&](Tier rt, int32_t row, int32_t pos, int32_t len) {
-                        if (rt != t) return;
-                        be_.upload_2d(at(kb.as<char>(), int64_t(pos) * D), pitch,
-                                      at(offloaded_kv_.keys(t, layer, seq, 0), int64_t(row) * D),
-                                      size_t(kv_.bytes(offloaded_kv_.key_head_stride(t, layer, seq))),
-                                      size_t(kv_.bytes(int64_t(len) * D)), size_t(Hkv));
-                      });
-                },
+                [&, t] { offloaded_kv_.upload_keys(be_, t, layer, seq, n_off, kb.as<char>(), pitch); },
                 {}, "prefill K back")
             .wait();
       }
@@ -260,18 +250,7 @@ int32_t ResidentRing::attend_exact(int layer, const std::vector<TokenRow>& rows,
         rt_.transfers()
             .run(
                 t, Tier::kGpu, bytes,
-                [&, t] {
-                  // The tier's pages, each one strided copy of all heads (a page is [H_kv][page][D];
-                  // a page lies in one tier).
-                  for (int32_t p0 = 0; p0 < n_off;) {
-                    const int32_t p1 = std::min(n_off, (p0 / page_ + 1) * page_);
-                    if (vtier(layer, seq, p0) == t)
-                      be_.upload_2d(at(vb.as<char>(), int64_t(p0) * D), pitch, vrow(layer, seq, 0, p0),
-                                    size_t(kv_.bytes(int64_t(page_) * D)), size_t(kv_.bytes(int64_t(p1 - p0) * D)),
-                                    size_t(Hkv));
-                    p0 = p1;
-                  }
-                },
+                [&, t] { offloaded_kv_.upload_values(be_, t, layer, seq, n_off, vb.as<char>(), pitch); },
                 {}, "prefill V back")
             .wait();
       }

@@ -1,19 +1,20 @@
-// `infinigen` — speculative KV fetching (snu-comparch/InfiniGen). The full KV cache lives on
-// `dram` and is never evicted. Offline skewing: per layer and KV head, an orthogonal matrix A from
-// the SVD (Eigen) of the calibration prompt's queries (the group's heads) and keys, after RoPE for
-// RoPE models; q·k = (qA)·(kA). The calibration prompt is the first `calib_tokens` (2048) tokens of
-// the run's first prompt (the authors warm up once, on the first book of PG-19). At prefill the
-// `partial_ratio` columns with the largest Σ|qA| + Σ|kA| (the paper's rule; the authors' code uses
-// |Q| only, InfiniGen#7) form a partial key cache on the accelerator, appended every step.
-// Speculation for layer i+1 runs while layer i computes: the partial query comes from layer i's
-// attention input (layer i's norm), layer i+1's W_q (+ bias) and RoPE, skewed and sliced (with
-// RoPE the rotation sits between W_q and A, so the full q is formed and then projected — the same
-// numbers as a pre-multiplied partial W_q without RoPE). Per query head, tokens whose partial
-// logit, scaled by 1/√D as attention scales it, exceeds max − alpha are counted; the count is averaged over
-// heads and capped at max_kv_ratio of the current length; that many top tokens per KV head (by the group's
-// max partial logit — GQA generalisation) have their K and V rows gathered from dram onto the accelerator,
-// where layer i+1 attends over them plus the current token. Layers 0 and 1 load their full KV, as
-// the authors' code does. Prefill attention is exact.
+// `infinigen` — speculative KV fetching (snu-comparch/InfiniGen). The full KV cache lives on `dram`
+// (a PagedKvStore with every page there) and is never evicted. Offline skewing: per layer and KV
+// head, an orthogonal matrix A from the SVD (Eigen) of the calibration prompt's queries (the
+// group's heads) and keys, after RoPE for RoPE models; q·k = (qA)·(kA). The calibration prompt is
+// the first `calib_tokens` (2048) tokens of the run's first prompt (the authors warm up once, on
+// the first book of PG-19). At prefill the `partial_ratio` columns with the largest Σ|qA| + Σ|kA|
+// (the paper's rule; the authors' code uses |Q| only, InfiniGen#7) form a partial key cache on the
+// accelerator, appended every step. Speculation for layer i+1 runs while layer i computes: the
+// partial query comes from layer i's attention input (layer i's norm), layer i+1's W_q (+ bias) and
+// RoPE, skewed and sliced (with RoPE the rotation sits between W_q and A, so the full q is formed
+// and then projected — the same numbers as a pre-multiplied partial W_q without RoPE). Per query
+// head, tokens whose partial logit, scaled by 1/√D as attention scales it, exceeds max − alpha are
+// counted; the count is averaged over heads and capped at max_kv_ratio of the current length; that
+// many top tokens per KV head (by the group's max partial logit — GQA generalisation) have their K
+// and V rows gathered from dram onto the accelerator, where layer i+1 attends over them plus the
+// current token. Layers 0 and 1 load their full KV, as the authors' code does. Prefill attention is
+// exact.
 #include <Eigen/Dense>
 #include <Eigen/SVD>
 #include <algorithm>
@@ -27,6 +28,8 @@
 #include "baselines/common.h"
 #include "baselines/speculation.h"
 #include "engine/kv/kv_store.h"
+#include "engine/kv/paged_kv_store.h"
+#include "engine/kv/placement.h"
 #include "selectors/logit_topk.h"
 
 namespace hg {
@@ -141,7 +144,9 @@ class InfiniGen final : public KvStrategy {
     shape_ = shape;
     B_ = int(capacity.size());
     prompt_.assign(prompt_len.begin(), prompt_len.end());
-    store_.reset(shape, capacity, &rt_.memory(), Tier::kDram, kv_.dtype());
+    // The whole cache on dram, as its authors keep it (dram-only placement: every page there).
+    store_.reset(shape, capacity, kPageTokens, *dram_only_, rt_.memory().ledger().available(Tier::kDram), rt_.memory(),
+                 kv_.dtype());
     dp_ = std::max(1, int(std::lround(partial_ratio_ * shape.D)));
     // The skew is calibrated once, on the first prompt this instance sees (the authors calibrate
     // once, offline): later batches of the same shape keep it, and their partial keys are built as
@@ -219,17 +224,15 @@ class InfiniGen final : public KvStrategy {
     int64_t bytes = 0, n_rows = 0;
     for (const Gather& g : gathers) {
       bytes += int64_t(2) * kv_.bytes(int64_t(Hkv) * g.f->n * D);
-      for (const auto& sel : g.sel) n_rows += 2 * gathered_runs(sel);
+      for (const auto& sel : g.sel) n_rows += gathered_runs(sel) + store_.value_runs(sel);  // K rows are one block
     }
     auto fetch = [this, gathers, layer, Hkv, D] {
       for (const Gather& gt : gathers)
         for (int g = 0; g < Hkv; ++g) {
-          const int64_t head = kv_.bytes(g * store_.head_stride(gt.seq)), n = int64_t(gt.sel[size_t(g)].size());
-          const int64_t row = kv_.bytes(D), dst = kv_.bytes(int64_t(g) * gt.f->n * D);
-          be_.gather_rows(gt.f->k + dst, static_cast<const char*>(store_.k_raw(layer, gt.seq)) + head, row, row,
-                          gt.sel[size_t(g)].data(), n);
-          be_.gather_rows(gt.f->v + dst, static_cast<const char*>(store_.v_raw(layer, gt.seq)) + head, row, row,
-                          gt.sel[size_t(g)].data(), n);
+          const int32_t n = int32_t(gt.sel[size_t(g)].size());
+          const int64_t dst = kv_.bytes(int64_t(g) * gt.f->n * D);
+          store_.gather_keys(be_, layer, gt.seq, g, gt.sel[size_t(g)].data(), n, gt.f->k + dst);
+          store_.gather_values(be_, layer, gt.seq, g, gt.sel[size_t(g)].data(), n, gt.f->v + dst);
         }
       be_.synchronize();  // the attention reading them runs on another thread's stream
     };
@@ -284,8 +287,9 @@ class InfiniGen final : public KvStrategy {
               Tier::kDram, Tier::kGpu, load_bytes,
               [&] {
                 for (auto [sq, nn] : loads) {
-                  upload_prefix(full_pool_[size_t(sq)].k.as<char>(), store_.k_raw(layer, sq), sq, nn);
-                  upload_prefix(full_pool_[size_t(sq)].v.as<char>(), store_.v_raw(layer, sq), sq, nn);
+                  const size_t pitch = size_t(kv_.bytes(int64_t(nn) * shape_.D));
+                  store_.upload_keys(be_, Tier::kDram, layer, sq, nn, full_pool_[size_t(sq)].k.as<char>(), pitch);
+                  store_.upload_values(be_, Tier::kDram, layer, sq, nn, full_pool_[size_t(sq)].v.as<char>(), pitch);
                 }
               },
               {}, "full kv load")
@@ -368,12 +372,6 @@ class InfiniGen final : public KvStrategy {
   }
   void grow(Allocation& a, int64_t bytes) { grow_allocation(rt_.memory(), Tier::kGpu, a, bytes, true); }
   bool ready(int layer) const { return !skew_[size_t(layer) * size_t(shape_.H_kv)].empty(); }
-  // Tokens [0, n) of every KV head of `rows` (a dram store's K or V of `seq`) into dst [H_kv, n, D]
-  // on the accelerator: one strided copy (inside a transfer's body).
-  void upload_prefix(void* dst, const void* rows, int seq, int32_t n) {
-    const size_t len = size_t(kv_.bytes(int64_t(n) * shape_.D));
-    be_.upload_2d(dst, len, rows, size_t(kv_.bytes(store_.head_stride(seq))), len, size_t(shape_.H_kv));
-  }
   // A prompt's keys [H_kv, n, D] of kv_dtype in the accelerator's memory as F32, for the skew's
   // matmul: k itself when F32, else converted into prompt_k32_.
   const float* keys_f32(const void* k, int32_t n) {
@@ -476,7 +474,10 @@ class InfiniGen final : public KvStrategy {
       rt_.transfers()
           .run(
               Tier::kDram, Tier::kGpu, kv_.bytes(int64_t(Hkv) * n * D),
-              [&] { upload_prefix(prompt_k_.as<char>(), store_.k_raw(layer, b), b, n); }, {},
+              [&] {
+                store_.upload_keys(be_, Tier::kDram, layer, b, n, prompt_k_.as<char>(), size_t(kv_.bytes(int64_t(n) * D)));
+              },
+              {},
               "prompt keys for the partial cache")
           .wait();
       const float* kb = keys_f32(prompt_k_.as<char>(), n);
@@ -572,7 +573,10 @@ class InfiniGen final : public KvStrategy {
   KvShape shape_;
   int B_ = 0, dp_ = 1;
   std::vector<int32_t> prompt_;
-  KvStore store_, partial_;
+  static constexpr int32_t kPageTokens = 64;
+  std::unique_ptr<PlacementPolicy> dram_only_ = make_placement("dram-only");
+  PagedKvStore store_;  // the whole KV cache, on dram
+  KvStore partial_;
   int svd_layers_ = 0;
   std::array<int, 3> skew_shape_{};  // H_kv, D, dp of the kept skew
   std::vector<Weight> skew_;  // per (layer, KV head): the kept columns of the skew, [dp, D]

@@ -2,6 +2,7 @@
 #include "engine/kv/paged_kv_store.h"
 
 #include <algorithm>
+#include <cstring>
 
 #include "engine/core/error.h"
 
@@ -112,6 +113,73 @@ char* PagedKvStore::value(int layer, int seq, int g, int32_t pos) {
     far_value_pages_ += t == Tier::kFar;
   }
   return pg.as<char>() + (int64_t(g) * page_ + pos % page_) * shape_.D * es_;
+}
+
+void PagedKvStore::write(int layer, std::span<const TokenRow> rows, const float* k, const float* v) {
+  const int Hkv = shape_.H_kv, D = shape_.D;
+  const int32_t zero = 0;
+  for (size_t i = 0; i < rows.size(); ++i) {
+    const TokenRow r = rows[i];
+    const int64_t at = int64_t(i) * Hkv * D;
+    write_kv_host(k + at, 1, Hkv, D, &zero, key(layer, r.seq, 0, r.pos),
+                  key_head_stride(key_tier(layer, r.seq, r.pos), layer, r.seq), dt_);
+    write_kv_host(v + at, 1, Hkv, D, &zero, value(layer, r.seq, 0, r.pos), int64_t(page_) * D, dt_);
+  }
+}
+
+void PagedKvStore::copy_tokens(int layer, int src, int dst, int32_t n) {
+  const size_t row = size_t(shape_.D * es_);
+  for (int32_t p = 0; p < n; ++p)
+    for (int g = 0; g < shape_.H_kv; ++g) {
+      std::memcpy(key(layer, dst, g, p), key(layer, src, g, p), row);
+      std::memcpy(value(layer, dst, g, p), value(layer, src, g, p), row);
+    }
+}
+
+void PagedKvStore::gather_keys(Backend& be, int layer, int seq, int g, const int32_t* pos, int32_t n, char* dst) {
+  const int64_t row = shape_.D * es_;
+  std::vector<int32_t> rows;
+  for (int32_t i = 0; i < n;) {
+    const Tier t = key_tier(layer, seq, pos[i]);
+    int32_t j = i;
+    rows.clear();
+    for (; j < n && key_tier(layer, seq, pos[j]) == t; ++j) rows.push_back(row_of(t, layer, seq, pos[j]));
+    be.gather_rows(dst + int64_t(i) * row, keys(t, layer, seq, g), row, row, rows.data(), j - i);
+    i = j;
+  }
+}
+
+void PagedKvStore::gather_values(Backend& be, int layer, int seq, int g, const int32_t* pos, int32_t n, char* dst) {
+  const int64_t row = shape_.D * es_;
+  std::vector<int32_t> in_page;
+  for (int32_t i = 0; i < n;) {
+    const int32_t page = pos[i] / page_;
+    int32_t j = i;
+    in_page.clear();
+    for (; j < n && pos[j] / page_ == page; ++j) in_page.push_back(pos[j] % page_);
+    be.gather_rows(dst + int64_t(i) * row, value(layer, seq, g, page * page_), row, row, in_page.data(), j - i);
+    i = j;
+  }
+}
+
+void PagedKvStore::upload_keys(Backend& be, Tier t, int layer, int seq, int32_t n, char* dst, size_t dst_pitch) {
+  key_runs(layer, seq, 0, n, [&](Tier rt, int32_t row, int32_t pos, int32_t len) {
+    if (rt != t) return;
+    be.upload_2d(dst + int64_t(pos) * shape_.D * es_, dst_pitch, keys(t, layer, seq, 0) + int64_t(row) * shape_.D * es_,
+                 size_t(key_head_stride(t, layer, seq) * es_), size_t(int64_t(len) * shape_.D * es_),
+                 size_t(shape_.H_kv));
+  });
+}
+
+void PagedKvStore::upload_values(Backend& be, Tier t, int layer, int seq, int32_t n, char* dst, size_t dst_pitch) {
+  for (int32_t p0 = 0; p0 < n;) {
+    const int32_t p1 = std::min(n, (p0 / page_ + 1) * page_);
+    if (value_tier(layer, seq, p0) == t)
+      be.upload_2d(dst + int64_t(p0) * shape_.D * es_, dst_pitch, value(layer, seq, 0, p0),
+                   size_t(int64_t(page_) * shape_.D * es_), size_t(int64_t(p1 - p0) * shape_.D * es_),
+                   size_t(shape_.H_kv));
+    p0 = p1;
+  }
 }
 
 }  // namespace hg

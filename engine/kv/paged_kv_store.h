@@ -1,11 +1,11 @@
-// A paged, tiered KV store for tokens kept off the accelerator (HybridGen's CPU side; any strategy
-// that scores or selects pages can hold its offloaded KV here). Pages of `page_tokens` positions
-// go to `dram` or `far` as the placement policy (engine/kv/placement.h) decides; pages are numbered
-// position-major across layers and sequences, so early tokens of every layer claim dram first.
-// Keys: per (layer, sequence) and tier, one block [H_kv][rows][D] of that tier's positions in
-// order, so a scorer reads each tier's keys in one pass and far memory only for keys there.
-// Values: pages [H_kv][page_tokens][D], allocated on their tier at their first token. Elements are
-// of the strategy's KV type; addresses are byte addresses of D-element rows.
+// A paged, tiered KV store for tokens kept off the accelerator (HybridGen's CPU side, InfiniGen's
+// whole cache; any strategy that scores or selects pages can hold its offloaded KV here). Pages of
+// `page_tokens` positions go to `dram` or `far` as the placement policy (engine/kv/placement.h)
+// decides; pages are numbered position-major across layers and sequences, so early tokens of every
+// layer claim dram first. Keys: per (layer, sequence) and tier, one block [H_kv][rows][D] of that
+// tier's positions in order, so a scorer reads each tier's keys in one pass and far memory only for
+// keys there. Values: pages [H_kv][page_tokens][D], allocated on their tier at their first token.
+// Elements are of the strategy's KV type; addresses are byte addresses of D-element rows.
 #pragma once
 #include <algorithm>
 #include <array>
@@ -13,6 +13,7 @@
 #include <span>
 #include <vector>
 
+#include "engine/backend/backend.h"
 #include "engine/kv/kv_strategy.h"
 #include "engine/runtime/memory.h"
 #include "engine/kv/placement.h"
@@ -66,6 +67,30 @@ class PagedKvStore {
   char* value(int layer, int seq, int g, int32_t pos);
   int64_t far_value_pages() const { return far_value_pages_; }
   int32_t page_tokens() const { return page_; }
+
+  // Rows' K and V (host F32 [n, H_kv, D]) stored at their positions, converted to the stored type.
+  void write(int layer, std::span<const TokenRow> rows, const float* k, const float* v);
+  // Positions [0, n) of every KV head of (layer, src) copied into (layer, dst) on the host; the
+  // caller moves rows whose tiers differ between the two sequences through the transfer engine.
+  void copy_tokens(int layer, int src, int dst, int32_t n);
+  // The rows of KV head g at sorted positions pos[0, n) into dst (n rows of D elements), through
+  // be.gather_rows (the backend reads host tiers by DMA on a device): keys one call per run of
+  // one tier, values one per run within a page.
+  void gather_keys(Backend& be, int layer, int seq, int g, const int32_t* pos, int32_t n, char* dst);
+  void gather_values(Backend& be, int layer, int seq, int g, const int32_t* pos, int32_t n, char* dst);
+  // The gather_rows calls gather_values makes for these positions: runs of consecutive positions
+  // within one page (what a transfer's per-row cost counts).
+  int64_t value_runs(std::span<const int32_t> pos) const {
+    int64_t n = 0;
+    for (size_t i = 0; i < pos.size(); ++i)
+      n += i == 0 || pos[i] != pos[i - 1] + 1 || pos[i] / page_ != pos[i - 1] / page_;
+    return n;
+  }
+  // The positions [0, n) tier t holds, uploaded into dst [H_kv][..][D] at row = position
+  // (dst_pitch bytes between heads): one strided upload of all heads per run of rows (keys) or
+  // per page (values).
+  void upload_keys(Backend& be, Tier t, int layer, int seq, int32_t n, char* dst, size_t dst_pitch);
+  void upload_values(Backend& be, Tier t, int layer, int seq, int32_t n, char* dst, size_t dst_pitch);
 
  private:
   size_t idx(int layer, int seq) const { return size_t(layer) * size_t(B_) + size_t(seq); }

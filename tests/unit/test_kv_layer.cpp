@@ -32,11 +32,10 @@ class ToyPageSelect final : public KvStrategy {
   }
   void append(int l, std::span<const TokenRow> rows, const float* k, const float* v) override {
     const int D = shape_.D;
+    store_.write(l, rows, k, v);
     for (size_t i = 0; i < rows.size(); ++i)
       for (int g = 0; g < shape_.H_kv; ++g) {
         const float* kr = k + (i * size_t(shape_.H_kv) + size_t(g)) * size_t(D);
-        std::memcpy(store_.key(l, rows[i].seq, g, rows[i].pos), kr, size_t(D) * 4);
-        std::memcpy(store_.value(l, rows[i].seq, g, rows[i].pos), v + (kr - k), size_t(D) * 4);
         float* b = bound(l, rows[i].seq, rows[i].pos / page_, g);
         const bool first = rows[i].pos % page_ == 0;
         for (int d = 0; d < D; ++d)
@@ -67,15 +66,14 @@ class ToyPageSelect final : public KvStrategy {
           pick.erase(pick.begin() + pages_ - 1, pick.end() - 1);
           std::sort(pick.begin(), pick.end());
         }
-        int32_t n = 0;
-        for (int32_t p : pick) n += table[size_t(p)].count;
-        if (g == 0) kbuf_.assign(size_t(shape_.H_kv * n * D), 0), vbuf_.assign(kbuf_.size(), 0), selected_ = n;
-        int32_t j = 0;
+        std::vector<int32_t> pos;  // the picked pages' positions, sorted
         for (int32_t p : pick)
-          for (int32_t t = table[size_t(p)].first; t < table[size_t(p)].first + table[size_t(p)].count; ++t, ++j) {
-            std::memcpy(&kbuf_[size_t((g * n + j) * D)], store_.key(l, r.seq, g, t), size_t(D) * 4);
-            std::memcpy(&vbuf_[size_t((g * n + j) * D)], store_.value(l, r.seq, g, t), size_t(D) * 4);
-          }
+          for (int32_t t = 0; t < table[size_t(p)].count; ++t) pos.push_back(table[size_t(p)].first + t);
+        const int32_t n = int32_t(pos.size());
+        if (g == 0) kbuf_.assign(size_t(shape_.H_kv * n * D), 0), vbuf_.assign(kbuf_.size(), 0), selected_ = n;
+        char *kd = reinterpret_cast<char*>(&kbuf_[size_t(g * n * D)]), *vd = reinterpret_cast<char*>(&vbuf_[size_t(g * n * D)]);
+        store_.gather_keys(be_, l, r.seq, g, pos.data(), n, kd);
+        store_.gather_values(be_, l, r.seq, g, pos.data(), n, vd);
       }
       const AttnRow ar{kbuf_.data(), vbuf_.data(), int64_t(selected_) * D, selected_};
       be_.attention(attention_args(shape_.H, shape_.H_kv, D, scale, qr, {&ar, 1}, out + i * size_t(shape_.H) * size_t(D)));
@@ -84,14 +82,11 @@ class ToyPageSelect final : public KvStrategy {
   void fork(int32_t src, int32_t n, std::span<const int32_t> dst) override {
     const size_t D = size_t(shape_.D);
     for (int32_t d : dst)
-      for (int l = 0; l < shape_.n_layers; ++l)
-        for (int g = 0; g < shape_.H_kv; ++g) {
-          for (int32_t t = 0; t < n; ++t) {
-            std::memcpy(store_.key(l, d, g, t), store_.key(l, src, g, t), D * 4);
-            std::memcpy(store_.value(l, d, g, t), store_.value(l, src, g, t), D * 4);
-          }
+      for (int l = 0; l < shape_.n_layers; ++l) {
+        store_.copy_tokens(l, src, d, n);
+        for (int g = 0; g < shape_.H_kv; ++g)
           for (int32_t p = 0; p * page_ < n; ++p) std::copy_n(bound(l, src, p, g), 2 * D, bound(l, d, p, g));
-        }
+      }
   }
   int32_t selected() const { return selected_; }
 
