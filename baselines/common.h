@@ -3,6 +3,7 @@
 #pragma once
 #include <map>
 #include <span>
+#include <type_traits>
 #include <vector>
 
 #include "baselines/registry.h"
@@ -47,6 +48,12 @@ class KvElement {
       : requested_(requested_kv_dtype(p)), dtype_(effective_kv_dtype(ctx, p)) {}
   DType dtype() const { return dtype_; }
   int64_t bytes(int64_t elems) const { return elems * int64_t(dtype_size(dtype_)); }
+  // Byte address of element `elems` of an array of this type.
+  template <class P>
+  auto at(P* p, int64_t elems) const {
+    using C = std::conditional_t<std::is_const_v<P>, const char, char>;
+    return reinterpret_cast<C*>(p) + bytes(elems);
+  }
   std::map<std::string, std::string> effective() const {
     if (dtype_ == requested_) return {};
     return {{"kv_dtype", std::string(dtype_name(dtype_))}};

@@ -38,7 +38,8 @@ void CpuStage::add_query_seconds(double query, double fixed) {
 void CpuStage::submit(int layer, const std::string& what, std::vector<Row> rows, bool pre, int64_t project,
                       Event sent, std::function<Queries()> query) {
   StageWork total;
-  for (size_t j = 0; j < rows.size(); ++j) total += work(layer, rows[j].r, rows[j].K, pre, j == 0 ? project : 0);
+  for (size_t j = 0; j < rows.size(); ++j)
+    total += work(layer, rows[j].r, rows[j].K, pre, j == 0 ? project : 0);
   auto shared = std::make_shared<std::vector<Row>>(std::move(rows));
   const Event done = rt_.cpu().submit(what, total, {sent}, [this, layer, shared, pre, total, query] {
     const auto t0 = Clock::now();
@@ -158,9 +159,9 @@ void CpuStage::select(int layer, const TokenRow& r, const float* q, int32_t K, b
       cb.gather_rows(kg.data() + sd * row, Kf, row, row, far_rows.data(), K - sd);
       cb.group_logits(qg, G, kg.data(), K, D, scale, lg.data(), dt);
       for (int32_t i = 0; i < K; ++i)
-        sel[size_t(i)] = i < sd
-                             ? ring_.offloaded_kv().key_position(Tier::kDram, layer, r.seq, sel[size_t(i)])
-                             : ring_.offloaded_kv().key_position(Tier::kFar, layer, r.seq, far_rows[size_t(i - sd)]);
+        sel[size_t(i)] =
+            i < sd ? ring_.offloaded_kv().key_position(Tier::kDram, layer, r.seq, sel[size_t(i)])
+                   : ring_.offloaded_kv().key_position(Tier::kFar, layer, r.seq, far_rows[size_t(i - sd)]);
     } else {  // pre: position heuristic first (sinks + most recent offloaded), logits only for those
       int32_t r0;
       std::tie(s, r0) = pre_runs(K, n_off);
@@ -178,10 +179,11 @@ void CpuStage::select(int layer, const TokenRow& r, const float* q, int32_t K, b
         });
         if (runs > 1) {
           const int32_t zero = 0;
-          ring_.offloaded_kv().key_runs(layer, r.seq, a, a + len, [&](Tier t, int32_t i, int32_t pos, int32_t n) {
-            cb.gather_rows(kg.data() + (pos - a) * row, (t == Tier::kDram ? Kd : Kf) + i * row, n * row, 0, &zero,
-                           1);
-          });
+          ring_.offloaded_kv().key_runs(
+              layer, r.seq, a, a + len, [&](Tier t, int32_t i, int32_t pos, int32_t n) {
+                cb.gather_rows(kg.data() + (pos - a) * row, (t == Tier::kDram ? Kd : Kf) + i * row, n * row,
+                               0, &zero, 1);
+              });
           first = kg.data();
         }
         cb.group_logits(qg, G, first, len, D, scale, out, dt);
@@ -249,7 +251,7 @@ std::vector<Event> CpuStage::send_results(int layer, const std::vector<Row>& row
             for (int g = 0; g < Hkv; ++g) {
               const int32_t b = ti == 0 ? 0 : res.n_tier[size_t(g)][0], n = res.n_tier[size_t(g)][size_t(ti)];
               ring_.offloaded_kv().gather_values(be_, layer, s.r.seq, g, res.sel[size_t(g)].data() + b, n,
-                                                 at(res.v, (int64_t(g) * res.k + b) * D));
+                                                 kv_.at(res.v, (int64_t(g) * res.k + b) * D));
             }
           }
           be_.synchronize();  // the attention reading res.v runs on another thread's stream

@@ -37,7 +37,8 @@ struct CpuResult {
 
 class CpuStage {
  public:
-  CpuStage(Backend& be, Runtime& rt, const Model* model, const KvElement& kv, int32_t sinks, ResidentRing& ring)
+  CpuStage(Backend& be, Runtime& rt, const Model* model, const KvElement& kv, int32_t sinks,
+           ResidentRing& ring)
       : be_(be), rt_(rt), model_(model), kv_(kv), sinks_(sinks), ring_(ring) {}
   void reset(const KvShape& shape, int batch);
 
@@ -56,13 +57,14 @@ class CpuStage {
   // at j·H·D; it runs the batched speculative projection when there is one, `project` rows of
   // it), then each row's logits and selection, then one transfer of every row's logits and one
   // gather of their V rows per tier. Every row's result shares the task's events.
-  void submit(int layer, const std::string& what, std::vector<Row> rows, bool pre, int64_t project, Event sent,
-              std::function<Queries()> query);
+  void submit(int layer, const std::string& what, std::vector<Row> rows, bool pre, int64_t project,
+              Event sent, std::function<Queries()> query);
 
   // The speculative query of `layer` for M rows of the previous layer's input x: this layer's
   // norm, W_q (+ bias) and RoPE at each row's position, on `b` (the CPU backend, or the
   // accelerator's); h is [M, d_model] scratch, q [M, H·D], both in b's memory.
-  void project_query(Backend& b, int layer, const float* x, int64_t M, const int32_t* pos, float* h, float* q) const;
+  void project_query(Backend& b, int layer, const float* x, int64_t M, const int32_t* pos, float* h,
+                     float* q) const;
   // The projection's work for the modeled clock: W_q read once from the memory it runs next to
   // (host DRAM for the CPU stage, the gpu tier on the accelerator), 2·rows·cols FLOPs per row.
   StageWork query_work(int layer, int64_t M, Tier where = Tier::kGpu) const;
@@ -96,7 +98,8 @@ class CpuStage {
   void select(int layer, const TokenRow& r, const float* q, int32_t K, bool pre, CpuResult& res,
               std::vector<float>& lg_sel);
   // The transfers of a layer stage's results to the gpu tier; returns when they arrived.
-  std::vector<Event> send_results(int layer, const std::vector<Row>& rows, std::vector<std::vector<float>> lg);
+  std::vector<Event> send_results(int layer, const std::vector<Row>& rows,
+                                  std::vector<std::vector<float>> lg);
   // The result buffers of `layer`'s stage: one pair per layer parity and sequence on the gpu tier
   // (the stage for layer l+1 fills its pair while the accelerator reads layer l's), grown to K
   // tokens as needed. Safe to overwrite: the pair's last reader, layer l−1's merged attention,
@@ -105,11 +108,6 @@ class CpuStage {
   // A transfer's time for the scheduler: measured, or modeled on the runtime's stage clock.
   double transfer_seconds(Tier src, int64_t bytes, int64_t rows, double measured_s) const;
   void add_tx(double s);
-  template <class P>
-  auto at(P* p, int64_t elems) const {
-    using C = std::conditional_t<std::is_const_v<P>, const char, char>;
-    return reinterpret_cast<C*>(p) + kv_.bytes(elems);
-  }
 
   Backend& be_;
   Runtime& rt_;

@@ -34,14 +34,13 @@ void HybridGen::begin(const KvShape& shape, std::span<const int32_t> capacity,
   shape_ = shape;
   B_ = int(capacity.size());
   prompt_.assign(prompt_len.begin(), prompt_len.end());
-  cap_.assign(capacity.begin(), capacity.end());
   int32_t resident = gpu_kv_tokens_;
   if (const int64_t budget = rt_.memory().kv_budget(); budget > 0) {
     // What fits stays on the accelerator: the ring (every layer and sequence) beside the
     // prefill's one layer of each whole sequence (attend_exact).
     const int64_t row = 2 * kv_.bytes(int64_t(shape.H_kv) * shape.D);
     int64_t staging = 0;
-    for (int32_t c : cap_) staging += row * c;
+    for (int32_t c : capacity) staging += row * c;
     const int64_t per_token = row * shape.n_layers * B_;
     resident = int32_t(std::clamp<int64_t>((budget - staging) / per_token - 1, 1, gpu_kv_tokens_));
   }
@@ -78,7 +77,8 @@ std::map<std::string, std::string> HybridGen::effective_params() const {
     if (last_.count("K_effective")) e["K_effective"] = fmt::format("{}", last_.at("K_effective"));
   }
   e["k_min"] = fmt::format("{}", sched_.k_min());
-  if (ring_.resident_tokens() != gpu_kv_tokens_) e["gpu_kv_tokens"] = fmt::format("{}", ring_.resident_tokens());
+  if (ring_.resident_tokens() != gpu_kv_tokens_)
+    e["gpu_kv_tokens"] = fmt::format("{}", ring_.resident_tokens());
   return e;
 }
 
@@ -93,7 +93,8 @@ void HybridGen::attend(int layer, std::span<const TokenRow> rows, const float* q
     (rows[i].pos < prompt_[size_t(rows[i].seq)] ? (prefill.push_back(rows[i]), pi)
                                                 : (decode.push_back(rows[i]), di))
         .push_back(i);
-  if (!prefill.empty()) seen_pos_max_ = std::max(seen_pos_max_, ring_.attend_exact(layer, prefill, pi, q, scale, out));
+  if (!prefill.empty())
+    seen_pos_max_ = std::max(seen_pos_max_, ring_.attend_exact(layer, prefill, pi, q, scale, out));
   if (!decode.empty()) attend_decode(layer, decode, di, q, scale, out);
 }
 
@@ -206,7 +207,8 @@ void HybridGen::prepare(int layer, std::span<const TokenRow> rows, const float* 
     const double measured = since(tq);
     // The part of the CPU stage that does not scale with the tokens scored (the scheduler's
     // estimate of post mode from pre), on the stage clock when there is one.
-    stage_.add_query_seconds(measured, rt_.stage_seconds(StageKind::kCpuCompute, stage_.query_work(layer, M, Tier::kDram), measured));
+    const StageWork work = stage_.query_work(layer, M, Tier::kDram);
+    stage_.add_query_seconds(measured, rt_.stage_seconds(StageKind::kCpuCompute, work, measured));
     return q;
   };
   const std::string what =
@@ -260,7 +262,7 @@ void HybridGen::attend_decode(int layer, const std::vector<TokenRow>& rows, cons
         },
         {}, "query to host");
     stage_.submit(layer, "hybridgen logits, layer " + std::to_string(layer), std::move(now), sched_.pre(), 0,
-                     sent, [qt] { return qt; });
+                  sent, [qt] { return qt; });
   }
   submit_deferred(layer + 1);
   // The accelerator's logits of every row's resident tokens (true query) while the CPU stage
@@ -274,9 +276,10 @@ void HybridGen::attend_decode(int layer, const std::vector<TokenRow>& rows, cons
     // R trimmed by the last end_step plus this step's token.
     HG_CHECK(n - ring_.offloaded(layer, r.seq) == used);
     float* lb = resident_logits_.data() + j * per_row;
+    const auto* ring_k = static_cast<const char*>(ring_.ring_k(layer, r.seq));
     for (int g = 0; g < Hkv; ++g)
       be_.group_logits(q + int64_t(idx[j]) * hd + int64_t(g) * G * D, G,
-                       static_cast<const char*>(ring_.ring_k(layer, r.seq)) + kv_.bytes(g * ring_.head_stride(r.seq)), used, D, scale,
+                       kv_.at(ring_k, g * ring_.head_stride(r.seq)), used, D, scale,
                        lb + int64_t(g) * G * used, kv_.dtype());
   }
   const auto t0 = Clock::now();
@@ -296,8 +299,8 @@ void HybridGen::attend_decode(int layer, const std::vector<TokenRow>& rows, cons
     m.H = shape_.H, m.H_kv = Hkv, m.D = D, m.scale = scale, m.q = q + int64_t(idx[j]) * hd;
     m.lb = resident_logits_.data() + j * per_row;
     if (res[j]) m.la = res[j]->logits, m.Va = res[j]->v, m.na = res[j]->k;
-    m.Kb = ring_.ring_k(layer, r.seq), m.Vb = ring_.ring_v(layer, r.seq), m.ld_b = ring_.head_stride(r.seq) / D,
-    m.nb = std::min(r.pos + 1, ring_slots), m.kv_dtype = kv_.dtype();
+    m.Kb = ring_.ring_k(layer, r.seq), m.Vb = ring_.ring_v(layer, r.seq),
+    m.ld_b = ring_.head_stride(r.seq) / D, m.nb = std::min(r.pos + 1, ring_slots), m.kv_dtype = kv_.dtype();
     m.out = out + int64_t(idx[j]) * hd;
     be_.merged_attention(m);
   }

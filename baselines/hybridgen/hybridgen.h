@@ -106,7 +106,7 @@ class HybridGen final : public KvStrategy {
   int32_t gpu_kv_tokens_;  // the parameter; the accelerator's KV budget may lower the ring's R (begin)
   int32_t page_;           // page_tokens
   bool speculative_;
-  bool query_on_accel_;    // query_on: accelerator
+  bool query_on_accel_;  // query_on: accelerator
   std::unique_ptr<PlacementPolicy> placement_;
   int64_t dram_kv_bytes_;
   SchedulerConfig sched_cfg_;
@@ -117,12 +117,12 @@ class HybridGen final : public KvStrategy {
   CpuStage stage_;
   KvShape shape_;
   int B_ = 0;
-  std::vector<int32_t> prompt_, cap_;
+  std::vector<int32_t> prompt_;
   std::vector<std::shared_ptr<CpuResult>> pending_;  // per (layer, seq): a speculative stage's result
   std::vector<std::function<void()>> deferred_;      // per layer: a speculative stage held back by prepare()
-  BackendArray<float> resident_logits_;              // attend_decode(): [rows][H][ring slots], accelerator memory
-  BackendArray<float> spec_x_, spec_h_;              // prepare() with query_on=accelerator: its scratch
-  std::array<BackendArray<float>, 2> spec_in_;       // prepare(): the CPU stages' inputs per layer parity
+  BackendArray<float> resident_logits_;         // attend_decode(): [rows][H][ring slots], accelerator memory
+  BackendArray<float> spec_x_, spec_h_;         // prepare() with query_on=accelerator: its scratch
+  std::array<BackendArray<float>, 2> spec_in_;  // prepare(): the CPU stages' inputs per layer parity
   int32_t seen_pos_max_ = 0;
   bool in_step_ = false;
   Clock::time_point step_start_;

@@ -57,7 +57,8 @@ void ResidentRing::copy_sequence(int32_t src, int32_t n, int32_t d) {
                   for (int32_t p = 0; p < n_off; ++p)
                     for (int g = 0; g < Hkv; ++g) {
                       if (key_here(p))
-                        std::memcpy(offloaded_kv_.key(l, d, g, p), offloaded_kv_.key(l, src, g, p), size_t(row));
+                        std::memcpy(offloaded_kv_.key(l, d, g, p), offloaded_kv_.key(l, src, g, p),
+                                    size_t(row));
                       if (value_here(p)) std::memcpy(vrow(l, d, g, p), vrow(l, src, g, p), size_t(row));
                     }
                 },
@@ -110,7 +111,7 @@ void ResidentRing::append(int layer, std::span<const TokenRow> rows, const float
 }
 
 void ResidentRing::offload(int layer, const std::vector<std::pair<int, int32_t>>& leaving,
-                        std::span<const TokenRow> rows, const float* k, const float* v) {
+                           std::span<const TokenRow> rows, const float* k, const float* v) {
   const int Hkv = shape_.H_kv, D = shape_.D;
   const int64_t row = kv_.bytes(int64_t(Hkv) * D);
   std::array<int64_t, kNumTiers> kbytes{}, vbytes{};
@@ -150,14 +151,14 @@ void ResidentRing::offload(int layer, const std::vector<std::pair<int, int32_t>>
         if (!call) call = host_view(be_, kv, rows.size() * size_t(Hkv) * size_t(D), st.rows);
         out.push_back({reinterpret_cast<const char*>(call + int64_t(it->second) * Hkv * D), D, true});
       } else if (host) {
-        out.push_back({at(ring_dev, slot * D), hs, false});
+        out.push_back({kv_.at(ring_dev, slot * D), hs, false});
       } else if (from_ring > 32) {
         auto& r = st.ring[seq];
         if (r.empty()) {
           r.resize(size_t(kv_.bytes(int64_t(Hkv) * hs)));
           be_.download(r.data(), ring_dev, r.size());
         }
-        out.push_back({at(r.data(), slot * D), hs, false});
+        out.push_back({kv_.at(r.data(), slot * D), hs, false});
       } else {
         out.push_back({nullptr, D, false});  // downloaded below, one strided copy per token
       }
@@ -173,7 +174,7 @@ void ResidentRing::offload(int layer, const std::vector<std::pair<int, int32_t>>
         auto [seq, pos] = leaving[t];
         const void* ring_dev = key ? ring_.k_raw(layer, seq) : ring_.v_raw(layer, seq);
         char* dst = st.slots.data() + j++ * token;
-        be_.download_2d(dst, row, at(ring_dev, int64_t(pos % (resident_ + 1)) * D),
+        be_.download_2d(dst, row, kv_.at(ring_dev, int64_t(pos % (resident_ + 1)) * D),
                         size_t(kv_.bytes(ring_.head_stride(seq))), row, size_t(Hkv));
         out[t].base = dst;
       }
@@ -208,7 +209,7 @@ void ResidentRing::offload(int layer, const std::vector<std::pair<int, int32_t>>
                 continue;
               }
               for (int g = 0; g < Hkv; ++g)
-                std::memcpy(at(dst, g * dst_hs), at(s.base, g * s.head_stride), size_t(kv_.bytes(D)));
+                std::memcpy(kv_.at(dst, g * dst_hs), kv_.at(s.base, g * s.head_stride), size_t(kv_.bytes(D)));
             }
           },
           {}, key ? "offload K" : "offload V"));
@@ -216,8 +217,9 @@ void ResidentRing::offload(int layer, const std::vector<std::pair<int, int32_t>>
   for (auto& e : ev) e.wait();  // the ring slots are reused right after
 }
 
-int32_t ResidentRing::attend_exact(int layer, const std::vector<TokenRow>& rows, const std::vector<size_t>& out_row,
-                                   const float* q, float scale, float* out) {
+int32_t ResidentRing::attend_exact(int layer, const std::vector<TokenRow>& rows,
+                                   const std::vector<size_t>& out_row, const float* q, float scale,
+                                   float* out) {
   const int Hkv = shape_.H_kv, D = shape_.D;
   const int64_t hd = int64_t(shape_.H) * D;
   const int32_t ring_slots = resident_ + 1;
@@ -230,8 +232,8 @@ int32_t ResidentRing::attend_exact(int layer, const std::vector<TokenRow>& rows,
     Allocation vb = rt_.memory().allocate(Tier::kGpu, kv_.bytes(int64_t(Hkv) * n * D), MemUse::kKv);
     const size_t pitch = size_t(kv_.bytes(int64_t(n) * D));
     // A whole-prompt prefill: its keys and values are this call's own, on the accelerator.
-    const bool fresh =
-        write_own_kv(be_, rows, out_row, seq, n, new_k_, new_v_, Hkv, D, kb.as<char>(), vb.as<char>(), kv_.dtype());
+    const bool fresh = write_own_kv(be_, rows, out_row, seq, n, new_k_, new_v_, Hkv, D, kb.as<char>(),
+                                    vb.as<char>(), kv_.dtype());
     if (n_off > 0 && !fresh) {
       for (Tier t : {Tier::kDram, Tier::kFar}) {
         const int32_t rows = offloaded_kv_.key_rows_before(t, layer, seq, n_off);
@@ -239,8 +241,8 @@ int32_t ResidentRing::attend_exact(int layer, const std::vector<TokenRow>& rows,
         rt_.transfers()
             .run(
                 t, Tier::kGpu, kv_.bytes(int64_t(rows) * Hkv * D),
-                [&, t] { offloaded_kv_.upload_keys(be_, t, layer, seq, n_off, kb.as<char>(), pitch); },
-                {}, "prefill K back")
+                [&, t] { offloaded_kv_.upload_keys(be_, t, layer, seq, n_off, kb.as<char>(), pitch); }, {},
+                "prefill K back")
             .wait();
       }
       for (Tier t : {Tier::kDram, Tier::kFar}) {
@@ -250,8 +252,8 @@ int32_t ResidentRing::attend_exact(int layer, const std::vector<TokenRow>& rows,
         rt_.transfers()
             .run(
                 t, Tier::kGpu, bytes,
-                [&, t] { offloaded_kv_.upload_values(be_, t, layer, seq, n_off, vb.as<char>(), pitch); },
-                {}, "prefill V back")
+                [&, t] { offloaded_kv_.upload_values(be_, t, layer, seq, n_off, vb.as<char>(), pitch); }, {},
+                "prefill V back")
             .wait();
       }
     }
@@ -260,8 +262,10 @@ int32_t ResidentRing::attend_exact(int layer, const std::vector<TokenRow>& rows,
       const int32_t s0 = p0 % ring_slots, len = std::min(n - p0, ring_slots - s0);
       for (int g = 0; g < Hkv; ++g) {
         const int64_t src = g * ring_.head_stride(seq) + int64_t(s0) * D, dst = (int64_t(g) * n + p0) * D;
-        be_.copy(at(kb.as<char>(), dst), at(ring_.k_raw(layer, seq), src), size_t(kv_.bytes(int64_t(len) * D)));
-        be_.copy(at(vb.as<char>(), dst), at(ring_.v_raw(layer, seq), src), size_t(kv_.bytes(int64_t(len) * D)));
+        be_.copy(kv_.at(kb.as<char>(), dst), kv_.at(ring_.k_raw(layer, seq), src),
+                 size_t(kv_.bytes(int64_t(len) * D)));
+        be_.copy(kv_.at(vb.as<char>(), dst), kv_.at(ring_.v_raw(layer, seq), src),
+                 size_t(kv_.bytes(int64_t(len) * D)));
       }
       p0 += len;
     }

@@ -20,8 +20,8 @@ class ResidentRing {
   ResidentRing(Backend& be, Runtime& rt, const KvElement& kv) : be_(be), rt_(rt), kv_(kv) {}
   // Drops all state: R = resident_tokens per sequence and layer on the accelerator; the rest of
   // each sequence's capacity on the CPU side, pages of page_tokens placed within dram_bytes.
-  void reset(const KvShape& shape, std::span<const int32_t> capacity, int32_t resident_tokens, int32_t page_tokens,
-             PlacementPolicy& placement, int64_t dram_bytes);
+  void reset(const KvShape& shape, std::span<const int32_t> capacity, int32_t resident_tokens,
+             int32_t page_tokens, PlacementPolicy& placement, int64_t dram_bytes);
   int32_t resident_tokens() const { return resident_; }
   int32_t slots() const { return resident_ + 1; }  // R + this step's token
   int32_t page_tokens() const { return page_; }
@@ -35,8 +35,8 @@ class ResidentRing {
   // Prompt rows: exact attention on the accelerator over [0, pos]; the offloaded part is copied
   // back from the CPU side for it. Returns the highest position attended.
   // rows[i]'s query and output are row out_row[i] of q and out.
-  int32_t attend_exact(int layer, const std::vector<TokenRow>& rows, const std::vector<size_t>& out_row, const float* q,
-                       float scale, float* out);
+  int32_t attend_exact(int layer, const std::vector<TokenRow>& rows, const std::vector<size_t>& out_row,
+                       const float* q, float scale, float* out);
   // Makes sequence dst a copy of src's first n positions: ring and offloaded rows (each to dst's
   // own page tiers).
   void copy_sequence(int32_t src, int32_t n, int32_t dst);
@@ -56,11 +56,6 @@ class ResidentRing {
 
  private:
   size_t idx(int layer, int seq) const { return size_t(layer) * size_t(B_) + size_t(seq); }
-  template <class P>
-  auto at(P* p, int64_t elems) const {
-    using C = std::conditional_t<std::is_const_v<P>, const char, char>;
-    return reinterpret_cast<C*>(p) + kv_.bytes(elems);
-  }
   // Moves (seq, pos) tokens from the ring to the CPU side: K → dram, V → its page's tier. They may
   // be rows of this call (k, v) or ring slots.
   void offload(int layer, const std::vector<std::pair<int, int32_t>>& leaving, std::span<const TokenRow> rows,

@@ -145,8 +145,8 @@ class InfiniGen final : public KvStrategy {
     B_ = int(capacity.size());
     prompt_.assign(prompt_len.begin(), prompt_len.end());
     // The whole cache on dram, as its authors keep it (dram-only placement: every page there).
-    store_.reset(shape, capacity, kPageTokens, *dram_only_, rt_.memory().ledger().available(Tier::kDram), rt_.memory(),
-                 kv_.dtype());
+    store_.reset(shape, capacity, kPageTokens, *dram_only_, rt_.memory().ledger().available(Tier::kDram),
+                 rt_.memory(), kv_.dtype());
     dp_ = std::max(1, int(std::lround(partial_ratio_ * shape.D)));
     // The skew is calibrated once, on the first prompt this instance sees (the authors calibrate
     // once, offline): later batches of the same shape keep it, and their partial keys are built as
@@ -210,21 +210,25 @@ class InfiniGen final : public KvStrategy {
     const float* xs = x;
     if (need.size() != rows.size()) {  // prefill rows in the forward too: the decode rows' inputs gathered
       if (spec_x_.size() < size_t(M * d)) spec_x_ = BackendArray<float>(be_, size_t(M * d));
-      for (int64_t j = 0; j < M; ++j) be_.copy(spec_x_.data() + j * d, x + int64_t(need[size_t(j)]) * d, size_t(d) * 4);
+      for (int64_t j = 0; j < M; ++j)
+        be_.copy(spec_x_.data() + j * d, x + int64_t(need[size_t(j)]) * d, size_t(d) * 4);
       xs = spec_x_.data();
     }
     if (spec_h_.size() < size_t(M * d)) spec_h_ = BackendArray<float>(be_, size_t(M * d));
     if (spec_q_.size() < size_t(M * hd)) spec_q_ = BackendArray<float>(be_, size_t(M * hd));
     std::vector<int32_t> pos;
     for (size_t i : need) pos.push_back(rows[i].pos);
-    speculative_query(be_, *model_, layer - 1, layer, xs, M, pos.data(), shape_.rope, spec_h_.data(), spec_q_.data());
+    speculative_query(be_, *model_, layer - 1, layer, xs, M, pos.data(), shape_.rope, spec_h_.data(),
+                      spec_q_.data());
     std::vector<Gather> gathers;
-    for (int64_t j = 0; j < M; ++j) gathers.push_back(speculate(layer, rows[need[size_t(j)]], spec_q_.data() + j * hd));
+    for (int64_t j = 0; j < M; ++j)
+      gathers.push_back(speculate(layer, rows[need[size_t(j)]], spec_q_.data() + j * hd));
     const int Hkv = shape_.H_kv, D = shape_.D;
     int64_t bytes = 0, n_rows = 0;
     for (const Gather& g : gathers) {
       bytes += int64_t(2) * kv_.bytes(int64_t(Hkv) * g.f->n * D);
-      for (const auto& sel : g.sel) n_rows += gathered_runs(sel) + store_.value_runs(sel);  // K rows are one block
+      for (const auto& sel : g.sel)
+        n_rows += gathered_runs(sel) + store_.value_runs(sel);  // K rows are one block
     }
     auto fetch = [this, gathers, layer, Hkv, D] {
       for (const Gather& gt : gathers)
@@ -288,8 +292,10 @@ class InfiniGen final : public KvStrategy {
               [&] {
                 for (auto [sq, nn] : loads) {
                   const size_t pitch = size_t(kv_.bytes(int64_t(nn) * shape_.D));
-                  store_.upload_keys(be_, Tier::kDram, layer, sq, nn, full_pool_[size_t(sq)].k.as<char>(), pitch);
-                  store_.upload_values(be_, Tier::kDram, layer, sq, nn, full_pool_[size_t(sq)].v.as<char>(), pitch);
+                  store_.upload_keys(be_, Tier::kDram, layer, sq, nn, full_pool_[size_t(sq)].k.as<char>(),
+                                     pitch);
+                  store_.upload_values(be_, Tier::kDram, layer, sq, nn, full_pool_[size_t(sq)].v.as<char>(),
+                                       pitch);
                 }
               },
               {}, "full kv load")
@@ -475,10 +481,10 @@ class InfiniGen final : public KvStrategy {
           .run(
               Tier::kDram, Tier::kGpu, kv_.bytes(int64_t(Hkv) * n * D),
               [&] {
-                store_.upload_keys(be_, Tier::kDram, layer, b, n, prompt_k_.as<char>(), size_t(kv_.bytes(int64_t(n) * D)));
+                store_.upload_keys(be_, Tier::kDram, layer, b, n, prompt_k_.as<char>(),
+                                   size_t(kv_.bytes(int64_t(n) * D)));
               },
-              {},
-              "prompt keys for the partial cache")
+              {}, "prompt keys for the partial cache")
           .wait();
       const float* kb = keys_f32(prompt_k_.as<char>(), n);
       for (int g = 0; g < Hkv; ++g)
@@ -584,7 +590,8 @@ class InfiniGen final : public KvStrategy {
   std::vector<std::shared_ptr<Fetch>> fetch_;
   std::vector<float> logits_;                                    // speculate()'s partial logits on the host
   std::vector<float> host_k_, host_v_, host_q_;                  // rows read back from the accelerator
-  BackendArray<float> spec_x_, spec_h_, spec_q_, spec_qp_, spec_logits_;  // prepare()'s and speculate()'s accelerator scratch
+  // prepare()'s and speculate()'s accelerator scratch
+  BackendArray<float> spec_x_, spec_h_, spec_q_, spec_qp_, spec_logits_;
   // Kept accelerator buffers: full loads per sequence, fetches per layer parity and sequence, and
   // the fetched rows plus the current token that a row attends over.
   std::vector<Buffers> full_pool_, fetch_pool_;

@@ -136,9 +136,10 @@ void PagedKvStore::copy_tokens(int layer, int src, int dst, int32_t n) {
     }
 }
 
-void PagedKvStore::gather_keys(Backend& be, int layer, int seq, int g, const int32_t* pos, int32_t n, char* dst) {
+void PagedKvStore::gather_keys(Backend& be, int layer, int seq, int g, const int32_t* pos, int32_t n,
+                               char* dst) {
   const int64_t row = shape_.D * es_;
-  std::vector<int32_t> rows;
+  thread_local std::vector<int32_t> rows;  // one run's tier rows; kept: gathers run per head and step
   for (int32_t i = 0; i < n;) {
     const Tier t = key_tier(layer, seq, pos[i]);
     int32_t j = i;
@@ -149,29 +150,35 @@ void PagedKvStore::gather_keys(Backend& be, int layer, int seq, int g, const int
   }
 }
 
-void PagedKvStore::gather_values(Backend& be, int layer, int seq, int g, const int32_t* pos, int32_t n, char* dst) {
+void PagedKvStore::gather_values(Backend& be, int layer, int seq, int g, const int32_t* pos, int32_t n,
+                                 char* dst) {
   const int64_t row = shape_.D * es_;
-  std::vector<int32_t> in_page;
+  thread_local std::vector<int32_t> in_page;  // one run's rows within its page; kept, as gather_keys'
+
   for (int32_t i = 0; i < n;) {
     const int32_t page = pos[i] / page_;
     int32_t j = i;
     in_page.clear();
     for (; j < n && pos[j] / page_ == page; ++j) in_page.push_back(pos[j] % page_);
-    be.gather_rows(dst + int64_t(i) * row, value(layer, seq, g, page * page_), row, row, in_page.data(), j - i);
+    be.gather_rows(dst + int64_t(i) * row, value(layer, seq, g, page * page_), row, row, in_page.data(),
+                   j - i);
     i = j;
   }
 }
 
-void PagedKvStore::upload_keys(Backend& be, Tier t, int layer, int seq, int32_t n, char* dst, size_t dst_pitch) {
+void PagedKvStore::upload_keys(Backend& be, Tier t, int layer, int seq, int32_t n, char* dst,
+                               size_t dst_pitch) {
   key_runs(layer, seq, 0, n, [&](Tier rt, int32_t row, int32_t pos, int32_t len) {
     if (rt != t) return;
-    be.upload_2d(dst + int64_t(pos) * shape_.D * es_, dst_pitch, keys(t, layer, seq, 0) + int64_t(row) * shape_.D * es_,
+    be.upload_2d(dst + int64_t(pos) * shape_.D * es_, dst_pitch,
+                 keys(t, layer, seq, 0) + int64_t(row) * shape_.D * es_,
                  size_t(key_head_stride(t, layer, seq) * es_), size_t(int64_t(len) * shape_.D * es_),
                  size_t(shape_.H_kv));
   });
 }
 
-void PagedKvStore::upload_values(Backend& be, Tier t, int layer, int seq, int32_t n, char* dst, size_t dst_pitch) {
+void PagedKvStore::upload_values(Backend& be, Tier t, int layer, int seq, int32_t n, char* dst,
+                                 size_t dst_pitch) {
   for (int32_t p0 = 0; p0 < n;) {
     const int32_t p1 = std::min(n, (p0 / page_ + 1) * page_);
     if (value_tier(layer, seq, p0) == t)

@@ -15,8 +15,8 @@
 
 #include "engine/backend/backend.h"
 #include "engine/kv/kv_strategy.h"
-#include "engine/runtime/memory.h"
 #include "engine/kv/placement.h"
+#include "engine/runtime/memory.h"
 
 namespace hg {
 
