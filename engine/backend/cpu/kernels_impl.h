@@ -427,8 +427,10 @@ inline bool attention_prefetches() {
 }
 
 // Lane i of the result is the sum of the 16 lanes of v[i] (a transposing tree: 15 shuffle pairs
-// for 16 sums instead of 16 separate horizontal reductions).
-inline __m512 hsum16(const __m512* v) {
+// for 16 sums instead of 16 separate horizontal reductions). Always inlined: called out of line
+// (GCC 12 did so under the target pragma), its caller kept the 16 accumulators in memory and stored
+// them on every D-block (docs/performance.md, "Tuning choices").
+[[gnu::always_inline]] inline __m512 hsum16(const __m512* v) {
   __m512 w[8], z[4];
   for (int i = 0; i < 8; ++i)  // lanes 0-7: v[2i] folded to 8; lanes 8-15: v[2i+1]
     w[i] = _mm512_add_ps(_mm512_shuffle_f32x4(v[2 * i], v[2 * i + 1], 0x44),
@@ -489,8 +491,9 @@ struct Lanes8 {
 };
 
 // Lane i of the result is the sum of the 8 lanes of v[i], i < 16: hsum16's tree for 256-bit
-// vectors (14 shuffle-and-add steps on half-width vectors instead of 15 on full ones).
-inline __m512 hsum8x16(const __m256* v) {
+// vectors (14 shuffle-and-add steps on half-width vectors instead of 15 on full ones); always
+// inlined, as hsum16.
+[[gnu::always_inline]] inline __m512 hsum8x16(const __m256* v) {
   __m256 w[8], z[4], y[2];
   for (int j = 0; j < 8; ++j)  // low 128: v[2j] folded to 4; high: v[2j+1]
     w[j] = _mm256_add_ps(_mm256_permute2f128_ps(v[2 * j], v[2 * j + 1], 0x20),
@@ -777,12 +780,24 @@ void attention_group_fused(const float* q, const T* K, const T* V, int64_t n, in
   }
 }
 
+// Key blocks of 16 in [t0, t1), visited kKeyStreams side by side: block i of each of the range's
+// kKeyStreams contiguous parts in turn, the last part taking the remainder. Several streams read
+// faster than one on this core's prefetchers, as the read reference's eight do (docs/performance.md,
+// "Tuning choices"). fn(t, kk): the block at key t, kk ≤ 16 keys.
+constexpr int kKeyStreams = 4;
+template <typename F>
+inline void key_blocks_interleaved(int64_t t0, int64_t t1, F&& fn) {
+  const int64_t per = (t1 - t0) / 16 / kKeyStreams;  // whole blocks per part
+  for (int64_t i = 0; i < per; ++i)
+    for (int j = 0; j < kKeyStreams; ++j) fn(t0 + (j * per + i) * 16, 16);
+  for (int64_t t = t0 + kKeyStreams * per * 16; t < t1; t += 16) fn(t, int(std::min<int64_t>(16, t1 - t)));
+}
+
 template <int G, int DT, typename T>
 void group_logits_fixed(const float* q, const T* K, int64_t n, int64_t t0, int64_t t1, int D_, float scale,
                         float* logits) {
   const int D = DT > 0 ? DT : D_;
-  for (int64_t t = t0; t < t1; t += 16) {
-    const int kk = int(std::min<int64_t>(16, t1 - t));
+  key_blocks_interleaved(t0, t1, [&](int64_t t, int kk) {
     if (kk == 16) {
       logits16<G, DT>(q, K + t * D, 16, D, scale, logits + t, n);
     } else {  // tail: through a buffer, so nothing past t1 is written
@@ -790,21 +805,20 @@ void group_logits_fixed(const float* q, const T* K, int64_t n, int64_t t0, int64
       logits16<G, DT>(q, K + t * D, kk, D, scale, tmp, 16);
       for (int h = 0; h < G; ++h) std::copy(tmp + h * 16, tmp + h * 16 + kk, logits + h * n + t);
     }
-  }
+  });
 }
 
 template <int G, int DT, typename T>
 void group_logit_max_fixed(const float* q, const T* K, int64_t t0, int64_t t1, int D_, float scale,
                            float* score) {
   const int D = DT > 0 ? DT : D_;
-  for (int64_t t = t0; t < t1; t += 16) {
-    const int kk = int(std::min<int64_t>(16, t1 - t));
+  key_blocks_interleaved(t0, t1, [&](int64_t t, int kk) {
     alignas(64) float tmp[G * 16];  // this block's logits, in L1
     logits16<G, DT>(q, K + t * D, kk, D, scale, tmp, 16);
     __m512 m = _mm512_set1_ps(-INFINITY);
     for (int h = 0; h < G; ++h) m = _mm512_max_ps(_mm512_load_ps(tmp + h * 16), m);  // NaN: m
     _mm512_mask_storeu_ps(score + t, tail_mask(kk), m);
-  }
+  });
 }
 
 // out[h] = Σ_t p[h, t] · V[t]: the attention's V pass (accumulators in registers) over chunks of
