@@ -75,6 +75,20 @@ TEST(LogitTopK, ASampleThatMissesTheKthScoreStillSelectsExactly) {
   EXPECT_EQ(fast, ref);
 }
 
+TEST(LogitTopK, ASampleBelowTheKthScoreStillSelectsExactly) {
+  // Low scores exactly at the strided sample's positions and high ones elsewhere: the sample puts
+  // both bounds below every unsampled score, so more than K positions lie above the upper bound
+  // and none of them may be taken as certain.
+  const int32_t n = 8192, K = 300;
+  std::vector<float> l = test::random_vec(size_t(n), 22, 0.0f, 1.0f);
+  for (int32_t i = 0; i < 1024; ++i) l[size_t(int64_t(i) * n / 1024)] = -1.0f - float(i % 7);
+  std::vector<int32_t> fast, ref;
+  logit_top_k(*backends().cpu, l.data(), 1, n, n, K, fast);
+  logit_top_k(*backends().reference, l.data(), 1, n, n, K, ref);
+  EXPECT_EQ(fast.size(), size_t(K));
+  EXPECT_EQ(fast, ref);
+}
+
 TEST(LogitTopK, TiesGoToTheLowerPositionAndNaNIsIgnored) {
   // Scores: position 0..5 = {1, 3, 3, NaN→-inf, 3, 2}; K = 2 takes positions 1 and 2 (not 4).
   const float nan = std::numeric_limits<float>::quiet_NaN();

@@ -1316,19 +1316,27 @@ int32_t logit_top_k(const float* logits, int G, int64_t ld, int32_t n, int32_t K
   thread_local std::vector<int32_t> cand;
   if (score.size() < size_t(n)) score.resize(size_t(n)), cand.resize(size_t(n) + 16), cs.resize(size_t(n));
   top_k_scores(logits, G, ld, n, score.data());
-  // A lower bound for the K-th score from an evenly strided sample (every fourth score or sparser,
-  // at most 1024), chosen so that about 2K scores pass it: the sample's r-th largest. Only the
-  // positions that pass are candidates; the K-th score among them is the K-th overall whenever at
-  // least K pass, which holds but for a sample far from the whole (then every position is a
-  // candidate).
+  // Bounds for the K-th score from an evenly strided sample (every fourth score or sparser, at most
+  // 1024): its expected rank in the sample is K·sample/n; the sample's scores four standard
+  // deviations of that rank (and two places) below and above it are the lower bound `lb` and the
+  // upper bound `ub`. The positions at or above lb are the candidates; those above ub are among the
+  // K for certain when fewer than K are, so the K-th score is found among the rest of the
+  // candidates only (the band). A sample far from the whole fails a check below: then every
+  // position is a candidate, or no candidate is certain.
   const int32_t sample = std::min<int32_t>(1024, n / 4);
-  float lb = -INFINITY;
+  float lb = -INFINITY, ub = INFINITY;
   if (int64_t(K) * 4 < n && sample >= 64) {
-    const int64_t r = (int64_t(2) * K * sample + n - 1) / n + 2;  // about 2K scores pass
+    const double sk = double(K) * sample / n, sd = std::sqrt(sk * (1.0 - double(K) / n));
+    const int64_t r_lb = std::min<int64_t>(sample, int64_t(std::ceil(sk + 4 * sd)) + 2);
+    const int64_t r_ub = int64_t(std::floor(sk - 4 * sd)) - 2;  // < 1: no upper bound
     float* smp = cs.data();
     for (int32_t i = 0; i < sample; ++i) smp[i] = score[size_t(int64_t(i) * n / sample)];
-    std::nth_element(smp, smp + (r - 1), smp + sample, std::greater<float>());
-    lb = smp[r - 1];
+    std::nth_element(smp, smp + (r_lb - 1), smp + sample, std::greater<float>());
+    lb = smp[r_lb - 1];
+    if (r_ub >= 1) {  // the r_ub-th largest, among the r_lb - 1 that precede lb
+      std::nth_element(smp, smp + (r_ub - 1), smp + (r_lb - 1), std::greater<float>());
+      ub = smp[r_ub - 1];
+    }
   }
   int32_t c = 0;
   for (;;) {
@@ -1336,21 +1344,34 @@ int32_t logit_top_k(const float* logits, int G, int64_t ld, int32_t n, int32_t K
     if (c >= K) break;
     lb = -INFINITY;  // the sample misled: every position is a candidate
   }
-  // The K-th score T among the candidates; then, in position order, every candidate above T and the
-  // first `ties` equal to it.
-  for (int32_t i = 0; i < c; ++i) cs[size_t(i)] = score[size_t(cand[size_t(i)])];
-  std::nth_element(cs.data(), cs.data() + (K - 1), cs.data() + c, std::greater<float>());
-  const float T = cs[size_t(K - 1)];
+  // The band (candidates at or below ub) into cs, branch-free; `above` counts the rest.
+  int32_t above = 0, nb = 0;
+  for (int32_t i = 0; i < c; ++i) {
+    const float v = score[size_t(cand[size_t(i)])];
+    cs[size_t(nb)] = v;
+    nb += !(v > ub);
+    above += v > ub;
+  }
+  if (above >= K) {  // the sample misled: no candidate is certain
+    for (int32_t i = 0; i < c; ++i) cs[size_t(i)] = score[size_t(cand[size_t(i)])];
+    nb = c, above = 0;
+  }
+  // The K-th score T: the (K - above)-th largest of the band. Then, in position order, every
+  // candidate above T and the first `ties` equal to it, compacted in place in cand (branch-free:
+  // the keep decisions mispredict on fresh scores), then copied out.
+  std::nth_element(cs.data(), cs.data() + (K - above - 1), cs.data() + nb, std::greater<float>());
+  const float T = cs[size_t(K - above - 1)];
   int32_t ties = K, k = 0;
   for (int32_t i = 0; i < c; ++i) ties -= score[size_t(cand[size_t(i)])] > T;
   for (int32_t i = 0; i < c; ++i) {
     const int32_t t = cand[size_t(i)];
     const float v = score[size_t(t)];
-    if (v > T || (v == T && ties > 0)) {
-      ties -= v == T;
-      out[k++] = t;
-    }
+    const bool eq = v == T, keep = v > T || (eq && ties > 0);
+    cand[size_t(k)] = t;  // k ≤ i: position i was read above
+    k += keep;
+    ties -= eq && keep;
   }
+  std::copy_n(cand.data(), k, out);
   return k;
 }
 
