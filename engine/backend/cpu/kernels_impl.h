@@ -1346,15 +1346,19 @@ int32_t logit_top_k(const float* logits, int G, int64_t ld, int32_t n, int32_t K
   }
   // The band (candidates at or below ub) into cs, branch-free; `above` counts the rest.
   int32_t above = 0, nb = 0;
-  for (int32_t i = 0; i < c; ++i) {
-    const float v = score[size_t(cand[size_t(i)])];
-    cs[size_t(nb)] = v;
-    nb += !(v > ub);
-    above += v > ub;
-  }
+  auto take_band = [&] {
+    above = nb = 0;
+    for (int32_t i = 0; i < c; ++i) {
+      const float v = score[size_t(cand[size_t(i)])];
+      cs[size_t(nb)] = v;
+      nb += !(v > ub);
+      above += v > ub;
+    }
+  };
+  take_band();
   if (above >= K) {  // the sample misled: no candidate is certain
-    for (int32_t i = 0; i < c; ++i) cs[size_t(i)] = score[size_t(cand[size_t(i)])];
-    nb = c, above = 0;
+    ub = INFINITY;
+    take_band();
   }
   // The K-th score T: the (K - above)-th largest of the band. Then, in position order, every
   // candidate above T and the first `ties` equal to it, compacted in place in cand (branch-free:
