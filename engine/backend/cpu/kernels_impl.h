@@ -393,7 +393,6 @@ void weighted_v_kv(const float* p, int G, const T* V, int64_t n, int D, float* o
 // Tuning by vendor, where the two differ in what was measured (docs/performance.md, "Tuning
 // choices"): AMD cores (Zen 4 and 5) split 512-bit work into halves or run it on narrower units.
 inline bool amd_core() { return cpu_tuning() == CpuTuning::kAmd; }
-inline bool half_width_d64_logits() { return amd_core(); }
 
 // A loaded value kept in a register: without it GCC folds the load into every FMA that uses the
 // value (one 512-bit load per FMA), and this core issues one 512-bit load per cycle, so a block
@@ -446,66 +445,6 @@ inline bool attention_prefetches() {
                                  _mm512_castpd_ps(_mm512_unpackhi_pd(y0d, y1d)));
   // Lane 4j+m now holds key 4m+j; restore key order.
   return _mm512_permutexvar_ps(_mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15), r);
-}
-
-// The logits' vector width (logits16): 16 lanes, or 8 for rows of D = 64. Keys are converted to
-// F32 as they load.
-struct Lanes16 {
-  using V = __m512;
-  using Mask = __mmask16;
-  static constexpr int kL = 16;
-  static Mask tail(int r) { return r ? tail_mask(r) : Mask(0xffff); }
-  static V zero() { return _mm512_setzero_ps(); }
-  template <typename T>
-  static V load(const T* p, Mask m) {
-    return load16(p, m);
-  }
-  static V load_q(const float* p, Mask m) { return _mm512_maskz_loadu_ps(m, p); }
-  static V fma(V a, V b, V c) { return _mm512_fmadd_ps(a, b, c); }
-  static V reg(V x) { return in_register(x); }
-};
-struct Lanes8 {
-  using V = __m256;
-  using Mask = __mmask8;
-  static constexpr int kL = 8;
-  static Mask tail(int r) { return Mask(r ? (1u << r) - 1 : 0xff); }
-  static V zero() { return _mm256_setzero_ps(); }
-  template <typename T>
-  static V load(const T* p, Mask m) {
-    if constexpr (std::is_same_v<T, float>) {
-      return _mm256_maskz_loadu_ps(m, p);
-    } else {
-      const __m128i h = _mm_maskz_loadu_epi16(m, p);
-      if constexpr (std::is_same_v<T, F16Tag>)
-        return _mm256_cvtph_ps(h);
-      else
-        return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
-    }
-  }
-  static V load_q(const float* p, Mask m) { return _mm256_maskz_loadu_ps(m, p); }
-  static V fma(V a, V b, V c) { return _mm256_fmadd_ps(a, b, c); }
-  static V reg(V x) {
-    asm("" : "+v"(x));
-    return x;
-  }
-};
-
-// Lane i of the result is the sum of the 8 lanes of v[i], i < 16: hsum16's tree for 256-bit
-// vectors (14 shuffle-and-add steps on half-width vectors instead of 15 on full ones); always
-// inlined, as hsum16.
-[[gnu::always_inline]] inline __m512 hsum8x16(const __m256* v) {
-  __m256 w[8], z[4], y[2];
-  for (int j = 0; j < 8; ++j)  // low 128: v[2j] folded to 4; high: v[2j+1]
-    w[j] = _mm256_add_ps(_mm256_permute2f128_ps(v[2 * j], v[2 * j + 1], 0x20),
-                         _mm256_permute2f128_ps(v[2 * j], v[2 * j + 1], 0x31));
-  for (int k = 0; k < 4; ++k)  // per 128: [v4k (2), v4k+2 (2)] low, [v4k+1, v4k+3] high
-    z[k] = _mm256_add_ps(_mm256_shuffle_ps(w[2 * k], w[2 * k + 1], 0x44),
-                         _mm256_shuffle_ps(w[2 * k], w[2 * k + 1], 0xEE));
-  for (int l = 0; l < 2; ++l)  // low 128: v8l, v8l+2, v8l+4, v8l+6; high: the odd ones
-    y[l] = _mm256_add_ps(_mm256_shuffle_ps(z[2 * l], z[2 * l + 1], 0x88),
-                         _mm256_shuffle_ps(z[2 * l], z[2 * l + 1], 0xDD));
-  const __m512 r = _mm512_insertf32x8(_mm512_castps256_ps512(y[0]), y[1], 1);
-  return _mm512_permutexvar_ps(_mm512_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7, 8, 12, 9, 13, 10, 14, 11, 15), r);
 }
 
 // Heads of D = 8 (stories260K, the accuracy runs' model) hold two rows per 512-bit vector. A
@@ -591,55 +530,38 @@ inline void logits16(const float* q, const T* K, int kk, int D_, float scale, fl
   // cycle. G·KB accumulators + KB keys + 1 q stay within the 32 registers.
   constexpr int KB = G <= 4 ? 4 : 2;
   const int64_t ahead_elems = int64_t(prefetch_rows(row_bytes)) * D;
-  // a[h][i] = the partial vector of q[h] · K[c + i], in vectors of W::kL lanes.
-  auto step = [&](auto w, auto kb_const, int c, typename decltype(w)::V(&a)[G][decltype(kb_const)::value]) {
-    using W = decltype(w);
-    constexpr int NK = decltype(kb_const)::value, L = W::kL;
-    const int nbw = (D + L - 1) / L;
-    const typename W::Mask lastw = W::tail(D % L), all = W::tail(0);
+  const int nb = (D + 15) / 16;
+  const __mmask16 last = (D % 16) ? tail_mask(D % 16) : __mmask16(0xffff);
+  // a[h][i] = the partial vector of q[h] · K[c + i], 16 lanes; keys are converted to F32 as they load.
+  auto step = [&](auto kb_const, int c, __m512(&a)[G][decltype(kb_const)::value]) {
+    constexpr int NK = decltype(kb_const)::value;
     // Software prefetch prefetch_rows() rows ahead (the hardware prefetcher alone leaves the
     // single-thread stream well under the read bandwidth), one line per row per 64 bytes read,
     // spread over the loop: bursts of requests get dropped.
     const char* ahead = reinterpret_cast<const char*>(K + int64_t(c) * D + ahead_elems);
     for (int h = 0; h < G; ++h)
-      for (int i = 0; i < NK; ++i) a[h][i] = W::zero();
-    for (int b = 0; b < nbw; ++b) {
+      for (int i = 0; i < NK; ++i) a[h][i] = _mm512_setzero_ps();
+    for (int b = 0; b < nb; ++b) {
       if (attention_prefetches<G, DT, T>())
-        if ((b * L * int(sizeof(T))) % 64 == 0)
-          for (int i = 0; i < NK; ++i)
-            _mm_prefetch(ahead + i * row_bytes + b * L * int(sizeof(T)), _MM_HINT_T2);
-      const typename W::Mask m = b == nbw - 1 ? lastw : all;
-      typename W::V kv[NK];
-      for (int i = 0; i < NK; ++i) kv[i] = W::reg(W::load(K + int64_t(c + i) * D + b * L, m));
+        if ((b * 16 * int(sizeof(T))) % 64 == 0)
+          for (int i = 0; i < NK; ++i) _mm_prefetch(ahead + i * row_bytes + b * 16 * int(sizeof(T)), _MM_HINT_T2);
+      const __mmask16 m = b == nb - 1 ? last : __mmask16(0xffff);
+      __m512 kv[NK];
+      for (int i = 0; i < NK; ++i) kv[i] = in_register(load16(K + int64_t(c + i) * D + b * 16, m));
       for (int h = 0; h < G; ++h) {
-        const typename W::V qv = W::reg(W::load_q(q + h * D + b * L, m));
-        for (int i = 0; i < NK; ++i) a[h][i] = W::fma(qv, kv[i], a[h][i]);
+        const __m512 qv = in_register(_mm512_maskz_loadu_ps(m, q + h * D + b * 16));
+        for (int i = 0; i < NK; ++i) a[h][i] = _mm512_fmadd_ps(qv, kv[i], a[h][i]);
       }
     }
   };
   int c = 0;
-  if constexpr (G * KB == 16 && DT == 64) {
-    // D = 64 on AMD cores: 256-bit accumulators, so that each step's 16 sums start from 8 lanes
-    // instead of 16. The FMAs are the same work there (one 512-bit or two 256-bit FMAs per cycle);
-    // the reduction, a large part of a step at this D, does half the shuffles. Intel cores run
-    // 256-bit FMAs and F16 conversions on the same two ports as 512-bit ones, so the halves cost
-    // twice: 512-bit steps there (docs/performance.md, "Tuning choices").
-    if (half_width_d64_logits())
-      for (; c + KB <= kk; c += KB) {
-        __m256 a[G][KB];
-        step(Lanes8{}, std::integral_constant<int, KB>{}, c, a);
-        alignas(64) float r[16];
-        _mm512_store_ps(r, _mm512_mul_ps(hsum8x16(&a[0][0]), _mm512_set1_ps(scale)));
-        for (int h = 0; h < G; ++h) std::memcpy(s + h * ld + c, r + h * KB, KB * sizeof(float));
-      }
-  }
   if constexpr (G * KB == 16) {
     // A step's 16 accumulators reduce in registers, one hsum16 per step (lane h·KB + i), instead
     // of being stored as partial vectors and reduced per head: L2-resident G = 4 logits went from
     // 12.4 to 10.1 ns per key (F32) and 12.2 to 11.5 (F16).
     for (; c + KB <= kk; c += KB) {
       __m512 a[G][KB];
-      step(Lanes16{}, std::integral_constant<int, KB>{}, c, a);
+      step(std::integral_constant<int, KB>{}, c, a);
       alignas(64) float r[16];
       _mm512_store_ps(r, _mm512_mul_ps(hsum16(&a[0][0]), _mm512_set1_ps(scale)));
       for (int h = 0; h < G; ++h) std::memcpy(s + h * ld + c, r + h * KB, KB * sizeof(float));
@@ -648,7 +570,7 @@ inline void logits16(const float* q, const T* K, int kk, int D_, float scale, fl
     alignas(64) __m512 part[G][16];
     for (; c + KB <= kk; c += KB) {
       __m512 a[G][KB];
-      step(Lanes16{}, std::integral_constant<int, KB>{}, c, a);
+      step(std::integral_constant<int, KB>{}, c, a);
       for (int h = 0; h < G; ++h)
         for (int i = 0; i < KB; ++i) part[h][c + i] = a[h][i];
     }
@@ -661,7 +583,7 @@ inline void logits16(const float* q, const T* K, int kk, int D_, float scale, fl
   }
   for (; c < kk; ++c) {  // fewer than KB keys left: one at a time
     __m512 a[G][1];
-    step(Lanes16{}, std::integral_constant<int, 1>{}, c, a);
+    step(std::integral_constant<int, 1>{}, c, a);
     for (int h = 0; h < G; ++h) s[h * ld + c] = scale * _mm512_reduce_add_ps(a[h][0]);
   }
   for (; c < 16; ++c)
