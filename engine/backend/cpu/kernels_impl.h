@@ -36,6 +36,9 @@
 #endif
 
 namespace hg::cpu::HG_KERNEL_NS {
+// Everything but kernel_table() has internal linkage: a level that takes most of its kernels from
+// another level's table does not compile its own copies (kernel_table() below).
+namespace {
 
 // Storage tags for 16-bit KV elements (both are uint16_t in memory).
 struct F16Tag {
@@ -1301,13 +1304,27 @@ int32_t logit_top_k(const float* logits, int G, int64_t ld, int32_t n, int32_t K
   return k;
 }
 
+}  // namespace
+
 const KernelTable& kernel_table() {
+#if HG_KERNEL_BF16
+  // AVX512_BF16 adds the BF16 GEMV (`vdpbf16ps`) and the F32 → BF16 rounding to the AVX-512 level;
+  // every other kernel is that level's, compiled once.
+  static const KernelTable t = [] {
+    KernelTable k = avx512::kernel_table();
+    k.f32_to_bf16_row = f32_to_bf16_row;
+    k.gemv = gemv;
+    k.gemv_rounds_bf16_activations = gemv_rounds_bf16_activations;
+    return k;
+  }();
+#else
   static const KernelTable t{
       dot, sum, sum_one_stream, rms_norm_row, layer_norm_row, swiglu, relu, add, max_value, exp_shift_sum,
       f32_to_bf16_row, bf16_to_f32_row, f16_to_f32_row, attention_group, group_logits, group_logit_max,
       gemv, gemv_rounds_bf16_activations, gather_rows, sum_rows, group_weighted_v, to_f32, gumbel_noise,
       logit_top_k,
   };
+#endif
   return t;
 }
 
