@@ -547,7 +547,8 @@ inline void logits16(const float* q, const T* K, int kk, int D_, float scale, fl
     for (int b = 0; b < nb; ++b) {
       if (attention_prefetches<G, DT, T>())
         if ((b * 16 * int(sizeof(T))) % 64 == 0)
-          for (int i = 0; i < NK; ++i) _mm_prefetch(ahead + i * row_bytes + b * 16 * int(sizeof(T)), _MM_HINT_T2);
+          for (int i = 0; i < NK; ++i)
+            _mm_prefetch(ahead + i * row_bytes + b * 16 * int(sizeof(T)), _MM_HINT_T2);
       const __mmask16 m = b == nb - 1 ? last : __mmask16(0xffff);
       __m512 kv[NK];
       for (int i = 0; i < NK; ++i) kv[i] = in_register(load16(K + int64_t(c + i) * D + b * 16, m));
