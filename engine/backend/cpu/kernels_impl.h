@@ -108,6 +108,8 @@ inline float portable_dot(const float* a, const T* b, int64_t n) {
 #if HG_AVX512
 namespace {
 inline __mmask16 tail_mask(int64_t r) { return __mmask16((1u << r) - 1u); }
+// The mask of a row's last 16-lane block (all lanes when D is a multiple of 16).
+inline __mmask16 last_block_mask(int D) { return D % 16 ? tail_mask(D % 16) : __mmask16(0xffff); }
 
 // exp(x) for x <= ~88: x = n ln2 + r, |r| <= ln2/2, exp(r) by a degree-6 polynomial.
 inline __m512 exp512(__m512 x) {
@@ -366,7 +368,7 @@ void weighted_v_kv(const float* p, int G, const T* V, int64_t n, int D, float* o
   std::fill(out, out + int64_t(G) * D, 0.0f);
 #if HG_AVX512
   const int nb = (D + 15) / 16;
-  const __mmask16 last = (D % 16) ? tail_mask(D % 16) : __mmask16(0xffff);
+  const __mmask16 last = last_block_mask(D);
   for (int64_t t = 0; t < n; ++t) {
     const T* v = V + t * D;
     for (int b = 0; b < nb; ++b) {
@@ -534,7 +536,7 @@ inline void logits16(const float* q, const T* K, int kk, int D_, float scale, fl
   constexpr int KB = G <= 4 ? 4 : 2;
   const int64_t ahead_elems = int64_t(prefetch_rows(row_bytes)) * D;
   const int nb = (D + 15) / 16;
-  const __mmask16 last = (D % 16) ? tail_mask(D % 16) : __mmask16(0xffff);
+  const __mmask16 last = last_block_mask(D);
   // a[h][i] = the partial vector of q[h] · K[c + i], 16 lanes; keys are converted to F32 as they load.
   auto step = [&](auto kb_const, int c, __m512(&a)[G][decltype(kb_const)::value]) {
     constexpr int NK = decltype(kb_const)::value;
@@ -545,10 +547,9 @@ inline void logits16(const float* q, const T* K, int kk, int D_, float scale, fl
     for (int h = 0; h < G; ++h)
       for (int i = 0; i < NK; ++i) a[h][i] = _mm512_setzero_ps();
     for (int b = 0; b < nb; ++b) {
-      if (attention_prefetches<G, DT, T>())
-        if ((b * 16 * int(sizeof(T))) % 64 == 0)
-          for (int i = 0; i < NK; ++i)
-            _mm_prefetch(ahead + i * row_bytes + b * 16 * int(sizeof(T)), _MM_HINT_T2);
+      const int off = b * 16 * int(sizeof(T));  // bytes into the row
+      if (attention_prefetches<G, DT, T>() && off % 64 == 0)
+        for (int i = 0; i < NK; ++i) _mm_prefetch(ahead + i * row_bytes + off, _MM_HINT_T2);
       const __mmask16 m = b == nb - 1 ? last : __mmask16(0xffff);
       __m512 kv[NK];
       for (int i = 0; i < NK; ++i) kv[i] = in_register(load16(K + int64_t(c + i) * D + b * 16, m));
@@ -664,7 +665,7 @@ void attention_group_fused(const float* q, const T* K, const T* V, int64_t n, in
   for (int h = 0; h < G; ++h) mx[h] = -INFINITY, sum[h] = 0.0f;
   std::fill(out, out + int64_t(G) * D, 0.0f);
   const int nb = (D + 15) / 16;
-  const __mmask16 last = (D % 16) ? tail_mask(D % 16) : __mmask16(0xffff);
+  const __mmask16 last = last_block_mask(D);
   for (int64_t t0 = 0; t0 < n; t0 += kChunk) {
     const int cn = int(std::min<int64_t>(kChunk, n - t0));
     if (cn < kChunk) std::fill(s, s + G * kChunk, -INFINITY);  // the last chunk's unused lanes
@@ -753,7 +754,7 @@ template <int G, int DT, typename T>
 void group_weighted_v_fixed(const float* p, const T* V, int64_t n, int D_, float* out) {
   const int D = DT > 0 ? DT : D_;
   const int nb = (D + 15) / 16;
-  const __mmask16 last = (D % 16) ? tail_mask(D % 16) : __mmask16(0xffff);
+  const __mmask16 last = last_block_mask(D);
   std::fill(out, out + int64_t(G) * D, 0.0f);
   for (int64_t t0 = 0; t0 < n; t0 += 64) {
     const int cn = int(std::min<int64_t>(64, n - t0));
