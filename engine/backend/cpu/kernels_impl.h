@@ -801,20 +801,18 @@ struct GemvBf16Dot {
 };
 #endif
 
-// Weight rows read side by side per pass (RB): more concurrent streams read faster, except for F16
-// on AMD cores, whose conversions cost more than the extra streams gain; Intel's read F16 faster
-// with 8 too (docs/performance.md, "Tuning choices"). MR·RB accumulators + RB weight vectors + x
-// stay within the 32 registers.
-template <int MR, typename P>
-constexpr int gemv_rows_per_pass(bool f16_wide) {
-  return MR <= 2 && (f16_wide || !std::is_same_v<typename P::W, F16Tag>) ? 8 : 4;
+// Weight rows read side by side per pass (RB): more concurrent streams read faster, F16 included
+// on both vendors (docs/performance.md, "Tuning choices"). MR·RB accumulators + RB weight vectors
+// + x stay within the 32 registers.
+template <int MR>
+constexpr int gemv_rows_per_pass() {
+  return MR <= 2 ? 8 : 4;
 }
-inline bool f16_gemv_wide() { return !amd_core(); }
 
 // y[m, n] for MR x rows and weight rows [n0, n1) (the layout of cpu::gemv), with step policy P.
-template <int MR, typename P, bool kF16Wide = false>
+template <int MR, typename P>
 void gemv_t(const typename P::X* x, const typename P::W* W, int64_t K, int64_t n0, int64_t n1, float* y, int64_t ldy) {
-  constexpr int S = P::kStep, RB = gemv_rows_per_pass<MR, P>(kF16Wide);
+  constexpr int S = P::kStep, RB = gemv_rows_per_pass<MR>();
   const int64_t kb_full = K / S;
   const typename P::Mask all = typename P::Mask(~uint64_t(0)), tail = P::tail(K % S);
   for (int64_t nb = n0; nb < n1; nb += 16) {
@@ -1036,11 +1034,8 @@ void gemv(const float* x, int M, const void* W, DType wt, int64_t K, int64_t n0,
     auto dispatch = [&](auto policy, const auto* xs) {
       using P = decltype(policy);
       const auto* wp = static_cast<const typename P::W*>(W);
-      auto rows = [&](auto mr) {  // MR x rows; F16 with MR ≤ 2 has the vendor's rows per pass
-        constexpr int MR = decltype(mr)::value;
-        if constexpr (MR <= 2 && std::is_same_v<typename P::W, F16Tag>)
-          if (f16_gemv_wide()) return gemv_t<MR, P, true>(xs, wp, K, n0, n1, y, ldy);
-        return gemv_t<MR, P>(xs, wp, K, n0, n1, y, ldy);
+      auto rows = [&](auto mr) {  // MR x rows
+        return gemv_t<decltype(mr)::value, P>(xs, wp, K, n0, n1, y, ldy);
       };
       switch (M) {
         case 1: return rows(std::integral_constant<int, 1>{});
