@@ -717,6 +717,31 @@ BENCHMARK(BM_Gemv)
     ->Args({8192, 8192, 1, 1})->Args({128256, 2048, 1, 1})
     ->UseManualTime();
 
+// The same GEMV on one thread with its matrix resident in L2 (256 × 2048) or L1 (16 rows, 32 KiB):
+// the rates of the cache levels and of the arithmetic, against which BM_Gemv's streaming rate shows
+// what bounds a cold pass.
+void BM_GemvWarm(benchmark::State& st) {
+  set_num_threads(1);
+  const int64_t N = st.range(0), K = st.range(1);
+  const DType t = st.range(2) == 0 ? DType::kF32 : st.range(2) == 1 ? DType::kBF16 : DType::kF16;
+  std::vector<float> tmp(size_t(N * K));
+  fill(tmp.data(), tmp.size(), 5);
+  const Weight w = convert_weight(DType::kF32, tmp.data(), t, {N, K});
+  std::vector<float> x(static_cast<size_t>(K)), y(static_cast<size_t>(N));
+  fill(x.data(), x.size(), 6);
+  auto be = make_cpu_backend();
+  for (auto _ : st) {
+    be->matmul(x.data(), 1, w, nullptr, y.data());
+    benchmark::ClobberMemory();
+  }
+  st.SetLabel(std::string(dtype_name(t)));
+  st.SetBytesProcessed(N * K * int64_t(dtype_size(t)) * int64_t(st.iterations()));
+}
+BENCHMARK(BM_GemvWarm)
+    ->ArgNames({"N", "K", "type"})  // type: 0 f32, 1 bf16, 2 f16
+    ->Args({256, 2048, 0})->Args({256, 2048, 1})->Args({256, 2048, 2})
+    ->Args({16, 512, 0})->Args({16, 1024, 1})->Args({16, 1024, 2});
+
 // `hgbench calibrate`'s dram bandwidth against an independent STREAM-style read (an OpenMP
 // reduction with eight chains over 256 MiB from host_alloc, the page size calibrate reads from),
 // measured in turn five times: x_stream is the median of calibrate / stream. Also reports the
