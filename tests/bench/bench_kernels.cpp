@@ -715,6 +715,8 @@ BENCHMARK(BM_Gemv)
     // BF16 on one thread, as the emulated accelerator streams weights: calibrate's 8192² GEMV
     // against the 1B shape's LM head (128K × 2048, half of its decode bytes).
     ->Args({8192, 8192, 1, 1})->Args({128256, 2048, 1, 1})
+    // The 1B F16 file's LM head: half of its decode bytes at short context.
+    ->Args({128256, 2048, 2, 1})->Args({128256, 2048, 2, 2})
     ->UseManualTime();
 
 // The same GEMV on one thread with its matrix resident in L2 (256 × 2048) or L1 (16 rows, 32 KiB):
