@@ -681,12 +681,15 @@ void BM_KeyformerScoresVsExpSum(benchmark::State& st) {
 }
 BENCHMARK(BM_KeyformerScoresVsExpSum)->ArgNames({"n"})->Arg(1024)->Arg(4096)->Arg(32768)->UseRealTime();
 
+// BM_Gemv's and BM_GemvWarm's weight type argument: 0 F32, 1 BF16, 2 F16.
+DType gemv_type(int64_t arg) { return arg == 0 ? DType::kF32 : arg == 1 ? DType::kBF16 : DType::kF16; }
+
 // Decode GEMV (M = 1; cpu::gemv, the CPU backend's path for up to 4 rows): y = x · Wᵀ, W [N, K]. Bytes read: the weights. Cold: cycles
 // through enough matrices to exceed the last-level cache.
 void BM_Gemv(benchmark::State& st) {
   set_num_threads(int(st.range(3)));
   const int64_t N = st.range(0), K = st.range(1);
-  const DType t = st.range(2) == 0 ? DType::kF32 : st.range(2) == 1 ? DType::kBF16 : DType::kF16;
+  const DType t = gemv_type(st.range(2));
   const int n_mats = cold_copies(double(N * K) * double(dtype_size(t)));
   std::vector<Weight> ws;
   std::vector<float> tmp(size_t(N * K));
@@ -715,7 +718,7 @@ BENCHMARK(BM_Gemv)
     // BF16 on one thread, as the emulated accelerator streams weights: calibrate's 8192² GEMV
     // against the 1B shape's LM head (128K × 2048, half of its decode bytes).
     ->Args({8192, 8192, 1, 1})->Args({128256, 2048, 1, 1})
-    // The 1B F16 file's LM head: half of its decode bytes at short context.
+    // The same LM head in F16, as the 1B F16 file streams it.
     ->Args({128256, 2048, 2, 1})->Args({128256, 2048, 2, 2})
     ->UseManualTime();
 
@@ -725,7 +728,7 @@ BENCHMARK(BM_Gemv)
 void BM_GemvWarm(benchmark::State& st) {
   set_num_threads(1);
   const int64_t N = st.range(0), K = st.range(1);
-  const DType t = st.range(2) == 0 ? DType::kF32 : st.range(2) == 1 ? DType::kBF16 : DType::kF16;
+  const DType t = gemv_type(st.range(2));
   std::vector<float> tmp(size_t(N * K));
   fill(tmp.data(), tmp.size(), 5);
   const Weight w = convert_weight(DType::kF32, tmp.data(), t, {N, K});
