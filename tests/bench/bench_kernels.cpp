@@ -707,19 +707,32 @@ void BM_Gemv(benchmark::State& st) {
 }
 BENCHMARK(BM_Gemv)
     ->ArgNames({"N", "K", "type", "threads"})  // type: 0 f32, 1 bf16, 2 f16
-    ->Args({4096, 4096, 0, 1})->Args({4096, 4096, 0, 2})->Args({4096, 4096, 1, 1})->Args({4096, 4096, 1, 2})
-    ->Args({4096, 4096, 2, 1})->Args({4096, 4096, 2, 2})
+    ->Args({4096, 4096, 0, 1})
+    ->Args({4096, 4096, 0, 2})
+    ->Args({4096, 4096, 1, 1})
+    ->Args({4096, 4096, 1, 2})
+    ->Args({4096, 4096, 2, 1})
+    ->Args({4096, 4096, 2, 2})
     // The 110M shape's projections (dim 768, FFN 2048): small matrices, where per-call costs show.
-    ->Args({768, 768, 0, 2})->Args({2048, 768, 0, 2})->Args({768, 2048, 0, 2})
+    ->Args({768, 768, 0, 2})
+    ->Args({2048, 768, 0, 2})
+    ->Args({768, 2048, 0, 2})
     // The same in F16 on one thread: stories110m F16 at one thread is the weakest whole-model row.
-    ->Args({768, 768, 2, 1})->Args({2048, 768, 2, 1})->Args({768, 2048, 2, 1})
+    ->Args({768, 768, 2, 1})
+    ->Args({2048, 768, 2, 1})
+    ->Args({768, 2048, 2, 1})
     // The Llama-3.2-1B shape's F16 projections on one thread (dim 2048, FFN 8192, K/V 512 rows).
-    ->Args({2048, 2048, 2, 1})->Args({512, 2048, 2, 1})->Args({8192, 2048, 2, 1})->Args({2048, 8192, 2, 1})
+    ->Args({2048, 2048, 2, 1})
+    ->Args({512, 2048, 2, 1})
+    ->Args({8192, 2048, 2, 1})
+    ->Args({2048, 8192, 2, 1})
     // BF16 on one thread, as the emulated accelerator streams weights: calibrate's 8192² GEMV
     // against the 1B shape's LM head (128K × 2048, half of its decode bytes).
-    ->Args({8192, 8192, 1, 1})->Args({128256, 2048, 1, 1})
+    ->Args({8192, 8192, 1, 1})
+    ->Args({128256, 2048, 1, 1})
     // The same LM head in F16, as the 1B F16 file streams it.
-    ->Args({128256, 2048, 2, 1})->Args({128256, 2048, 2, 2})
+    ->Args({128256, 2048, 2, 1})
+    ->Args({128256, 2048, 2, 2})
     ->UseManualTime();
 
 // The same GEMV on one thread with its matrix resident in L2 (256 × 2048) or L1 (16 rows, 32 KiB):
@@ -744,8 +757,12 @@ void BM_GemvWarm(benchmark::State& st) {
 }
 BENCHMARK(BM_GemvWarm)
     ->ArgNames({"N", "K", "type"})  // type: 0 f32, 1 bf16, 2 f16
-    ->Args({256, 2048, 0})->Args({256, 2048, 1})->Args({256, 2048, 2})
-    ->Args({16, 512, 0})->Args({16, 1024, 1})->Args({16, 1024, 2});
+    ->Args({256, 2048, 0})
+    ->Args({256, 2048, 1})
+    ->Args({256, 2048, 2})
+    ->Args({16, 512, 0})
+    ->Args({16, 1024, 1})
+    ->Args({16, 1024, 2});
 
 // `hgbench calibrate`'s dram bandwidth against an independent STREAM-style read (an OpenMP
 // reduction with eight chains over 256 MiB from host_alloc, the page size calibrate reads from),

@@ -811,7 +811,8 @@ constexpr int gemv_rows_per_pass() {
 
 // y[m, n] for MR x rows and weight rows [n0, n1) (the layout of cpu::gemv), with step policy P.
 template <int MR, typename P>
-void gemv_t(const typename P::X* x, const typename P::W* W, int64_t K, int64_t n0, int64_t n1, float* y, int64_t ldy) {
+void gemv_t(const typename P::X* x, const typename P::W* W, int64_t K, int64_t n0, int64_t n1, float* y,
+            int64_t ldy) {
   constexpr int S = P::kStep, RB = gemv_rows_per_pass<MR>();
   const int64_t kb_full = K / S;
   const typename P::Mask all = typename P::Mask(~uint64_t(0)), tail = P::tail(K % S);
