@@ -809,6 +809,14 @@ constexpr int gemv_rows_per_pass() {
   return MR <= 2 ? 8 : 4;
 }
 
+// Whether the GEMV prefetches the rows ahead. AMD cores stream F32 and BF16 weight rows faster
+// with the hardware prefetcher alone, F16 rows slower; Intel cores read every type faster with
+// software prefetches (docs/performance.md, "Tuning choices").
+template <typename W>
+inline bool gemv_prefetches() {
+  return std::is_same_v<W, F16Tag> || !amd_core();
+}
+
 // y[m, n] for MR x rows and weight rows [n0, n1) (the layout of cpu::gemv), with step policy P.
 template <int MR, typename P>
 void gemv_t(const typename P::X* x, const typename P::W* W, int64_t K, int64_t n0, int64_t n1, float* y,
@@ -816,6 +824,7 @@ void gemv_t(const typename P::X* x, const typename P::W* W, int64_t K, int64_t n
   constexpr int S = P::kStep, RB = gemv_rows_per_pass<MR>();
   const int64_t kb_full = K / S;
   const typename P::Mask all = typename P::Mask(~uint64_t(0)), tail = P::tail(K % S);
+  const bool prefetch = gemv_prefetches<typename P::W>();
   for (int64_t nb = n0; nb < n1; nb += 16) {
     const int rows = int(std::min<int64_t>(16, n1 - nb));
     alignas(64) __m512 part[MR][16];
@@ -837,7 +846,7 @@ void gemv_t(const typename P::X* x, const typename P::W* W, int64_t K, int64_t n
       for (int64_t kb = 0; kb < kb_full; ++kb) {
         // Prefetch the rows kGemvPrefetchRows ahead, spread over the loop (one line per row per
         // 64 bytes read), so that the requests do not arrive in one burst.
-        if ((kb * S * int64_t(sizeof(typename P::W))) % 64 == 0)
+        if (prefetch && (kb * S * int64_t(sizeof(typename P::W))) % 64 == 0)
           for (int j = 0; j < RB; ++j)
             _mm_prefetch(reinterpret_cast<const char*>(w[j] + kGemvPrefetchRows * K + kb * S), _MM_HINT_T2);
         step(kb * S, all);
