@@ -131,6 +131,9 @@ void BM_SetReference(benchmark::State& st) {
 }
 BENCHMARK(BM_SetReference)->Iterations(1)->UseRealTime();
 
+// The KV type argument of the attention and logits benchmarks: 0 F32, 1 F16, 2 BF16.
+DType kv_type(int64_t arg) { return arg == 0 ? DType::kF32 : arg == 1 ? DType::kF16 : DType::kBF16; }
+
 // Decode attention for one query row: H query heads over N cached keys in H_kv groups, F32/F16/BF16
 // K/V. This is the CPU backend's `attention`, the kernel behind the `full` strategy on the CPU
 // and MoE-Lightning's attention on the CPU (`rt_.cpu_backend().attention`). Bytes read: K and V,
@@ -138,7 +141,7 @@ BENCHMARK(BM_SetReference)->Iterations(1)->UseRealTime();
 void BM_DecodeAttention(benchmark::State& st) {
   set_num_threads(int(st.range(3)));
   const int N = int(st.range(0)), H = int(st.range(1)), Hkv = int(st.range(2)), D = int(st.range(5));
-  const DType t = st.range(4) == 0 ? DType::kF32 : st.range(4) == 1 ? DType::kF16 : DType::kBF16;
+  const DType t = kv_type(st.range(4));
   std::vector<float> Kf(size_t(Hkv) * N * D), Vf(Kf.size()), q(size_t(H) * D), out(q.size());
   fill(Kf.data(), Kf.size(), 1);
   fill(Vf.data(), Vf.size(), 2);
@@ -281,7 +284,7 @@ BENCHMARK(BM_AttentionStreamPeer)
 void BM_DecodeAttentionWarm(benchmark::State& st) {
   set_num_threads(1);
   const int N = int(st.range(0)), H = int(st.range(2)), Hkv = 1, D = int(st.range(3));
-  const DType t = st.range(1) == 0 ? DType::kF32 : st.range(1) == 1 ? DType::kF16 : DType::kBF16;
+  const DType t = kv_type(st.range(1));
   std::vector<float> Kf(size_t(N) * D), Vf(Kf.size()), q(size_t(H) * D), out(q.size());
   fill(Kf.data(), Kf.size(), 1);
   fill(Vf.data(), Vf.size(), 2);
@@ -614,6 +617,95 @@ void BM_HybridGenCpuStage(benchmark::State& st) {
   });
 }
 BENCHMARK(BM_HybridGenCpuStage)->ArgNames({"stage", "threads"})->ArgsProduct({{0, 1, 2, 3}, {1, 2}})->UseManualTime();
+
+// The scores stage's kernel (group_logit_max, G = 4, D = 128) on one thread with its keys resident
+// in L1 (48 keys) or L2 (2048 keys): the compute ceiling under BM_HybridGenCpuStage/stage:1.
+// Reported: ns per key and GB/s of keys. type: 0 f32, 1 f16, 2 bf16.
+void BM_GroupLogitMaxWarm(benchmark::State& st) {
+  set_num_threads(1);
+  const int64_t N = st.range(0);
+  const int G = 4, D = 128;
+  const DType t = kv_type(st.range(1));
+  std::vector<float> Kf(size_t(N * D)), q(size_t(G * D)), score(static_cast<size_t>(N));
+  fill(Kf.data(), Kf.size(), 7);
+  fill(q.data(), q.size(), 8);
+  AlignedBuffer Kb(Kf.size() * dtype_size(t));
+  from_f32(t, Kf.data(), Kb.data(), Kf.size());
+  auto be = make_cpu_backend();
+  for (auto _ : st) {
+    be->group_logit_max(q.data(), G, Kb.data(), N, D, 0.088f, score.data(), t);
+    benchmark::ClobberMemory();
+  }
+  st.SetLabel(std::string(dtype_name(t)));
+  st.counters["ns_per_key"] = benchmark::Counter(double(N) * double(st.iterations()) * 1e-9,
+                                                 benchmark::Counter::kIsRate | benchmark::Counter::kInvert);
+  st.SetBytesProcessed(N * D * int64_t(dtype_size(t)) * int64_t(st.iterations()));
+}
+BENCHMARK(BM_GroupLogitMaxWarm)->ArgNames({"N", "type"})->ArgsProduct({{48, 2048}, {0, 1, 2}})->UseRealTime();
+
+#pragma GCC push_options
+#pragma GCC target("avx512f,avx512bw,avx512dq,avx512vl,avx2,fma,f16c")
+// The scores kernel's arithmetic without its software prefetch or horizontal sums: F16 rows of
+// 128 (256 B), four keys at a time, each 32-byte block converted and multiplied into four heads'
+// accumulators. order 0 loads the four rows' blocks in turn, as logits16 does (addresses 256 B
+// apart, then back); order 1 loads each row's blocks in address order. Same loads and FMAs.
+[[gnu::noinline]] float key_order_pass(const uint16_t* K, int64_t rows, bool ascending) {
+  __m512 a[16];
+  for (auto& v : a) v = _mm512_setzero_ps();
+  const __m512 q = _mm512_set1_ps(1.0001f);
+  auto load = [&](int64_t r, int b) {
+    __m512 v = _mm512_cvtph_ps(_mm256_load_si256(reinterpret_cast<const __m256i*>(K + r * 128 + b * 16)));
+    asm volatile("" : "+v"(v));  // one conversion per load, none merged or hoisted
+    return v;
+  };
+  for (int64_t c = 0; c + 4 <= rows; c += 4) {
+    if (ascending) {
+      for (int i = 0; i < 4; ++i)
+        for (int b = 0; b < 8; ++b) {
+          const __m512 kv = load(c + i, b);
+          for (int h = 0; h < 4; ++h) a[h * 4 + i] = _mm512_fmadd_ps(q, kv, a[h * 4 + i]);
+        }
+    } else {
+      for (int b = 0; b < 8; ++b) {
+        __m512 kv[4];
+        for (int i = 0; i < 4; ++i) kv[i] = load(c + i, b);
+        for (int h = 0; h < 4; ++h)
+          for (int i = 0; i < 4; ++i) a[h * 4 + i] = _mm512_fmadd_ps(q, kv[i], a[h * 4 + i]);
+      }
+    }
+  }
+  __m512 s = a[0];
+  for (int i = 1; i < 16; ++i) s = _mm512_add_ps(s, a[i]);
+  return _mm512_reduce_add_ps(s);
+}
+#pragma GCC pop_options
+
+// Whether the order of a kernel's loads decides how fast one core streams: key_order_pass over
+// 64 MiB of F16 rows from memory (hardware prefetcher only), paired with the read pass. The same
+// pass over 64 KiB in L1 sets its arithmetic rate (`L1_GB/s`).
+void BM_KeyAccessOrder(benchmark::State& st) {
+  if (skip_without_avx512(st)) return;
+  set_num_threads(1);
+  const bool ascending = st.range(0) != 0;
+  const size_t bytes = size_t(64) << 20;
+  const std::vector<AlignedBuffer> rows = cold_buffers(bytes, 3);  // any bits: the FMAs' values are not read
+  AlignedBuffer warm(65536);
+  std::fill_n(static_cast<uint16_t*>(warm.data()), 32768, uint16_t(0x3c00));
+  size_t it = 0;
+  float sink = 0;
+  run_paired(st, double(bytes), 1, [&] {
+    sink += key_order_pass(static_cast<const uint16_t*>(rows[it++ % rows.size()].data()),
+                           int64_t(bytes / 256), ascending);
+  });
+  const auto t0 = std::chrono::steady_clock::now();
+  for (int r = 0; r < 256; ++r)
+    sink += key_order_pass(static_cast<const uint16_t*>(warm.data()), 256, ascending);
+  const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  benchmark::DoNotOptimize(sink);
+  st.counters["L1_GB/s"] = 256.0 * 65536 / dt / 1e9;
+  st.SetLabel(ascending ? "rows in address order" : "four rows in turn (logits16's order)");
+}
+BENCHMARK(BM_KeyAccessOrder)->ArgNames({"ascending"})->Arg(0)->Arg(1)->UseManualTime();
 
 // HybridGen's post-mode selection (and InfiniGen's): the K positions with the highest max logit
 // over G = 4 query heads, out of n, on one thread, after the logits were computed (so they are in
