@@ -520,6 +520,42 @@ inline void weighted_v_d8(const float* p, int64_t ld, const T* V, int cn, float*
   }
 }
 
+// a[h][i] = the partial vector (16 lanes) of q[h] · row[i], for NK rows of D elements read once
+// for the G heads; the rows are converted to F32 as they load.
+template <int G, int NK, int DT, typename T>
+[[gnu::always_inline]] inline void dot_rows(const float* q, const T* const (&row)[NK], int D,
+                                            int64_t ahead_bytes, __m512 (&a)[G][NK]) {
+  const int nb = (D + 15) / 16;
+  const __mmask16 last = last_block_mask(D);
+  const bool prefetch = attention_prefetches<G, DT, T>();
+  for (int h = 0; h < G; ++h)
+    for (int i = 0; i < NK; ++i) a[h][i] = _mm512_setzero_ps();
+  for (int b = 0; b < nb; ++b) {
+    const int off = b * 16 * int(sizeof(T));  // bytes into the row
+    // Software prefetch ahead_bytes ahead of each row (the hardware prefetcher alone leaves the
+    // single-thread stream well under the read bandwidth), one line per row per 64 bytes read,
+    // spread over the loop: bursts of requests get dropped.
+    if (prefetch && off % 64 == 0)
+      for (int i = 0; i < NK; ++i)
+        _mm_prefetch(reinterpret_cast<const char*>(row[i]) + ahead_bytes + off, _MM_HINT_T2);
+    const __mmask16 m = b == nb - 1 ? last : __mmask16(0xffff);
+    __m512 kv[NK];
+    for (int i = 0; i < NK; ++i) kv[i] = in_register(load16(row[i] + b * 16, m));
+    for (int h = 0; h < G; ++h) {
+      const __m512 qv = in_register(_mm512_maskz_loadu_ps(m, q + h * D + b * 16));
+      for (int i = 0; i < NK; ++i) a[h][i] = _mm512_fmadd_ps(qv, kv[i], a[h][i]);
+    }
+  }
+}
+
+// Keys per dot_rows step: KB keys share each q load (with one key per step the q loads, G per 16
+// elements, outnumbered the FMAs' other operand and bound the kernel on this core's one 512-bit load
+// per cycle). G·KB accumulators + KB keys + 1 q stay within the 32 registers.
+template <int G>
+constexpr int logit_keys_per_step() {
+  return G <= 4 ? 4 : 2;
+}
+
 // s[h * ld + c] = scale · q[h] · K[c] for c < kk ≤ 16 (lanes c ≥ kk get -inf). Each K row is read
 // once for the G heads.
 template <int G, int DT, typename T>
@@ -529,35 +565,13 @@ inline void logits16(const float* q, const T* K, int kk, int D_, float scale, fl
     return;
   }
   const int D = DT > 0 ? DT : D_;
-  const int row_bytes = D * int(sizeof(T));
-  // KB keys per step share each q load: with one key per step the q loads (G per 16 elements)
-  // outnumbered the FMAs' other operand and bound the kernel on this core's one 512-bit load per
-  // cycle. G·KB accumulators + KB keys + 1 q stay within the 32 registers.
-  constexpr int KB = G <= 4 ? 4 : 2;
-  const int64_t ahead_elems = int64_t(prefetch_rows(row_bytes)) * D;
-  const int nb = (D + 15) / 16;
-  const __mmask16 last = last_block_mask(D);
-  // a[h][i] = the partial vector of q[h] · K[c + i], 16 lanes; keys are converted to F32 as they load.
+  constexpr int KB = logit_keys_per_step<G>();
+  const int64_t ahead_bytes = int64_t(prefetch_rows(D * int(sizeof(T)))) * D * int64_t(sizeof(T));
   auto step = [&](auto kb_const, int c, __m512(&a)[G][decltype(kb_const)::value]) {
     constexpr int NK = decltype(kb_const)::value;
-    // Software prefetch prefetch_rows() rows ahead (the hardware prefetcher alone leaves the
-    // single-thread stream well under the read bandwidth), one line per row per 64 bytes read,
-    // spread over the loop: bursts of requests get dropped.
-    const char* ahead = reinterpret_cast<const char*>(K + int64_t(c) * D + ahead_elems);
-    for (int h = 0; h < G; ++h)
-      for (int i = 0; i < NK; ++i) a[h][i] = _mm512_setzero_ps();
-    for (int b = 0; b < nb; ++b) {
-      const int off = b * 16 * int(sizeof(T));  // bytes into the row
-      if (attention_prefetches<G, DT, T>() && off % 64 == 0)
-        for (int i = 0; i < NK; ++i) _mm_prefetch(ahead + i * row_bytes + off, _MM_HINT_T2);
-      const __mmask16 m = b == nb - 1 ? last : __mmask16(0xffff);
-      __m512 kv[NK];
-      for (int i = 0; i < NK; ++i) kv[i] = in_register(load16(K + int64_t(c + i) * D + b * 16, m));
-      for (int h = 0; h < G; ++h) {
-        const __m512 qv = in_register(_mm512_maskz_loadu_ps(m, q + h * D + b * 16));
-        for (int i = 0; i < NK; ++i) a[h][i] = _mm512_fmadd_ps(qv, kv[i], a[h][i]);
-      }
-    }
+    const T* row[NK];
+    for (int i = 0; i < NK; ++i) row[i] = K + int64_t(c + i) * D;
+    dot_rows<G, NK, DT>(q, row, D, ahead_bytes, a);
   };
   int c = 0;
   if constexpr (G * KB == 16) {
@@ -739,6 +753,28 @@ template <int G, int DT, typename T>
 void group_logit_max_fixed(const float* q, const T* K, int64_t t0, int64_t t1, int D_, float scale,
                            float* score) {
   const int D = DT > 0 ? DT : D_;
+  if constexpr (G == 4 && DT > 8) {
+    // Each step's four keys come from four parts of the range, one each, so that every row is read
+    // in address order: the hardware prefetcher streams that order, not four adjacent rows' blocks
+    // in turn (docs/performance.md, "HybridGen's CPU stage").
+    const int64_t per = (t1 - t0) / 4;
+    const int64_t ahead_bytes = int64_t(prefetch_rows(D * int(sizeof(T)))) * D * int64_t(sizeof(T));
+    const __m512 sc = _mm512_set1_ps(scale), neg_inf = _mm512_set1_ps(-INFINITY);
+    for (int64_t i = 0; i < per; ++i) {
+      const T* row[4];
+      for (int j = 0; j < 4; ++j) row[j] = K + (t0 + j * per + i) * D;
+      __m512 a[G][4];
+      dot_rows<G, 4, DT>(q, row, D, ahead_bytes, a);
+      __m512 v = _mm512_mul_ps(hsum16(&a[0][0]), sc);                              // lane 4h + j
+      v = _mm512_mask_mov_ps(v, _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q), neg_inf);  // NaN: skipped
+      v = _mm512_max_ps(v, _mm512_shuffle_f32x4(v, v, 0x4E));
+      v = _mm512_max_ps(v, _mm512_shuffle_f32x4(v, v, 0xB1));  // lane j: the max over the heads
+      alignas(16) float r[4];
+      _mm_store_ps(r, _mm512_castps512_ps128(v));
+      for (int j = 0; j < 4; ++j) score[t0 + j * per + i] = r[j];
+    }
+    t0 += 4 * per;  // the last (t1 - t0) mod 4 keys: below
+  }
   key_blocks_interleaved(t0, t1, [&](int64_t t, int kk) {
     alignas(64) float tmp[G * 16];  // this block's logits, in L1
     logits16<G, DT>(q, K + t * D, kk, D, scale, tmp, 16);
