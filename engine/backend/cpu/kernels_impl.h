@@ -520,6 +520,12 @@ inline void weighted_v_d8(const float* p, int64_t ld, const T* V, int cn, float*
   }
 }
 
+// Bytes ahead of a row of D elements of T that the logits kernels prefetch: prefetch_rows() rows.
+template <typename T>
+constexpr int64_t prefetch_bytes(int D) {
+  return int64_t(prefetch_rows(D * int(sizeof(T)))) * D * int64_t(sizeof(T));
+}
+
 // a[h][i] = the partial vector (16 lanes) of q[h] · row[i], for NK rows of D elements read once
 // for the G heads; the rows are converted to F32 as they load.
 template <int G, int NK, int DT, typename T>
@@ -566,7 +572,7 @@ inline void logits16(const float* q, const T* K, int kk, int D_, float scale, fl
   }
   const int D = DT > 0 ? DT : D_;
   constexpr int KB = logit_keys_per_step<G>();
-  const int64_t ahead_bytes = int64_t(prefetch_rows(D * int(sizeof(T)))) * D * int64_t(sizeof(T));
+  const int64_t ahead_bytes = prefetch_bytes<T>(D);
   auto step = [&](auto kb_const, int c, __m512(&a)[G][decltype(kb_const)::value]) {
     constexpr int NK = decltype(kb_const)::value;
     const T* row[NK];
@@ -758,7 +764,7 @@ void group_logit_max_fixed(const float* q, const T* K, int64_t t0, int64_t t1, i
     // in address order: the hardware prefetcher streams that order, not four adjacent rows' blocks
     // in turn (docs/performance.md, "HybridGen's CPU stage").
     const int64_t per = (t1 - t0) / 4;
-    const int64_t ahead_bytes = int64_t(prefetch_rows(D * int(sizeof(T)))) * D * int64_t(sizeof(T));
+    const int64_t ahead_bytes = prefetch_bytes<T>(D);
     const __m512 sc = _mm512_set1_ps(scale), neg_inf = _mm512_set1_ps(-INFINITY);
     for (int64_t i = 0; i < per; ++i) {
       const T* row[4];
