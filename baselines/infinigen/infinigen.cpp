@@ -16,7 +16,6 @@
 // current token. Layers 0 and 1 load their full KV, as the authors' code does. Prefill attention is
 // exact.
 #include <Eigen/Dense>
-#include <Eigen/SVD>
 #include <algorithm>
 #include <array>
 #include <cmath>
@@ -444,10 +443,14 @@ class InfiniGen final : public KvStrategy {
           for (int d = 0; d < D; ++d) M(t * (G + 1) + h, d) = qs[size_t((t * shape_.H + g * G + h) * D + d)];
         for (int d = 0; d < D; ++d) M(t * (G + 1) + G, d) = ks[size_t((t * Hkv + g) * D + d)];
       }
-      // Full V: D×D orthogonal also when the calibration has fewer rows than D (a short prompt),
-      // where the thin V would be D × rows.
-      Eigen::BDCSVD<Eigen::MatrixXf> svd(M, Eigen::ComputeFullV);
-      const Eigen::MatrixXf A = svd.matrixV();
+      // A = the right singular vectors of M, as the eigenvectors of the D×D Gram matrix MᵀM (in
+      // double, so that squaring the singular values loses nothing at F32): D×D orthogonal also
+      // when the calibration has fewer rows than D (a short prompt). The columns' order and signs
+      // do not matter: they are ranked below, and a kept column's sign cancels in q_c·k_c. A
+      // symmetric eigensolver also compiles in a third of BDCSVD's time.
+      const Eigen::MatrixXd M64 = M.cast<double>();
+      const Eigen::SelfAdjointEigenSolver<Eigen::MatrixXd> eig(M64.transpose() * M64);
+      const Eigen::MatrixXf A = eig.eigenvectors().cast<float>();
       // Columns with the largest Σ|qA| + Σ|kA|.
       const Eigen::MatrixXf S = M * A;
       std::vector<std::pair<float, int>> mag(static_cast<size_t>(D));
