@@ -520,7 +520,7 @@ inline void weighted_v_d8(const float* p, int64_t ld, const T* V, int cn, float*
   }
 }
 
-// Bytes ahead of a row of D elements of T that the logits kernels prefetch: prefetch_rows() rows.
+// Bytes ahead of a row of D elements of T that the attention kernels prefetch: prefetch_rows() rows.
 template <typename T>
 constexpr int64_t prefetch_bytes(int D) {
   return int64_t(prefetch_rows(D * int(sizeof(T)))) * D * int64_t(sizeof(T));
@@ -634,10 +634,10 @@ inline void weighted_v_blocks(const float* p, int64_t ld, const T* V, int cn, in
     for (int h = 0; h < G; ++h) a[h][j] = _mm512_maskz_loadu_ps(mk[j], acc + h * D + (b0 + j) * 16);
   }
   const int pf_begin = b0 * 16 * int(sizeof(T)), pf_end = std::min(D, (b0 + BB) * 16) * int(sizeof(T));
-  const int64_t ahead_elems = int64_t(prefetch_rows(D * int(sizeof(T)))) * D;
+  const int64_t ahead_bytes = prefetch_bytes<T>(D);
   for (int c = 0; c < cn; ++c) {
     const T* v = V + int64_t(c) * D + b0 * 16;
-    const char* ahead = reinterpret_cast<const char*>(V + int64_t(c) * D + ahead_elems);
+    const char* ahead = reinterpret_cast<const char*>(V + int64_t(c) * D) + ahead_bytes;
     if (attention_prefetches<G, DT, T>())
       for (int off = pf_begin; off < pf_end; off += 64) _mm_prefetch(ahead + off, _MM_HINT_T2);
     __m512 vv[BB];
