@@ -38,7 +38,8 @@ hg_build() {
   local configure=()
   if [ ! -f "$HG_BUILD_DIR/CMakeCache.txt" ]; then
     echo "hgbench: configuring $HG_BUILD_DIR (log: $log)" >&2
-    configure=(-DCMAKE_BUILD_TYPE=Release)
+    # Unity batches: a fresh build compiles the heavy headers once per batch (CMakeLists.txt, HG_UNITY).
+    configure=(-DCMAKE_BUILD_TYPE=Release -DHG_UNITY=ON)
   fi
   if [ ${#configure[@]} -gt 0 ] || [ -n "${HG_CMAKE_ARGS:-}" ]; then
     # shellcheck disable=SC2086

@@ -6,7 +6,7 @@
 namespace hg {
 namespace {
 
-void parse_config(const nlohmann::json& cfg, const std::string& where, HParams* hp) {
+void opt_parse_config(const nlohmann::json& cfg, const std::string& where, HParams* hp) {
   hp->d_model = json_int(cfg, "hidden_size", where);
   hp->n_layers = json_int(cfg, "num_hidden_layers", where);
   hp->n_heads = json_int(cfg, "num_attention_heads", where);
@@ -31,7 +31,7 @@ void parse_config(const nlohmann::json& cfg, const std::string& where, HParams* 
     input_error("{}: enable_bias false is not supported", where);
 }
 
-std::string hf_name(Slot s, int layer) {
+std::string opt_hf_name(Slot s, int layer) {
   const std::string b = "model.decoder.layers." + std::to_string(layer) + ".";
   switch (s) {
     case Slot::kAttnNorm: return b + "self_attn_layer_norm.weight";
@@ -54,7 +54,7 @@ std::string hf_name(Slot s, int layer) {
   }
 }
 
-std::string hf_global_name(GlobalSlot s) {
+std::string opt_hf_global_name(GlobalSlot s) {
   switch (s) {
     case GlobalSlot::kTokEmbd: return "model.decoder.embed_tokens.weight";
     case GlobalSlot::kPosEmbd: return "model.decoder.embed_positions.weight";
@@ -73,9 +73,9 @@ Architecture opt_architecture() {
   a.hf_classes = {"OPTForCausalLM"};
   a.traits = ArchTraits{.norm = NormKind::kLayer, .pos = PosKind::kLearned, .ffn = FfnKind::kRelu, .qkv_bias = true,
                         .o_bias = true, .ffn_bias = true, .norm_bias = true};
-  a.parse_hf_config = parse_config;
-  a.hf_name = hf_name;
-  a.hf_global_name = hf_global_name;
+  a.parse_hf_config = opt_parse_config;
+  a.hf_name = opt_hf_name;
+  a.hf_global_name = opt_hf_global_name;
   return a;
 }
 

@@ -10,7 +10,7 @@ void llama_parse_hf_config(const nlohmann::json& cfg, const std::string& where, 
 
 namespace {
 
-void parse_config(const nlohmann::json& cfg, const std::string& where, HParams* hp) {
+void qwen2_parse_config(const nlohmann::json& cfg, const std::string& where, HParams* hp) {
   nlohmann::json c = cfg;
   c.erase("attention_bias");  // Qwen2 configs do not carry it; the biases are implied
   llama_parse_hf_config(c, where, hp);
@@ -18,7 +18,7 @@ void parse_config(const nlohmann::json& cfg, const std::string& where, HParams* 
     input_error("{}: use_sliding_window true is not supported", where);
 }
 
-void parse_gguf(const ModelMetadata& f, HParams* hp) {
+void qwen2_parse_gguf(const ModelMetadata& f, HParams* hp) {
   parse_gguf_llama_family(f, hp);
   hp->rope_style = RopeStyle::kHalf;  // llama.cpp runs qwen2 in NEOX (rotate-half) mode
 }
@@ -31,10 +31,10 @@ Architecture qwen2_architecture() {
   a.hf_classes = {"Qwen2ForCausalLM"};
   a.traits = ArchTraits{.norm = NormKind::kRms, .pos = PosKind::kRope, .ffn = FfnKind::kSwiGlu, .qkv_bias = true};
   a.default_add_bos = false;
-  a.parse_hf_config = parse_config;
+  a.parse_hf_config = qwen2_parse_config;
   a.hf_name = llama_hf_name;
   a.hf_global_name = llama_hf_global_name;
-  a.parse_gguf = parse_gguf;
+  a.parse_gguf = qwen2_parse_gguf;
   return a;
 }
 

@@ -12,7 +12,7 @@
 namespace hg {
 namespace {
 
-bool probe(const std::string& path) {
+bool gguf_probe(const std::string& path) {
   std::error_code ec;
   if (!std::filesystem::is_regular_file(path, ec)) return false;
   std::ifstream in(path, std::ios::binary);
@@ -61,7 +61,7 @@ std::unique_ptr<Tokenizer> gguf_tokenizer(const GgufFile& f) {
   return t;
 }
 
-Model load(const ModelSpec& spec, const LoadOptions& opts) {
+Model gguf_load(const ModelSpec& spec, const LoadOptions& opts) {
   check_spec_options(spec, {"load"});
   const WeightLoad how = weight_load_option(spec);
   GgufFile f(spec.path);
@@ -116,7 +116,7 @@ Model load(const ModelSpec& spec, const LoadOptions& opts) {
 }  // namespace
 
 ModelFormat gguf_format() {
-  return {"gguf", "GGUF v2/v3 file (llama, qwen2; F32/F16/BF16/Q8_0 tensors; embedded tokenizer)", probe, load};
+  return {"gguf", "GGUF v2/v3 file (llama, qwen2; F32/F16/BF16/Q8_0 tensors; embedded tokenizer)", gguf_probe, gguf_load};
 }
 
 // Reads only the tokenizer of a GGUF file (llama.cpp vocab-only files have no weights).

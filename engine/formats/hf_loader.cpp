@@ -18,7 +18,7 @@ namespace fs = std::filesystem;
 namespace hg {
 namespace {
 
-bool probe(const std::string& path) {
+bool hf_probe(const std::string& path) {
   std::error_code ec;
   return fs::is_directory(path, ec) && fs::exists(fs::path(path) / "config.json", ec);
 }
@@ -61,7 +61,7 @@ void apply_tokenizer_config(const fs::path& dir, Tokenizer* tok) {
     tok->add_bos = tc["add_bos_token"].get<bool>();
 }
 
-Model load(const ModelSpec& spec, const LoadOptions& opts) {
+Model hf_load(const ModelSpec& spec, const LoadOptions& opts) {
   check_spec_options(spec, {"load"});
   const WeightLoad how = weight_load_option(spec);
   const fs::path dir(spec.path);
@@ -165,7 +165,7 @@ std::unique_ptr<Tokenizer> load_hf_tokenizer_dir(const std::string& dir) {
 }
 
 ModelFormat hf_format() {
-  return {"hf", "Hugging Face directory: config.json + (sharded) safetensors; Llama, Qwen2, OPT", probe, load};
+  return {"hf", "Hugging Face directory: config.json + (sharded) safetensors; Llama, Qwen2, OPT", hf_probe, hf_load};
 }
 
 }  // namespace hg

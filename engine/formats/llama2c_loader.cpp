@@ -15,12 +15,12 @@ namespace fs = std::filesystem;
 namespace hg {
 namespace {
 
-bool probe(const std::string& path) {
+bool llama2c_probe(const std::string& path) {
   std::error_code ec;
   return fs::is_regular_file(path, ec) && fs::path(path).extension() == ".bin";
 }
 
-Model load(const ModelSpec& spec, const LoadOptions& opts) {
+Model llama2c_load(const ModelSpec& spec, const LoadOptions& opts) {
   check_spec_options(spec, {"tokenizer", "load"});
   const WeightLoad how = weight_load_option(spec);
   const auto file = std::make_shared<const MappedFile>(spec.path);
@@ -114,7 +114,7 @@ Model load(const ModelSpec& spec, const LoadOptions& opts) {
 }  // namespace
 
 ModelFormat llama2c_format() {
-  return {"llama2c", "llama2.c legacy .bin (F32) with its tokenizer.bin (?tokenizer=PATH)", probe, load};
+  return {"llama2c", "llama2.c legacy .bin (F32) with its tokenizer.bin (?tokenizer=PATH)", llama2c_probe, llama2c_load};
 }
 
 }  // namespace hg

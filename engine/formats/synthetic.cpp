@@ -110,7 +110,7 @@ int parse_int(const ModelSpec& s, const char* key, int dflt) {
   return v;
 }
 
-Model load(const ModelSpec& spec, const LoadOptions& opts) {
+Model synthetic_load(const ModelSpec& spec, const LoadOptions& opts) {
   check_spec_options(spec, {"layers", "dtype", "seed"});
   const SyntheticPreset* preset = nullptr;
   for (auto& p : synthetic_presets())
@@ -157,7 +157,7 @@ Model load(const ModelSpec& spec, const LoadOptions& opts) {
   return m;
 }
 
-bool probe(const std::string&) { return false; }
+bool synthetic_probe(const std::string&) { return false; }
 
 }  // namespace
 
@@ -168,7 +168,7 @@ const std::vector<SyntheticPreset>& synthetic_presets() {
 
 ModelFormat synthetic_format() {
   return {"synthetic", "random weights with a preset's real shapes: synthetic:<preset>[?layers=N&dtype=bf16&seed=S]",
-          probe, load};
+          synthetic_probe, synthetic_load};
 }
 
 }  // namespace hg
