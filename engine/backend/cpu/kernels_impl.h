@@ -744,6 +744,24 @@ template <int G, int DT, typename T>
 void group_logits_fixed(const float* q, const T* K, int64_t n, int64_t t0, int64_t t1, int D_, float scale,
                         float* logits) {
   const int D = DT > 0 ? DT : D_;
+  if constexpr (G == 4 && DT > 8) {
+    // group_logit_max's order: each step's four keys from four parts of the range, every row read in
+    // address order; the 16 logits (head h, part j) go to their rows one by one.
+    const int64_t per = (t1 - t0) / 4;
+    const int64_t ahead_bytes = prefetch_bytes<T>(D);
+    const __m512 sc = _mm512_set1_ps(scale);
+    for (int64_t i = 0; i < per; ++i) {
+      const T* row[4];
+      for (int j = 0; j < 4; ++j) row[j] = K + (t0 + j * per + i) * D;
+      __m512 a[G][4];
+      dot_rows<G, 4, DT>(q, row, D, ahead_bytes, a);
+      alignas(64) float r[16];
+      _mm512_store_ps(r, _mm512_mul_ps(hsum16(&a[0][0]), sc));  // lane 4h + j
+      for (int h = 0; h < G; ++h)
+        for (int j = 0; j < 4; ++j) logits[h * n + t0 + j * per + i] = r[4 * h + j];
+    }
+    t0 += 4 * per;  // the last (t1 - t0) mod 4 keys: below
+  }
   key_blocks_interleaved(t0, t1, [&](int64_t t, int kk) {
     if (kk == 16) {
       logits16<G, DT>(q, K + t * D, 16, D, scale, logits + t, n);
