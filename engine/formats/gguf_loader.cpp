@@ -116,7 +116,8 @@ Model gguf_load(const ModelSpec& spec, const LoadOptions& opts) {
 }  // namespace
 
 ModelFormat gguf_format() {
-  return {"gguf", "GGUF v2/v3 file (llama, qwen2; F32/F16/BF16/Q8_0 tensors; embedded tokenizer)", gguf_probe, gguf_load};
+  return {"gguf", "GGUF v2/v3 file (llama, qwen2; F32/F16/BF16/Q8_0 tensors; embedded tokenizer)", gguf_probe,
+          gguf_load};
 }
 
 // Reads only the tokenizer of a GGUF file (llama.cpp vocab-only files have no weights).

@@ -165,7 +165,8 @@ std::unique_ptr<Tokenizer> load_hf_tokenizer_dir(const std::string& dir) {
 }
 
 ModelFormat hf_format() {
-  return {"hf", "Hugging Face directory: config.json + (sharded) safetensors; Llama, Qwen2, OPT", hf_probe, hf_load};
+  return {"hf", "Hugging Face directory: config.json + (sharded) safetensors; Llama, Qwen2, OPT", hf_probe,
+          hf_load};
 }
 
 }  // namespace hg

@@ -114,7 +114,8 @@ Model llama2c_load(const ModelSpec& spec, const LoadOptions& opts) {
 }  // namespace
 
 ModelFormat llama2c_format() {
-  return {"llama2c", "llama2.c legacy .bin (F32) with its tokenizer.bin (?tokenizer=PATH)", llama2c_probe, llama2c_load};
+  return {"llama2c", "llama2.c legacy .bin (F32) with its tokenizer.bin (?tokenizer=PATH)", llama2c_probe,
+          llama2c_load};
 }
 
 }  // namespace hg

@@ -167,7 +167,8 @@ const std::vector<SyntheticPreset>& synthetic_presets() {
 }
 
 ModelFormat synthetic_format() {
-  return {"synthetic", "random weights with a preset's real shapes: synthetic:<preset>[?layers=N&dtype=bf16&seed=S]",
+  return {"synthetic",
+          "random weights with a preset's real shapes: synthetic:<preset>[?layers=N&dtype=bf16&seed=S]",
           synthetic_probe, synthetic_load};
 }
 
