@@ -740,27 +740,39 @@ inline void key_blocks_interleaved(int64_t t0, int64_t t1, F&& fn) {
   for (int64_t t = t0 + kKeyStreams * per * 16; t < t1; t += 16) fn(t, int(std::min<int64_t>(16, t1 - t)));
 }
 
+// G = 4 query heads: each step's four keys come from four parts of [t0, t1), one each, so that
+// every row is read in address order: the hardware prefetcher streams that order, not four adjacent
+// rows' blocks in turn (docs/performance.md, "HybridGen's CPU stage"). fn(t, per, v) per step: lane
+// 4h + j of v is head h's scaled logit of key t + j·per. Returns the first key not visited (the
+// last (t1 − t0) mod 4 are left to the caller).
+template <int DT, typename T, typename F>
+[[gnu::always_inline]] inline int64_t four_part_logits(const float* q, const T* K, int64_t t0, int64_t t1,
+                                                       int D, float scale, F&& fn) {
+  const int64_t per = (t1 - t0) / 4;
+  const int64_t ahead_bytes = prefetch_bytes<T>(D);
+  const __m512 sc = _mm512_set1_ps(scale);
+  for (int64_t i = 0; i < per; ++i) {
+    const T* row[4];
+    for (int j = 0; j < 4; ++j) row[j] = K + (t0 + j * per + i) * D;
+    __m512 a[4][4];
+    dot_rows<4, 4, DT>(q, row, D, ahead_bytes, a);
+    fn(t0 + i, per, _mm512_mul_ps(hsum16(&a[0][0]), sc));
+  }
+  return t0 + 4 * per;
+}
+
 template <int G, int DT, typename T>
 void group_logits_fixed(const float* q, const T* K, int64_t n, int64_t t0, int64_t t1, int D_, float scale,
                         float* logits) {
   const int D = DT > 0 ? DT : D_;
   if constexpr (G == 4 && DT > 8) {
-    // group_logit_max's order: each step's four keys from four parts of the range, every row read in
-    // address order; the 16 logits (head h, part j) go to their rows one by one.
-    const int64_t per = (t1 - t0) / 4;
-    const int64_t ahead_bytes = prefetch_bytes<T>(D);
-    const __m512 sc = _mm512_set1_ps(scale);
-    for (int64_t i = 0; i < per; ++i) {
-      const T* row[4];
-      for (int j = 0; j < 4; ++j) row[j] = K + (t0 + j * per + i) * D;
-      __m512 a[G][4];
-      dot_rows<G, 4, DT>(q, row, D, ahead_bytes, a);
+    // The 16 logits of each step go to their rows one by one.
+    t0 = four_part_logits<DT>(q, K, t0, t1, D, scale, [&](int64_t t, int64_t per, __m512 v) {
       alignas(64) float r[16];
-      _mm512_store_ps(r, _mm512_mul_ps(hsum16(&a[0][0]), sc));  // lane 4h + j
+      _mm512_store_ps(r, v);
       for (int h = 0; h < G; ++h)
-        for (int j = 0; j < 4; ++j) logits[h * n + t0 + j * per + i] = r[4 * h + j];
-    }
-    t0 += 4 * per;  // the last (t1 - t0) mod 4 keys: below
+        for (int j = 0; j < 4; ++j) logits[h * n + t + j * per] = r[4 * h + j];
+    });
   }
   key_blocks_interleaved(t0, t1, [&](int64_t t, int kk) {
     if (kk == 16) {
@@ -778,26 +790,15 @@ void group_logit_max_fixed(const float* q, const T* K, int64_t t0, int64_t t1, i
                            float* score) {
   const int D = DT > 0 ? DT : D_;
   if constexpr (G == 4 && DT > 8) {
-    // Each step's four keys come from four parts of the range, one each, so that every row is read
-    // in address order: the hardware prefetcher streams that order, not four adjacent rows' blocks
-    // in turn (docs/performance.md, "HybridGen's CPU stage").
-    const int64_t per = (t1 - t0) / 4;
-    const int64_t ahead_bytes = prefetch_bytes<T>(D);
-    const __m512 sc = _mm512_set1_ps(scale), neg_inf = _mm512_set1_ps(-INFINITY);
-    for (int64_t i = 0; i < per; ++i) {
-      const T* row[4];
-      for (int j = 0; j < 4; ++j) row[j] = K + (t0 + j * per + i) * D;
-      __m512 a[G][4];
-      dot_rows<G, 4, DT>(q, row, D, ahead_bytes, a);
-      __m512 v = _mm512_mul_ps(hsum16(&a[0][0]), sc);                              // lane 4h + j
+    const __m512 neg_inf = _mm512_set1_ps(-INFINITY);
+    t0 = four_part_logits<DT>(q, K, t0, t1, D, scale, [&](int64_t t, int64_t per, __m512 v) {
       v = _mm512_mask_mov_ps(v, _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q), neg_inf);  // NaN: skipped
       v = _mm512_max_ps(v, _mm512_shuffle_f32x4(v, v, 0x4E));
       v = _mm512_max_ps(v, _mm512_shuffle_f32x4(v, v, 0xB1));  // lane j: the max over the heads
       alignas(16) float r[4];
       _mm_store_ps(r, _mm512_castps512_ps128(v));
-      for (int j = 0; j < 4; ++j) score[t0 + j * per + i] = r[j];
-    }
-    t0 += 4 * per;  // the last (t1 - t0) mod 4 keys: below
+      for (int j = 0; j < 4; ++j) score[t + j * per] = r[j];
+    });
   }
   key_blocks_interleaved(t0, t1, [&](int64_t t, int kk) {
     alignas(64) float tmp[G * 16];  // this block's logits, in L1
