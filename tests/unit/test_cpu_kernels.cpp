@@ -82,7 +82,7 @@ INSTANTIATE_TEST_SUITE_P(Shapes, MatmulTest,
                                            MatmulCase{2, 1000, 1030, DType::kF32}, MatmulCase{3, 33, 129, DType::kBF16},
                                            MatmulCase{4, 128, 64, DType::kF32}, MatmulCase{1, 17, 97, DType::kF16},
                                            MatmulCase{2, 64, 300, DType::kF16}, MatmulCase{3, 1000, 33, DType::kF16},
-                                           MatmulCase{4, 97, 1025, DType::kF16},
+                                           MatmulCase{4, 97, 1025, DType::kF16}, MatmulCase{1, 1000, 1030, DType::kF16},
                                            // F16 prefill: weight blocks (64 MiB of F32) converted for oneDNN;
                                            // 4096 × 4200 is two blocks.
                                            MatmulCase{5, 97, 33, DType::kF16}, MatmulCase{5, 4096, 4200, DType::kF16}),
@@ -596,16 +596,17 @@ TEST(KernelLevels, EveryLevelMatchesRef) {
     set_cpu_tuning(vendor);
     SCOPED_TRACE(std::string(cpu_isa_name(isa)) + ", " + std::string(cpu_tuning_name(vendor)) + " tuning");
     auto cpu = make_cpu_backend();
-    for (DType t : {DType::kF32, DType::kF16, DType::kBF16}) {
+    for (DType t : {DType::kF32, DType::kF16, DType::kBF16})
+    for (int M : {1, 2}) {  // one x row and two take different row blocks per pass
       Weight w = convert_weight(DType::kF32, wf.data(), t, {N, K});
-      std::vector<float> y(size_t(2 * N)), yr(y.size());
-      cpu->matmul(x.data(), 2, w, nullptr, y.data());
+      std::vector<float> y(size_t(M * N)), yr(y.size());
+      cpu->matmul(x.data(), M, w, nullptr, y.data());
       auto xr = x;
       if (t == DType::kBF16 && cpu::gemv_rounds_bf16_activations())
         for (auto& v : xr) v = bf16_to_f32(f32_to_bf16(v));
-      ref->matmul(xr.data(), 2, w, nullptr, yr.data());
-      EXPECT_TRUE(test::all_close(y.data(), yr.data(), y.size(), kTolMatmulF32)) << dtype_name(t);
-      if (t == DType::kF16) f16_gemv.emplace_back(isa, y);
+      ref->matmul(xr.data(), M, w, nullptr, yr.data());
+      EXPECT_TRUE(test::all_close(y.data(), yr.data(), y.size(), kTolMatmulF32)) << dtype_name(t) << ", M = " << M;
+      if (t == DType::kF16 && M == 2) f16_gemv.emplace_back(isa, y);
     }
     for (DType t : {DType::kF32, DType::kF16, DType::kBF16}) {
       std::vector<uint16_t> K16(Kf.size()), V16(Vf.size());

@@ -870,6 +870,11 @@ constexpr int gemv_rows_per_pass() {
   return MR <= 2 ? 8 : 4;
 }
 
+// Whether the one-x-row F16 GEMV reads 16 weight rows per pass (each step one row at a time, x
+// reloaded per row) instead of 8: AMD cores stream F16 rows faster so; F32 and BF16 rows, and
+// Intel, keep 8 (docs/performance.md, "Tuning choices").
+inline bool gemv_f16_sixteen_rows() { return amd_core(); }
+
 // Whether the GEMV prefetches the rows ahead. AMD cores stream F32 and BF16 weight rows faster
 // with the hardware prefetcher alone, F16 rows slower; Intel cores read every type faster with
 // software prefetches (docs/performance.md, "Tuning choices").
@@ -878,11 +883,13 @@ inline bool gemv_prefetches() {
   return std::is_same_v<W, F16Tag> || !amd_core();
 }
 
-// y[m, n] for MR x rows and weight rows [n0, n1) (the layout of cpu::gemv), with step policy P.
-template <int MR, typename P>
+// y[m, n] for MR x rows and weight rows [n0, n1) (the layout of cpu::gemv), with step policy P,
+// RB weight rows per pass (16: one x row only).
+template <int MR, typename P, int RB = gemv_rows_per_pass<MR>()>
 void gemv_t(const typename P::X* x, const typename P::W* W, int64_t K, int64_t n0, int64_t n1, float* y,
             int64_t ldy) {
-  constexpr int S = P::kStep, RB = gemv_rows_per_pass<MR>();
+  static_assert(RB <= 8 || MR == 1, "16 rows per pass hold one x row's accumulators only");
+  constexpr int S = P::kStep;
   const int64_t kb_full = K / S;
   const typename P::Mask all = typename P::Mask(~uint64_t(0)), tail = P::tail(K % S);
   const bool prefetch = gemv_prefetches<typename P::W>();
@@ -897,6 +904,10 @@ void gemv_t(const typename P::X* x, const typename P::W* W, int64_t K, int64_t n
       for (int m = 0; m < MR; ++m)
         for (int j = 0; j < RB; ++j) a[m][j] = _mm512_setzero_ps();
       auto step = [&](int64_t k0, typename P::Mask msk) {
+        if constexpr (RB > 8) {  // one row at a time: x is reloaded for each, RB + 2 registers live
+          for (int j = 0; j < RB; ++j) a[0][j] = P::mac(a[0][j], P::load_x(x + k0, msk), P::load_w(w[j] + k0, msk));
+          return;
+        }
         typename P::WV wv[RB];
         for (int j = 0; j < RB; ++j) wv[j] = P::load_w(w[j] + k0, msk);
         for (int m = 0; m < MR; ++m) {
@@ -1106,7 +1117,10 @@ void gemv(const float* x, int M, const void* W, DType wt, int64_t K, int64_t n0,
       using P = decltype(policy);
       const auto* wp = static_cast<const typename P::W*>(W);
       auto rows = [&](auto mr) {  // MR x rows
-        return gemv_t<decltype(mr)::value, P>(xs, wp, K, n0, n1, y, ldy);
+        constexpr int MR = decltype(mr)::value;
+        if constexpr (MR == 1 && std::is_same_v<typename P::W, F16Tag>)
+          if (gemv_f16_sixteen_rows()) return gemv_t<1, P, 16>(xs, wp, K, n0, n1, y, ldy);
+        return gemv_t<MR, P>(xs, wp, K, n0, n1, y, ldy);
       };
       switch (M) {
         case 1: return rows(std::integral_constant<int, 1>{});
