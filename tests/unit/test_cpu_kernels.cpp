@@ -74,18 +74,19 @@ TEST_P(MatmulTest, CpuMatchesRef) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Shapes, MatmulTest,
-                         ::testing::Values(MatmulCase{1, 17, 97, DType::kF32}, MatmulCase{17, 97, 33, DType::kF32},
-                                           MatmulCase{97, 1000, 17, DType::kF32}, MatmulCase{1, 64, 300, DType::kF32},
-                                           MatmulCase{1, 17, 97, DType::kBF16}, MatmulCase{17, 97, 33, DType::kBF16},
-                                           MatmulCase{97, 1000, 17, DType::kBF16},
-                                           // GEMV path (M ≤ 4): row-block and K tails, every weight type.
-                                           MatmulCase{2, 1000, 1030, DType::kF32}, MatmulCase{3, 33, 129, DType::kBF16},
-                                           MatmulCase{4, 128, 64, DType::kF32}, MatmulCase{1, 17, 97, DType::kF16},
-                                           MatmulCase{2, 64, 300, DType::kF16}, MatmulCase{3, 1000, 33, DType::kF16},
-                                           MatmulCase{4, 97, 1025, DType::kF16}, MatmulCase{1, 1000, 1030, DType::kF16},
-                                           // F16 prefill: weight blocks (64 MiB of F32) converted for oneDNN;
-                                           // 4096 × 4200 is two blocks.
-                                           MatmulCase{5, 97, 33, DType::kF16}, MatmulCase{5, 4096, 4200, DType::kF16}),
+                         ::testing::Values(
+                             MatmulCase{1, 17, 97, DType::kF32}, MatmulCase{17, 97, 33, DType::kF32},
+                             MatmulCase{97, 1000, 17, DType::kF32}, MatmulCase{1, 64, 300, DType::kF32},
+                             MatmulCase{1, 17, 97, DType::kBF16}, MatmulCase{17, 97, 33, DType::kBF16},
+                             MatmulCase{97, 1000, 17, DType::kBF16},
+                             // GEMV path (M ≤ 4): row-block and K tails, every weight type.
+                             MatmulCase{2, 1000, 1030, DType::kF32}, MatmulCase{3, 33, 129, DType::kBF16},
+                             MatmulCase{4, 128, 64, DType::kF32}, MatmulCase{1, 17, 97, DType::kF16},
+                             MatmulCase{2, 64, 300, DType::kF16}, MatmulCase{3, 1000, 33, DType::kF16},
+                             MatmulCase{4, 97, 1025, DType::kF16}, MatmulCase{1, 1000, 1030, DType::kF16},
+                             // F16 prefill: weight blocks (64 MiB of F32) converted for oneDNN;
+                             // 4096 × 4200 is two blocks.
+                             MatmulCase{5, 97, 33, DType::kF16}, MatmulCase{5, 4096, 4200, DType::kF16}),
                          [](const auto& i) {
                            return "M" + std::to_string(i.param.M) + "_K" + std::to_string(i.param.K) + "_N" +
                                   std::to_string(i.param.N) + "_" + std::string(dtype_name(i.param.t));
@@ -597,17 +598,18 @@ TEST(KernelLevels, EveryLevelMatchesRef) {
     SCOPED_TRACE(std::string(cpu_isa_name(isa)) + ", " + std::string(cpu_tuning_name(vendor)) + " tuning");
     auto cpu = make_cpu_backend();
     for (DType t : {DType::kF32, DType::kF16, DType::kBF16})
-    for (int M : {1, 2}) {  // one x row and two take different row blocks per pass
-      Weight w = convert_weight(DType::kF32, wf.data(), t, {N, K});
-      std::vector<float> y(size_t(M * N)), yr(y.size());
-      cpu->matmul(x.data(), M, w, nullptr, y.data());
-      auto xr = x;
-      if (t == DType::kBF16 && cpu::gemv_rounds_bf16_activations())
-        for (auto& v : xr) v = bf16_to_f32(f32_to_bf16(v));
-      ref->matmul(xr.data(), M, w, nullptr, yr.data());
-      EXPECT_TRUE(test::all_close(y.data(), yr.data(), y.size(), kTolMatmulF32)) << dtype_name(t) << ", M = " << M;
-      if (t == DType::kF16 && M == 2) f16_gemv.emplace_back(isa, y);
-    }
+      for (int M : {1, 2}) {  // one x row and two take different row blocks per pass
+        Weight w = convert_weight(DType::kF32, wf.data(), t, {N, K});
+        std::vector<float> y(size_t(M * N)), yr(y.size());
+        cpu->matmul(x.data(), M, w, nullptr, y.data());
+        auto xr = x;
+        if (t == DType::kBF16 && cpu::gemv_rounds_bf16_activations())
+          for (auto& v : xr) v = bf16_to_f32(f32_to_bf16(v));
+        ref->matmul(xr.data(), M, w, nullptr, yr.data());
+        EXPECT_TRUE(test::all_close(y.data(), yr.data(), y.size(), kTolMatmulF32))
+            << dtype_name(t) << ", M = " << M;
+        if (t == DType::kF16 && M == 2) f16_gemv.emplace_back(isa, y);
+      }
     for (DType t : {DType::kF32, DType::kF16, DType::kBF16}) {
       std::vector<uint16_t> K16(Kf.size()), V16(Vf.size());
       const void* Kp = Kf.data();

@@ -905,7 +905,8 @@ void gemv_t(const typename P::X* x, const typename P::W* W, int64_t K, int64_t n
         for (int j = 0; j < RB; ++j) a[m][j] = _mm512_setzero_ps();
       auto step = [&](int64_t k0, typename P::Mask msk) {
         if constexpr (RB > 8) {  // one row at a time: x is reloaded for each, RB + 2 registers live
-          for (int j = 0; j < RB; ++j) a[0][j] = P::mac(a[0][j], P::load_x(x + k0, msk), P::load_w(w[j] + k0, msk));
+          for (int j = 0; j < RB; ++j)
+            a[0][j] = P::mac(a[0][j], P::load_x(x + k0, msk), P::load_w(w[j] + k0, msk));
           return;
         }
         typename P::WV wv[RB];
