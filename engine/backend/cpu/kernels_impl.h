@@ -825,7 +825,7 @@ void group_weighted_v_fixed(const float* p, const T* V, int64_t n, int D_, float
 #endif
 
 // y[m, n] = x[m] · W[n] for n in [n0, n1), MR rows of x (decode batch), W rows of type T. Blocks
-// of 16 weight rows: 4 rows at a time share each x load (4·MR accumulators), and one hsum16 per
+// of 16 weight rows, read RB rows side by side per pass (RB·MR accumulators), and one hsum16 per
 // x row turns the 16 rows' partial vectors into 16 outputs. Weights are read once, streamed.
 #if HG_AVX512
 constexpr int64_t kGemvPrefetchRows = 16;
