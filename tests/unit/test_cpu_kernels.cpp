@@ -84,6 +84,8 @@ INSTANTIATE_TEST_SUITE_P(Shapes, MatmulTest,
                              MatmulCase{4, 128, 64, DType::kF32}, MatmulCase{1, 17, 97, DType::kF16},
                              MatmulCase{2, 64, 300, DType::kF16}, MatmulCase{3, 1000, 33, DType::kF16},
                              MatmulCase{4, 97, 1025, DType::kF16}, MatmulCase{1, 1000, 1030, DType::kF16},
+                             // Fewer rows than the one-row GEMV's streams: parts left empty.
+                             MatmulCase{1, 97, 3, DType::kBF16}, MatmulCase{1, 97, 6, DType::kF16},
                              // F16 prefill: weight blocks (64 MiB of F32) converted for oneDNN;
                              // 4096 × 4200 is two blocks.
                              MatmulCase{5, 97, 33, DType::kF16}, MatmulCase{5, 4096, 4200, DType::kF16}),

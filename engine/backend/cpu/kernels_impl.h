@@ -164,24 +164,40 @@ float max_value(const float* x, int64_t n) {
   return m;
 }
 
+#if HG_AVX512
+// Tuning by vendor, where the two differ in what was measured (docs/performance.md, "Tuning
+// choices"): AMD cores (Zen 4 and 5) split 512-bit work into halves or run it on narrower units.
+inline bool amd_core() { return cpu_tuning() == CpuTuning::kAmd; }
+
+// sum's eight streams over p[0, 8·q): stream j reads p[j·q, (j+1)·q), each prefetched kAhead
+// floats ahead with hint H, into a[j].
+template <int64_t kAhead, int H>
+void sum_eight_streams(const float* p, int64_t q, __m512* a) {
+  for (int64_t i = 0; i < q; i += 16)
+    for (int j = 0; j < 8; ++j) {
+      if (i + kAhead < q) _mm_prefetch(reinterpret_cast<const char*>(p + j * q + i + kAhead), _mm_hint(H));
+      a[j] = _mm512_add_ps(a[j], _mm512_loadu_ps(p + j * q + i));
+    }
+}
+#endif
+
 float sum(const float* p, int64_t n) {
   int64_t i = 0;
   float s = 0;
 #if HG_AVX512
-  // Eight streams (eighths of the range) read side by side, each prefetched 4 KiB ahead: the
-  // reference must be the best read the machine does, and concurrent streams read faster than one
-  // (docs/performance.md, "Tuning choices").
+  // Eight streams (eighths of the range) read side by side, each prefetched ahead: the reference
+  // must be the best read the machine does, and concurrent streams read faster than one. AMD cores
+  // read faster prefetching 1 KiB ahead into L1, Intel 4 KiB ahead into L2 (docs/performance.md,
+  // "Tuning choices").
   constexpr int S = 8;
-  constexpr int64_t kAhead = 1024;  // floats
   const int64_t q = n / S / 16 * 16;
   __m512 a[S];
   for (auto& v : a) v = _mm512_setzero_ps();
-  if (q >= kAhead) {
-    for (; i < q; i += 16)
-      for (int j = 0; j < S; ++j) {
-        if (i + kAhead < q) _mm_prefetch(reinterpret_cast<const char*>(p + j * q + i + kAhead), _MM_HINT_T2);
-        a[j] = _mm512_add_ps(a[j], _mm512_loadu_ps(p + j * q + i));
-      }
+  if (q >= 1024) {
+    if (amd_core())
+      sum_eight_streams<256, _MM_HINT_T0>(p, q, a);
+    else
+      sum_eight_streams<1024, _MM_HINT_T2>(p, q, a);
     i = S * q;
   }
   for (; i + 16 <= n; i += 16) a[0] = _mm512_add_ps(a[0], _mm512_loadu_ps(p + i));
@@ -395,10 +411,6 @@ void weighted_v_kv(const float* p, int G, const T* V, int64_t n, int D, float* o
 }
 
 #if HG_AVX512
-// Tuning by vendor, where the two differ in what was measured (docs/performance.md, "Tuning
-// choices"): AMD cores (Zen 4 and 5) split 512-bit work into halves or run it on narrower units.
-inline bool amd_core() { return cpu_tuning() == CpuTuning::kAmd; }
-
 // A loaded value kept in a register: without it GCC folds the load into every FMA that uses the
 // value (one 512-bit load per FMA), and this core issues one 512-bit load per cycle, so a block
 // shared by G heads was loaded G times and the loads, not the FMAs, set the pace.
@@ -870,11 +882,6 @@ constexpr int gemv_rows_per_pass() {
   return MR <= 2 ? 8 : 4;
 }
 
-// Whether the one-x-row F16 GEMV reads 16 weight rows per pass (each step one row at a time, x
-// reloaded per row) instead of 8: AMD cores stream F16 rows faster so; F32 and BF16 rows, and
-// Intel, keep 8 (docs/performance.md, "Tuning choices").
-inline bool gemv_f16_sixteen_rows() { return amd_core(); }
-
 // Whether the GEMV prefetches the rows ahead. AMD cores stream F32 and BF16 weight rows faster
 // with the hardware prefetcher alone, F16 rows slower; Intel cores read every type faster with
 // software prefetches (docs/performance.md, "Tuning choices").
@@ -883,12 +890,11 @@ inline bool gemv_prefetches() {
   return std::is_same_v<W, F16Tag> || !amd_core();
 }
 
-// y[m, n] for MR x rows and weight rows [n0, n1) (the layout of cpu::gemv), with step policy P,
-// RB weight rows per pass (16: one x row only).
-template <int MR, typename P, int RB = gemv_rows_per_pass<MR>()>
+// y[m, n] for MR x rows and weight rows [n0, n1) (the layout of cpu::gemv), with step policy P.
+template <int MR, typename P>
 void gemv_t(const typename P::X* x, const typename P::W* W, int64_t K, int64_t n0, int64_t n1, float* y,
             int64_t ldy) {
-  static_assert(RB <= 8 || MR == 1, "16 rows per pass hold one x row's accumulators only");
+  constexpr int RB = gemv_rows_per_pass<MR>();
   constexpr int S = P::kStep;
   const int64_t kb_full = K / S;
   const typename P::Mask all = typename P::Mask(~uint64_t(0)), tail = P::tail(K % S);
@@ -904,11 +910,6 @@ void gemv_t(const typename P::X* x, const typename P::W* W, int64_t K, int64_t n
       for (int m = 0; m < MR; ++m)
         for (int j = 0; j < RB; ++j) a[m][j] = _mm512_setzero_ps();
       auto step = [&](int64_t k0, typename P::Mask msk) {
-        if constexpr (RB > 8) {  // one row at a time: x is reloaded for each, RB + 2 registers live
-          for (int j = 0; j < RB; ++j)
-            a[0][j] = P::mac(a[0][j], P::load_x(x + k0, msk), P::load_w(w[j] + k0, msk));
-          return;
-        }
         typename P::WV wv[RB];
         for (int j = 0; j < RB; ++j) wv[j] = P::load_w(w[j] + k0, msk);
         for (int m = 0; m < MR; ++m) {
@@ -932,6 +933,56 @@ void gemv_t(const typename P::X* x, const typename P::W* W, int64_t K, int64_t n
       for (int r = rows; r < 16; ++r) part[m][r] = _mm512_setzero_ps();
       _mm512_mask_storeu_ps(y + m * ldy + nb, rows >= 16 ? __mmask16(0xffff) : tail_mask(rows), hsum16(part[m]));
     }
+  }
+}
+
+// Whether the one-x-row GEMV reads its rows as streams (gemv_streams) instead of blocks of rows
+// side by side (gemv_t): AMD cores read every weight type faster so; Intel was not measured with
+// streams (docs/performance.md, "Tuning choices").
+inline bool gemv_reads_streams() { return amd_core(); }
+
+// y[n] = x · W[n] for one x row and weight rows [n0, n1), read as kGemvStreams streams: the range
+// in that many consecutive parts, one row of each per pass, so that each stream runs through its
+// part's contiguous rows front to back, prefetched kGemvStreamAhead bytes ahead into L1. Blocks of
+// rows side by side restart every stream at each block, which the hardware prefetcher follows less
+// well. Two accumulators per stream (alternate steps) keep the FMA chains short.
+constexpr int kGemvStreams = 4;
+constexpr int64_t kGemvStreamAhead = 1024;
+template <typename P>
+void gemv_streams(const typename P::X* x, const typename P::W* W, int64_t K, int64_t n0, int64_t n1,
+                  float* y) {
+  using WT = typename P::W;
+  constexpr int S = kGemvStreams, kS = P::kStep;
+  constexpr int64_t kStepBytes = 2 * kS * int64_t(sizeof(WT));
+  static_assert(kStepBytes % 64 == 0, "a double step covers whole cache lines");
+  const typename P::Mask all = typename P::Mask(~uint64_t(0));
+  const int64_t q = (n1 - n0 + S - 1) / S, k_full = K / (2 * kS) * (2 * kS), rest = K - k_full;
+  for (int64_t r = 0; r < q; ++r) {
+    const WT* w[S];
+    for (int j = 0; j < S; ++j) w[j] = W + std::min(n0 + j * q + r, n1 - 1) * K;  // past the end: repeats
+    __m512 a[S], b[S];
+    for (int j = 0; j < S; ++j) a[j] = b[j] = _mm512_setzero_ps();
+    for (int64_t k = 0; k < k_full; k += 2 * kS) {
+      const typename P::XV x0 = P::load_x(x + k, all), x1 = P::load_x(x + k + kS, all);
+      for (int j = 0; j < S; ++j) {
+        const char* ahead = reinterpret_cast<const char*>(w[j] + k) + kGemvStreamAhead;
+        for (int64_t line = 0; line < kStepBytes; line += 64) _mm_prefetch(ahead + line, _MM_HINT_T0);
+        a[j] = P::mac(a[j], x0, P::load_w(w[j] + k, all));
+        b[j] = P::mac(b[j], x1, P::load_w(w[j] + k + kS, all));
+      }
+    }
+    if (rest > 0) {
+      const typename P::Mask m0 = rest >= kS ? all : P::tail(rest);
+      const typename P::XV x0 = P::load_x(x + k_full, m0);
+      for (int j = 0; j < S; ++j) a[j] = P::mac(a[j], x0, P::load_w(w[j] + k_full, m0));
+      if (rest > kS) {
+        const typename P::Mask m1 = P::tail(rest - kS);
+        const typename P::XV x1 = P::load_x(x + k_full + kS, m1);
+        for (int j = 0; j < S; ++j) b[j] = P::mac(b[j], x1, P::load_w(w[j] + k_full + kS, m1));
+      }
+    }
+    for (int j = 0; j < S; ++j)
+      if (n0 + j * q + r < n1) y[n0 + j * q + r] = _mm512_reduce_add_ps(_mm512_add_ps(a[j], b[j]));
   }
 }
 #endif
@@ -1119,8 +1170,8 @@ void gemv(const float* x, int M, const void* W, DType wt, int64_t K, int64_t n0,
       const auto* wp = static_cast<const typename P::W*>(W);
       auto rows = [&](auto mr) {  // MR x rows
         constexpr int MR = decltype(mr)::value;
-        if constexpr (MR == 1 && std::is_same_v<typename P::W, F16Tag>)
-          if (gemv_f16_sixteen_rows()) return gemv_t<1, P, 16>(xs, wp, K, n0, n1, y, ldy);
+        if constexpr (MR == 1)
+          if (gemv_reads_streams()) return gemv_streams<P>(xs, wp, K, n0, n1, y);
         return gemv_t<MR, P>(xs, wp, K, n0, n1, y, ldy);
       };
       switch (M) {
