@@ -856,6 +856,59 @@ BENCHMARK(BM_GemvWarm)
     ->Args({16, 1024, 1})
     ->Args({16, 1024, 2});
 
+// Each vendor's tuning on this machine, call by call, the order alternating: the read reference
+// (kernel 0: cpu::sum's prefetch distance and hint) and the one-row GEMV of a 4096² matrix (kernel
+// 1 + type, as BM_Gemv's: rows in blocks side by side on Intel, as streams on AMD). amd/intel is
+// the median per-pair ratio of GB/s (above 1: AMD's choice reads faster here), the evidence behind
+// the vendor switches of docs/performance.md, "Tuning choices".
+void BM_VendorTunings(benchmark::State& st) {
+  const int kernel = int(st.range(0));
+  set_num_threads(int(st.range(1)));
+  const int64_t N = 4096, K = 4096;
+  const DType t = gemv_type(std::max<int64_t>(0, kernel - 1));
+  std::vector<Weight> ws;
+  std::vector<float> x(static_cast<size_t>(K)), y(static_cast<size_t>(N));
+  if (kernel > 0) {
+    std::vector<float> tmp(size_t(N * K));
+    fill(tmp.data(), tmp.size(), 5);
+    for (int i = cold_copies(double(N * K) * double(dtype_size(t))); i > 0; --i)
+      ws.push_back(convert_weight(DType::kF32, tmp.data(), t, {N, K}));
+    fill(x.data(), x.size(), 6);
+  }
+  auto be = make_cpu_backend();
+  const double bytes = kernel > 0 ? double(ws.size()) * double(N * K) * double(dtype_size(t)) : double(128 << 20);
+  auto gbs = [&] {
+    if (kernel == 0) return probe().pass_gbs(int64_t(bytes));
+    const auto t0 = std::chrono::steady_clock::now();
+    for (const Weight& w : ws) be->matmul(x.data(), 1, w, nullptr, y.data());
+    benchmark::ClobberMemory();
+    return bytes / std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() / 1e9;
+  };
+  const CpuTuning saved = cpu_tuning();
+  PairedRatio pr;  // kernel: AMD's tuning, ref: Intel's
+  bool amd_first = false;
+  for (auto _ : st) {
+    double g[2];  // [0] Intel, [1] AMD
+    for (int o = 0; o < 2; ++o) {
+      const int v = (o == 0) == amd_first;
+      set_cpu_tuning(v ? CpuTuning::kAmd : CpuTuning::kIntel);
+      g[v] = gbs();
+    }
+    pr.add(g[1], g[0]);
+    amd_first = !amd_first;
+  }
+  set_cpu_tuning(saved);
+  st.SetLabel(kernel == 0 ? "read reference" : "gemv " + std::string(dtype_name(t)));
+  st.counters["intel_GB/s"] = pr.ref_gbs();
+  st.counters["amd_GB/s"] = pr.gbs();
+  st.counters["amd/intel"] = pr.ratio();
+}
+BENCHMARK(BM_VendorTunings)
+    ->ArgNames({"kernel", "threads"})  // kernel: 0 the read reference, 1 + BM_Gemv's type
+    ->ArgsProduct({{0, 1, 2, 3}, {1, 2}})
+    ->UseRealTime()
+    ->MinTime(2.0);
+
 // `hgbench calibrate`'s dram bandwidth against an independent STREAM-style read (an OpenMP
 // reduction with eight chains over 256 MiB from host_alloc, the page size calibrate reads from),
 // measured in turn five times: x_stream is the median of calibrate / stream. Also reports the
