@@ -540,7 +540,7 @@ constexpr int64_t prefetch_bytes(int D) {
 
 // a[h][i] = the partial vector (16 lanes) of q[h] · row[i], for NK rows of D elements read once
 // for the G heads; the rows are converted to F32 as they load.
-template <int G, int NK, int DT, typename T>
+template <int G, int NK, int DT, int Hint = _MM_HINT_T2, typename T>
 [[gnu::always_inline]] inline void dot_rows(const float* q, const T* const (&row)[NK], int D,
                                             int64_t ahead_bytes, __m512 (&a)[G][NK]) {
   const int nb = (D + 15) / 16;
@@ -555,7 +555,7 @@ template <int G, int NK, int DT, typename T>
     // spread over the loop: bursts of requests get dropped.
     if (prefetch && off % 64 == 0)
       for (int i = 0; i < NK; ++i)
-        _mm_prefetch(reinterpret_cast<const char*>(row[i]) + ahead_bytes + off, _MM_HINT_T2);
+        _mm_prefetch(reinterpret_cast<const char*>(row[i]) + ahead_bytes + off, _mm_hint(Hint));
     const __mmask16 m = b == nb - 1 ? last : __mmask16(0xffff);
     __m512 kv[NK];
     for (int i = 0; i < NK; ++i) kv[i] = in_register(load16(row[i] + b * 16, m));
@@ -757,19 +757,27 @@ inline void key_blocks_interleaved(int64_t t0, int64_t t1, F&& fn) {
 // rows' blocks in turn (docs/performance.md, "HybridGen's CPU stage"). fn(t, per, v) per step: lane
 // 4h + j of v is head h's scaled logit of key t + j·per. Returns the first key not visited (the
 // last (t1 − t0) mod 4 are left to the caller).
+// Each part is a stream in address order: AMD cores read it faster prefetched 2 KiB ahead into L1
+// than prefetch_bytes() ahead into L2; Intel keeps the latter (docs/performance.md, "Tuning choices").
+constexpr int64_t kFourPartAheadAmd = 2048;
 template <int DT, typename T, typename F>
 [[gnu::always_inline]] inline int64_t four_part_logits(const float* q, const T* K, int64_t t0, int64_t t1,
                                                        int D, float scale, F&& fn) {
   const int64_t per = (t1 - t0) / 4;
-  const int64_t ahead_bytes = prefetch_bytes<T>(D);
   const __m512 sc = _mm512_set1_ps(scale);
-  for (int64_t i = 0; i < per; ++i) {
-    const T* row[4];
-    for (int j = 0; j < 4; ++j) row[j] = K + (t0 + j * per + i) * D;
-    __m512 a[4][4];
-    dot_rows<4, 4, DT>(q, row, D, ahead_bytes, a);
-    fn(t0 + i, per, _mm512_mul_ps(hsum16(&a[0][0]), sc));
-  }
+  auto run = [&](auto hint, int64_t ahead_bytes) {
+    for (int64_t i = 0; i < per; ++i) {
+      const T* row[4];
+      for (int j = 0; j < 4; ++j) row[j] = K + (t0 + j * per + i) * D;
+      __m512 a[4][4];
+      dot_rows<4, 4, DT, decltype(hint)::value>(q, row, D, ahead_bytes, a);
+      fn(t0 + i, per, _mm512_mul_ps(hsum16(&a[0][0]), sc));
+    }
+  };
+  if (amd_core())
+    run(std::integral_constant<int, _MM_HINT_T0>{}, kFourPartAheadAmd);
+  else
+    run(std::integral_constant<int, _MM_HINT_T2>{}, prefetch_bytes<T>(D));
   return t0 + 4 * per;
 }
 
