@@ -966,31 +966,30 @@ void gemv_streams(const typename P::X* x, const typename P::W* W, int64_t K, int
   const typename P::Mask all = typename P::Mask(~uint64_t(0));
   const int64_t q = (n1 - n0 + S - 1) / S, k_full = K / (2 * kS) * (2 * kS), rest = K - k_full;
   for (int64_t r = 0; r < q; ++r) {
+    int64_t row[S];
     const WT* w[S];
-    for (int j = 0; j < S; ++j) w[j] = W + std::min(n0 + j * q + r, n1 - 1) * K;  // past the end: repeats
+    for (int j = 0; j < S; ++j)
+      row[j] = n0 + j * q + r, w[j] = W + std::min(row[j], n1 - 1) * K;  // past the end: repeats
     __m512 a[S], b[S];
     for (int j = 0; j < S; ++j) a[j] = b[j] = _mm512_setzero_ps();
-    for (int64_t k = 0; k < k_full; k += 2 * kS) {
-      const typename P::XV x0 = P::load_x(x + k, all), x1 = P::load_x(x + k + kS, all);
+    // Elements [k, k + kS) into a, [k + kS, k + 2·kS) into b, under masks m0 and m1 (0: none).
+    auto step = [&](int64_t k, typename P::Mask m0, typename P::Mask m1, bool prefetch) {
+      const typename P::XV x0 = P::load_x(x + k, m0), x1 = P::load_x(x + k + kS, m1);
       for (int j = 0; j < S; ++j) {
-        const char* ahead = reinterpret_cast<const char*>(w[j] + k) + kGemvStreamAhead;
-        for (int64_t line = 0; line < kStepBytes; line += 64) _mm_prefetch(ahead + line, _MM_HINT_T0);
-        a[j] = P::mac(a[j], x0, P::load_w(w[j] + k, all));
-        b[j] = P::mac(b[j], x1, P::load_w(w[j] + k + kS, all));
+        if (prefetch) {
+          const char* ahead = reinterpret_cast<const char*>(w[j] + k) + kGemvStreamAhead;
+          for (int64_t line = 0; line < kStepBytes; line += 64) _mm_prefetch(ahead + line, _MM_HINT_T0);
+        }
+        a[j] = P::mac(a[j], x0, P::load_w(w[j] + k, m0));
+        b[j] = P::mac(b[j], x1, P::load_w(w[j] + k + kS, m1));
       }
-    }
-    if (rest > 0) {
-      const typename P::Mask m0 = rest >= kS ? all : P::tail(rest);
-      const typename P::XV x0 = P::load_x(x + k_full, m0);
-      for (int j = 0; j < S; ++j) a[j] = P::mac(a[j], x0, P::load_w(w[j] + k_full, m0));
-      if (rest > kS) {
-        const typename P::Mask m1 = P::tail(rest - kS);
-        const typename P::XV x1 = P::load_x(x + k_full + kS, m1);
-        for (int j = 0; j < S; ++j) b[j] = P::mac(b[j], x1, P::load_w(w[j] + k_full + kS, m1));
-      }
-    }
+    };
+    for (int64_t k = 0; k < k_full; k += 2 * kS) step(k, all, all, true);
+    if (rest > 0)
+      step(k_full, rest >= kS ? all : P::tail(rest), rest > kS ? P::tail(rest - kS) : typename P::Mask(0),
+           false);
     for (int j = 0; j < S; ++j)
-      if (n0 + j * q + r < n1) y[n0 + j * q + r] = _mm512_reduce_add_ps(_mm512_add_ps(a[j], b[j]));
+      if (row[j] < n1) y[row[j]] = _mm512_reduce_add_ps(_mm512_add_ps(a[j], b[j]));
   }
 }
 #endif
