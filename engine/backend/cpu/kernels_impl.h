@@ -169,13 +169,20 @@ float max_value(const float* x, int64_t n) {
 // choices"): AMD cores (Zen 4 and 5) split 512-bit work into halves or run it on narrower units.
 inline bool amd_core() { return cpu_tuning() == CpuTuning::kAmd; }
 
+// Read prefetch with the hint H (_MM_HINT_T0 or _MM_HINT_T2) as a template argument: GCC's
+// _mm_prefetch wants its enum and clang's a literal, the builtin takes H's locality on both.
+template <int H>
+inline void prefetch_read(const void* p) {
+  __builtin_prefetch(p, 0, H & 3);
+}
+
 // sum's eight streams over p[0, 8·q): stream j reads p[j·q, (j+1)·q), each prefetched kAhead
 // floats ahead with hint H, into a[j].
 template <int64_t kAhead, int H>
 void sum_eight_streams(const float* p, int64_t q, __m512* a) {
   for (int64_t i = 0; i < q; i += 16)
     for (int j = 0; j < 8; ++j) {
-      if (i + kAhead < q) _mm_prefetch(reinterpret_cast<const char*>(p + j * q + i + kAhead), _mm_hint(H));
+      if (i + kAhead < q) prefetch_read<H>(p + j * q + i + kAhead);
       a[j] = _mm512_add_ps(a[j], _mm512_loadu_ps(p + j * q + i));
     }
 }
@@ -555,7 +562,7 @@ template <int G, int NK, int DT, int Hint = _MM_HINT_T2, typename T>
     // spread over the loop: bursts of requests get dropped.
     if (prefetch && off % 64 == 0)
       for (int i = 0; i < NK; ++i)
-        _mm_prefetch(reinterpret_cast<const char*>(row[i]) + ahead_bytes + off, _mm_hint(Hint));
+        prefetch_read<Hint>(reinterpret_cast<const char*>(row[i]) + ahead_bytes + off);
     const __mmask16 m = b == nb - 1 ? last : __mmask16(0xffff);
     __m512 kv[NK];
     for (int i = 0; i < NK; ++i) kv[i] = in_register(load16(row[i] + b * 16, m));
