@@ -64,4 +64,25 @@ void parallel_chunks(int64_t n, const std::function<void(int64_t, int64_t)>& fn)
   }
 }
 
+void parallel_ranges(int64_t n, int64_t grain, const std::function<void(int64_t, int64_t)>& fn) {
+  if (numa_nodes_bound() > 1) return parallel_chunks(n, fn);
+  grain = std::max<int64_t>(grain, 1);
+  const int64_t nt = std::min<int64_t>(omp_get_max_threads(), (n + grain - 1) / grain);
+  if (nt <= 1) {
+    if (n > 0) fn(0, n);
+    return;
+  }
+  std::atomic<int64_t> next{0};
+#pragma omp parallel num_threads(nt)
+  for (;;) {
+    int64_t b = next.load(std::memory_order_relaxed), e = n;
+    do {
+      if (b >= n) break;
+      e = std::min(n, b + std::max(grain, (n - b) / (2 * nt)));
+    } while (!next.compare_exchange_weak(b, e, std::memory_order_relaxed));
+    if (b >= n) break;
+    fn(b, e);
+  }
+}
+
 }  // namespace hg

@@ -5,6 +5,8 @@
 #include <cstring>
 #include <mutex>
 
+#include <fmt/format.h>
+
 #include "engine/core/dtype.h"
 #include "engine/core/tensor.h"
 #include "engine/core/thread_pool.h"
@@ -99,6 +101,36 @@ TEST(ConvertWeight, ParallelCopyMatchesSerialAndReleasesEverySourceByteOnce) {
     }
     EXPECT_EQ(next, src.size() * sizeof(float)) << dtype_name(to);
   }
+  set_num_threads(saved);
+}
+
+// The decode GEMV's split: every index once, in contiguous ranges of at least the grain (but the
+// last), the first range a 1/(2·threads) share when the work allows it.
+TEST(ThreadPool, RangesCoverEachIndexOnceInRunsOfAtLeastTheGrain) {
+  const int saved = num_threads();
+  for (int threads : {1, 2, 3})
+    for (int64_t n : {0, 1, 5, 64, 1000, 4096})
+      for (int64_t grain : {1, 7, 64}) {
+        set_num_threads(threads);
+        std::mutex mu;
+        std::vector<std::pair<int64_t, int64_t>> ranges;
+        parallel_ranges(n, grain, [&](int64_t b, int64_t e) {
+          std::lock_guard<std::mutex> lock(mu);
+          ranges.emplace_back(b, e);
+        });
+        const std::string what = fmt::format("{} threads, n {}, grain {}", threads, n, grain);
+        std::sort(ranges.begin(), ranges.end());
+        int64_t next = 0;
+        for (auto [b, e] : ranges) {
+          EXPECT_EQ(b, next) << what;
+          EXPECT_TRUE(e - b >= grain || e == n) << what << ": [" << b << ", " << e << ")";
+          next = e;
+        }
+        EXPECT_EQ(next, n) << what;
+        if (numa_nodes_bound() == 1 && n / grain >= 4 * threads) {
+          EXPECT_EQ(ranges.front().second, threads == 1 ? n : std::max(grain, n / (2 * threads))) << what;
+        }
+      }
   set_num_threads(saved);
 }
 
