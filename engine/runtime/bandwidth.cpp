@@ -4,6 +4,7 @@
 #include "engine/core/cpu_features.h"
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 
 #include "engine/backend/cpu/kernels.h"
@@ -12,28 +13,32 @@
 namespace hg {
 
 namespace {
-// GB/s of `bytes` read by partial(b, e) over the chunks [b, e) of [0, n) (the current thread
-// count); the partial sums are kept so that the reads are not optimised away.
+// GB/s of `bytes` read by partial(b, e) over ranges of [0, n) in whole steps of `step` elements,
+// taken by the threads as they come free (parallel_ranges, at least `grain` steps each: the split
+// the decode GEMV takes); the partial sums are kept so that the reads are not optimised away.
 template <class F>
-double timed_chunks_gbs(int64_t n, double bytes, F&& partial) {
-  float part[64] = {};
+double timed_ranges_gbs(int64_t n, int64_t step, int64_t grain, double bytes, F&& partial) {
+  std::atomic<double> total{0};
   const auto t0 = std::chrono::steady_clock::now();
-  parallel_chunks(n, [&](int64_t b, int64_t e) { part[b * 64 / n] = partial(b, e); });
+  parallel_ranges((n + step - 1) / step, grain, [&](int64_t b, int64_t e) {
+    total.fetch_add(double(partial(b * step, std::min(n, e * step))), std::memory_order_relaxed);
+  });
   const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  volatile float sink = 0;
-  for (float v : part) sink = sink + v;
+  volatile double sink = total.load();
+  (void)sink;
   return bytes / dt / 1e9;
 }
 }  // namespace
 
 double read_pass_gbs(const float* p, int64_t n, ReadPass how) {
-  return timed_chunks_gbs(n, double(n) * 4, [&](int64_t b, int64_t e) {
+  // Ranges of whole 64-byte lines, at least 64 KiB each.
+  return timed_ranges_gbs(n, 16, 1024, double(n) * 4, [&](int64_t b, int64_t e) {
     return how == ReadPass::kOneStream ? cpu::sum_one_stream(p + b, e - b) : cpu::sum(p + b, e - b);
   });
 }
 
 double rows_read_pass_gbs(const float* src, int64_t row_floats, const int32_t* idx, int64_t n) {
-  return timed_chunks_gbs(n, double(n) * double(row_floats) * 4, [&](int64_t b, int64_t e) {
+  return timed_ranges_gbs(n, 1, 16, double(n) * double(row_floats) * 4, [&](int64_t b, int64_t e) {
     return cpu::sum_rows(src, row_floats, row_floats, idx + b, e - b);
   });
 }

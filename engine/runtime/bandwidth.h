@@ -17,11 +17,12 @@ namespace hg {
 // plain stream per thread; reported beside the default as a weaker yardstick).
 enum class ReadPass { kEightStreams, kOneStream };
 
-// One read-only pass (per chunk of p, the current thread count) over p[0, n): GB/s.
+// One read-only pass over p[0, n), in ranges the current threads take as they come free (as the
+// decode GEMV splits its rows): GB/s.
 double read_pass_gbs(const float* p, int64_t n, ReadPass how = ReadPass::kEightStreams);
 
-// One read-only pass over the rows src + idx[i] · row_floats, i < n (cpu::sum_rows per chunk of the
-// index list, the current thread count): GB/s of the rows' bytes. The random-access reference
+// One read-only pass over the rows src + idx[i] · row_floats, i < n (cpu::sum_rows per range of the
+// index list, taken as for read_pass_gbs): GB/s of the rows' bytes. The random-access reference
 // for gathers, whose rows defeat the streaming that read_pass_gbs measures.
 double rows_read_pass_gbs(const float* src, int64_t row_floats, const int32_t* idx, int64_t n);
 
