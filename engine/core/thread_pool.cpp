@@ -78,7 +78,7 @@ void parallel_ranges(int64_t n, int64_t grain, const std::function<void(int64_t,
     int64_t b = next.load(std::memory_order_relaxed), e = n;
     do {
       if (b >= n) break;
-      e = std::min(n, b + std::max(grain, (n - b) / (2 * nt)));
+      e = std::min(n, b + std::max(grain, (n - b) / (nt + 1)));
     } while (!next.compare_exchange_weak(b, e, std::memory_order_relaxed));
     if (b >= n) break;
     fn(b, e);

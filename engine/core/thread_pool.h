@@ -19,9 +19,9 @@ void parallel_for(int64_t n, const std::function<void(int64_t)>& fn);
 // Runs fn(begin, end) over contiguous chunks of [0, n), at most one chunk per thread.
 void parallel_chunks(int64_t n, const std::function<void(int64_t, int64_t)>& fn);
 // Runs fn(begin, end) over contiguous ranges of [0, n) that the threads take as they come free:
-// long ranges first, each the remaining work over twice the team (at least `grain`), so a thread
-// the machine slows does not hold the others at the join. On several NUMA nodes it is
-// parallel_chunks, whose chunk t stays on thread t's node.
+// long ranges first, each the remaining work over the team plus one (at least `grain`), so a
+// thread the machine slows does not hold the others at the join, in few calls. On several NUMA
+// nodes it is parallel_chunks, whose chunk t stays on thread t's node.
 void parallel_ranges(int64_t n, int64_t grain, const std::function<void(int64_t, int64_t)>& fn);
 
 }  // namespace hg

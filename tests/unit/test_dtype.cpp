@@ -105,7 +105,7 @@ TEST(ConvertWeight, ParallelCopyMatchesSerialAndReleasesEverySourceByteOnce) {
 }
 
 // The decode GEMV's split: every index once, in contiguous ranges of at least the grain (but the
-// last), the first range a 1/(2·threads) share when the work allows it.
+// last), the first range a 1/(threads + 1) share when the work allows it.
 TEST(ThreadPool, RangesCoverEachIndexOnceInRunsOfAtLeastTheGrain) {
   const int saved = num_threads();
   for (int threads : {1, 2, 3})
@@ -128,7 +128,7 @@ TEST(ThreadPool, RangesCoverEachIndexOnceInRunsOfAtLeastTheGrain) {
         }
         EXPECT_EQ(next, n) << what;
         if (numa_nodes_bound() == 1 && n / grain >= 4 * threads) {
-          EXPECT_EQ(ranges.front().second, threads == 1 ? n : std::max(grain, n / (2 * threads))) << what;
+          EXPECT_EQ(ranges.front().second, threads == 1 ? n : std::max(grain, n / (threads + 1))) << what;
         }
       }
   set_num_threads(saved);

@@ -76,9 +76,10 @@ class CpuBackend final : public Backend {
     const int64_t N = w.rows(), K = w.cols();
     if (M <= kGemvMaxRows) {
       // Decode: our own streaming GEMV (F32/F16/BF16 weights, F32 accumulation; F32 activations,
-      // rounded to BF16 for BF16 weights where the CPU has vdpbf16ps).
+      // rounded to BF16 for BF16 weights where the CPU has vdpbf16ps). Rows go to the threads as
+      // they come free, at least 128 per call (docs/performance.md, "Tuning choices").
       const int64_t nblk = (N + kGemvRows - 1) / kGemvRows;
-      parallel_ranges(nblk, 1, [&](int64_t b, int64_t e) {
+      parallel_ranges(nblk, 2, [&](int64_t b, int64_t e) {
         cpu::gemv(x, int(M), w.buf.data(), w.dtype, K, b * kGemvRows, std::min(N, e * kGemvRows), y, N);
       });
     } else if (w.dtype == DType::kF16) {
