@@ -1,13 +1,12 @@
 // Read-bandwidth references: one pass, a cycling probe, paired medians.
 #include "engine/runtime/bandwidth.h"
 
-#include "engine/core/cpu_features.h"
-
 #include <algorithm>
 #include <atomic>
 #include <chrono>
 
 #include "engine/backend/cpu/kernels.h"
+#include "engine/core/cpu_features.h"
 #include "engine/core/thread_pool.h"
 
 namespace hg {

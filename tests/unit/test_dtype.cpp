@@ -1,11 +1,10 @@
 // F16/BF16 conversions against the F16C hardware converter and known values.
+#include <fmt/format.h>
 #include <immintrin.h>
 
 #include <algorithm>
 #include <cstring>
 #include <mutex>
-
-#include <fmt/format.h>
 
 #include "engine/core/dtype.h"
 #include "engine/core/tensor.h"
