@@ -909,6 +909,48 @@ BENCHMARK(BM_VendorTunings)
     ->UseRealTime()
     ->MinTime(2.0);
 
+// The read reference's split of its pass over the threads: ranges taken as the threads come free
+// (read_pass_gbs, the split the decode GEMV takes) against one fixed chunk per thread, 64 MiB
+// passes alternating over a 512 MiB buffer. ranges/halves is the median per-pair ratio of GB/s
+// (docs/performance.md, "Tuning choices").
+void BM_ReadSplits(benchmark::State& st) {
+  set_num_threads(int(st.range(0)));
+  const int64_t N = std::max<int64_t>(int64_t(512) << 20, 3 * last_level_cache_bytes()) / 4;
+  const int64_t n = int64_t(64) << 20 >> 2;
+  AlignedBuffer buf(size_t(N) * 4);
+  float* p = static_cast<float*>(buf.data());
+  parallel_chunks(N, [&](int64_t b, int64_t e) { std::fill(p + b, p + e, 1.0f); });
+  int64_t pos = 0;
+  auto next = [&] {
+    if (pos + n > N) pos = 0;
+    const float* q = p + pos;
+    pos += n;
+    return q;
+  };
+  auto halves = [&] {
+    const float* a = next();
+    float part[64] = {};
+    const auto t0 = std::chrono::steady_clock::now();
+    parallel_chunks(n, [&](int64_t b, int64_t e) { part[b * 64 / n] = cpu::sum(a + b, e - b); });
+    const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    benchmark::DoNotOptimize(part);
+    return double(n) * 4 / dt / 1e9;
+  };
+  PairedRatio pr;  // kernel: ranges, ref: fixed chunks
+  bool ranges_first = false;
+  for (auto _ : st) {
+    double r = 0, h = 0;
+    if (ranges_first) r = read_pass_gbs(next(), n), h = halves();
+    else h = halves(), r = read_pass_gbs(next(), n);
+    pr.add(r, h);
+    ranges_first = !ranges_first;
+  }
+  st.counters["ranges_GB/s"] = pr.gbs();
+  st.counters["halves_GB/s"] = pr.ref_gbs();
+  st.counters["ranges/halves"] = pr.ratio();
+}
+BENCHMARK(BM_ReadSplits)->ArgNames({"threads"})->Arg(1)->Arg(2)->Iterations(200)->UseRealTime();
+
 // `hgbench calibrate`'s dram bandwidth against an independent STREAM-style read (an OpenMP
 // reduction with eight chains over 256 MiB from host_alloc, the page size calibrate reads from),
 // measured in turn five times: x_stream is the median of calibrate / stream. Also reports the
