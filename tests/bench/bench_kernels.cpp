@@ -940,8 +940,13 @@ void BM_ReadSplits(benchmark::State& st) {
   bool ranges_first = false;
   for (auto _ : st) {
     double r = 0, h = 0;
-    if (ranges_first) r = read_pass_gbs(next(), n), h = halves();
-    else h = halves(), r = read_pass_gbs(next(), n);
+    if (ranges_first) {
+      r = read_pass_gbs(next(), n);
+      h = halves();
+    } else {
+      h = halves();
+      r = read_pass_gbs(next(), n);
+    }
     pr.add(r, h);
     ranges_first = !ranges_first;
   }
