@@ -19,7 +19,11 @@ namespace {
 
 // Decode batches up to this many rows use cpu::gemv; larger ones oneDNN.
 constexpr int64_t kGemvMaxRows = 4;
-constexpr int64_t kGemvRows = kWeightRowBlock;  // weight rows per parallel task (as the loaders wrote them)
+// The unit of the GEMV's row ranges (the blocks the loaders wrote).
+constexpr int64_t kGemvRows = kWeightRowBlock;
+// The fewest weight rows one GEMV call takes as threads come free (docs/performance.md, "Tuning
+// choices"): fewer calls per matrix, each stream still long.
+constexpr int64_t kGemvMinRowsPerCall = 2 * kGemvRows;
 // F16 weights converted per prefill block: 64 MiB of F32. Larger blocks make larger GEMMs
 // (docs/performance.md, "Tuning choices").
 constexpr int64_t kF16BlockBytes = int64_t(64) << 20;
@@ -77,9 +81,9 @@ class CpuBackend final : public Backend {
     if (M <= kGemvMaxRows) {
       // Decode: our own streaming GEMV (F32/F16/BF16 weights, F32 accumulation; F32 activations,
       // rounded to BF16 for BF16 weights where the CPU has vdpbf16ps). Rows go to the threads as
-      // they come free, at least 128 per call (docs/performance.md, "Tuning choices").
+      // they come free.
       const int64_t nblk = (N + kGemvRows - 1) / kGemvRows;
-      parallel_ranges(nblk, 2, [&](int64_t b, int64_t e) {
+      parallel_ranges(nblk, kGemvMinRowsPerCall / kGemvRows, [&](int64_t b, int64_t e) {
         cpu::gemv(x, int(M), w.buf.data(), w.dtype, K, b * kGemvRows, std::min(N, e * kGemvRows), y, N);
       });
     } else if (w.dtype == DType::kF16) {
