@@ -690,9 +690,136 @@ inline void weighted_v_all_blocks(const float* p, int64_t ld, const T* V, int cn
   }
 }
 
+// Bytes ahead that AMD cores prefetch, into L1, a stream of one of four parts of a key range
+// (four_part_logits, the attention's four-part blocks).
+constexpr int64_t kFourPartAheadAmd = 2048;
+
+// acc[h] += Σ p[16r + 4h + j] · part j's row r, r < 16, j < 4, for D-blocks [b0, b0 + BB): the V
+// rows of a four-part block (vp[j]: part j's first row), read row r of each part in turn so that
+// each part is a stream in address order.
+template <int G, int BB, int DT, int Hint, typename T>
+inline void weighted_v_four_parts(const float* p, const T* const (&vp)[4], int D_, int b0, int nb, __mmask16 last,
+                                  int64_t ahead_bytes, float* acc) {
+  const int D = DT > 0 ? DT : D_;
+  __m512 a[G][BB];
+  __mmask16 mk[BB];
+  for (int j = 0; j < BB; ++j) {
+    mk[j] = b0 + j < nb ? (b0 + j == nb - 1 ? last : __mmask16(0xffff)) : __mmask16(0);
+    for (int h = 0; h < G; ++h) a[h][j] = _mm512_maskz_loadu_ps(mk[j], acc + h * D + (b0 + j) * 16);
+  }
+  const int pf_begin = b0 * 16 * int(sizeof(T)), pf_end = std::min(D, (b0 + BB) * 16) * int(sizeof(T));
+  for (int r = 0; r < 16; ++r)
+    for (int part = 0; part < 4; ++part) {
+      const T* row = vp[part] + int64_t(r) * D;
+      const char* ahead = reinterpret_cast<const char*>(row) + ahead_bytes;
+      for (int off = pf_begin; off < pf_end; off += 64) prefetch_read<Hint>(ahead + off);
+      __m512 vv[BB];
+      for (int j = 0; j < BB; ++j) vv[j] = in_register(load16(row + (b0 + j) * 16, mk[j]));
+      for (int h = 0; h < G; ++h) {
+        const __m512 ph = _mm512_set1_ps(p[16 * r + 4 * h + part]);
+        for (int j = 0; j < BB; ++j) a[h][j] = _mm512_fmadd_ps(ph, vv[j], a[h][j]);
+      }
+    }
+  for (int j = 0; j < BB; ++j)
+    for (int h = 0; h < G; ++h) _mm512_mask_storeu_ps(acc + h * D + (b0 + j) * 16, mk[j], a[h][j]);
+}
+
+// s[16r + 4h + j] = scale · q[h] · (part j's row r), r < 16, j < 4 (kp[j]: part j's first key
+// row): each step reads one row of each part, as four_part_logits does, and stores its 16 logits
+// as one vector (the lane order of hsum16).
+template <int DT, int Hint, typename T>
+inline void logits_four_parts(const float* q, const T* const (&kp)[4], int D, float scale, int64_t ahead_bytes,
+                              float* s) {
+  const __m512 sc = _mm512_set1_ps(scale);
+  for (int r = 0; r < 16; ++r) {
+    const T* row[4];
+    for (int part = 0; part < 4; ++part) row[part] = kp[part] + int64_t(r) * D;
+    __m512 a[4][4];
+    dot_rows<4, 4, DT, Hint>(q, row, D, ahead_bytes, a);
+    _mm512_store_ps(s + 16 * r, _mm512_mul_ps(hsum16(&a[0][0]), sc));
+  }
+}
+
+// Keys from which the G = 4, D = 128 attention reads its range as four parts (each at least 256 keys).
+constexpr int64_t kFourPartMinKeys = 1024;
+
+// The first 4·per keys of a G = 4 attention (per = n / 4 rounded down to 16 keys) as four parts,
+// one 16-key block of each per step and row r of each part in turn, so that K and V are read as
+// four streams in address order each, as the read reference reads: heads of D = 128 read faster
+// so (at D = 64 the kernel is bound by its arithmetic, which this order raises; docs/performance.md,
+// "Tuning choices"). Same online softmax as attention_group_fused (mx, sum, out its running state,
+// s its 256-float block); returns 4·per, the first key left to the caller.
+template <int DT, typename T>
+int64_t attention_four_parts(const float* q, const T* K, const T* V, int64_t n, float scale, float* out, float* s,
+                             float* mx, float* sum, float* logits_out, float* probs_out, int64_t tap_ld,
+                             const int32_t* key_limits) {
+  static_assert(DT % 16 == 0, "whole 16-element blocks");
+  constexpr int G = 4, D = DT, nb = DT / 16;
+  const int64_t per = n / 4 / 16 * 16;
+  __m512 vsum = _mm512_setzero_ps();  // lane 4h + j: part of head h's sum
+  auto run = [&](auto hint, int64_t ahead_bytes) {
+    constexpr int H = decltype(hint)::value;
+    for (int64_t b = 0; b < per; b += 16) {
+      const T* kp[4];
+      const T* vp[4];
+      for (int part = 0; part < 4; ++part) kp[part] = K + (part * per + b) * D, vp[part] = V + (part * per + b) * D;
+      logits_four_parts<DT, H>(q, kp, D, scale, ahead_bytes, s);
+      if (key_limits || logits_out || probs_out)
+        for (int r = 0; r < 16; ++r)
+          for (int h = 0; h < G; ++h)
+            for (int part = 0; part < 4; ++part) {
+              const int64_t t = part * per + b + r;
+              float& x = s[16 * r + 4 * h + part];
+              if (key_limits && t >= key_limits[h]) x = -INFINITY;
+              if (logits_out) logits_out[h * tap_ld + t] = x;
+              else if (probs_out) probs_out[h * tap_ld + t] = x;  // parked, normalised at the end
+            }
+      // Online softmax over the block: lanes 4h..4h+3 (one 128-bit lane) are head h's.
+      __m512 m16 = _mm512_load_ps(s);
+      for (int r = 1; r < 16; ++r) m16 = _mm512_max_ps(m16, _mm512_load_ps(s + 16 * r));
+      m16 = _mm512_max_ps(m16, _mm512_shuffle_ps(m16, m16, 0xB1));
+      m16 = _mm512_max_ps(m16, _mm512_shuffle_ps(m16, m16, 0x4E));  // each lane: its head's max
+      alignas(64) float mh[16], corr[16];
+      _mm512_store_ps(mh, m16);
+      bool grew = false;
+      for (int h = 0; h < G; ++h) {
+        const float m_new = std::max(mx[h], mh[4 * h]);
+        float c = 1.0f;
+        if (m_new > mx[h]) {
+          c = mx[h] == -INFINITY ? 0.0f : std::exp(mx[h] - m_new);
+          if (b > 0)
+            for (int d = 0; d < D; ++d) out[h * D + d] *= c;
+          mx[h] = m_new;
+          grew = true;
+        }
+        for (int j = 0; j < 4; ++j) corr[4 * h + j] = c, mh[4 * h + j] = mx[h];
+      }
+      if (grew) vsum = _mm512_mul_ps(vsum, _mm512_load_ps(corr));
+      const __m512 shift = _mm512_load_ps(mh);
+      for (int r = 0; r < 16; ++r) {
+        const __m512 e = exp512(_mm512_sub_ps(_mm512_load_ps(s + 16 * r), shift));
+        _mm512_store_ps(s + 16 * r, e);
+        vsum = _mm512_add_ps(vsum, e);
+      }
+      constexpr int BB = v_blocks_per_pass(G);
+      for (int b0 = 0; b0 < nb; b0 += BB)
+        weighted_v_four_parts<G, BB, DT, H>(s, vp, D, b0, nb, __mmask16(0xffff), ahead_bytes, out);
+    }
+  };
+  if (amd_core())
+    run(std::integral_constant<int, _MM_HINT_T0>{}, kFourPartAheadAmd);
+  else
+    run(std::integral_constant<int, _MM_HINT_T2>{}, prefetch_bytes<T>(D));
+  alignas(64) float vs[16];
+  _mm512_store_ps(vs, vsum);
+  for (int h = 0; h < G; ++h) sum[h] = (vs[4 * h] + vs[4 * h + 1]) + (vs[4 * h + 2] + vs[4 * h + 3]);
+  return 4 * per;
+}
+
+
 // One pass over K and V in chunks of kChunk keys with an online softmax (running max and sum per
 // head; accumulators rescaled when the max grows): K and V are each streamed once, the chunk's
-// logits stay in L1.
+// logits stay in L1. Long G = 4, D = 128 ranges start with attention_four_parts.
 template <int G, int DT, typename T>
 void attention_group_fused(const float* q, const T* K, const T* V, int64_t n, int D_, float scale, float* out,
                            float* logits_out, float* probs_out, int64_t tap_ld, float* lse_out,
@@ -705,7 +832,29 @@ void attention_group_fused(const float* q, const T* K, const T* V, int64_t n, in
   std::fill(out, out + int64_t(G) * D, 0.0f);
   const int nb = (D + 15) / 16;
   const __mmask16 last = last_block_mask(D);
-  for (int64_t t0 = 0; t0 < n; t0 += kChunk) {
+  // The chunk's logits in s → exp(logit − running max) in place, the running max and sum updated
+  // and the accumulators rescaled when the max grows.
+  auto softmax_chunk = [&](bool first) {
+    for (int h = 0; h < G; ++h) {
+      float* sh = s + h * kChunk;
+      __m512 m16 = _mm512_set1_ps(-INFINITY);
+      for (int c = 0; c < kChunk; c += 16) m16 = _mm512_max_ps(m16, _mm512_load_ps(sh + c));
+      const float m_new = std::max(mx[h], _mm512_reduce_max_ps(m16));
+      if (m_new > mx[h]) {
+        const float corr = mx[h] == -INFINITY ? 0.0f : std::exp(mx[h] - m_new);
+        sum[h] *= corr;
+        if (!first)
+          for (int d = 0; d < D; ++d) out[h * D + d] *= corr;
+        mx[h] = m_new;
+      }
+      sum[h] += exp_shift_sum(sh, kChunk, mx[h]);  // lanes ≥ cn hold -inf → 0
+    }
+  };
+  int64_t t_begin = 0;
+  if constexpr (G == 4 && DT >= 128)
+    if (n >= kFourPartMinKeys) t_begin = attention_four_parts<DT>(q, K, V, n, scale, out, s, mx, sum, logits_out,
+                                                                  probs_out, tap_ld, key_limits);
+  for (int64_t t0 = t_begin; t0 < n; t0 += kChunk) {
     const int cn = int(std::min<int64_t>(kChunk, n - t0));
     if (cn < kChunk) std::fill(s, s + G * kChunk, -INFINITY);  // the last chunk's unused lanes
     for (int c0 = 0; c0 < cn; c0 += 16)
@@ -717,20 +866,7 @@ void attention_group_fused(const float* q, const T* K, const T* V, int64_t n, in
       for (int h = 0; h < G; ++h) std::copy(s + h * kChunk, s + h * kChunk + cn, logits_out + h * tap_ld + t0);
     else if (probs_out)  // logits parked in probs_out, normalised at the end
       for (int h = 0; h < G; ++h) std::copy(s + h * kChunk, s + h * kChunk + cn, probs_out + h * tap_ld + t0);
-    for (int h = 0; h < G; ++h) {
-      float* sh = s + h * kChunk;
-      __m512 m16 = _mm512_set1_ps(-INFINITY);
-      for (int c = 0; c < kChunk; c += 16) m16 = _mm512_max_ps(m16, _mm512_load_ps(sh + c));
-      const float m_new = std::max(mx[h], _mm512_reduce_max_ps(m16));
-      if (m_new > mx[h]) {
-        const float corr = mx[h] == -INFINITY ? 0.0f : std::exp(mx[h] - m_new);
-        sum[h] *= corr;
-        if (t0 > 0)
-          for (int d = 0; d < D; ++d) out[h * D + d] *= corr;
-        mx[h] = m_new;
-      }
-      sum[h] += exp_shift_sum(sh, kChunk, mx[h]);  // lanes ≥ cn hold -inf → 0
-    }
+    softmax_chunk(t0 == 0);
     weighted_v_all_blocks<G, DT>(s, kChunk, V + t0 * D, cn, D, nb, last, out);
   }
   for (int h = 0; h < G; ++h) {
@@ -764,9 +900,9 @@ inline void key_blocks_interleaved(int64_t t0, int64_t t1, F&& fn) {
 // rows' blocks in turn (docs/performance.md, "HybridGen's CPU stage"). fn(t, per, v) per step: lane
 // 4h + j of v is head h's scaled logit of key t + j·per. Returns the first key not visited (the
 // last (t1 − t0) mod 4 are left to the caller).
-// Each part is a stream in address order: AMD cores read it faster prefetched 2 KiB ahead into L1
-// than prefetch_bytes() ahead into L2; Intel keeps the latter (docs/performance.md, "Tuning choices").
-constexpr int64_t kFourPartAheadAmd = 2048;
+// Each part is a stream in address order: AMD cores read it faster prefetched kFourPartAheadAmd
+// ahead into L1 than prefetch_bytes() ahead into L2; Intel keeps the latter (docs/performance.md,
+// "Tuning choices").
 template <int DT, typename T, typename F>
 [[gnu::always_inline]] inline int64_t four_part_logits(const float* q, const T* K, int64_t t0, int64_t t1,
                                                        int D, float scale, F&& fn) {
