@@ -233,9 +233,9 @@ TEST_P(AttentionTest, CpuMatchesRef) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Shapes, AttentionTest,
-                         ::testing::Values(AttnCase{1, 1, 16, 1, 1}, AttnCase{4, 2, 17, 3, 97}, AttnCase{8, 2, 64, 2, 1000},
-                                           AttnCase{12, 2, 128, 1, 4099}, AttnCase{6, 6, 10, 5, 33},
-                                           AttnCase{32, 8, 64, 1, 517},
+                         ::testing::Values(AttnCase{1, 1, 16, 1, 1}, AttnCase{4, 2, 17, 3, 97},
+                                           AttnCase{8, 2, 64, 2, 1000}, AttnCase{12, 2, 128, 1, 4099},
+                                           AttnCase{6, 6, 10, 5, 33}, AttnCase{32, 8, 64, 1, 517},
                                            // Group sizes 5 and 7 (Qwen2.5-14B/7B shapes), 16 (beyond the
                                            // compiled group sizes: the generic path), D = 96 (run-time D).
                                            AttnCase{10, 2, 128, 2, 300}, AttnCase{28, 4, 128, 1, 129},
@@ -248,7 +248,8 @@ INSTANTIATE_TEST_SUITE_P(Shapes, AttentionTest,
                                            AttnCase{8, 2, 128, 1, 1037}, AttnCase{4, 2, 128, 2, 1200},
                                            AttnCase{4, 1, 128, 1, 5000},
                                            // D = 8 (stories260K: two rows per vector), odd key counts.
-                                           AttnCase{8, 4, 8, 3, 301}, AttnCase{3, 1, 8, 2, 17}, AttnCase{8, 1, 8, 1, 5001}),
+                                           AttnCase{8, 4, 8, 3, 301}, AttnCase{3, 1, 8, 2, 17},
+                                           AttnCase{8, 1, 8, 1, 5001}),
                          [](const auto& i) {
                            const auto& p = i.param;
                            return "H" + std::to_string(p.H) + "_Hkv" + std::to_string(p.H_kv) + "_D" +
@@ -260,9 +261,9 @@ INSTANTIATE_TEST_SUITE_P(Shapes, AttentionTest,
 // same stored values, so the tolerance is the F32 one.
 TEST(AttentionKvTypes, HalfPrecisionKvMatchesRef) {
   for (DType t : {DType::kF16, DType::kBF16})
-    for (auto [H, Hkv, D, n] : {std::tuple{8, 2, 64, 1000}, std::tuple{8, 2, 64, 1003}, std::tuple{4, 4, 17, 97},
-                                std::tuple{32, 8, 128, 513}, std::tuple{8, 4, 8, 301},
-                                std::tuple{8, 2, 128, 1037}}) {
+    for (auto [H, Hkv, D, n] :
+         {std::tuple{8, 2, 64, 1000}, std::tuple{8, 2, 64, 1003}, std::tuple{4, 4, 17, 97},
+          std::tuple{32, 8, 128, 513}, std::tuple{8, 4, 8, 301}, std::tuple{8, 2, 128, 1037}}) {
       const int64_t cap = n + 5;
       auto q = test::random_vec(size_t(H * D), 71);
       auto Kf = test::random_vec(size_t(Hkv * cap * D), 72, -3, 3);

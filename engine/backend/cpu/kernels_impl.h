@@ -698,8 +698,8 @@ constexpr int64_t kFourPartAheadAmd = 2048;
 // rows of a four-part block (vp[j]: part j's first row), read row r of each part in turn so that
 // each part is a stream in address order.
 template <int G, int BB, int DT, int Hint, typename T>
-inline void weighted_v_four_parts(const float* p, const T* const (&vp)[4], int D_, int b0, int nb, __mmask16 last,
-                                  int64_t ahead_bytes, float* acc) {
+inline void weighted_v_four_parts(const float* p, const T* const (&vp)[4], int D_, int b0, int nb,
+                                  __mmask16 last, int64_t ahead_bytes, float* acc) {
   const int D = DT > 0 ? DT : D_;
   __m512 a[G][BB];
   __mmask16 mk[BB];
@@ -728,8 +728,8 @@ inline void weighted_v_four_parts(const float* p, const T* const (&vp)[4], int D
 // row): each step reads one row of each part, as four_part_logits does, and stores its 16 logits
 // as one vector (the lane order of hsum16).
 template <int DT, int Hint, typename T>
-inline void logits_four_parts(const float* q, const T* const (&kp)[4], int D, float scale, int64_t ahead_bytes,
-                              float* s) {
+inline void logits_four_parts(const float* q, const T* const (&kp)[4], int D, float scale,
+                              int64_t ahead_bytes, float* s) {
   const __m512 sc = _mm512_set1_ps(scale);
   for (int r = 0; r < 16; ++r) {
     const T* row[4];
@@ -750,9 +750,9 @@ constexpr int64_t kFourPartMinKeys = 1024;
 // "Tuning choices"). Same online softmax as attention_group_fused (mx, sum, out its running state,
 // s its 256-float block); returns 4·per, the first key left to the caller.
 template <int DT, typename T>
-int64_t attention_four_parts(const float* q, const T* K, const T* V, int64_t n, float scale, float* out, float* s,
-                             float* mx, float* sum, float* logits_out, float* probs_out, int64_t tap_ld,
-                             const int32_t* key_limits) {
+int64_t attention_four_parts(const float* q, const T* K, const T* V, int64_t n, float scale, float* out,
+                             float* s, float* mx, float* sum, float* logits_out, float* probs_out,
+                             int64_t tap_ld, const int32_t* key_limits) {
   static_assert(DT % 16 == 0, "whole 16-element blocks");
   constexpr int G = 4, D = DT, nb = DT / 16;
   const int64_t per = n / 4 / 16 * 16;
@@ -762,7 +762,8 @@ int64_t attention_four_parts(const float* q, const T* K, const T* V, int64_t n, 
     for (int64_t b = 0; b < per; b += 16) {
       const T* kp[4];
       const T* vp[4];
-      for (int part = 0; part < 4; ++part) kp[part] = K + (part * per + b) * D, vp[part] = V + (part * per + b) * D;
+      for (int part = 0; part < 4; ++part)
+        kp[part] = K + (part * per + b) * D, vp[part] = V + (part * per + b) * D;
       logits_four_parts<DT, H>(q, kp, D, scale, ahead_bytes, s);
       if (key_limits || logits_out || probs_out)
         for (int r = 0; r < 16; ++r)
@@ -771,8 +772,10 @@ int64_t attention_four_parts(const float* q, const T* K, const T* V, int64_t n, 
               const int64_t t = part * per + b + r;
               float& x = s[16 * r + 4 * h + part];
               if (key_limits && t >= key_limits[h]) x = -INFINITY;
-              if (logits_out) logits_out[h * tap_ld + t] = x;
-              else if (probs_out) probs_out[h * tap_ld + t] = x;  // parked, normalised at the end
+              if (logits_out)
+                logits_out[h * tap_ld + t] = x;
+              else if (probs_out)
+                probs_out[h * tap_ld + t] = x;  // parked, normalised at the end
             }
       // Online softmax over the block: lanes 4h..4h+3 (one 128-bit lane) are head h's.
       __m512 m16 = _mm512_load_ps(s);
@@ -816,7 +819,6 @@ int64_t attention_four_parts(const float* q, const T* K, const T* V, int64_t n, 
   return 4 * per;
 }
 
-
 // One pass over K and V in chunks of kChunk keys with an online softmax (running max and sum per
 // head; accumulators rescaled when the max grows): K and V are each streamed once, the chunk's
 // logits stay in L1. Long G = 4, D = 128 ranges start with attention_four_parts.
@@ -852,8 +854,9 @@ void attention_group_fused(const float* q, const T* K, const T* V, int64_t n, in
   };
   int64_t t_begin = 0;
   if constexpr (G == 4 && DT >= 128)
-    if (n >= kFourPartMinKeys) t_begin = attention_four_parts<DT>(q, K, V, n, scale, out, s, mx, sum, logits_out,
-                                                                  probs_out, tap_ld, key_limits);
+    if (n >= kFourPartMinKeys)
+      t_begin = attention_four_parts<DT>(q, K, V, n, scale, out, s, mx, sum, logits_out, probs_out, tap_ld,
+                                         key_limits);
   for (int64_t t0 = t_begin; t0 < n; t0 += kChunk) {
     const int cn = int(std::min<int64_t>(kChunk, n - t0));
     if (cn < kChunk) std::fill(s, s + G * kChunk, -INFINITY);  // the last chunk's unused lanes
@@ -863,7 +866,8 @@ void attention_group_fused(const float* q, const T* K, const T* V, int64_t n, in
       for (int h = 0; h < G; ++h)
         for (int64_t c = std::max<int64_t>(0, key_limits[h] - t0); c < cn; ++c) s[h * kChunk + c] = -INFINITY;
     if (logits_out)
-      for (int h = 0; h < G; ++h) std::copy(s + h * kChunk, s + h * kChunk + cn, logits_out + h * tap_ld + t0);
+      for (int h = 0; h < G; ++h)
+        std::copy(s + h * kChunk, s + h * kChunk + cn, logits_out + h * tap_ld + t0);
     else if (probs_out)  // logits parked in probs_out, normalised at the end
       for (int h = 0; h < G; ++h) std::copy(s + h * kChunk, s + h * kChunk + cn, probs_out + h * tap_ld + t0);
     softmax_chunk(t0 == 0);
