@@ -933,13 +933,31 @@ void group_logits_fixed(const float* q, const T* K, int64_t n, int64_t t0, int64
                         float* logits) {
   const int D = DT > 0 ? DT : D_;
   if constexpr (G == 4 && DT > 8) {
-    // The 16 logits of each step go to their rows one by one.
+    // The 16 logits of each step (head h, part j in lane 4h + j) gather in a tile, 16 steps per
+    // row, and leave as one 64-byte store per row: stored one by one into the 16 destination rows
+    // (64 KiB and 16 KiB apart at 16K keys), they hit one L1 set and evicted each other.
+    alignas(64) float tile[16][16];
+    int64_t first = 0, stride = 0;
+    int k = 0;
+    auto flush = [&] {
+      for (int h = 0; h < G; ++h)
+        for (int j = 0; j < 4; ++j) {
+          float* dst = logits + h * n + first + j * stride;
+          if (k == 16)
+            _mm512_storeu_ps(dst, _mm512_load_ps(tile[4 * h + j]));
+          else
+            std::copy(tile[4 * h + j], tile[4 * h + j] + k, dst);
+        }
+      k = 0;
+    };
     t0 = four_part_logits<DT>(q, K, t0, t1, D, scale, [&](int64_t t, int64_t per, __m512 v) {
+      if (k == 0) first = t, stride = per;
       alignas(64) float r[16];
       _mm512_store_ps(r, v);
-      for (int h = 0; h < G; ++h)
-        for (int j = 0; j < 4; ++j) logits[h * n + t + j * per] = r[4 * h + j];
+      for (int lane = 0; lane < 16; ++lane) tile[lane][k] = r[lane];
+      if (++k == 16) flush();
     });
+    if (k > 0) flush();
   }
   key_blocks_interleaved(t0, t1, [&](int64_t t, int kk) {
     if (kk == 16) {
