@@ -639,6 +639,34 @@ inline void logits16(const float* q, const T* K, int kk, int D_, float scale, fl
 // D-blocks per V pass: G·BB ≤ 16 accumulators.
 constexpr int v_blocks_per_pass(int G) { return G <= 4 ? 4 : 2; }
 
+// The G·BB accumulators of D-blocks [b0, b0 + BB) of acc [G, D], with each block's mask (none
+// past block nb − 1, `last` for it).
+template <int G, int BB>
+[[gnu::always_inline]] inline void load_v_blocks(const float* acc, int D, int b0, int nb, __mmask16 last,
+                                                 __m512 (&a)[G][BB], __mmask16 (&mk)[BB]) {
+  for (int j = 0; j < BB; ++j) {
+    mk[j] = b0 + j < nb ? (b0 + j == nb - 1 ? last : __mmask16(0xffff)) : __mmask16(0);
+    for (int h = 0; h < G; ++h) a[h][j] = _mm512_maskz_loadu_ps(mk[j], acc + h * D + (b0 + j) * 16);
+  }
+}
+template <int G, int BB>
+[[gnu::always_inline]] inline void store_v_blocks(float* acc, int D, int b0, const __m512 (&a)[G][BB],
+                                                  const __mmask16 (&mk)[BB]) {
+  for (int j = 0; j < BB; ++j)
+    for (int h = 0; h < G; ++h) _mm512_mask_storeu_ps(acc + h * D + (b0 + j) * 16, mk[j], a[h][j]);
+}
+// a[h][j] += p(h) · D-block b0 + j of one V row, h < G, j < BB (the row read once for the G heads).
+template <int G, int BB, typename T, typename P>
+[[gnu::always_inline]] inline void add_v_row(const T* row, int b0, const __mmask16 (&mk)[BB], P&& p,
+                                             __m512 (&a)[G][BB]) {
+  __m512 vv[BB];
+  for (int j = 0; j < BB; ++j) vv[j] = in_register(load16(row + (b0 + j) * 16, mk[j]));
+  for (int h = 0; h < G; ++h) {
+    const __m512 ph = _mm512_set1_ps(p(h));
+    for (int j = 0; j < BB; ++j) a[h][j] = _mm512_fmadd_ps(ph, vv[j], a[h][j]);
+  }
+}
+
 // Each pass prefetches the lines of its own D-blocks, kPrefetchRows rows ahead, so that the V
 // stream's requests are spread over all the passes rather than issued by the first pass alone
 // (docs/performance.md, "Tuning choices").
@@ -648,26 +676,18 @@ inline void weighted_v_blocks(const float* p, int64_t ld, const T* V, int cn, in
   const int D = DT > 0 ? DT : D_;
   __m512 a[G][BB];
   __mmask16 mk[BB];
-  for (int j = 0; j < BB; ++j) {
-    mk[j] = b0 + j < nb ? (b0 + j == nb - 1 ? last : __mmask16(0xffff)) : __mmask16(0);
-    for (int h = 0; h < G; ++h) a[h][j] = _mm512_maskz_loadu_ps(mk[j], acc + h * D + (b0 + j) * 16);
-  }
+  load_v_blocks<G, BB>(acc, D, b0, nb, last, a, mk);
   const int pf_begin = b0 * 16 * int(sizeof(T)), pf_end = std::min(D, (b0 + BB) * 16) * int(sizeof(T));
   const int64_t ahead_bytes = prefetch_bytes<T>(D);
   for (int c = 0; c < cn; ++c) {
-    const T* v = V + int64_t(c) * D + b0 * 16;
-    const char* ahead = reinterpret_cast<const char*>(V + int64_t(c) * D) + ahead_bytes;
+    const T* row = V + int64_t(c) * D;
+    const char* ahead = reinterpret_cast<const char*>(row) + ahead_bytes;
     if (attention_prefetches<G, DT, T>())
       for (int off = pf_begin; off < pf_end; off += 64) _mm_prefetch(ahead + off, _MM_HINT_T2);
-    __m512 vv[BB];
-    for (int j = 0; j < BB; ++j) vv[j] = in_register(load16(v + j * 16, mk[j]));
-    for (int h = 0; h < G; ++h) {
-      const __m512 ph = _mm512_set1_ps(p[h * ld + c]);
-      for (int j = 0; j < BB; ++j) a[h][j] = _mm512_fmadd_ps(ph, vv[j], a[h][j]);
-    }
+    const auto prob = [&](int h) { return p[h * ld + c]; };
+    add_v_row<G, BB>(row, b0, mk, prob, a);
   }
-  for (int j = 0; j < BB; ++j)
-    for (int h = 0; h < G; ++h) _mm512_mask_storeu_ps(acc + h * D + (b0 + j) * 16, mk[j], a[h][j]);
+  store_v_blocks<G, BB>(acc, D, b0, a, mk);
 }
 
 // All D-blocks of a chunk: passes of BB blocks, the last pass only as wide as the blocks left, so
@@ -703,25 +723,17 @@ inline void weighted_v_four_parts(const float* p, const T* const (&vp)[4], int D
   const int D = DT > 0 ? DT : D_;
   __m512 a[G][BB];
   __mmask16 mk[BB];
-  for (int j = 0; j < BB; ++j) {
-    mk[j] = b0 + j < nb ? (b0 + j == nb - 1 ? last : __mmask16(0xffff)) : __mmask16(0);
-    for (int h = 0; h < G; ++h) a[h][j] = _mm512_maskz_loadu_ps(mk[j], acc + h * D + (b0 + j) * 16);
-  }
+  load_v_blocks<G, BB>(acc, D, b0, nb, last, a, mk);
   const int pf_begin = b0 * 16 * int(sizeof(T)), pf_end = std::min(D, (b0 + BB) * 16) * int(sizeof(T));
   for (int r = 0; r < 16; ++r)
     for (int part = 0; part < 4; ++part) {
       const T* row = vp[part] + int64_t(r) * D;
       const char* ahead = reinterpret_cast<const char*>(row) + ahead_bytes;
       for (int off = pf_begin; off < pf_end; off += 64) prefetch_read<Hint>(ahead + off);
-      __m512 vv[BB];
-      for (int j = 0; j < BB; ++j) vv[j] = in_register(load16(row + (b0 + j) * 16, mk[j]));
-      for (int h = 0; h < G; ++h) {
-        const __m512 ph = _mm512_set1_ps(p[16 * r + 4 * h + part]);
-        for (int j = 0; j < BB; ++j) a[h][j] = _mm512_fmadd_ps(ph, vv[j], a[h][j]);
-      }
+      const auto prob = [&](int h) { return p[16 * r + 4 * h + part]; };
+      add_v_row<G, BB>(row, b0, mk, prob, a);
     }
-  for (int j = 0; j < BB; ++j)
-    for (int h = 0; h < G; ++h) _mm512_mask_storeu_ps(acc + h * D + (b0 + j) * 16, mk[j], a[h][j]);
+  store_v_blocks<G, BB>(acc, D, b0, a, mk);
 }
 
 // s[16r + 4h + j] = scale · q[h] · (part j's row r), r < 16, j < 4 (kp[j]: part j's first key
