@@ -175,7 +175,7 @@ BENCHMARK(BM_DecodeAttention)
     // Multi-head attention (G = 1) with D = 64, the stories110m shape, F16 and BF16 K/V.
     ->Args({16384, 12, 12, 1, 1, 64})->Args({16384, 12, 12, 2, 1, 64})
     ->Args({16384, 12, 12, 1, 2, 64})->Args({16384, 12, 12, 2, 2, 64})
-    // G = 2 and G = 4 at D = 64 (F16): the edge of attention_prefetches()' rule, and the
+    // G = 2 and G = 4 at D = 64 (F16): rows of 128 B read by two query heads, and the
     // Llama-3.2-1B shape.
     ->Args({16384, 24, 12, 1, 1, 64})->Args({16384, 24, 12, 2, 1, 64})
     ->Args({16384, 32, 8, 1, 1, 64})->Args({16384, 32, 8, 2, 1, 64})

@@ -435,20 +435,6 @@ constexpr int prefetch_rows(int row_bytes) {
   return std::min(kPrefetchRows, std::max(16, kPrefetchBytes / row_bytes));
 }
 
-// Whether the attention kernels prefetch at all. On AMD cores rows of at most 128 bytes (D = 64 in
-// F16/BF16) read by one or two query heads per KV head are left to the hardware prefetcher: the
-// keys of 4 rows side by side span 512 contiguous bytes, a pattern it streams, and every other
-// shape reads less without software prefetches. Intel cores read every shape faster with them
-// (docs/performance.md, "Tuning choices").
-template <int G, int DT, typename T>
-constexpr bool attention_prefetches_on_amd() {
-  return !(G <= 2 && DT > 0 && DT * int(sizeof(T)) <= 128);
-}
-template <int G, int DT, typename T>
-inline bool attention_prefetches() {
-  return attention_prefetches_on_amd<G, DT, T>() || !amd_core();
-}
-
 // Lane i of the result is the sum of the 16 lanes of v[i] (a transposing tree: 15 shuffle pairs
 // for 16 sums instead of 16 separate horizontal reductions). Always inlined: called out of line
 // (GCC 12 did so under the target pragma), its caller kept the 16 accumulators in memory and stored
@@ -552,7 +538,6 @@ template <int G, int NK, int DT, int Hint = _MM_HINT_T2, typename T>
                                             int64_t ahead_bytes, __m512 (&a)[G][NK]) {
   const int nb = (D + 15) / 16;
   const __mmask16 last = last_block_mask(D);
-  const bool prefetch = attention_prefetches<G, DT, T>();
   for (int h = 0; h < G; ++h)
     for (int i = 0; i < NK; ++i) a[h][i] = _mm512_setzero_ps();
   for (int b = 0; b < nb; ++b) {
@@ -560,7 +545,7 @@ template <int G, int NK, int DT, int Hint = _MM_HINT_T2, typename T>
     // Software prefetch ahead_bytes ahead of each row (the hardware prefetcher alone leaves the
     // single-thread stream well under the read bandwidth), one line per row per 64 bytes read,
     // spread over the loop: bursts of requests get dropped.
-    if (prefetch && off % 64 == 0)
+    if (off % 64 == 0)
       for (int i = 0; i < NK; ++i)
         prefetch_read<Hint>(reinterpret_cast<const char*>(row[i]) + ahead_bytes + off);
     const __mmask16 m = b == nb - 1 ? last : __mmask16(0xffff);
@@ -682,8 +667,7 @@ inline void weighted_v_blocks(const float* p, int64_t ld, const T* V, int cn, in
   for (int c = 0; c < cn; ++c) {
     const T* row = V + int64_t(c) * D;
     const char* ahead = reinterpret_cast<const char*>(row) + ahead_bytes;
-    if (attention_prefetches<G, DT, T>())
-      for (int off = pf_begin; off < pf_end; off += 64) _mm_prefetch(ahead + off, _MM_HINT_T2);
+    for (int off = pf_begin; off < pf_end; off += 64) _mm_prefetch(ahead + off, _MM_HINT_T2);
     const auto prob = [&](int h) { return p[h * ld + c]; };
     add_v_row<G, BB>(row, b0, mk, prob, a);
   }
