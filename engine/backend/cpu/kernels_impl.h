@@ -736,6 +736,18 @@ inline void logits_four_parts(const float* q, const T* const (&kp)[4], int D, fl
   }
 }
 
+// One head's running softmax max raised to m if m is larger: its output accumulators out_h [D]
+// rescaled (unless first: nothing accumulated yet). Returns the factor its running sum takes (1
+// when the max stays).
+[[gnu::always_inline]] inline float raise_running_max(float& mx, float m, float* out_h, int D, bool first) {
+  if (!(m > mx)) return 1.0f;
+  const float corr = mx == -INFINITY ? 0.0f : std::exp(mx - m);
+  if (!first)
+    for (int d = 0; d < D; ++d) out_h[d] *= corr;
+  mx = m;
+  return corr;
+}
+
 // Keys from which the G = 4, D = 128 attention reads its range as four parts (each at least 256 keys).
 constexpr int64_t kFourPartMinKeys = 1024;
 
@@ -782,15 +794,8 @@ int64_t attention_four_parts(const float* q, const T* K, const T* V, int64_t n, 
       _mm512_store_ps(mh, m16);
       bool grew = false;
       for (int h = 0; h < G; ++h) {
-        const float m_new = std::max(mx[h], mh[4 * h]);
-        float c = 1.0f;
-        if (m_new > mx[h]) {
-          c = mx[h] == -INFINITY ? 0.0f : std::exp(mx[h] - m_new);
-          if (b > 0)
-            for (int d = 0; d < D; ++d) out[h * D + d] *= c;
-          mx[h] = m_new;
-          grew = true;
-        }
+        const float c = raise_running_max(mx[h], mh[4 * h], out + h * D, D, b == 0);
+        grew |= c != 1.0f;
         for (int j = 0; j < 4; ++j) corr[4 * h + j] = c, mh[4 * h + j] = mx[h];
       }
       if (grew) vsum = _mm512_mul_ps(vsum, _mm512_load_ps(corr));
@@ -837,14 +842,7 @@ void attention_group_fused(const float* q, const T* K, const T* V, int64_t n, in
       float* sh = s + h * kChunk;
       __m512 m16 = _mm512_set1_ps(-INFINITY);
       for (int c = 0; c < kChunk; c += 16) m16 = _mm512_max_ps(m16, _mm512_load_ps(sh + c));
-      const float m_new = std::max(mx[h], _mm512_reduce_max_ps(m16));
-      if (m_new > mx[h]) {
-        const float corr = mx[h] == -INFINITY ? 0.0f : std::exp(mx[h] - m_new);
-        sum[h] *= corr;
-        if (!first)
-          for (int d = 0; d < D; ++d) out[h * D + d] *= corr;
-        mx[h] = m_new;
-      }
+      sum[h] *= raise_running_max(mx[h], _mm512_reduce_max_ps(m16), out + h * D, D, first);
       sum[h] += exp_shift_sum(sh, kChunk, mx[h]);  // lanes ≥ cn hold -inf → 0
     }
   };
