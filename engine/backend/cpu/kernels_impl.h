@@ -695,8 +695,16 @@ inline void weighted_v_all_blocks(const float* p, int64_t ld, const T* V, int cn
 }
 
 // Bytes ahead that AMD cores prefetch, into L1, a stream of one of four parts of a key range
-// (four_part_logits, the attention's four-part blocks).
+// (four_part_logits).
 constexpr int64_t kFourPartAheadAmd = 2048;
+
+// The same for the attention's four-part blocks, whose V pass comes between one step's keys and
+// the next: 16-bit rows of D = 128 read faster one whole 16-row block ahead (4 KiB); F32 rows do
+// not (docs/performance.md, "Tuning choices").
+template <typename T>
+constexpr int64_t attention_four_part_ahead_amd() {
+  return sizeof(T) == 2 ? 4096 : kFourPartAheadAmd;
+}
 
 // acc[h] += Σ p[16r + 4h + j] · part j's row r, r < 16, j < 4, for D-blocks [b0, b0 + BB): the V
 // rows of a four-part block (vp[j]: part j's first row), read row r of each part in turn so that
@@ -811,7 +819,7 @@ int64_t attention_four_parts(const float* q, const T* K, const T* V, int64_t n, 
     }
   };
   if (amd_core())
-    run(std::integral_constant<int, _MM_HINT_T0>{}, kFourPartAheadAmd);
+    run(std::integral_constant<int, _MM_HINT_T0>{}, attention_four_part_ahead_amd<T>());
   else
     run(std::integral_constant<int, _MM_HINT_T2>{}, prefetch_bytes<T>(D));
   alignas(64) float vs[16];
