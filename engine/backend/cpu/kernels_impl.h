@@ -706,9 +706,18 @@ constexpr int64_t attention_four_part_ahead_amd() {
   return sizeof(T) == 2 ? 4096 : kFourPartAheadAmd;
 }
 
-// acc[h] += Σ p[16r + 4h + j] · part j's row r, r < 16, j < 4, for D-blocks [b0, b0 + BB): the V
-// rows of a four-part block (vp[j]: part j's first row), read row r of each part in turn so that
-// each part is a stream in address order.
+// Where a four-part block keeps the logit of head h, part j's row r (r < 16, j < 4) for G ∈ {1, 2,
+// 4} query heads: each step reads R = 4 / G consecutive rows of each part, 16 logits per step in
+// the lane order of hsum16, head h in lanes [16h / G, 16(h + 1) / G).
+template <int G>
+constexpr int four_part_index(int r, int h, int part) {
+  constexpr int R = 4 / G;
+  return 16 * (r / R) + 4 * (h * R + r % R) + part;
+}
+
+// acc[h] += Σ p[four_part_index(r, h, j)] · part j's row r, r < 16, j < 4, for D-blocks [b0, b0 + BB):
+// the V rows of a four-part block (vp[j]: part j's first row), read row r of each part in turn so
+// that each part is a stream in address order.
 template <int G, int BB, int DT, int Hint, typename T>
 inline void weighted_v_four_parts(const float* p, const T* const (&vp)[4], int D_, int b0, int nb,
                                   __mmask16 last, int64_t ahead_bytes, float* acc) {
@@ -722,25 +731,27 @@ inline void weighted_v_four_parts(const float* p, const T* const (&vp)[4], int D
       const T* row = vp[part] + int64_t(r) * D;
       const char* ahead = reinterpret_cast<const char*>(row) + ahead_bytes;
       for (int off = pf_begin; off < pf_end; off += 64) prefetch_read<Hint>(ahead + off);
-      const auto prob = [&](int h) { return p[16 * r + 4 * h + part]; };
+      const auto prob = [&](int h) { return p[four_part_index<G>(r, h, part)]; };
       add_v_row<G, BB>(row, b0, mk, prob, a);
     }
   store_v_blocks<G, BB>(acc, D, b0, a, mk);
 }
 
-// s[16r + 4h + j] = scale · q[h] · (part j's row r), r < 16, j < 4 (kp[j]: part j's first key
-// row): each step reads one row of each part, as four_part_logits does, and stores its 16 logits
-// as one vector (the lane order of hsum16).
-template <int DT, int Hint, typename T>
+// s[four_part_index(r, h, j)] = scale · q[h] · (part j's row r), r < 16, j < 4 (kp[j]: part j's
+// first key row), G ∈ {1, 2, 4}: each step reads 4 / G rows of each part, as four_part_logits
+// does for G = 4, and stores its 16 logits as one vector.
+template <int G, int DT, int Hint, typename T>
 inline void logits_four_parts(const float* q, const T* const (&kp)[4], int D, float scale,
                               int64_t ahead_bytes, float* s) {
+  constexpr int R = 4 / G;
   const __m512 sc = _mm512_set1_ps(scale);
-  for (int r = 0; r < 16; ++r) {
-    const T* row[4];
-    for (int part = 0; part < 4; ++part) row[part] = kp[part] + int64_t(r) * D;
-    __m512 a[4][4];
-    dot_rows<4, 4, DT, Hint>(q, row, D, ahead_bytes, a);
-    _mm512_store_ps(s + 16 * r, _mm512_mul_ps(hsum16(&a[0][0]), sc));
+  for (int r = 0; r < 16; r += R) {
+    const T* row[4 * R];
+    for (int rr = 0; rr < R; ++rr)
+      for (int part = 0; part < 4; ++part) row[4 * rr + part] = kp[part] + int64_t(r + rr) * D;
+    __m512 a[G][4 * R];
+    dot_rows<G, 4 * R, DT, Hint>(q, row, D, ahead_bytes, a);
+    _mm512_store_ps(s + 16 * (r / R), _mm512_mul_ps(hsum16(&a[0][0]), sc));
   }
 }
 
@@ -756,23 +767,33 @@ inline void logits_four_parts(const float* q, const T* const (&kp)[4], int D, fl
   return corr;
 }
 
-// Keys from which the G = 4, D = 128 attention reads its range as four parts (each at least 256 keys).
+// Keys from which the attention at G ∈ {1, 2, 4}, D ≥ 128 reads its range as four parts (each at
+// least 256 keys).
 constexpr int64_t kFourPartMinKeys = 1024;
 
-// The first 4·per keys of a G = 4 attention (per = n / 4 rounded down to 16 keys) as four parts,
-// one 16-key block of each per step and row r of each part in turn, so that K and V are read as
-// four streams in address order each, as the read reference reads: heads of D = 128 read faster
-// so (at D = 64 the kernel is bound by its arithmetic, which this order raises; docs/performance.md,
-// "Tuning choices"). Same online softmax as attention_group_fused (mx, sum, out its running state,
-// s its 256-float block); returns 4·per, the first key left to the caller.
-template <int DT, typename T>
+// Whether attention_group_fused starts with attention_four_parts: G ∈ {1, 2, 4} query heads per KV
+// head (the 16 lanes of hsum16 hold whole rows of each part) and rows of at least 128 elements (at
+// D = 64 the kernel is bound by its arithmetic, which this order raises; docs/performance.md,
+// "Tuning choices").
+template <int G, int DT>
+constexpr bool attention_in_four_parts() {
+  return (G == 1 || G == 2 || G == 4) && DT >= 128;
+}
+
+// The first 4·per keys of the attention (per = n / 4 rounded down to 16 keys) as four parts, one
+// 16-key block of each per step, 4 / G rows of each part in turn, so that K and V are read as four
+// streams in address order each, as the read reference reads. Same online softmax as
+// attention_group_fused (mx, sum, out its running state, s its 64·G-float block; logits in
+// four_part_index's order); returns 4·per, the first key left to the caller.
+template <int G, int DT, typename T>
 int64_t attention_four_parts(const float* q, const T* K, const T* V, int64_t n, float scale, float* out,
                              float* s, float* mx, float* sum, float* logits_out, float* probs_out,
                              int64_t tap_ld, const int32_t* key_limits) {
   static_assert(DT % 16 == 0, "whole 16-element blocks");
-  constexpr int G = 4, D = DT, nb = DT / 16;
+  static_assert(G == 1 || G == 2 || G == 4, "whole rows of each part per step");
+  constexpr int D = DT, nb = DT / 16, L = 16 / G;  // L: lanes per head
   const int64_t per = n / 4 / 16 * 16;
-  __m512 vsum = _mm512_setzero_ps();  // lane 4h + j: part of head h's sum
+  __m512 vsum = _mm512_setzero_ps();  // lanes of head h: parts of its sum
   auto run = [&](auto hint, int64_t ahead_bytes) {
     constexpr int H = decltype(hint)::value;
     for (int64_t b = 0; b < per; b += 16) {
@@ -780,35 +801,37 @@ int64_t attention_four_parts(const float* q, const T* K, const T* V, int64_t n, 
       const T* vp[4];
       for (int part = 0; part < 4; ++part)
         kp[part] = K + (part * per + b) * D, vp[part] = V + (part * per + b) * D;
-      logits_four_parts<DT, H>(q, kp, D, scale, ahead_bytes, s);
+      logits_four_parts<G, DT, H>(q, kp, D, scale, ahead_bytes, s);
       if (key_limits || logits_out || probs_out)
         for (int r = 0; r < 16; ++r)
           for (int h = 0; h < G; ++h)
             for (int part = 0; part < 4; ++part) {
               const int64_t t = part * per + b + r;
-              float& x = s[16 * r + 4 * h + part];
+              float& x = s[four_part_index<G>(r, h, part)];
               if (key_limits && t >= key_limits[h]) x = -INFINITY;
               if (logits_out)
                 logits_out[h * tap_ld + t] = x;
               else if (probs_out)
                 probs_out[h * tap_ld + t] = x;  // parked, normalised at the end
             }
-      // Online softmax over the block: lanes 4h..4h+3 (one 128-bit lane) are head h's.
+      // Online softmax over the block: each lane's max, then each head's over its L lanes.
       __m512 m16 = _mm512_load_ps(s);
-      for (int r = 1; r < 16; ++r) m16 = _mm512_max_ps(m16, _mm512_load_ps(s + 16 * r));
+      for (int r = 1; r < 4 * G; ++r) m16 = _mm512_max_ps(m16, _mm512_load_ps(s + 16 * r));
       m16 = _mm512_max_ps(m16, _mm512_shuffle_ps(m16, m16, 0xB1));
-      m16 = _mm512_max_ps(m16, _mm512_shuffle_ps(m16, m16, 0x4E));  // each lane: its head's max
+      m16 = _mm512_max_ps(m16, _mm512_shuffle_ps(m16, m16, 0x4E));
+      if constexpr (G <= 2) m16 = _mm512_max_ps(m16, _mm512_shuffle_f32x4(m16, m16, 0xB1));
+      if constexpr (G == 1) m16 = _mm512_max_ps(m16, _mm512_shuffle_f32x4(m16, m16, 0x4E));
       alignas(64) float mh[16], corr[16];
       _mm512_store_ps(mh, m16);
       bool grew = false;
       for (int h = 0; h < G; ++h) {
-        const float c = raise_running_max(mx[h], mh[4 * h], out + h * D, D, b == 0);
+        const float c = raise_running_max(mx[h], mh[L * h], out + h * D, D, b == 0);
         grew |= c != 1.0f;
-        for (int j = 0; j < 4; ++j) corr[4 * h + j] = c, mh[4 * h + j] = mx[h];
+        for (int j = 0; j < L; ++j) corr[L * h + j] = c, mh[L * h + j] = mx[h];
       }
       if (grew) vsum = _mm512_mul_ps(vsum, _mm512_load_ps(corr));
       const __m512 shift = _mm512_load_ps(mh);
-      for (int r = 0; r < 16; ++r) {
+      for (int r = 0; r < 4 * G; ++r) {
         const __m512 e = exp512(_mm512_sub_ps(_mm512_load_ps(s + 16 * r), shift));
         _mm512_store_ps(s + 16 * r, e);
         vsum = _mm512_add_ps(vsum, e);
@@ -824,13 +847,17 @@ int64_t attention_four_parts(const float* q, const T* K, const T* V, int64_t n, 
     run(std::integral_constant<int, _MM_HINT_T2>{}, prefetch_bytes<T>(D));
   alignas(64) float vs[16];
   _mm512_store_ps(vs, vsum);
-  for (int h = 0; h < G; ++h) sum[h] = (vs[4 * h] + vs[4 * h + 1]) + (vs[4 * h + 2] + vs[4 * h + 3]);
+  for (int h = 0; h < G; ++h) {
+    float t = 0;
+    for (int j = 0; j < L; ++j) t += vs[L * h + j];
+    sum[h] = t;
+  }
   return 4 * per;
 }
 
 // One pass over K and V in chunks of kChunk keys with an online softmax (running max and sum per
 // head; accumulators rescaled when the max grows): K and V are each streamed once, the chunk's
-// logits stay in L1. Long G = 4, D = 128 ranges start with attention_four_parts.
+// logits stay in L1. Long ranges start with attention_four_parts where attention_in_four_parts.
 template <int G, int DT, typename T>
 void attention_group_fused(const float* q, const T* K, const T* V, int64_t n, int D_, float scale, float* out,
                            float* logits_out, float* probs_out, int64_t tap_ld, float* lse_out,
@@ -855,9 +882,9 @@ void attention_group_fused(const float* q, const T* K, const T* V, int64_t n, in
     }
   };
   int64_t t_begin = 0;
-  if constexpr (G == 4 && DT >= 128)
+  if constexpr (attention_in_four_parts<G, DT>())
     if (n >= kFourPartMinKeys)
-      t_begin = attention_four_parts<DT>(q, K, V, n, scale, out, s, mx, sum, logits_out, probs_out, tap_ld,
+      t_begin = attention_four_parts<G, DT>(q, K, V, n, scale, out, s, mx, sum, logits_out, probs_out, tap_ld,
                                          key_limits);
   for (int64_t t0 = t_begin; t0 < n; t0 += kChunk) {
     const int cn = int(std::min<int64_t>(kChunk, n - t0));
