@@ -242,14 +242,15 @@ INSTANTIATE_TEST_SUITE_P(Shapes, AttentionTest,
                                            AttnCase{16, 1, 64, 1, 200}, AttnCase{8, 2, 96, 1, 65},
                                            // One row, one KV head, long keys: the flash-decoding split path.
                                            AttnCase{4, 1, 64, 1, 5000}, AttnCase{2, 1, 17, 2, 3001},
-                                           // G = 4, 2 and 1, D = 128 over 1024 keys or more: four parts read
-                                           // side by side and a remainder; the same with key limits (two
-                                           // rows batched) and split (log-sum-exp merged).
+                                           // G = 4, 2, 1 and 8, D = 128 over 1024 keys or more: four parts
+                                           // read side by side and a remainder; the same with key limits
+                                           // (two rows batched) and split (log-sum-exp merged).
                                            AttnCase{8, 2, 128, 1, 1037}, AttnCase{4, 2, 128, 2, 1200},
                                            AttnCase{4, 1, 128, 1, 5000}, AttnCase{4, 2, 128, 1, 1031},
                                            AttnCase{2, 2, 128, 2, 1100}, AttnCase{2, 1, 128, 1, 5000},
                                            AttnCase{4, 4, 128, 1, 1041}, AttnCase{2, 2, 128, 3, 1300},
-                                           AttnCase{1, 1, 128, 1, 5003},
+                                           AttnCase{1, 1, 128, 1, 5003}, AttnCase{8, 1, 128, 1, 1100},
+                                           AttnCase{16, 2, 128, 1, 2011}, AttnCase{8, 1, 128, 1, 5000},
                                            // D = 8 (stories260K: two rows per vector), odd key counts.
                                            AttnCase{8, 4, 8, 3, 301}, AttnCase{3, 1, 8, 2, 17},
                                            AttnCase{8, 1, 8, 1, 5001}),
@@ -267,7 +268,7 @@ TEST(AttentionKvTypes, HalfPrecisionKvMatchesRef) {
     for (auto [H, Hkv, D, n] :
          {std::tuple{8, 2, 64, 1000}, std::tuple{8, 2, 64, 1003}, std::tuple{4, 4, 17, 97},
           std::tuple{32, 8, 128, 513}, std::tuple{8, 4, 8, 301}, std::tuple{8, 2, 128, 1037},
-          std::tuple{4, 2, 128, 1100}, std::tuple{4, 4, 128, 1029}}) {
+          std::tuple{4, 2, 128, 1100}, std::tuple{4, 4, 128, 1029}, std::tuple{16, 2, 128, 1050}}) {
       const int64_t cap = n + 5;
       auto q = test::random_vec(size_t(H * D), 71);
       auto Kf = test::random_vec(size_t(Hkv * cap * D), 72, -3, 3);
@@ -292,7 +293,8 @@ TEST(AttentionKvTypes, HalfPrecisionKvMatchesRef) {
 TEST(AttentionTaps, LogitsAndProbsMatchRef) {
   for (auto [H, Hkv, D, n] : {std::tuple{8, 2, 128, 300}, std::tuple{5, 1, 64, 77}, std::tuple{3, 3, 17, 16},
                               std::tuple{8, 4, 8, 77}, std::tuple{8, 2, 128, 1100},
-                              std::tuple{4, 2, 128, 1100}, std::tuple{3, 3, 128, 1090}}) {
+                              std::tuple{4, 2, 128, 1100}, std::tuple{3, 3, 128, 1090},
+                              std::tuple{8, 1, 128, 1070}}) {
     auto q = test::random_vec(size_t(H * D), 81);
     auto K = test::random_vec(size_t(Hkv * n * D), 82, -3, 3);
     auto V = test::random_vec(size_t(Hkv * n * D), 83);

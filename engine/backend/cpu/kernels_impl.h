@@ -771,29 +771,32 @@ inline void logits_four_parts(const float* q, const T* const (&kp)[4], int D, fl
 // least 256 keys).
 constexpr int64_t kFourPartMinKeys = 1024;
 
-// Whether attention_group_fused starts with attention_four_parts: G ∈ {1, 2, 4} query heads per KV
-// head (the 16 lanes of hsum16 hold whole rows of each part) and rows of at least 128 elements (at
-// D = 64 the kernel is bound by its arithmetic, which this order raises; docs/performance.md,
-// "Tuning choices").
+// Whether attention_group_fused starts with attention_four_parts: G ∈ {1, 2, 4, 8} query heads per
+// KV head (the 16 lanes of hsum16 hold whole rows of each part for up to four heads; eight take two
+// passes over each block, the second from L1) and rows of at least 128 elements (at D = 64 the
+// kernel is bound by its arithmetic, which this order raises; docs/performance.md, "Tuning choices").
 template <int G, int DT>
 constexpr bool attention_in_four_parts() {
-  return (G == 1 || G == 2 || G == 4) && DT >= 128;
+  return (G == 1 || G == 2 || G == 4 || G == 8) && DT >= 128;
 }
 
 // The first 4·per keys of the attention (per = n / 4 rounded down to 16 keys) as four parts, one
-// 16-key block of each per step, 4 / G rows of each part in turn, so that K and V are read as four
-// streams in address order each, as the read reference reads. Same online softmax as
-// attention_group_fused (mx, sum, out its running state, s its 64·G-float block; logits in
-// four_part_index's order); returns 4·per, the first key left to the caller.
+// 16-key block of each per step, 4 / G rows of each part in turn (heads in groups of at most four),
+// so that K and V are read as four streams in address order each, as the read reference reads.
+// Same online softmax as attention_group_fused (mx, sum, out its running state, s its 64·G-float
+// block; each group's logits in four_part_index's order); returns 4·per, the first key left to the
+// caller.
 template <int G, int DT, typename T>
 int64_t attention_four_parts(const float* q, const T* K, const T* V, int64_t n, float scale, float* out,
                              float* s, float* mx, float* sum, float* logits_out, float* probs_out,
                              int64_t tap_ld, const int32_t* key_limits) {
   static_assert(DT % 16 == 0, "whole 16-element blocks");
-  static_assert(G == 1 || G == 2 || G == 4, "whole rows of each part per step");
-  constexpr int D = DT, nb = DT / 16, L = 16 / G;  // L: lanes per head
+  static_assert(attention_in_four_parts<G, DT>(), "whole rows of each part per step");
+  constexpr int GQ = G < 4 ? G : 4, M = G / GQ;  // M groups of GQ heads
+  constexpr int D = DT, nb = DT / 16, L = 16 / GQ;  // L: lanes per head
   const int64_t per = n / 4 / 16 * 16;
-  __m512 vsum = _mm512_setzero_ps();  // lanes of head h: parts of its sum
+  __m512 vsum[M];  // lanes of group m's head h: parts of its sum
+  for (auto& v : vsum) v = _mm512_setzero_ps();
   auto run = [&](auto hint, int64_t ahead_bytes) {
     constexpr int H = decltype(hint)::value;
     for (int64_t b = 0; b < per; b += 16) {
@@ -801,56 +804,65 @@ int64_t attention_four_parts(const float* q, const T* K, const T* V, int64_t n, 
       const T* vp[4];
       for (int part = 0; part < 4; ++part)
         kp[part] = K + (part * per + b) * D, vp[part] = V + (part * per + b) * D;
-      logits_four_parts<G, DT, H>(q, kp, D, scale, ahead_bytes, s);
+      for (int m = 0; m < M; ++m)
+        logits_four_parts<GQ, DT, H>(q + m * GQ * D, kp, D, scale, ahead_bytes, s + 64 * GQ * m);
       if (key_limits || logits_out || probs_out)
         for (int r = 0; r < 16; ++r)
           for (int h = 0; h < G; ++h)
             for (int part = 0; part < 4; ++part) {
               const int64_t t = part * per + b + r;
-              float& x = s[four_part_index<G>(r, h, part)];
+              float& x = s[64 * GQ * (h / GQ) + four_part_index<GQ>(r, h % GQ, part)];
               if (key_limits && t >= key_limits[h]) x = -INFINITY;
               if (logits_out)
                 logits_out[h * tap_ld + t] = x;
               else if (probs_out)
                 probs_out[h * tap_ld + t] = x;  // parked, normalised at the end
             }
-      // Online softmax over the block: each lane's max, then each head's over its L lanes.
-      __m512 m16 = _mm512_load_ps(s);
-      for (int r = 1; r < 4 * G; ++r) m16 = _mm512_max_ps(m16, _mm512_load_ps(s + 16 * r));
-      m16 = _mm512_max_ps(m16, _mm512_shuffle_ps(m16, m16, 0xB1));
-      m16 = _mm512_max_ps(m16, _mm512_shuffle_ps(m16, m16, 0x4E));
-      if constexpr (G <= 2) m16 = _mm512_max_ps(m16, _mm512_shuffle_f32x4(m16, m16, 0xB1));
-      if constexpr (G == 1) m16 = _mm512_max_ps(m16, _mm512_shuffle_f32x4(m16, m16, 0x4E));
-      alignas(64) float mh[16], corr[16];
-      _mm512_store_ps(mh, m16);
-      bool grew = false;
-      for (int h = 0; h < G; ++h) {
-        const float c = raise_running_max(mx[h], mh[L * h], out + h * D, D, b == 0);
-        grew |= c != 1.0f;
-        for (int j = 0; j < L; ++j) corr[L * h + j] = c, mh[L * h + j] = mx[h];
+      for (int m = 0; m < M; ++m) {
+        float* sm = s + 64 * GQ * m;
+        // Online softmax over the group's block: each lane's max, then each head's over its L lanes.
+        __m512 m16 = _mm512_load_ps(sm);
+        for (int r = 1; r < 4 * GQ; ++r) m16 = _mm512_max_ps(m16, _mm512_load_ps(sm + 16 * r));
+        m16 = _mm512_max_ps(m16, _mm512_shuffle_ps(m16, m16, 0xB1));
+        m16 = _mm512_max_ps(m16, _mm512_shuffle_ps(m16, m16, 0x4E));
+        if constexpr (GQ <= 2) m16 = _mm512_max_ps(m16, _mm512_shuffle_f32x4(m16, m16, 0xB1));
+        if constexpr (GQ == 1) m16 = _mm512_max_ps(m16, _mm512_shuffle_f32x4(m16, m16, 0x4E));
+        alignas(64) float mh[16], corr[16];
+        _mm512_store_ps(mh, m16);
+        bool grew = false;
+        for (int h = 0; h < GQ; ++h) {
+          const int hg = m * GQ + h;
+          const float c = raise_running_max(mx[hg], mh[L * h], out + hg * D, D, b == 0);
+          grew |= c != 1.0f;
+          for (int j = 0; j < L; ++j) corr[L * h + j] = c, mh[L * h + j] = mx[hg];
+        }
+        if (grew) vsum[m] = _mm512_mul_ps(vsum[m], _mm512_load_ps(corr));
+        const __m512 shift = _mm512_load_ps(mh);
+        for (int r = 0; r < 4 * GQ; ++r) {
+          const __m512 e = exp512(_mm512_sub_ps(_mm512_load_ps(sm + 16 * r), shift));
+          _mm512_store_ps(sm + 16 * r, e);
+          vsum[m] = _mm512_add_ps(vsum[m], e);
+        }
       }
-      if (grew) vsum = _mm512_mul_ps(vsum, _mm512_load_ps(corr));
-      const __m512 shift = _mm512_load_ps(mh);
-      for (int r = 0; r < 4 * G; ++r) {
-        const __m512 e = exp512(_mm512_sub_ps(_mm512_load_ps(s + 16 * r), shift));
-        _mm512_store_ps(s + 16 * r, e);
-        vsum = _mm512_add_ps(vsum, e);
-      }
-      constexpr int BB = v_blocks_per_pass(G);
-      for (int b0 = 0; b0 < nb; b0 += BB)
-        weighted_v_four_parts<G, BB, DT, H>(s, vp, D, b0, nb, __mmask16(0xffff), ahead_bytes, out);
+      constexpr int BB = v_blocks_per_pass(GQ);
+      for (int m = 0; m < M; ++m)
+        for (int b0 = 0; b0 < nb; b0 += BB)
+          weighted_v_four_parts<GQ, BB, DT, H>(s + 64 * GQ * m, vp, D, b0, nb, __mmask16(0xffff), ahead_bytes,
+                                               out + m * GQ * D);
     }
   };
   if (amd_core())
     run(std::integral_constant<int, _MM_HINT_T0>{}, attention_four_part_ahead_amd<T>());
   else
     run(std::integral_constant<int, _MM_HINT_T2>{}, prefetch_bytes<T>(D));
-  alignas(64) float vs[16];
-  _mm512_store_ps(vs, vsum);
-  for (int h = 0; h < G; ++h) {
-    float t = 0;
-    for (int j = 0; j < L; ++j) t += vs[L * h + j];
-    sum[h] = t;
+  for (int m = 0; m < M; ++m) {
+    alignas(64) float vs[16];
+    _mm512_store_ps(vs, vsum[m]);
+    for (int h = 0; h < GQ; ++h) {
+      float t = 0;
+      for (int j = 0; j < L; ++j) t += vs[L * h + j];
+      sum[m * GQ + h] = t;
+    }
   }
   return 4 * per;
 }
