@@ -179,10 +179,14 @@ BENCHMARK(BM_DecodeAttention)
     // Llama-3.2-1B shape.
     ->Args({16384, 24, 12, 1, 1, 64})->Args({16384, 24, 12, 2, 1, 64})
     ->Args({16384, 32, 8, 1, 1, 64})->Args({16384, 32, 8, 2, 1, 64})
-    // D = 128 (F16) at G = 1 (OPT-6.7B), 3 (Llama-3.2-3B) and 8 (Qwen2.5-3B, Llama-3-70B).
+    // D = 128 (F16) at G = 1 (OPT-6.7B), 3 (Llama-3.2-3B), 8 (Qwen2.5-3B, Llama-3-70B), 5, 6 and 7
+    // (Qwen2.5-14B, 1.5B, 7B).
     ->Args({16384, 32, 32, 1, 1, 128})->Args({16384, 32, 32, 2, 1, 128})
     ->Args({16384, 24, 8, 1, 1, 128})->Args({16384, 24, 8, 2, 1, 128})
     ->Args({16384, 64, 8, 1, 1, 128})->Args({16384, 64, 8, 2, 1, 128})
+    ->Args({16384, 40, 8, 1, 1, 128})->Args({16384, 40, 8, 2, 1, 128})
+    ->Args({16384, 48, 8, 1, 1, 128})->Args({16384, 48, 8, 2, 1, 128})
+    ->Args({16384, 56, 8, 1, 1, 128})->Args({16384, 56, 8, 2, 1, 128})
     ->UseManualTime();
 
 // The AVX-512 peers and ceilings below are compiled for AVX-512 whatever the build's flags, and run

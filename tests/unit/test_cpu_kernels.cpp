@@ -251,6 +251,10 @@ INSTANTIATE_TEST_SUITE_P(Shapes, AttentionTest,
                                            AttnCase{4, 4, 128, 1, 1041}, AttnCase{2, 2, 128, 3, 1300},
                                            AttnCase{1, 1, 128, 1, 5003}, AttnCase{8, 1, 128, 1, 1100},
                                            AttnCase{16, 2, 128, 1, 2011}, AttnCase{8, 1, 128, 1, 5000},
+                                           // G = 3 and 5-7 padded to 4 and 8 heads for the four parts.
+                                           AttnCase{3, 1, 128, 1, 1100}, AttnCase{6, 2, 128, 2, 1050},
+                                           AttnCase{14, 2, 128, 1, 1500}, AttnCase{5, 1, 128, 1, 5000},
+                                           AttnCase{12, 2, 128, 1, 1030},
                                            // D = 8 (stories260K: two rows per vector), odd key counts.
                                            AttnCase{8, 4, 8, 3, 301}, AttnCase{3, 1, 8, 2, 17},
                                            AttnCase{8, 1, 8, 1, 5001}),
@@ -268,7 +272,8 @@ TEST(AttentionKvTypes, HalfPrecisionKvMatchesRef) {
     for (auto [H, Hkv, D, n] :
          {std::tuple{8, 2, 64, 1000}, std::tuple{8, 2, 64, 1003}, std::tuple{4, 4, 17, 97},
           std::tuple{32, 8, 128, 513}, std::tuple{8, 4, 8, 301}, std::tuple{8, 2, 128, 1037},
-          std::tuple{4, 2, 128, 1100}, std::tuple{4, 4, 128, 1029}, std::tuple{16, 2, 128, 1050}}) {
+          std::tuple{4, 2, 128, 1100}, std::tuple{4, 4, 128, 1029}, std::tuple{16, 2, 128, 1050},
+          std::tuple{12, 4, 128, 1040}, std::tuple{28, 4, 128, 1030}}) {
       const int64_t cap = n + 5;
       auto q = test::random_vec(size_t(H * D), 71);
       auto Kf = test::random_vec(size_t(Hkv * cap * D), 72, -3, 3);
@@ -294,7 +299,7 @@ TEST(AttentionTaps, LogitsAndProbsMatchRef) {
   for (auto [H, Hkv, D, n] : {std::tuple{8, 2, 128, 300}, std::tuple{5, 1, 64, 77}, std::tuple{3, 3, 17, 16},
                               std::tuple{8, 4, 8, 77}, std::tuple{8, 2, 128, 1100},
                               std::tuple{4, 2, 128, 1100}, std::tuple{3, 3, 128, 1090},
-                              std::tuple{8, 1, 128, 1070}}) {
+                              std::tuple{8, 1, 128, 1070}, std::tuple{6, 2, 128, 1060}, std::tuple{5, 1, 128, 1030}}) {
     auto q = test::random_vec(size_t(H * D), 81);
     auto K = test::random_vec(size_t(Hkv * n * D), 82, -3, 3);
     auto V = test::random_vec(size_t(Hkv * n * D), 83);

@@ -780,6 +780,17 @@ constexpr bool attention_in_four_parts() {
   return (G == 1 || G == 2 || G == 4 || G == 8) && DT >= 128;
 }
 
+// Heads to which attention_group_fused pads G query heads (zero queries, results dropped) to read
+// in four parts, 0 where it keeps the 64-key chunks: four-part reading at the padded heads'
+// arithmetic beats the chunks at G's (docs/performance.md, "Tuning choices").
+template <int G, int DT>
+constexpr int four_part_padded_heads() {
+  if constexpr (DT < 128) return 0;
+  else if constexpr (G == 3) return 4;
+  else if constexpr (G >= 5 && G <= 7) return 8;
+  else return 0;
+}
+
 // The first 4·per keys of the attention (per = n / 4 rounded down to 16 keys) as four parts, one
 // 16-key block of each per step, 4 / G rows of each part in turn (heads in groups of at most four),
 // so that K and V are read as four streams in address order each, as the read reference reads.
@@ -789,7 +800,7 @@ constexpr bool attention_in_four_parts() {
 template <int G, int DT, typename T>
 int64_t attention_four_parts(const float* q, const T* K, const T* V, int64_t n, float scale, float* out,
                              float* s, float* mx, float* sum, float* logits_out, float* probs_out,
-                             int64_t tap_ld, const int32_t* key_limits) {
+                             int64_t tap_ld, const int32_t* key_limits, int live = G) {
   static_assert(DT % 16 == 0, "whole 16-element blocks");
   static_assert(attention_in_four_parts<G, DT>(), "whole rows of each part per step");
   constexpr int GQ = G < 4 ? G : 4, M = G / GQ;  // M groups of GQ heads
@@ -808,7 +819,7 @@ int64_t attention_four_parts(const float* q, const T* K, const T* V, int64_t n, 
         logits_four_parts<GQ, DT, H>(q + m * GQ * D, kp, D, scale, ahead_bytes, s + 64 * GQ * m);
       if (key_limits || logits_out || probs_out)
         for (int r = 0; r < 16; ++r)
-          for (int h = 0; h < G; ++h)
+          for (int h = 0; h < live; ++h)
             for (int part = 0; part < 4; ++part) {
               const int64_t t = part * per + b + r;
               float& x = s[64 * GQ * (h / GQ) + four_part_index<GQ>(r, h % GQ, part)];
@@ -894,10 +905,23 @@ void attention_group_fused(const float* q, const T* K, const T* V, int64_t n, in
     }
   };
   int64_t t_begin = 0;
-  if constexpr (attention_in_four_parts<G, DT>())
+  if constexpr (attention_in_four_parts<G, DT>()) {
     if (n >= kFourPartMinKeys)
       t_begin = attention_four_parts<G, DT>(q, K, V, n, scale, out, s, mx, sum, logits_out, probs_out, tap_ld,
-                                         key_limits);
+                                            key_limits);
+  } else if constexpr (constexpr int GP = four_part_padded_heads<G, DT>(); GP > 0) {
+    if (n >= kFourPartMinKeys) {
+      alignas(64) float qp[GP * DT] = {}, outp[GP * DT] = {}, sp[GP * kChunk];
+      float mxp[GP], sump[GP];
+      std::copy(q, q + G * DT, qp);
+      for (int h = 0; h < GP; ++h) mxp[h] = -INFINITY, sump[h] = 0.0f;
+      t_begin = attention_four_parts<GP, DT>(qp, K, V, n, scale, outp, sp, mxp, sump, logits_out, probs_out,
+                                             tap_ld, key_limits, G);
+      std::copy(outp, outp + G * DT, out);
+      std::copy(mxp, mxp + G, mx);
+      std::copy(sump, sump + G, sum);
+    }
+  }
   for (int64_t t0 = t_begin; t0 < n; t0 += kChunk) {
     const int cn = int(std::min<int64_t>(kChunk, n - t0));
     if (cn < kChunk) std::fill(s, s + G * kChunk, -INFINITY);  // the last chunk's unused lanes
