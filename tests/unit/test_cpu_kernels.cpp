@@ -296,10 +296,11 @@ TEST(AttentionKvTypes, HalfPrecisionKvMatchesRef) {
 // The taps (H2O/Keyformer scores) through the fused one-pass kernel: logits and probabilities
 // of every key, each tap alone and both together, against the oracle.
 TEST(AttentionTaps, LogitsAndProbsMatchRef) {
-  for (auto [H, Hkv, D, n] : {std::tuple{8, 2, 128, 300}, std::tuple{5, 1, 64, 77}, std::tuple{3, 3, 17, 16},
-                              std::tuple{8, 4, 8, 77}, std::tuple{8, 2, 128, 1100},
-                              std::tuple{4, 2, 128, 1100}, std::tuple{3, 3, 128, 1090},
-                              std::tuple{8, 1, 128, 1070}, std::tuple{6, 2, 128, 1060}, std::tuple{5, 1, 128, 1030}}) {
+  for (auto [H, Hkv, D, n] :
+       {std::tuple{8, 2, 128, 300}, std::tuple{5, 1, 64, 77}, std::tuple{3, 3, 17, 16},
+        std::tuple{8, 4, 8, 77}, std::tuple{8, 2, 128, 1100}, std::tuple{4, 2, 128, 1100},
+        std::tuple{3, 3, 128, 1090}, std::tuple{8, 1, 128, 1070}, std::tuple{6, 2, 128, 1060},
+        std::tuple{5, 1, 128, 1030}}) {
     auto q = test::random_vec(size_t(H * D), 81);
     auto K = test::random_vec(size_t(Hkv * n * D), 82, -3, 3);
     auto V = test::random_vec(size_t(Hkv * n * D), 83);

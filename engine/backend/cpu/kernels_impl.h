@@ -785,10 +785,8 @@ constexpr bool attention_in_four_parts() {
 // arithmetic beats the chunks at G's (docs/performance.md, "Tuning choices").
 template <int G, int DT>
 constexpr int four_part_padded_heads() {
-  if constexpr (DT < 128) return 0;
-  else if constexpr (G == 3) return 4;
-  else if constexpr (G >= 5 && G <= 7) return 8;
-  else return 0;
+  if (DT < 128) return 0;
+  return G == 3 ? 4 : (G >= 5 && G <= 7) ? 8 : 0;
 }
 
 // The first 4·per keys of the attention (per = n / 4 rounded down to 16 keys) as four parts, one
@@ -803,7 +801,7 @@ int64_t attention_four_parts(const float* q, const T* K, const T* V, int64_t n, 
                              int64_t tap_ld, const int32_t* key_limits, int live = G) {
   static_assert(DT % 16 == 0, "whole 16-element blocks");
   static_assert(attention_in_four_parts<G, DT>(), "whole rows of each part per step");
-  constexpr int GQ = G < 4 ? G : 4, M = G / GQ;  // M groups of GQ heads
+  constexpr int GQ = G < 4 ? G : 4, M = G / GQ;     // M groups of GQ heads
   constexpr int D = DT, nb = DT / 16, L = 16 / GQ;  // L: lanes per head
   const int64_t per = n / 4 / 16 * 16;
   __m512 vsum[M];  // lanes of group m's head h: parts of its sum
