@@ -767,8 +767,7 @@ inline void logits_four_parts(const float* q, const T* const (&kp)[4], int D, fl
   return corr;
 }
 
-// Keys from which the attention at G ∈ {1, 2, 4}, D ≥ 128 reads its range as four parts (each at
-// least 256 keys).
+// Keys from which the attention reads its range as four parts (each at least 256 keys).
 constexpr int64_t kFourPartMinKeys = 1024;
 
 // Whether attention_group_fused starts with attention_four_parts: G ∈ {1, 2, 4, 8} query heads per
@@ -794,7 +793,7 @@ constexpr int four_part_padded_heads() {
 // so that K and V are read as four streams in address order each, as the read reference reads.
 // Same online softmax as attention_group_fused (mx, sum, out its running state, s its 64·G-float
 // block; each group's logits in four_part_index's order); returns 4·per, the first key left to the
-// caller.
+// caller. Heads from `live` on are padding: no taps, no key limits.
 template <int G, int DT, typename T>
 int64_t attention_four_parts(const float* q, const T* K, const T* V, int64_t n, float scale, float* out,
                              float* s, float* mx, float* sum, float* logits_out, float* probs_out,
