@@ -770,22 +770,16 @@ inline void logits_four_parts(const float* q, const T* const (&kp)[4], int D, fl
 // Keys from which the attention reads its range as four parts (each at least 256 keys).
 constexpr int64_t kFourPartMinKeys = 1024;
 
-// Whether attention_group_fused starts with attention_four_parts: G ∈ {1, 2, 4, 8} query heads per
-// KV head (the 16 lanes of hsum16 hold whole rows of each part for up to four heads; eight take two
-// passes over each block, the second from L1) and rows of at least 128 elements (at D = 64 the
-// kernel is bound by its arithmetic, which this order raises; docs/performance.md, "Tuning choices").
+// The heads with which attention_group_fused reads in four parts, 0 where it keeps the 64-key
+// chunks (rows under 128 elements: at D = 64 the kernel is bound by its arithmetic, which this order
+// raises). G ∈ {1, 2, 4, 8} as they are (the 16 lanes of hsum16 hold whole rows of each part for up
+// to four heads; eight take two passes over each block, the second from L1); G = 3 and 5-7 padded
+// to 4 and 8 (zero queries, results dropped), four-part reading at the padded heads' arithmetic
+// beating the chunks at G's (docs/performance.md, "Tuning choices").
 template <int G, int DT>
-constexpr bool attention_in_four_parts() {
-  return (G == 1 || G == 2 || G == 4 || G == 8) && DT >= 128;
-}
-
-// Heads to which attention_group_fused pads G query heads (zero queries, results dropped) to read
-// in four parts, 0 where it keeps the 64-key chunks: four-part reading at the padded heads'
-// arithmetic beats the chunks at G's (docs/performance.md, "Tuning choices").
-template <int G, int DT>
-constexpr int four_part_padded_heads() {
-  if (DT < 128) return 0;
-  return G == 3 ? 4 : (G >= 5 && G <= 7) ? 8 : 0;
+constexpr int four_part_heads() {
+  if (DT < 128 || G > 8) return 0;
+  return G == 3 ? 4 : G >= 5 ? 8 : G;
 }
 
 // The first 4·per keys of the attention (per = n / 4 rounded down to 16 keys) as four parts, one
@@ -799,7 +793,7 @@ int64_t attention_four_parts(const float* q, const T* K, const T* V, int64_t n, 
                              float* s, float* mx, float* sum, float* logits_out, float* probs_out,
                              int64_t tap_ld, const int32_t* key_limits, int live = G) {
   static_assert(DT % 16 == 0, "whole 16-element blocks");
-  static_assert(attention_in_four_parts<G, DT>(), "whole rows of each part per step");
+  static_assert(four_part_heads<G, DT>() == G, "whole rows of each part per step");
   constexpr int GQ = G < 4 ? G : 4, M = G / GQ;     // M groups of GQ heads
   constexpr int D = DT, nb = DT / 16, L = 16 / GQ;  // L: lanes per head
   const int64_t per = n / 4 / 16 * 16;
@@ -877,7 +871,7 @@ int64_t attention_four_parts(const float* q, const T* K, const T* V, int64_t n, 
 
 // One pass over K and V in chunks of kChunk keys with an online softmax (running max and sum per
 // head; accumulators rescaled when the max grows): K and V are each streamed once, the chunk's
-// logits stay in L1. Long ranges start with attention_four_parts where attention_in_four_parts.
+// logits stay in L1. Long ranges start with attention_four_parts where four_part_heads allows.
 template <int G, int DT, typename T>
 void attention_group_fused(const float* q, const T* K, const T* V, int64_t n, int D_, float scale, float* out,
                            float* logits_out, float* probs_out, int64_t tap_ld, float* lse_out,
@@ -902,11 +896,11 @@ void attention_group_fused(const float* q, const T* K, const T* V, int64_t n, in
     }
   };
   int64_t t_begin = 0;
-  if constexpr (attention_in_four_parts<G, DT>()) {
+  if constexpr (constexpr int GP = four_part_heads<G, DT>(); GP == G) {
     if (n >= kFourPartMinKeys)
       t_begin = attention_four_parts<G, DT>(q, K, V, n, scale, out, s, mx, sum, logits_out, probs_out, tap_ld,
                                             key_limits);
-  } else if constexpr (constexpr int GP = four_part_padded_heads<G, DT>(); GP > 0) {
+  } else if constexpr (GP > 0) {
     if (n >= kFourPartMinKeys) {
       alignas(64) float qp[GP * DT] = {}, outp[GP * DT] = {}, sp[GP * kChunk];
       float mxp[GP], sump[GP];
