@@ -6,6 +6,7 @@
 #include <sys/mman.h>
 
 #include <algorithm>
+#include <array>
 #include <chrono>
 #include <cmath>
 #include <cstdlib>
@@ -17,6 +18,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "baselines/keyformer/keyformer.h"
 #include "engine/backend/backend.h"
 #include "engine/backend/cpu/kernels.h"
 #include "engine/core/cpu_features.h"
@@ -24,7 +26,6 @@
 #include "engine/core/thread_pool.h"
 #include "engine/runtime/bandwidth.h"
 #include "engine/runtime/runtime.h"
-#include "baselines/keyformer/keyformer.h"
 #include "selectors/logit_topk.h"
 
 namespace hg {
@@ -165,28 +166,37 @@ void BM_DecodeAttention(benchmark::State& st) {
                                  out.data(), t));
   });
 }
+
+// Each shape {N, H, H_kv, kv, D} (kv: 0 f32, 1 f16, 2 bf16) with 1 and 2 threads.
+void decode_attention_shapes(benchmark::internal::Benchmark* b) {
+  const std::vector<std::array<int64_t, 5>> shapes = {
+      {4096, 32, 8, 0, 128},
+      {16384, 32, 8, 0, 128},
+      {16384, 32, 8, 1, 128},
+      {16384, 32, 8, 2, 128},
+      // One KV head (a single (row, head) task): 2 threads only help through the split over keys.
+      {65536, 4, 1, 0, 128},
+      // Multi-head attention (G = 1) with D = 64, the stories110m shape, F16 and BF16 K/V.
+      {16384, 12, 12, 1, 64},
+      {16384, 12, 12, 2, 64},
+      // G = 2 and G = 4 at D = 64 (F16): rows of 128 B read by two query heads, and the
+      // Llama-3.2-1B shape.
+      {16384, 24, 12, 1, 64},
+      {16384, 32, 8, 1, 64},
+      // D = 128 (F16) at G = 1 (OPT-6.7B), 3 (Llama-3.2-3B), 8 (Qwen2.5-3B, Llama-3-70B), 5, 6 and 7
+      // (Qwen2.5-14B, 1.5B, 7B).
+      {16384, 32, 32, 1, 128},
+      {16384, 24, 8, 1, 128},
+      {16384, 64, 8, 1, 128},
+      {16384, 40, 8, 1, 128},
+      {16384, 48, 8, 1, 128},
+      {16384, 56, 8, 1, 128}};
+  for (const auto& [N, H, Hkv, kv, D] : shapes)
+    for (int64_t threads : {1, 2}) b->Args({N, H, Hkv, threads, kv, D});
+}
 BENCHMARK(BM_DecodeAttention)
-    ->ArgNames({"N", "H", "H_kv", "threads", "kv", "D"})  // kv: 0 f32, 1 f16, 2 bf16
-    ->Args({4096, 32, 8, 1, 0, 128})->Args({4096, 32, 8, 2, 0, 128})->Args({16384, 32, 8, 1, 0, 128})
-    ->Args({16384, 32, 8, 2, 0, 128})->Args({16384, 32, 8, 1, 1, 128})->Args({16384, 32, 8, 2, 1, 128})
-    ->Args({16384, 32, 8, 1, 2, 128})->Args({16384, 32, 8, 2, 2, 128})
-    // One KV head (a single (row, head) task): 2 threads only help through the split over keys.
-    ->Args({65536, 4, 1, 1, 0, 128})->Args({65536, 4, 1, 2, 0, 128})
-    // Multi-head attention (G = 1) with D = 64, the stories110m shape, F16 and BF16 K/V.
-    ->Args({16384, 12, 12, 1, 1, 64})->Args({16384, 12, 12, 2, 1, 64})
-    ->Args({16384, 12, 12, 1, 2, 64})->Args({16384, 12, 12, 2, 2, 64})
-    // G = 2 and G = 4 at D = 64 (F16): rows of 128 B read by two query heads, and the
-    // Llama-3.2-1B shape.
-    ->Args({16384, 24, 12, 1, 1, 64})->Args({16384, 24, 12, 2, 1, 64})
-    ->Args({16384, 32, 8, 1, 1, 64})->Args({16384, 32, 8, 2, 1, 64})
-    // D = 128 (F16) at G = 1 (OPT-6.7B), 3 (Llama-3.2-3B), 8 (Qwen2.5-3B, Llama-3-70B), 5, 6 and 7
-    // (Qwen2.5-14B, 1.5B, 7B).
-    ->Args({16384, 32, 32, 1, 1, 128})->Args({16384, 32, 32, 2, 1, 128})
-    ->Args({16384, 24, 8, 1, 1, 128})->Args({16384, 24, 8, 2, 1, 128})
-    ->Args({16384, 64, 8, 1, 1, 128})->Args({16384, 64, 8, 2, 1, 128})
-    ->Args({16384, 40, 8, 1, 1, 128})->Args({16384, 40, 8, 2, 1, 128})
-    ->Args({16384, 48, 8, 1, 1, 128})->Args({16384, 48, 8, 2, 1, 128})
-    ->Args({16384, 56, 8, 1, 1, 128})->Args({16384, 56, 8, 2, 1, 128})
+    ->ArgNames({"N", "H", "H_kv", "threads", "kv", "D"})
+    ->Apply(decode_attention_shapes)
     ->UseManualTime();
 
 // The AVX-512 peers and ceilings below are compiled for AVX-512 whatever the build's flags, and run
