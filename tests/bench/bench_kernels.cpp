@@ -203,20 +203,20 @@ BENCHMARK(BM_DecodeAttention)
 // only on a CPU that has it.
 #pragma GCC push_options
 #pragma GCC target("avx512f,avx512bw,avx512dq,avx512vl,avx2,fma,f16c")
-// A peer for BM_DecodeAttention: per KV head, the same bytes in the same order (64-row chunks: K
-// four rows side by side, then V row by row), prefetched the same way (64 rows but at most 16 KiB
-// ahead, T2, one line per 64 bytes) and the same FMA count for G = 4 (4 per 16 values), but no softmax, no q
-// or p loads and no reductions. The attention's GB/s over this one's is what the kernel's own work costs on
-// top of streaming with that arithmetic.
+// A peer for BM_DecodeAttention: per KV head of D = 64 or 128, the same bytes in the chunked
+// kernel's order (64-row chunks: K four rows side by side, then V row by row), prefetched the same way (64
+// rows but at most 16 KiB ahead, T2, one line per 64 bytes) and the same FMA count for G = 4 (4 per 16
+// values), but no softmax, no q or p loads and no reductions. The attention's GB/s over this one's is what
+// the kernel's own work costs on top of streaming with that arithmetic.
 template <typename T>
 inline __m512 peer_load(const T* p) {  // 16 values as F32 (a function: lambdas miss the pragma's target)
   if constexpr (std::is_same_v<T, float>) return _mm512_loadu_ps(p);
   else return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
 }
 
-template <typename T>
+template <int D, typename T>
 float attention_stream_peer(const T* K, const T* V, int64_t n) {
-  constexpr int D = 128, kAhead = std::min(64, 16384 / (D * int(sizeof(T))));
+  constexpr int kAhead = std::min(64, 16384 / (D * int(sizeof(T))));
   constexpr int kLine = 64 / int(sizeof(T));  // values per 64-byte line
   __m512 acc[16];
   for (auto& a : acc) a = _mm512_setzero_ps();
@@ -250,6 +250,35 @@ float attention_stream_peer(const T* K, const T* V, int64_t n) {
   return sum;
 }
 
+// The same bytes and FMAs in the read reference's order instead: K and V each as four parts of the
+// range, the eight streams side by side, each prefetched as `cpu::sum` prefetches (1 KiB ahead into
+// L1 on AMD, 4 KiB into L2 on Intel). Against attention_stream_peer it says how much of the
+// attention's gap to the pass is its access order rather than its arithmetic.
+template <int D, int Locality, int kAheadBytes, typename T>
+float attention_stream_peer_eight(const T* K, const T* V, int64_t n) {
+  constexpr int kLine = 64 / int(sizeof(T)), kAhead = kAheadBytes / int(sizeof(T));
+  const int64_t per = n / 4 * D;  // values per part
+  const T* s[8];
+  for (int j = 0; j < 4; ++j) s[j] = K + j * per, s[4 + j] = V + j * per;
+  __m512 acc[16];
+  for (auto& a : acc) a = _mm512_setzero_ps();
+  const __m512 c = _mm512_set1_ps(1.0001f);
+  for (int64_t i = 0; i < per; i += kLine)
+#pragma GCC unroll 8
+    for (int j = 0; j < 8; ++j) {
+      __builtin_prefetch(s[j] + i + kAhead, 0, Locality);
+#pragma GCC unroll 4
+      for (int b = 0; b < kLine; b += 16) {
+        const __m512 x = peer_load(s[j] + i + b);
+#pragma GCC unroll 4
+        for (int k = 0; k < 4; ++k) acc[(j % 4) * 4 + k] = _mm512_fmadd_ps(x, c, acc[(j % 4) * 4 + k]);
+      }
+    }
+  float sum = 0;
+  for (auto& a : acc) sum += _mm512_reduce_add_ps(a);
+  return sum;
+}
+
 #pragma GCC pop_options
 
 bool skip_without_avx512(benchmark::State& st) {
@@ -262,7 +291,8 @@ void BM_AttentionStreamPeer(benchmark::State& st) {
   if (skip_without_avx512(st)) return;
   const int threads = int(st.range(2));
   set_num_threads(threads);
-  const int N = int(st.range(0)), Hkv = 8, D = 128;
+  const int N = int(st.range(0)), Hkv = 8, D = int(st.range(3));
+  const bool eight = st.range(4) != 0, amd = cpu_tuning() == CpuTuning::kAmd;
   const DType t = st.range(1) == 0 ? DType::kF32 : DType::kF16;
   std::vector<float> Kf(size_t(Hkv) * N * D);
   fill(Kf.data(), Kf.size(), 1);
@@ -277,23 +307,33 @@ void BM_AttentionStreamPeer(benchmark::State& st) {
   }
   std::vector<float> sink(static_cast<size_t>(Hkv));
   size_t it = 0;
-  st.SetLabel(std::string(dtype_name(t)) + " peer");
+  st.SetLabel(std::string(dtype_name(t)) + (eight ? " peer, eight streams" : " peer, the kernel's order"));
   run_paired(st, bytes, threads, [&] {
     const size_t c = it++ % size_t(copies);
     parallel_for(Hkv, [&](int64_t g) {  // KV heads across the pool, as the backend's attention
       const int64_t off = g * int64_t(N) * D;
-      sink[size_t(g)] += t == DType::kF32
-                             ? attention_stream_peer(static_cast<const float*>(Ks[c].data()) + off,
-                                                     static_cast<const float*>(Vs[c].data()) + off, N)
-                             : attention_stream_peer(static_cast<const uint16_t*>(Ks[c].data()) + off,
-                                                     static_cast<const uint16_t*>(Vs[c].data()) + off, N);
+      auto run = [&](auto d, auto* kv) {
+        using T = std::remove_pointer_t<decltype(kv)>;
+        constexpr int Dc = decltype(d)::value;
+        const T *K = static_cast<const T*>(Ks[c].data()) + off,
+                *V = static_cast<const T*>(Vs[c].data()) + off;
+        if (!eight) return attention_stream_peer<Dc>(K, V, N);
+        return amd ? attention_stream_peer_eight<Dc, 3, 1024>(K, V, N)   // T0
+                   : attention_stream_peer_eight<Dc, 1, 4096>(K, V, N);  // T2
+      };
+      using D64 = std::integral_constant<int, 64>;
+      using D128 = std::integral_constant<int, 128>;
+      const bool f32 = t == DType::kF32;
+      sink[size_t(g)] += D == 64 ? (f32 ? run(D64{}, (float*)nullptr) : run(D64{}, (uint16_t*)nullptr))
+                                 : (f32 ? run(D128{}, (float*)nullptr) : run(D128{}, (uint16_t*)nullptr));
     });
   });
   benchmark::DoNotOptimize(sink.data());
 }
 BENCHMARK(BM_AttentionStreamPeer)
-    ->ArgNames({"N", "kv", "threads"})
-    ->Args({16384, 0, 1})->Args({16384, 0, 2})->Args({16384, 1, 1})->Args({16384, 1, 2})
+    ->ArgNames({"N", "kv", "threads", "D", "order"})
+    ->ArgsProduct({{16384}, {0, 1}, {1, 2}, {128}, {0, 1}})
+    ->ArgsProduct({{16384}, {1}, {1, 2}, {64}, {0, 1}})
     ->UseManualTime();
 
 // The attention kernel's compute ceiling: one KV head (G query heads, head dim D) over keys that
