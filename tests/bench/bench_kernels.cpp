@@ -324,8 +324,10 @@ void BM_AttentionStreamPeer(benchmark::State& st) {
       using D64 = std::integral_constant<int, 64>;
       using D128 = std::integral_constant<int, 128>;
       const bool f32 = t == DType::kF32;
-      sink[size_t(g)] += D == 64 ? (f32 ? run(D64{}, (float*)nullptr) : run(D64{}, (uint16_t*)nullptr))
-                                 : (f32 ? run(D128{}, (float*)nullptr) : run(D128{}, (uint16_t*)nullptr));
+      sink[size_t(g)] += D == 64 ? (f32 ? run(D64{}, static_cast<float*>(nullptr))
+                                        : run(D64{}, static_cast<uint16_t*>(nullptr)))
+                                 : (f32 ? run(D128{}, static_cast<float*>(nullptr))
+                                        : run(D128{}, static_cast<uint16_t*>(nullptr)));
     });
   });
   benchmark::DoNotOptimize(sink.data());
