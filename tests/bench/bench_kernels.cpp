@@ -279,6 +279,15 @@ float attention_stream_peer_eight(const T* K, const T* V, int64_t n) {
   return sum;
 }
 
+// One KV head's peer in the order asked for, K and V as bytes of T.
+template <int D, typename T>
+float stream_peer_head(const char* K, const char* V, int64_t n, bool eight) {
+  const T *k = reinterpret_cast<const T*>(K), *v = reinterpret_cast<const T*>(V);
+  if (!eight) return attention_stream_peer<D>(k, v, n);
+  return cpu_tuning() == CpuTuning::kAmd ? attention_stream_peer_eight<D, 3, 1024>(k, v, n)   // T0
+                                         : attention_stream_peer_eight<D, 1, 4096>(k, v, n);  // T2
+}
+
 #pragma GCC pop_options
 
 bool skip_without_avx512(benchmark::State& st) {
@@ -292,8 +301,12 @@ void BM_AttentionStreamPeer(benchmark::State& st) {
   const int threads = int(st.range(2));
   set_num_threads(threads);
   const int N = int(st.range(0)), Hkv = 8, D = int(st.range(3));
-  const bool eight = st.range(4) != 0, amd = cpu_tuning() == CpuTuning::kAmd;
+  const bool eight = st.range(4) != 0;
   const DType t = st.range(1) == 0 ? DType::kF32 : DType::kF16;
+  const bool f32 = t == DType::kF32;
+  float (*head)(const char*, const char*, int64_t, bool) =
+      D == 64 ? (f32 ? stream_peer_head<64, float> : stream_peer_head<64, uint16_t>)
+              : (f32 ? stream_peer_head<128, float> : stream_peer_head<128, uint16_t>);
   std::vector<float> Kf(size_t(Hkv) * N * D);
   fill(Kf.data(), Kf.size(), 1);
   const double bytes = 2.0 * Hkv * N * D * double(dtype_size(t));
@@ -311,23 +324,9 @@ void BM_AttentionStreamPeer(benchmark::State& st) {
   run_paired(st, bytes, threads, [&] {
     const size_t c = it++ % size_t(copies);
     parallel_for(Hkv, [&](int64_t g) {  // KV heads across the pool, as the backend's attention
-      const int64_t off = g * int64_t(N) * D;
-      auto run = [&](auto d, auto* kv) {
-        using T = std::remove_pointer_t<decltype(kv)>;
-        constexpr int Dc = decltype(d)::value;
-        const T *K = static_cast<const T*>(Ks[c].data()) + off,
-                *V = static_cast<const T*>(Vs[c].data()) + off;
-        if (!eight) return attention_stream_peer<Dc>(K, V, N);
-        return amd ? attention_stream_peer_eight<Dc, 3, 1024>(K, V, N)   // T0
-                   : attention_stream_peer_eight<Dc, 1, 4096>(K, V, N);  // T2
-      };
-      using D64 = std::integral_constant<int, 64>;
-      using D128 = std::integral_constant<int, 128>;
-      const bool f32 = t == DType::kF32;
-      sink[size_t(g)] += D == 64 ? (f32 ? run(D64{}, static_cast<float*>(nullptr))
-                                        : run(D64{}, static_cast<uint16_t*>(nullptr)))
-                                 : (f32 ? run(D128{}, static_cast<float*>(nullptr))
-                                        : run(D128{}, static_cast<uint16_t*>(nullptr)));
+      const int64_t off = g * int64_t(N) * D * int64_t(dtype_size(t));
+      sink[size_t(g)] += head(static_cast<const char*>(Ks[c].data()) + off,
+                              static_cast<const char*>(Vs[c].data()) + off, N, eight);
     });
   });
   benchmark::DoNotOptimize(sink.data());
