@@ -367,7 +367,8 @@ BENCHMARK(BM_DecodeAttentionWarm)
     ->Args({256, 0, 4, 128})
     ->Args({256, 1, 4, 128})
     ->Args({256, 2, 4, 128})
-    ->Args({1024, 1, 4, 128})  // ≥ kFourPartMinKeys: the four parts (F16, 512 KiB of K and V)
+    // From kFourPartMinKeys keys on, the four parts (F16, 512 KiB of K and V):
+    ->Args({1024, 1, 4, 128})
     ->Args({1024, 1, 1, 64})  // the stories110m shape (MHA, D = 64, F16)
     ->Args({1024, 1, 4, 64})  // the Llama-3.2-1B shape (G = 4, D = 64, F16)
     ->Args({1024, 0, 4, 64})  // the same in F32
