@@ -57,12 +57,14 @@ constexpr int64_t kMinPassBytes = int64_t(64) << 20;
 // kernel GB/s / that pass's GB/s: the kernel and its reference see the same moment of this
 // shared machine. x_bw_peak is against BM_SetReference's best-of-5 at the start of the run
 // (the best moment of the run: the conservative ratio). x_bw_1s pairs each call with a second,
-// weaker pass as well: one plain stream per thread (cpu::sum_one_stream), a plain reduction. A kernel whose output is large gives its bytes as
-// `written`: x_traffic then counts them twice (their write-allocate read and their write-back, the
-// output being out of cache again by the next call) on top of the bytes read, for the memory
-// traffic the kernel makes; x_bw, the ratio the targets name, counts the reads only.
-template <class F>
-void run_paired(benchmark::State& st, double bytes_per_iter, int threads, F&& kernel, double written = 0) {
+// weaker pass as well: one plain stream per thread (cpu::sum_one_stream), a plain reduction. A kernel whose
+// output is large gives its bytes as `written`: x_traffic then counts them twice (their write-allocate read
+// and their write-back, the output being out of cache again by the next call) on top of the bytes read, for
+// the memory traffic the kernel makes; x_bw, the ratio the targets name, counts the reads only. `after(dt)`
+// runs untimed after each call (dt: the call's seconds), for a benchmark's own reference pass.
+template <class F, class A>
+void run_paired_then(benchmark::State& st, double bytes_per_iter, int threads, F&& kernel, A&& after,
+                     double written = 0) {
   PairedRatio pr, pr1;
   for (auto _ : st) {
     const auto t0 = std::chrono::steady_clock::now();
@@ -70,6 +72,7 @@ void run_paired(benchmark::State& st, double bytes_per_iter, int threads, F&& ke
     benchmark::ClobberMemory();
     const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     st.SetIterationTime(dt);
+    after(dt);
     const int64_t pass = std::max(int64_t(bytes_per_iter), kMinPassBytes);
     pr.add(bytes_per_iter / dt / 1e9, probe().pass_gbs(pass));
     pr1.add(bytes_per_iter / dt / 1e9, probe().pass_gbs(pass, ReadPass::kOneStream));
@@ -82,6 +85,11 @@ void run_paired(benchmark::State& st, double bytes_per_iter, int threads, F&& ke
   if (written > 0) st.counters["x_traffic"] = pr.ratio() * (bytes_per_iter + 2 * written) / bytes_per_iter;
   const double peak = g_read_gbs[std::clamp(threads, 0, 64)];
   if (peak > 0) st.counters["x_bw_peak"] = pr.gbs() / peak;
+}
+template <class F>
+void run_paired(benchmark::State& st, double bytes_per_iter, int threads, F&& kernel, double written = 0) {
+  run_paired_then(
+      st, bytes_per_iter, threads, kernel, [](double) {}, written);
 }
 
 // Enough copies of a working set of `bytes` that cycling through them streams from memory: at
@@ -570,18 +578,20 @@ void BM_GatherRows(benchmark::State& st) {
   const bool prefetch = st.range(1) != 0;
   PairedRatio rows;
   set_num_threads(1);  // one copy worker
-  run_paired(st, double(K * D * 4), 1, [&] {
-    const auto& idx = sets[it++ % sets.size()];
-    const auto t0 = std::chrono::steady_clock::now();
-    if (prefetch) {
-      cpu::gather_rows(out.data(), V, D * 4, D * 4, idx.data(), K);
-    } else {
-      for (int64_t i = 0; i < K; ++i) std::memcpy(&out[size_t(i * D)], &V[size_t(idx[size_t(i)]) * D], D * 4);
-    }
-    const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    const auto& other = sets[it % sets.size()];
-    rows.add(double(K * D * 4) / dt / 1e9, rows_read_pass_gbs(V, D, other.data(), K));
-  });
+  run_paired_then(
+      st, double(K * D * 4), 1,
+      [&] {
+        const auto& idx = sets[it++ % sets.size()];
+        if (prefetch) {
+          cpu::gather_rows(out.data(), V, D * 4, D * 4, idx.data(), K);
+        } else {
+          for (int64_t i = 0; i < K; ++i)
+            std::memcpy(&out[size_t(i * D)], &V[size_t(idx[size_t(i)]) * D], D * 4);
+        }
+      },
+      [&](double dt) {
+        rows.add(double(K * D * 4) / dt / 1e9, rows_read_pass_gbs(V, D, sets[it % sets.size()].data(), K));
+      });
   st.counters["rows_ref_GB/s"] = rows.ref_gbs();
   st.counters["x_rows"] = rows.ratio();
 }
@@ -671,11 +681,31 @@ void BM_HybridGenCpuStage(benchmark::State& st) {
     std::sort(s.begin(), s.end());
   }
   std::vector<uint16_t> out(size_t(Hkv) * K * D);
-  run_paired(st, double(Hkv) * K * D * 2, threads, [&] {
-    const char* V = static_cast<const char*>(rows[it++ % rows.size()].data());
-    for (int g = 0; g < Hkv; ++g)
-      be->gather_rows(out.data() + int64_t(g) * K * D, V + int64_t(g) * N * D * 2, D * 2, D * 2, sel[size_t(g)].data(), K);
-  });
+  // x_rows: against a one-thread read of the same rows of the next copy (cpu::sum_rows, the gather's
+  // prefetch), right after each gather: the random-row read rate that bounds the copy.
+  PairedRatio rows_ratio;
+  const double bytes = double(Hkv) * K * D * 2;
+  run_paired_then(
+      st, bytes, threads,
+      [&] {
+        const char* V = static_cast<const char*>(rows[it++ % rows.size()].data());
+        for (int g = 0; g < Hkv; ++g)
+          be->gather_rows(out.data() + int64_t(g) * K * D, V + int64_t(g) * N * D * 2, D * 2, D * 2,
+                          sel[size_t(g)].data(), K);
+      },
+      [&](double dt) {
+        const char* W = static_cast<const char*>(rows[it % rows.size()].data());
+        const auto t0 = std::chrono::steady_clock::now();
+        float sink = 0;
+        for (int g = 0; g < Hkv; ++g)
+          sink += cpu::sum_rows(reinterpret_cast<const float*>(W + int64_t(g) * N * D * 2), D / 2, D / 2,
+                                sel[size_t(g)].data(), K);
+        benchmark::DoNotOptimize(sink);
+        const double dr = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+        rows_ratio.add(bytes / dt / 1e9, bytes / dr / 1e9);
+      });
+  st.counters["rows_ref_GB/s"] = rows_ratio.ref_gbs();
+  st.counters["x_rows"] = rows_ratio.ratio();
 }
 BENCHMARK(BM_HybridGenCpuStage)->ArgNames({"stage", "threads"})->ArgsProduct({{0, 1, 2, 3}, {1, 2}})->UseManualTime();
 
