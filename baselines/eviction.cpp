@@ -58,9 +58,11 @@ void EvictingStrategy::begin(const KvShape& shape, std::span<const int32_t> capa
   for (auto& s : staged_) s.clear();
   version_.assign(size_t(shape.n_layers) * prompt_.size(), 0);
   exposed_ = exposed_last_ = 0;
+  // A dry run ranks nothing (no taps; evict_to drops the last slots): its score vectors stay empty.
   scores_.assign(size_t(shape.n_layers) * prompt_.size() * size_t(shape.H_kv), {});
-  for (size_t i = 0; i < scores_.size(); ++i)
-    scores_[i].assign(size_t(slots[(i / size_t(shape.H_kv)) % prompt_.size()]), 0.0);
+  if (!rt_.dry())
+    for (size_t i = 0; i < scores_.size(); ++i)
+      scores_[i].assign(size_t(slots[(i / size_t(shape.H_kv)) % prompt_.size()]), 0.0);
   evicted_ = 0;
 }
 
@@ -86,8 +88,7 @@ void EvictingStrategy::evict_to(int layer, int seq, int32_t keep) {
     for (size_t i = 0; i < victims_.size(); ++i) {
       const int32_t s = victims_[i];
       const int32_t moved = store_.remove(layer, seq, g, s);
-      sc[size_t(s)] = sc[size_t(moved)];
-      sc[size_t(moved)] = 0.0;
+      if (!sc.empty()) sc[size_t(s)] = sc[size_t(moved)], sc[size_t(moved)] = 0.0;
       pending_[size_t(s)] = pending_[size_t(moved)];
       if (pending_[size_t(s)] >= 0 && moved != s) victims_[size_t(pending_[size_t(s)])] = s;
       pending_[size_t(moved)] = -1;
@@ -124,7 +125,7 @@ void EvictingStrategy::append(int layer, std::span<const TokenRow> rows, const f
       for (int g = 0; g < Hkv; ++g) {
         const int64_t at = (int64_t(i) * Hkv + g) * D;
         const int32_t s = store_.insert(layer, rows[i].seq, g, rows[i].pos, kr + at, vr + at);
-        scores(layer, rows[i].seq, g)[size_t(s)] = 0.0;
+        if (auto& sc = scores(layer, rows[i].seq, g); !sc.empty()) sc[size_t(s)] = 0.0;
       }
   };
   if (!home_dram_) return insert(ks, v);
@@ -415,6 +416,7 @@ void EvictingStrategy::fork(int32_t src, int32_t, std::span<const int32_t> dst) 
       for (int g = 0; g < shape_.H_kv; ++g) {
         const auto& from = scores(l, src, g);
         auto& to = scores(l, d, g);
+        if (to.empty()) continue;  // dry run
         const size_t live = size_t(store_.count(l, src, g));
         std::copy(from.begin(), from.begin() + int64_t(live), to.begin());
         std::fill(to.begin() + int64_t(live), to.end(), 0.0);

@@ -118,8 +118,13 @@ char* PagedKvStore::value(int layer, int seq, int g, int32_t pos) {
 void PagedKvStore::write(int layer, std::span<const TokenRow> rows, const float* k, const float* v) {
   const int Hkv = shape_.H_kv, D = shape_.D;
   const int32_t zero = 0;
+  const bool phantom = mem_->phantom();
   for (size_t i = 0; i < rows.size(); ++i) {
     const TokenRow r = rows[i];
+    if (phantom) {  // a dry run's values mean nothing: the value page is allocated, nothing converted
+      value(layer, r.seq, 0, r.pos);
+      continue;
+    }
     const int64_t at = int64_t(i) * Hkv * D;
     write_kv_host(k + at, 1, Hkv, D, &zero, key(layer, r.seq, 0, r.pos),
                   key_head_stride(key_tier(layer, r.seq, r.pos), layer, r.seq), dt_);
@@ -129,6 +134,10 @@ void PagedKvStore::write(int layer, std::span<const TokenRow> rows, const float*
 
 void PagedKvStore::copy_tokens(int layer, int src, int dst, int32_t n) {
   const size_t row = size_t(shape_.D * es_);
+  if (mem_->phantom()) {  // dry run: the destination's value pages are allocated, nothing copied
+    for (int32_t p = 0; p < n; p += page_) value(layer, dst, 0, p);
+    return;
+  }
   for (int32_t p = 0; p < n; ++p)
     for (int g = 0; g < shape_.H_kv; ++g) {
       std::memcpy(key(layer, dst, g, p), key(layer, src, g, p), row);

@@ -1,5 +1,7 @@
 // engine/kv as a layer a new strategy builds on: a page-selecting strategy in the manner of Quest
 // (Tang et al., ICML 2024), written against engine/kv and the Backend alone.
+#include <sys/mman.h>
+
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -122,6 +124,29 @@ TEST(KvLayer, APageSelectingStrategyOnEngineKvMatchesFullWithEveryPageAndSelects
   EXPECT_GT(diff, 1e-3) << "two pages of eight attend as every page would";
   // The prompt's forward attends every key, as full does.
   test::expect_steps_close({got[0]}, {want[0]}, 1e-5, "prompt rows");
+}
+
+// In a dry run (phantom memory) the store allocates the value pages that writes and copies reach,
+// as the ledger must count them, but reads no row: here the rows' source is an unreadable page.
+TEST(KvLayer, APhantomStoreAllocatesValuePagesAndReadsNoRow) {
+  TierConfig tc;
+  tc.phantom = true;
+  MemorySystem mem(tc);
+  auto placement = make_placement("dram-only");
+  PagedKvStore store;
+  const KvShape shape{1, 4, 2, 8, nullptr};
+  const std::vector<int32_t> cap = {32, 32};
+  store.reset(shape, cap, 8, *placement, int64_t(1) << 40, mem, DType::kF16);
+  const int64_t page_bytes = int64_t(shape.H_kv) * 8 * shape.D * 2;
+  const int64_t keys = mem.ledger().usage(Tier::kDram).in_use;
+  void* none = mmap(nullptr, 4096, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  ASSERT_NE(none, MAP_FAILED);
+  const std::vector<TokenRow> rows = {{0, 0}, {0, 9}, {0, 10}};  // pages 0 and 1 of sequence 0
+  store.write(0, rows, static_cast<const float*>(none), static_cast<const float*>(none));
+  EXPECT_EQ(mem.ledger().usage(Tier::kDram).in_use - keys, 2 * page_bytes);
+  store.copy_tokens(0, 0, 1, 11);  // sequence 1 gets its own two pages
+  EXPECT_EQ(mem.ledger().usage(Tier::kDram).in_use - keys, 4 * page_bytes);
+  munmap(none, 4096);
 }
 
 // A fork holds the source's keys, values and page bounds: both sequences then attend alike.
