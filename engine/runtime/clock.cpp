@@ -2,11 +2,12 @@
 #include "engine/runtime/clock.h"
 
 #include <algorithm>
+#include <array>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
-#include <sstream>
 #include <map>
+#include <sstream>
 
 #include "engine/core/atomic_file.h"
 #include "engine/core/error.h"
@@ -193,13 +194,25 @@ StepTiming summarize(const std::vector<StageRecord>& recs) {
   StepTiming t;
   if (recs.empty()) return t;
   double lo = INFINITY, hi = -INFINITY;
+  // Durations summed in ascending order, so that the sums do not depend on the records' order (the
+  // threads' interleaving) down to the last digit.
+  std::array<std::vector<double>, 3> by_kind;
   for (auto& r : recs) {
     lo = std::min(lo, r.start_s);
     hi = std::max(hi, r.end_s);
-    const double d = r.end_s - r.start_s;
-    t.sum_stages_s += d;
-    (r.kind == StageKind::kAccelCompute ? t.accel_s : r.kind == StageKind::kCpuCompute ? t.cpu_s : t.transfer_s) += d;
+    const size_t k = r.kind == StageKind::kAccelCompute ? 0 : r.kind == StageKind::kCpuCompute ? 1 : 2;
+    by_kind[k].push_back(r.end_s - r.start_s);
   }
+  std::vector<double> all;
+  for (auto& v : by_kind) all.insert(all.end(), v.begin(), v.end());
+  const auto sum_sorted = [](std::vector<double>& v) {
+    std::sort(v.begin(), v.end());
+    double s = 0;
+    for (double d : v) s += d;
+    return s;
+  };
+  t.accel_s = sum_sorted(by_kind[0]), t.cpu_s = sum_sorted(by_kind[1]), t.transfer_s = sum_sorted(by_kind[2]);
+  t.sum_stages_s = sum_sorted(all);
   t.critical_path_s = hi - lo;
   t.overlap_cpu_accel_s = overlap_seconds(recs, StageKind::kCpuCompute, StageKind::kAccelCompute);
   return t;

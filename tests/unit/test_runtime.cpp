@@ -223,6 +223,22 @@ void busy_matmul(Backend& be, int reps) {
   for (int i = 0; i < reps; ++i) be.matmul(x.data(), M, w, nullptr, y.data());
 }
 
+// A step's stage sums (measured and modeled share them) do not depend on the order of its records
+// (the threads' interleaving): in record order, 1 + 1e-16 + 1e-16 and 1e-16 + 1e-16 + 1 differ in the last
+// digit.
+TEST(ModeledClock, StepSumsDoNotDependOnTheRecordsOrder) {
+  std::vector<StageRecord> recs(3);
+  const double len[3] = {1.0, 1e-16, 1e-16};
+  for (int i = 0; i < 3; ++i)
+    recs[size_t(i)].id = i, recs[size_t(i)].kind = StageKind::kCpuCompute, recs[size_t(i)].end_s = len[i];
+  const StepTiming a = measured_timing(recs);
+  std::reverse(recs.begin(), recs.end());
+  const StepTiming b = measured_timing(recs);
+  EXPECT_EQ(a.sum_stages_s, b.sum_stages_s);
+  EXPECT_EQ(a.cpu_s, b.cpu_s);
+  EXPECT_GT(a.cpu_s, 1.0);  // the small ones added first
+}
+
 TEST(RuntimeTiming, CpuPoolWorkOverlapsEmulatedAcceleratorWork) {
   RuntimeConfig rc;
   rc.device = "emulated";
