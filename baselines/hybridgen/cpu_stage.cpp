@@ -2,6 +2,8 @@
 // V rows to the accelerator (cpu_stage.h).
 #include "baselines/hybridgen/cpu_stage.h"
 
+#include <numeric>
+
 #include "baselines/speculation.h"
 #include "selectors/logit_topk.h"
 #include "selectors/sinks_recent.h"
@@ -147,9 +149,15 @@ void CpuStage::select(int layer, const TokenRow& r, const float* q, int32_t K, b
       // (bit for bit), so the selection is the one over all [G, n_off] logits, and only one
       // float per position is written instead of G (BM_GroupLogitsStage, max:1).
       // Each tier's keys in one pass: scores [dram rows | far rows].
-      if (n_dram > 0) cb.group_logit_max(qg, G, Kd, n_dram, D, scale, score.data(), dt);
-      if (n_off > n_dram) cb.group_logit_max(qg, G, Kf, n_off - n_dram, D, scale, score.data() + n_dram, dt);
-      logit_top_k(cb, score.data(), 1, n_off, n_off, K, sel);
+      if (rt_.dry()) {  // no scores (null backend): the K lowest positions, as ties go to the lower
+        sel.resize(size_t(K));
+        std::iota(sel.begin(), sel.end(), 0);
+      } else {
+        if (n_dram > 0) cb.group_logit_max(qg, G, Kd, n_dram, D, scale, score.data(), dt);
+        if (n_off > n_dram)
+          cb.group_logit_max(qg, G, Kf, n_off - n_dram, D, scale, score.data() + n_dram, dt);
+        logit_top_k(cb, score.data(), 1, n_off, n_off, K, sel);
+      }
       // The selected keys gathered tier by tier, then their logits; the selection back to positions.
       const auto on_dram = std::lower_bound(sel.begin(), sel.end(), n_dram);  // sel is in increasing order
       const int32_t sd = int32_t(on_dram - sel.begin());
