@@ -149,11 +149,25 @@ void PagedKvStore::gather_keys(Backend& be, int layer, int seq, int g, const int
                                char* dst) {
   const int64_t row = shape_.D * es_;
   thread_local std::vector<int32_t> rows;  // one run's tier rows; kept: gathers run per head and step
+  // Each page's tier and first tier row, looked up once per page the positions enter.
+  int32_t page_begin = 0, page_end = 0, base = 0;
+  Tier pt = Tier::kDram;
+  const auto enter = [&](int32_t p) {
+    if (p >= page_begin && p < page_end) return;
+    page_begin = p / page_ * page_, page_end = page_begin + page_;
+    pt = key_tier(layer, seq, page_begin);
+    base = row_of(pt, layer, seq, page_begin);
+  };
   for (int32_t i = 0; i < n;) {
-    const Tier t = key_tier(layer, seq, pos[i]);
+    enter(pos[i]);
+    const Tier t = pt;
     int32_t j = i;
     rows.clear();
-    for (; j < n && key_tier(layer, seq, pos[j]) == t; ++j) rows.push_back(row_of(t, layer, seq, pos[j]));
+    for (; j < n; ++j) {
+      enter(pos[j]);
+      if (pt != t) break;
+      rows.push_back(base + (pos[j] - page_begin));
+    }
     be.gather_rows(dst + int64_t(i) * row, keys(t, layer, seq, g), row, row, rows.data(), j - i);
     i = j;
   }
@@ -165,10 +179,10 @@ void PagedKvStore::gather_values(Backend& be, int layer, int seq, int g, const i
   thread_local std::vector<int32_t> in_page;  // one run's rows within its page; kept, as gather_keys'
 
   for (int32_t i = 0; i < n;) {
-    const int32_t page = pos[i] / page_;
+    const int32_t page = pos[i] / page_, first = page * page_;
     int32_t j = i;
     in_page.clear();
-    for (; j < n && pos[j] / page_ == page; ++j) in_page.push_back(pos[j] % page_);
+    for (; j < n && pos[j] >= first && pos[j] < first + page_; ++j) in_page.push_back(pos[j] - first);
     be.gather_rows(dst + int64_t(i) * row, value(layer, seq, g, page * page_), row, row, in_page.data(),
                    j - i);
     i = j;

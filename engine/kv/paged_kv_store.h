@@ -82,8 +82,12 @@ class PagedKvStore {
   // within one page (what a transfer's per-row cost counts).
   int64_t value_runs(std::span<const int32_t> pos) const {
     int64_t n = 0;
+    int32_t page_end = 0;  // the current run's page ends there: one division per run, not per row
     for (size_t i = 0; i < pos.size(); ++i)
-      n += i == 0 || pos[i] != pos[i - 1] + 1 || pos[i] / page_ != pos[i - 1] / page_;
+      if (i == 0 || pos[i] != pos[i - 1] + 1 || pos[i] >= page_end) {
+        ++n;
+        page_end = (pos[i] / page_ + 1) * page_;
+      }
     return n;
   }
   // The positions [0, n) tier t holds, uploaded into dst [H_kv][..][D] at row = position

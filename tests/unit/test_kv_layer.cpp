@@ -6,6 +6,7 @@
 #include <cmath>
 #include <cstring>
 #include <numeric>
+#include <set>
 
 #include "baselines/full/full.h"
 #include "engine/backend/backend.h"
@@ -147,6 +148,45 @@ TEST(KvLayer, APhantomStoreAllocatesValuePagesAndReadsNoRow) {
   store.copy_tokens(0, 0, 1, 11);  // sequence 1 gets its own two pages
   EXPECT_EQ(mem.ledger().usage(Tier::kDram).in_use - keys, 4 * page_bytes);
   munmap(none, 4096);
+}
+
+// Gathers across pages that alternate between dram and far return, position by position, the rows
+// key() and value() address, and value_runs counts the runs of consecutive positions within a page.
+TEST(KvLayer, PagedGathersAcrossInterleavedTiersMatchTheRowLookups) {
+  MemorySystem mem{TierConfig{}};
+  auto placement = make_placement("interleave", 0.5);
+  PagedKvStore store;
+  const KvShape shape{1, 4, 2, 4, nullptr};
+  const int32_t n = 40, page = 4;
+  const std::vector<int32_t> cap = {n};
+  store.reset(shape, cap, page, *placement, int64_t(1) << 40, mem, DType::kF32);
+  std::vector<TokenRow> rows;
+  std::vector<float> k, v;
+  for (int32_t p = 0; p < n; ++p) {
+    rows.push_back({0, p});
+    for (int i = 0; i < shape.H_kv * shape.D; ++i)
+      k.push_back(float(1000 * p + i)), v.push_back(-float(1000 * p + i));
+  }
+  store.write(0, rows, k.data(), v.data());
+  std::set<Tier> tiers;
+  for (int32_t p = 0; p < n; p += page) tiers.insert(store.key_tier(0, 0, p));
+  ASSERT_EQ(tiers.size(), 2u) << "the placement puts pages on both tiers";
+  auto be = make_cpu_backend();
+  const std::vector<int32_t> sel = {0, 1, 2, 3, 4, 6, 7, 9, 13, 14, 15, 16, 17, 30, 31, 32, 39};
+  const int32_t m = int32_t(sel.size()), row = shape.D * 4;
+  for (int g = 0; g < shape.H_kv; ++g) {
+    std::vector<char> gk(size_t(m * row)), gv(gk.size());
+    store.gather_keys(*be, 0, 0, g, sel.data(), m, gk.data());
+    store.gather_values(*be, 0, 0, g, sel.data(), m, gv.data());
+    for (int32_t i = 0; i < m; ++i) {
+      EXPECT_EQ(std::memcmp(gk.data() + i * row, store.key(0, 0, g, sel[size_t(i)]), size_t(row)), 0) << i;
+      EXPECT_EQ(std::memcmp(gv.data() + i * row, store.value(0, 0, g, sel[size_t(i)]), size_t(row)), 0) << i;
+      EXPECT_EQ(reinterpret_cast<const float*>(gk.data() + i * row)[0],
+                float(1000 * sel[size_t(i)] + g * shape.D));
+    }
+  }
+  // Runs: {0-3} {4} {6-7} {9} {13-15} {16-17} {30-31} {32} {39}.
+  EXPECT_EQ(store.value_runs(sel), 9);
 }
 
 // A fork holds the source's keys, values and page bounds: both sequences then attend alike.
