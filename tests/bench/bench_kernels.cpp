@@ -287,11 +287,45 @@ float attention_stream_peer_eight(const T* K, const T* V, int64_t n) {
   return sum;
 }
 
+// The four parts in phases, as the fused four-part kernels read them: a block of kBlock rows of each K
+// part, then the same block of each V part, each stream prefetched kAheadBytes ahead. Against the eight
+// streams side by side it says what the K-then-V phases cost by themselves.
+template <int D, int Locality, int kAheadBytes, int kBlock, typename T>
+float attention_stream_peer_phased(const T* K, const T* V, int64_t n) {
+  constexpr int kLine = 64 / int(sizeof(T)), kAhead = kAheadBytes / int(sizeof(T)), kBlockVals = kBlock * D;
+  const int64_t per = n / 4 * D;
+  const T* s[8];
+  for (int j = 0; j < 4; ++j) s[j] = K + j * per, s[4 + j] = V + j * per;
+  __m512 acc[16];
+  for (auto& a : acc) a = _mm512_setzero_ps();
+  const __m512 c = _mm512_set1_ps(1.0001f);
+  for (int64_t i0 = 0; i0 < per; i0 += kBlockVals)
+    for (int phase = 0; phase < 2; ++phase)
+      for (int64_t i = i0; i < i0 + kBlockVals; i += kLine)
+#pragma GCC unroll 4
+        for (int jj = 0; jj < 4; ++jj) {
+          const int j = 4 * phase + jj;
+          __builtin_prefetch(s[j] + i + kAhead, 0, Locality);
+#pragma GCC unroll 4
+          for (int b = 0; b < kLine; b += 16) {
+            const __m512 x = peer_load(s[j] + i + b);
+#pragma GCC unroll 4
+            for (int k = 0; k < 4; ++k) acc[jj * 4 + k] = _mm512_fmadd_ps(x, c, acc[jj * 4 + k]);
+          }
+        }
+  float sum = 0;
+  for (auto& a : acc) sum += _mm512_reduce_add_ps(a);
+  return sum;
+}
+
 // One KV head's peer in the order asked for, K and V as bytes of T.
 template <int D, typename T>
-float stream_peer_head(const char* K, const char* V, int64_t n, bool eight) {
+float stream_peer_head(const char* K, const char* V, int64_t n, int order) {
   const T *k = reinterpret_cast<const T*>(K), *v = reinterpret_cast<const T*>(V);
-  if (!eight) return attention_stream_peer<D>(k, v, n);
+  if (order == 0) return attention_stream_peer<D>(k, v, n);
+  if (order == 2)
+    return cpu_tuning() == CpuTuning::kAmd ? attention_stream_peer_phased<D, 3, 2048, 16>(k, v, n)   // T0
+                                           : attention_stream_peer_phased<D, 1, 4096, 16>(k, v, n);  // T2
   return cpu_tuning() == CpuTuning::kAmd ? attention_stream_peer_eight<D, 3, 1024>(k, v, n)   // T0
                                          : attention_stream_peer_eight<D, 1, 4096>(k, v, n);  // T2
 }
@@ -309,10 +343,10 @@ void BM_AttentionStreamPeer(benchmark::State& st) {
   const int threads = int(st.range(2));
   set_num_threads(threads);
   const int N = int(st.range(0)), Hkv = 8, D = int(st.range(3));
-  const bool eight = st.range(4) != 0;
+  const int order = int(st.range(4));  // 0 the chunks' order, 1 eight streams, 2 four parts in phases
   const DType t = st.range(1) == 0 ? DType::kF32 : DType::kF16;
   const bool f32 = t == DType::kF32;
-  float (*head)(const char*, const char*, int64_t, bool) =
+  float (*head)(const char*, const char*, int64_t, int) =
       D == 64 ? (f32 ? stream_peer_head<64, float> : stream_peer_head<64, uint16_t>)
               : (f32 ? stream_peer_head<128, float> : stream_peer_head<128, uint16_t>);
   std::vector<float> Kf(size_t(Hkv) * N * D);
@@ -328,13 +362,15 @@ void BM_AttentionStreamPeer(benchmark::State& st) {
   }
   std::vector<float> sink(static_cast<size_t>(Hkv));
   size_t it = 0;
-  st.SetLabel(std::string(dtype_name(t)) + (eight ? " peer, eight streams" : " peer, the kernel's order"));
+  st.SetLabel(std::string(dtype_name(t)) + (order == 0   ? " peer, the kernel's order"
+                                            : order == 1 ? " peer, eight streams"
+                                                         : " peer, four parts in 16-row phases"));
   run_paired(st, bytes, threads, [&] {
     const size_t c = it++ % size_t(copies);
     parallel_for(Hkv, [&](int64_t g) {  // KV heads across the pool, as the backend's attention
       const int64_t off = g * int64_t(N) * D * int64_t(dtype_size(t));
       sink[size_t(g)] += head(static_cast<const char*>(Ks[c].data()) + off,
-                              static_cast<const char*>(Vs[c].data()) + off, N, eight);
+                              static_cast<const char*>(Vs[c].data()) + off, N, order);
     });
   });
   benchmark::DoNotOptimize(sink.data());
@@ -342,8 +378,198 @@ void BM_AttentionStreamPeer(benchmark::State& st) {
 BENCHMARK(BM_AttentionStreamPeer)
     ->ArgNames({"N", "kv", "threads", "D", "order"})
     ->ArgsProduct({{16384}, {0, 1}, {1, 2}, {128}, {0, 1}})
-    ->ArgsProduct({{16384}, {1}, {1, 2}, {64}, {0, 1}})
+    ->ArgsProduct({{16384}, {1}, {1, 2}, {64}, {0, 1, 2}})
     ->UseManualTime();
+
+// A peer for a KV layout the engine does not have: K stored in tiles of 16 keys, dimension-major
+// ([D][16] per tile), V as rows. Each logit step then takes 16 keys of each of four parts of the range
+// with one FMA per dimension per head and part (the query element broadcast), so the 16 logits of a
+// (head, part) pair come out in one vector: no horizontal sums, the online softmax in registers. G = 4,
+// F16, real attention (checked against the backend's at set-up). Against BM_DecodeAttention it says what
+// the tiled layout would buy the fused attention.
+#pragma GCC push_options
+#pragma GCC target("avx512f,avx512bw,avx512dq,avx512vl,avx2,fma,f16c")
+inline __m512 tiled_exp(__m512 x) {  // exp(x), x ≤ 0: 2^n · a degree-6 polynomial of the remainder
+  x = _mm512_max_ps(x, _mm512_set1_ps(-87.0f));
+  const __m512 n =
+      _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.442695041f)), _MM_FROUND_TO_NEAREST_INT);
+  const __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.6931471806f), x);
+  __m512 p = _mm512_set1_ps(1.0f / 720);
+  for (const float c : {1.0f / 120, 1.0f / 24, 1.0f / 6, 0.5f, 1.0f, 1.0f})
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(c));
+  return _mm512_scalef_ps(p, n);
+}
+
+inline __m512 tiled_load(const uint16_t* p) {
+  return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+}
+
+// out [4, D] = softmax(q Kᵀ) V for one KV head of n keys (n a multiple of 64), q [4, D] already scaled.
+template <int D>
+void tiled_attention_head(const float* q, const uint16_t* Kt, const uint16_t* V, int64_t n, float* out) {
+  constexpr int G = 4, kAhead = 2048;  // bytes ahead, into L1, per part (as the four-part kernels on AMD)
+  const int64_t per = n / 4;
+  float mx[G];
+  __m512 vsum[G];
+  for (int h = 0; h < G; ++h) mx[h] = -INFINITY, vsum[h] = _mm512_setzero_ps();
+  std::fill(out, out + G * D, 0.0f);
+  alignas(64) float s[G][64];
+  for (int64_t b = 0; b < per; b += 16) {
+    const uint16_t *kt[4], *vp[4];
+    for (int j = 0; j < 4; ++j) kt[j] = Kt + (j * per + b) * D, vp[j] = V + (j * per + b) * D;
+    __m512 acc[G][4];
+    for (auto& a : acc)
+      for (auto& x : a) x = _mm512_setzero_ps();
+#pragma GCC unroll 2
+    for (int d = 0; d < D; ++d) {
+      if (d % 2 == 0)
+        for (int j = 0; j < 4; ++j)
+          _mm_prefetch(reinterpret_cast<const char*>(kt[j] + d * 16) + kAhead, _MM_HINT_T0);
+      __m512 k[4];
+      for (int j = 0; j < 4; ++j) k[j] = tiled_load(kt[j] + d * 16);
+      for (int h = 0; h < G; ++h) {
+        const __m512 qb = _mm512_set1_ps(q[h * D + d]);
+        for (int j = 0; j < 4; ++j) acc[h][j] = _mm512_fmadd_ps(qb, k[j], acc[h][j]);
+      }
+    }
+    for (int h = 0; h < G; ++h) {
+      const float m = _mm512_reduce_max_ps(
+          _mm512_max_ps(_mm512_max_ps(acc[h][0], acc[h][1]), _mm512_max_ps(acc[h][2], acc[h][3])));
+      if (m > mx[h]) {
+        const float corr = mx[h] == -INFINITY ? 0.0f : std::exp(mx[h] - m);
+        if (b > 0)
+          for (int d = 0; d < D; ++d) out[h * D + d] *= corr;
+        vsum[h] = _mm512_mul_ps(vsum[h], _mm512_set1_ps(corr));
+        mx[h] = m;
+      }
+      const __m512 sh = _mm512_set1_ps(mx[h]);
+      for (int j = 0; j < 4; ++j) {
+        const __m512 e = tiled_exp(_mm512_sub_ps(acc[h][j], sh));
+        vsum[h] = _mm512_add_ps(vsum[h], e);
+        _mm512_store_ps(&s[h][16 * j], e);
+      }
+    }
+    for (int b0 = 0; b0 < D / 16; b0 += 4) {
+      __m512 a[G][4];
+      for (int h = 0; h < G; ++h)
+        for (int bb = 0; bb < 4; ++bb) a[h][bb] = _mm512_loadu_ps(out + h * D + (b0 + bb) * 16);
+      for (int r = 0; r < 16; ++r)
+        for (int j = 0; j < 4; ++j) {
+          const uint16_t* row = vp[j] + r * D + b0 * 16;
+          _mm_prefetch(reinterpret_cast<const char*>(row) + kAhead, _MM_HINT_T0);  // the pass's 128 bytes
+          _mm_prefetch(reinterpret_cast<const char*>(row) + kAhead + 64, _MM_HINT_T0);
+          __m512 vv[4];
+          for (int bb = 0; bb < 4; ++bb) vv[bb] = tiled_load(row + bb * 16);
+          for (int h = 0; h < G; ++h) {
+            const __m512 ph = _mm512_set1_ps(s[h][16 * j + r]);
+            for (int bb = 0; bb < 4; ++bb) a[h][bb] = _mm512_fmadd_ps(ph, vv[bb], a[h][bb]);
+          }
+        }
+      for (int h = 0; h < G; ++h)
+        for (int bb = 0; bb < 4; ++bb) _mm512_storeu_ps(out + h * D + (b0 + bb) * 16, a[h][bb]);
+    }
+  }
+  for (int h = 0; h < G; ++h) {
+    const float inv = 1.0f / _mm512_reduce_add_ps(vsum[h]);
+    for (int d = 0; d < D; ++d) out[h * D + d] *= inv;
+  }
+}
+#pragma GCC pop_options
+
+// K rows [n, D] as 16-key tiles [n / 16][D][16].
+std::vector<uint16_t> to_key_tiles(const uint16_t* K, int64_t n, int D) {
+  std::vector<uint16_t> t(size_t(n) * size_t(D));
+  for (int64_t i = 0; i < n; ++i)
+    for (int d = 0; d < D; ++d) t[size_t((i / 16) * D * 16 + d * 16 + i % 16)] = K[i * D + d];
+  return t;
+}
+
+// Fills K, V (F16, rows and tiles) and q for Hkv heads of N keys; false (and the benchmark skipped) when
+// the tiled attention of head 0 differs from the backend's by more than 1e-5.
+struct TiledSet {
+  std::vector<AlignedBuffer> Kt, V;
+  std::vector<float> q;  // [4 · Hkv, D], scaled by 1/√D
+};
+bool tiled_set(benchmark::State& st, int Hkv, int N, int D, int copies, TiledSet& ts) {
+  std::vector<float> Kf(size_t(Hkv) * N * D), Vf(Kf.size());
+  fill(Kf.data(), Kf.size(), 1);
+  fill(Vf.data(), Vf.size(), 2);
+  ts.q.resize(size_t(4 * Hkv) * D);
+  fill(ts.q.data(), ts.q.size(), 3);
+  std::vector<uint16_t> K16(Kf.size()), V16(Kf.size());
+  from_f32(DType::kF16, Kf.data(), K16.data(), Kf.size());
+  from_f32(DType::kF16, Vf.data(), V16.data(), Vf.size());
+  std::vector<uint16_t> tiles(K16.size());
+  for (int g = 0; g < Hkv; ++g) {
+    const auto t = to_key_tiles(K16.data() + size_t(g) * N * D, N, D);
+    std::copy(t.begin(), t.end(), tiles.begin() + ptrdiff_t(g) * N * D);
+  }
+  for (int c = 0; c < copies; ++c) {
+    ts.Kt.emplace_back(tiles.size() * 2);
+    ts.V.emplace_back(V16.size() * 2);
+    std::memcpy(ts.Kt.back().data(), tiles.data(), tiles.size() * 2);
+    std::memcpy(ts.V.back().data(), V16.data(), V16.size() * 2);
+  }
+  const float scale = 1.0f / std::sqrt(float(D));
+  std::vector<float> want(size_t(4) * D), got(want.size()), qs(want.size());
+  const AttnRow row{K16.data(), V16.data(), int64_t(N) * D, N};
+  make_cpu_backend()->attention(
+      attention_args(4, 1, D, scale, ts.q.data(), {&row, 1}, want.data(), DType::kF16));
+  for (auto& x : ts.q) x *= scale;
+  (D == 64 ? tiled_attention_head<64>
+           : tiled_attention_head<128>)(ts.q.data(), static_cast<const uint16_t*>(ts.Kt[0].data()),
+                                        V16.data(), N, got.data());
+  for (size_t i = 0; i < want.size(); ++i)
+    if (!(std::fabs(got[i] - want[i]) <= 1e-5f)) {  // 6e-8 measured: the order of the sums
+      st.SkipWithError("the tiled attention differs from the backend's");
+      return false;
+    }
+  return true;
+}
+
+void BM_AttentionTiledPeer(benchmark::State& st) {
+  if (skip_without_avx512(st)) return;
+  const int N = int(st.range(0)), threads = int(st.range(1)), D = int(st.range(2)), Hkv = 8;
+  set_num_threads(threads);
+  const double bytes = 2.0 * Hkv * N * D * 2;
+  TiledSet ts;
+  if (!tiled_set(st, Hkv, N, D, cold_copies(bytes), ts)) return;
+  std::vector<float> out(ts.q.size());
+  auto head = D == 64 ? tiled_attention_head<64> : tiled_attention_head<128>;
+  size_t it = 0;
+  st.SetLabel("f16 K in 16-key tiles");
+  run_paired(st, bytes, threads, [&] {
+    const size_t c = it++ % ts.Kt.size();
+    parallel_for(Hkv, [&](int64_t g) {
+      const int64_t off = g * int64_t(N) * D;
+      head(ts.q.data() + g * 4 * D, static_cast<const uint16_t*>(ts.Kt[c].data()) + off,
+           static_cast<const uint16_t*>(ts.V[c].data()) + off, N, out.data() + g * 4 * D);
+    });
+  });
+}
+BENCHMARK(BM_AttentionTiledPeer)
+    ->ArgNames({"N", "threads", "D"})
+    ->ArgsProduct({{16384}, {1, 2}, {64, 128}})
+    ->UseManualTime();
+
+// The same in L2 (one KV head of 1024 keys, one thread): ns per key against BM_DecodeAttentionWarm's.
+void BM_AttentionTiledPeerWarm(benchmark::State& st) {
+  if (skip_without_avx512(st)) return;
+  set_num_threads(1);
+  const int N = 1024, D = int(st.range(0));
+  TiledSet ts;
+  if (!tiled_set(st, 1, N, D, 1, ts)) return;
+  std::vector<float> out(ts.q.size());
+  auto head = D == 64 ? tiled_attention_head<64> : tiled_attention_head<128>;
+  for (auto _ : st) {
+    head(ts.q.data(), static_cast<const uint16_t*>(ts.Kt[0].data()),
+         static_cast<const uint16_t*>(ts.V[0].data()), N, out.data());
+    benchmark::ClobberMemory();
+  }
+  st.counters["ns_per_key"] = benchmark::Counter(double(N) * double(st.iterations()) * 1e-9,
+                                                 benchmark::Counter::kIsRate | benchmark::Counter::kInvert);
+}
+BENCHMARK(BM_AttentionTiledPeerWarm)->ArgName("D")->Arg(64)->Arg(128)->UseRealTime();
 
 // The attention kernel's compute ceiling: one KV head (G query heads, head dim D) over keys that
 // stay in L2, one thread, no reference pass. ns_per_key against the cold benchmarks' time per key says how
