@@ -258,57 +258,33 @@ float attention_stream_peer(const T* K, const T* V, int64_t n) {
   return sum;
 }
 
-// The same bytes and FMAs in the read reference's order instead: K and V each as four parts of the
-// range, the eight streams side by side, each prefetched as `cpu::sum` prefetches (1 KiB ahead into
-// L1 on AMD, 4 KiB into L2 on Intel). Against attention_stream_peer it says how much of the
-// attention's gap to the pass is its access order rather than its arithmetic.
-template <int D, int Locality, int kAheadBytes, typename T>
-float attention_stream_peer_eight(const T* K, const T* V, int64_t n) {
+// The same bytes and FMAs in the four-part orders instead: K and V each as four parts of the range,
+// each stream prefetched kAheadBytes ahead with Locality. kBlockRows = 0: the eight streams side by
+// side, a line of each in turn, as the read reference reads (prefetched as `cpu::sum` prefetches: 1 KiB
+// ahead into L1 on AMD, 4 KiB into L2 on Intel); against attention_stream_peer it says how much of the
+// attention's gap to the pass is its access order rather than its arithmetic. kBlockRows > 0: in
+// phases, a block of that many rows of each K part, then the same block of each V part, as the fused
+// four-part kernels read; against the eight streams it says what the K-then-V phases cost by themselves.
+template <int D, int Locality, int kAheadBytes, int kBlockRows, typename T>
+float attention_stream_peer_parts(const T* K, const T* V, int64_t n) {
   constexpr int kLine = 64 / int(sizeof(T)), kAhead = kAheadBytes / int(sizeof(T));
+  constexpr int kBlockVals = kBlockRows > 0 ? kBlockRows * D : kLine;
   const int64_t per = n / 4 * D;  // values per part
   const T* s[8];
   for (int j = 0; j < 4; ++j) s[j] = K + j * per, s[4 + j] = V + j * per;
   __m512 acc[16];
   for (auto& a : acc) a = _mm512_setzero_ps();
   const __m512 c = _mm512_set1_ps(1.0001f);
-  for (int64_t i = 0; i < per; i += kLine)
-#pragma GCC unroll 8
-    for (int j = 0; j < 8; ++j) {
-      __builtin_prefetch(s[j] + i + kAhead, 0, Locality);
-#pragma GCC unroll 4
-      for (int b = 0; b < kLine; b += 16) {
-        const __m512 x = peer_load(s[j] + i + b);
-#pragma GCC unroll 4
-        for (int k = 0; k < 4; ++k) acc[(j % 4) * 4 + k] = _mm512_fmadd_ps(x, c, acc[(j % 4) * 4 + k]);
-      }
-    }
-  float sum = 0;
-  for (auto& a : acc) sum += _mm512_reduce_add_ps(a);
-  return sum;
-}
-
-// The four parts in phases, as the fused four-part kernels read them: a block of kBlock rows of each K
-// part, then the same block of each V part, each stream prefetched kAheadBytes ahead. Against the eight
-// streams side by side it says what the K-then-V phases cost by themselves.
-template <int D, int Locality, int kAheadBytes, int kBlock, typename T>
-float attention_stream_peer_phased(const T* K, const T* V, int64_t n) {
-  constexpr int kLine = 64 / int(sizeof(T)), kAhead = kAheadBytes / int(sizeof(T)), kBlockVals = kBlock * D;
-  const int64_t per = n / 4 * D;
-  const T* s[8];
-  for (int j = 0; j < 4; ++j) s[j] = K + j * per, s[4 + j] = V + j * per;
-  __m512 acc[16];
-  for (auto& a : acc) a = _mm512_setzero_ps();
-  const __m512 c = _mm512_set1_ps(1.0001f);
   for (int64_t i0 = 0; i0 < per; i0 += kBlockVals)
-    for (int phase = 0; phase < 2; ++phase)
+    for (int phase = 0; phase < 2; ++phase)  // K, then V
       for (int64_t i = i0; i < i0 + kBlockVals; i += kLine)
 #pragma GCC unroll 4
         for (int jj = 0; jj < 4; ++jj) {
-          const int j = 4 * phase + jj;
-          __builtin_prefetch(s[j] + i + kAhead, 0, Locality);
+          const T* p = s[4 * phase + jj] + i;
+          __builtin_prefetch(p + kAhead, 0, Locality);
 #pragma GCC unroll 4
           for (int b = 0; b < kLine; b += 16) {
-            const __m512 x = peer_load(s[j] + i + b);
+            const __m512 x = peer_load(p + b);
 #pragma GCC unroll 4
             for (int k = 0; k < 4; ++k) acc[jj * 4 + k] = _mm512_fmadd_ps(x, c, acc[jj * 4 + k]);
           }
@@ -324,10 +300,10 @@ float stream_peer_head(const char* K, const char* V, int64_t n, int order) {
   const T *k = reinterpret_cast<const T*>(K), *v = reinterpret_cast<const T*>(V);
   if (order == 0) return attention_stream_peer<D>(k, v, n);
   if (order == 2)
-    return cpu_tuning() == CpuTuning::kAmd ? attention_stream_peer_phased<D, 3, 2048, 16>(k, v, n)   // T0
-                                           : attention_stream_peer_phased<D, 1, 4096, 16>(k, v, n);  // T2
-  return cpu_tuning() == CpuTuning::kAmd ? attention_stream_peer_eight<D, 3, 1024>(k, v, n)   // T0
-                                         : attention_stream_peer_eight<D, 1, 4096>(k, v, n);  // T2
+    return cpu_tuning() == CpuTuning::kAmd ? attention_stream_peer_parts<D, 3, 2048, 16>(k, v, n)   // T0
+                                           : attention_stream_peer_parts<D, 1, 4096, 16>(k, v, n);  // T2
+  return cpu_tuning() == CpuTuning::kAmd ? attention_stream_peer_parts<D, 3, 1024, 0>(k, v, n)      // T0
+                                         : attention_stream_peer_parts<D, 1, 4096, 0>(k, v, n);     // T2
 }
 
 #pragma GCC pop_options
