@@ -376,10 +376,6 @@ inline __m512 tiled_exp(__m512 x) {  // exp(x), x ≤ 0: 2^n · a degree-6 polyn
   return _mm512_scalef_ps(p, n);
 }
 
-inline __m512 tiled_load(const uint16_t* p) {
-  return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
-}
-
 // out [4, D] = softmax(q Kᵀ) V for one KV head of n keys (n a multiple of 64), q [4, D] already scaled.
 template <int D>
 void tiled_attention_head(const float* q, const uint16_t* Kt, const uint16_t* V, int64_t n, float* out) {
@@ -402,7 +398,7 @@ void tiled_attention_head(const float* q, const uint16_t* Kt, const uint16_t* V,
         for (int j = 0; j < 4; ++j)
           _mm_prefetch(reinterpret_cast<const char*>(kt[j] + d * 16) + kAhead, _MM_HINT_T0);
       __m512 k[4];
-      for (int j = 0; j < 4; ++j) k[j] = tiled_load(kt[j] + d * 16);
+      for (int j = 0; j < 4; ++j) k[j] = peer_load(kt[j] + d * 16);
       for (int h = 0; h < G; ++h) {
         const __m512 qb = _mm512_set1_ps(q[h * D + d]);
         for (int j = 0; j < 4; ++j) acc[h][j] = _mm512_fmadd_ps(qb, k[j], acc[h][j]);
@@ -435,7 +431,7 @@ void tiled_attention_head(const float* q, const uint16_t* Kt, const uint16_t* V,
           _mm_prefetch(reinterpret_cast<const char*>(row) + kAhead, _MM_HINT_T0);  // the pass's 128 bytes
           _mm_prefetch(reinterpret_cast<const char*>(row) + kAhead + 64, _MM_HINT_T0);
           __m512 vv[4];
-          for (int bb = 0; bb < 4; ++bb) vv[bb] = tiled_load(row + bb * 16);
+          for (int bb = 0; bb < 4; ++bb) vv[bb] = peer_load(row + bb * 16);
           for (int h = 0; h < G; ++h) {
             const __m512 ph = _mm512_set1_ps(s[h][16 * j + r]);
             for (int bb = 0; bb < 4; ++bb) a[h][bb] = _mm512_fmadd_ps(ph, vv[bb], a[h][bb]);
@@ -487,7 +483,7 @@ bool tiled_set(benchmark::State& st, int Hkv, int N, int D, int copies, TiledSet
     std::memcpy(ts.V.back().data(), V16.data(), V16.size() * 2);
   }
   const float scale = 1.0f / std::sqrt(float(D));
-  std::vector<float> want(size_t(4) * D), got(want.size()), qs(want.size());
+  std::vector<float> want(size_t(4) * D), got(want.size());
   const AttnRow row{K16.data(), V16.data(), int64_t(N) * D, N};
   make_cpu_backend()->attention(
       attention_args(4, 1, D, scale, ts.q.data(), {&row, 1}, want.data(), DType::kF16));
