@@ -7,6 +7,10 @@
 // Exact attention. Generalised beyond the authors' OPT-only code: GQA (K/V per KV head), batches
 // of sequences with different lengths (ragged rows). On a GPU the staging layers are device memory
 // and the copies cudaMemcpy2D from pinned dram (Backend::upload_2d on the copy queue's stream).
+// Under an accelerator KV budget (gpu_kv_bytes) FlexGen fills it as its policy search would raise
+// cache_gpu: beside the two staging layers, the first layers' whole KV stays on the accelerator
+// (attended in place, never loaded or written back), and only the other layers stream. FlexGen
+// splits its cache along batch × heads; whole layers move the same bytes and keep one attention call.
 #include "baselines/common.h"
 #include "engine/kv/kv_store.h"
 
@@ -19,7 +23,6 @@ class FlexGen final : public KvStrategy {
       : be_(ctx.backend), rt_(require_runtime(ctx, "flexgen")), overlap_(p.get_bool("overlap")), kv_(ctx, p) {}
   std::string_view name() const override { return "flexgen"; }
   DType kv_dtype() const override { return kv_.dtype(); }
-  std::map<std::string, std::string> effective_params() const override { return kv_.effective(); }
 
   ~FlexGen() override {
     try {
@@ -31,9 +34,17 @@ class FlexGen final : public KvStrategy {
   void begin(const KvShape& shape, std::span<const int32_t> capacity, std::span<const int32_t>) override {
     settle();  // a prefetch for a step that did not come still writes into the staging layers
     shape_ = shape;
-    stage_.reset(KvShape{2, shape.H, shape.H_kv, shape.D, shape.rope}, capacity, &rt_.memory(), Tier::kGpu,
-                 kv_.dtype());
-    store_.reset(shape, capacity, &rt_.memory(), Tier::kDram, kv_.dtype());
+    resident_ = resident_layers(shape, capacity);
+    if (resident_ < shape.n_layers)
+      stage_.reset(KvShape{2, shape.H, shape.H_kv, shape.D, shape.rope}, capacity, &rt_.memory(), Tier::kGpu,
+                   kv_.dtype());
+    else
+      stage_.reset(KvShape{0, shape.H, shape.H_kv, shape.D, shape.rope}, capacity, &rt_.memory(), Tier::kGpu,
+                   kv_.dtype());
+    res_.reset(KvShape{resident_, shape.H, shape.H_kv, shape.D, shape.rope}, capacity, &rt_.memory(), Tier::kGpu,
+               kv_.dtype());
+    store_.reset(KvShape{shape.n_layers - resident_, shape.H, shape.H_kv, shape.D, shape.rope}, capacity,
+                 &rt_.memory(), Tier::kDram, kv_.dtype());
     loaded_ = {-1, -1};
     prefetch_ = {};
     next_first_.clear();
@@ -42,6 +53,10 @@ class FlexGen final : public KvStrategy {
   }
 
   void append(int layer, std::span<const TokenRow> rows, const float* k, const float* v) override {
+    if (layer < resident_) {  // resident: the accelerator's copy is the only one
+      res_.write(layer, rows, k, v, &be_);
+      return;
+    }
     stage_.write(layer % 2, rows, k, v, &be_);  // the accelerator's own copy of the new tokens
     const size_t n = rows.size() * size_t(shape_.H_kv) * size_t(shape_.D);
     std::vector<TokenRow> r(rows.begin(), rows.end());
@@ -49,13 +64,25 @@ class FlexGen final : public KvStrategy {
         Tier::kGpu, Tier::kDram, kv_.bytes(int64_t(n)) * 2,
         [this, layer, r = std::move(r), k, v, n] {
           std::vector<float> hk, hv;
-          store_.write(layer, r, host_view(be_, k, n, hk), host_view(be_, v, n, hv));
+          store_.write(layer - resident_, r, host_view(be_, k, n, hk), host_view(be_, v, n, hv));
         },
         {}, "kv writeback");
   }
 
   void attend(int layer, std::span<const TokenRow> rows, const float* q, float scale, float* out) override {
     const auto first = first_new_position(rows);
+    if (layer == shape_.n_layers - 1) {  // where each sequence's next step starts
+      next_first_.clear();
+      for (auto& r : rows) next_first_[r.seq] = std::max(next_first_[r.seq], r.pos + 1);
+    }
+    if (layer < resident_) {
+      attn_rows_.resize(rows.size());
+      for (size_t i = 0; i < rows.size(); ++i)
+        attn_rows_[i] = AttnRow{res_.k_raw(layer, rows[i].seq), res_.v_raw(layer, rows[i].seq),
+                                res_.head_stride(rows[i].seq), rows[i].pos + 1};
+      be_.attention(attention_args(shape_, attn_rows_, q, scale, out, kv_.dtype()));
+      return;
+    }
     const int slot = layer % 2;
     if (loaded_[size_t(slot)] == layer && prefetch_[size_t(slot)].valid() && covers(first)) {
       prefetch_[size_t(slot)].wait();
@@ -68,10 +95,6 @@ class FlexGen final : public KvStrategy {
       prefetch_[size_t((layer + 1) % 2)] = load(layer + 1, first);
       prefetched_first_ = first;
     }
-    if (layer == shape_.n_layers - 1) {  // where each sequence's next step starts
-      next_first_.clear();
-      for (auto& r : rows) next_first_[r.seq] = std::max(next_first_[r.seq], r.pos + 1);
-    }
     attn_rows_.resize(rows.size());
     for (size_t i = 0; i < rows.size(); ++i)
       attn_rows_[i] = AttnRow{stage_.k_raw(slot, rows[i].seq), stage_.v_raw(slot, rows[i].seq),
@@ -80,25 +103,32 @@ class FlexGen final : public KvStrategy {
     writeback_.wait();  // k, v are the decoder's scratch: done before the next layer reuses it
   }
 
-  // The next step's layer 0: its KV up to the tokens this step stored, prefetched now (the last
-  // layer's attention has been queued; with an odd layer count it used the same staging slot).
+  // The next step's first streamed layer: its KV up to the tokens this step stored, prefetched now
+  // (the last layer's attention has been queued; it may have used the same staging slot).
   void end_step() override {
     // The last writeback reads the caller's k, v (a seeded fill frees them after end_step).
     if (writeback_.valid()) writeback_.wait();
     exposed_last_ = exposed_;
     exposed_ = 0;
-    if (!overlap_ || next_first_.empty()) return;
-    if (shape_.n_layers % 2 == 1) be_.synchronize();
-    prefetch_[0] = load(0, next_first_);
+    if (!overlap_ || next_first_.empty() || resident_ >= shape_.n_layers) return;
+    if (resident_ % 2 == (shape_.n_layers - 1) % 2) be_.synchronize();
+    prefetch_[size_t(resident_ % 2)] = load(resident_, next_first_);
     prefetched_first_ = next_first_;
     next_first_.clear();
   }
   std::map<std::string, double> step_stats() const override { return {{"exposed_loads", double(exposed_last_)}}; }
+  std::map<std::string, std::string> effective_params() const override {
+    auto e = kv_.effective();
+    if (resident_ > 0) e["cache_gpu_layers"] = std::to_string(resident_);
+    return e;
+  }
   // The dram store is the state; the next step loads dst's layers as a sequence the prefetch missed.
   void fork(int32_t src, int32_t n, std::span<const int32_t> dst) override {
     settle();
     for (int32_t d : dst)
-      for (int l = 0; l < shape_.n_layers; ++l) store_.copy_tokens(l, src, d, n);
+      for (int l = 0; l < shape_.n_layers; ++l)
+        if (l < resident_) res_.copy_tokens(l, src, d, n, &be_);
+        else store_.copy_tokens(l - resident_, src, d, n);
   }
 
   // Copies tokens [0, first[seq]) of `layer` from dram into staging slot layer % 2.
@@ -114,11 +144,24 @@ class FlexGen final : public KvStrategy {
           // staging store has the dram store's head stride).
           for (auto& [seq, n] : first) {
             const size_t pitch = size_t(kv_.bytes(store_.head_stride(seq))), len = size_t(kv_.bytes(int64_t(n) * shape_.D));
-            be_.upload_2d(stage_.k_raw(slot, seq), pitch, store_.k_raw(layer, seq), pitch, len, size_t(shape_.H_kv));
-            be_.upload_2d(stage_.v_raw(slot, seq), pitch, store_.v_raw(layer, seq), pitch, len, size_t(shape_.H_kv));
+            const int l = layer - resident_;
+            be_.upload_2d(stage_.k_raw(slot, seq), pitch, store_.k_raw(l, seq), pitch, len, size_t(shape_.H_kv));
+            be_.upload_2d(stage_.v_raw(slot, seq), pitch, store_.v_raw(l, seq), pitch, len, size_t(shape_.H_kv));
           }
         },
         {writeback_}, "kv load layer " + std::to_string(layer));
+  }
+
+  // Layers whose KV stays on the accelerator: as many as the budget holds beside the two staging
+  // layers (all of them when the whole KV fits); none without a budget (the paper's policy).
+  int resident_layers(const KvShape& shape, std::span<const int32_t> capacity) const {
+    const int64_t budget = rt_.memory().kv_budget();
+    if (budget <= 0) return 0;
+    int64_t layer = 0;
+    for (int32_t c : capacity) layer += kv_.bytes(int64_t(c) * shape.H_kv * shape.D) * 2;
+    if (layer <= 0) return 0;
+    if (layer * shape.n_layers <= budget) return shape.n_layers;
+    return int(std::clamp<int64_t>((budget - 2 * layer) / layer, 0, shape.n_layers - 1));
   }
 
   void settle() {
@@ -143,7 +186,9 @@ class FlexGen final : public KvStrategy {
   std::map<int32_t, int32_t> next_first_, prefetched_first_;
   int exposed_ = 0, exposed_last_ = 0;  // loads waited for in this step, in the last one
   KvShape shape_;
-  KvStore store_, stage_;  // stage_: 2 layers (double buffer) on the gpu tier
+  KvStore store_, stage_;  // store_: layers [resident_, n) on dram; stage_: 2 of them (double buffer) on the gpu tier
+  KvStore res_;            // layers [0, resident_) on the gpu tier
+  int resident_ = 0;
   std::array<int, 2> loaded_{-1, -1};
   std::array<Event, 2> prefetch_;
   Event writeback_;

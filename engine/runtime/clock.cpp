@@ -2,6 +2,7 @@
 #include "engine/runtime/clock.h"
 
 #include <algorithm>
+#include <charconv>
 #include <array>
 #include <cstdlib>
 #include <filesystem>
@@ -15,18 +16,68 @@
 
 namespace hg {
 
+namespace {
+// "name?cpu=F&gpu=F": a profile's variant with its CPU-side (DRAM, far tier, CPU FLOPs, CPU attention)
+// or GPU-side (HBM, FLOPs) rates scaled, for sweeps over the CPU-to-GPU rate ratio.
+struct Variant {
+  std::string base;
+  double cpu = 1, gpu = 1;
+};
+Variant parse_variant(const std::string& spec) {
+  Variant v;
+  const size_t q = spec.find('?');
+  v.base = spec.substr(0, q);
+  if (q == std::string::npos) return v;
+  std::string rest = spec.substr(q + 1);
+  while (!rest.empty()) {
+    const size_t amp = rest.find('&');
+    const std::string kv = rest.substr(0, amp);
+    rest = amp == std::string::npos ? "" : rest.substr(amp + 1);
+    const size_t eq = kv.find('=');
+    const std::string k = kv.substr(0, eq), val = eq == std::string::npos ? "" : kv.substr(eq + 1);
+    double f = 0;
+    auto [ptr, ec] = std::from_chars(val.data(), val.data() + val.size(), f);
+    if ((k != "cpu" && k != "gpu") || ec != std::errc() || ptr != val.data() + val.size() || !(f > 0 && f <= 1000))
+      input_error("platform '{}': '{}' is no variant (expected cpu=F or gpu=F, F a positive factor, joined by &)", spec,
+                  kv);
+    (k == "cpu" ? v.cpu : v.gpu) = f;
+  }
+  return v;
+}
+}  // namespace
+
 std::string platform_file(const std::string& name_or_path, const std::string& platforms_dir) {
   std::error_code ec;  // a name the OS refuses (too long) is no file
-  return std::filesystem::exists(name_or_path, ec) ? name_or_path : platforms_dir + "/" + name_or_path + ".yaml";
+  if (std::filesystem::exists(name_or_path, ec)) return name_or_path;
+  const std::string base = name_or_path.substr(0, name_or_path.find('?'));
+  return std::filesystem::exists(base, ec) ? base : platforms_dir + "/" + base + ".yaml";
 }
 
 PlatformProfile load_platform(const std::string& name_or_path, const std::string& platforms_dir) {
+  std::error_code ec0;
+  if (name_or_path.find('?') != std::string::npos && !std::filesystem::exists(name_or_path, ec0)) {
+    const Variant v = parse_variant(name_or_path);
+    PlatformProfile p = load_platform(v.base, platforms_dir);
+    p.name = name_or_path;
+    p.gpu_mem_gbs *= v.gpu;
+    p.gpu_flops *= v.gpu;
+    p.gpu_attn_flops *= v.gpu;
+    for (auto& [d, r] : p.gpu_attn_flops_by_dim) r *= v.gpu;
+    p.gpu_elem_eps *= v.gpu;
+    p.dram_gbs *= v.cpu;
+    p.far_gbs *= v.cpu;
+    p.cpu_flops *= v.cpu;
+    p.cpu_attn_gbs *= v.cpu;
+    if (v.cpu != 1 || v.gpu != 1)
+      p.source += fmt::format(" (a variant: CPU rates ×{}, GPU rates ×{})", v.cpu, v.gpu);
+    return p;
+  }
   const std::string file = platform_file(name_or_path, platforms_dir);
   std::error_code ec;
   if (!std::filesystem::exists(file, ec))
     input_error("platform '{}': no such profile (looked for {} and {})", name_or_path, name_or_path, file);
   const YAML::Node y = yaml_load_file(file);
-  check_keys(y, {"name", "source", "gpu", "cpu", "far", "link", "fixed"}, file, "");
+  check_keys(y, {"name", "source", "gpu", "cpu", "far", "link", "fixed", "achieved"}, file, "");
   PlatformProfile p;
   p.name = yaml_string(y, "name", std::filesystem::path(file).stem().string(), file, "");
   p.source = yaml_string(y, "source", "", file, "");
@@ -84,6 +135,24 @@ PlatformProfile load_platform(const std::string& name_or_path, const std::string
     p.launch_us = yaml_number(y["fixed"], "launch_us", 0, false, file, "fixed");
     p.copy_us = yaml_number(y["fixed"], "copy_us", 0, false, file, "fixed");
   }
+  if (const YAML::Node a = y["achieved"]) {
+    check_keys(a, {"source", "gpu_mem", "gpu_flops", "cpu_dram", "cpu_attn", "stage_us", "launch_us", "copy_us"}, file,
+               "achieved");
+    auto& f = p.achieved;
+    f.source = yaml_string(a, "source", "", file, "achieved");
+    for (auto [v, key] : {std::pair{&f.gpu_mem, "gpu_mem"}, {&f.gpu_flops, "gpu_flops"}, {&f.cpu_dram, "cpu_dram"},
+                          {&f.cpu_attn, "cpu_attn"}}) {
+      *v = yaml_number(a, key, 1, false, file, "achieved");
+      if (!(*v > 0 && *v <= 1))
+        input_error("{}:{}: achieved.{} must be an achieved ÷ peak factor in (0, 1], got {}", file,
+                    a[key] ? a[key].Mark().line + 1 : a.Mark().line + 1, key, *v);
+    }
+    for (auto [v, key] : {std::pair{&f.stage_us, "stage_us"}, {&f.launch_us, "launch_us"}, {&f.copy_us, "copy_us"}}) {
+      *v = yaml_number(a, key, -1, false, file, "achieved");
+      if (a[key] && !(*v >= 0))
+        input_error("{}:{}: achieved.{} must be zero or positive microseconds", file, a[key].Mark().line + 1, key);
+    }
+  }
   for (auto [v, what] : {std::pair{p.cpu_flops, "cpu.flops_gflops"}, {p.dram_gbs, "cpu.dram_gbs"}, {p.far_gbs, "far.gbs"}})
     if (!(v > 0)) input_error("{}: {} must be positive", file, what);
   for (auto [v, what] : {std::pair{p.dram_row_ns, "cpu.dram_row_ns"}, {p.far_row_ns, "far.row_ns"},
@@ -114,7 +183,39 @@ void save_platform(const PlatformProfile& p, const std::string& path, const std:
       << "\n  row_ns: " << p.far_row_ns << "\n";
   if (p.h2d_gbs > 0) out << "link:\n  h2d_gbs: " << p.h2d_gbs << "\n  d2h_gbs: " << p.d2h_gbs << "\n";
   out << "fixed:\n  stage_us: " << p.stage_us << "\n  launch_us: " << p.launch_us << "\n  copy_us: " << p.copy_us << "\n";
+  const auto& a = p.achieved;
+  if (a.gpu_mem != 1 || a.gpu_flops != 1 || a.cpu_dram != 1 || a.cpu_attn != 1 || a.stage_us >= 0 || a.launch_us >= 0 ||
+      a.copy_us >= 0) {
+    out << "achieved:\n  source: \"" << a.source << "\"\n  gpu_mem: " << a.gpu_mem << "\n  gpu_flops: " << a.gpu_flops
+        << "\n  cpu_dram: " << a.cpu_dram << "\n  cpu_attn: " << a.cpu_attn << "\n";
+    for (auto [v, key] : {std::pair{a.stage_us, "stage_us"}, {a.launch_us, "launch_us"}, {a.copy_us, "copy_us"}})
+      if (v >= 0) out << "  " << key << ": " << v << "\n";
+  }
   write_file_atomic(path, out.str());
+}
+
+PlatformProfile peak_profile(const PlatformProfile& p) {
+  PlatformProfile q = p;
+  q.stage_us = q.launch_us = q.copy_us = 0;
+  return q;
+}
+
+PlatformProfile achieved_profile(const PlatformProfile& p) {
+  PlatformProfile q = p;
+  const auto& a = p.achieved;
+  q.gpu_mem_gbs *= a.gpu_mem;
+  q.gpu_flops *= a.gpu_flops;
+  q.gpu_attn_flops *= a.gpu_flops;
+  for (auto& [d, r] : q.gpu_attn_flops_by_dim) r *= a.gpu_flops;
+  q.dram_gbs *= a.cpu_dram;
+  q.far_gbs *= a.cpu_dram;
+  // The CPU's attention reads KV at its own achieved share of the DRAM peak (a calibrated
+  // profile measured that rate already: cpu.attn_gbs).
+  if (a.cpu_attn != 1) q.cpu_attn_gbs = (p.cpu_attn_gbs > 0 ? p.cpu_attn_gbs : p.dram_gbs) * a.cpu_attn;
+  if (a.stage_us >= 0) q.stage_us = a.stage_us;
+  if (a.launch_us >= 0) q.launch_us = a.launch_us;
+  if (a.copy_us >= 0) q.copy_us = a.copy_us;
+  return q;
 }
 
 namespace {

@@ -53,7 +53,23 @@ struct PlatformProfile {
   double stage_us = 0;
   double launch_us = 0;
   double copy_us = 0;
+  // What a real machine of this kind achieves (`achieved:`): achieved ÷ peak factors for the GPU's
+  // memory and FLOPs and the CPU's DRAM reads and attention, and the fixed costs a measured GPU
+  // paid (negative: the `fixed:` costs above). Datasheet profiles take them from a measured GPU
+  // and name it in `achieved.source`; without the section every factor is 1.
+  struct Achieved {
+    double gpu_mem = 1, gpu_flops = 1, cpu_dram = 1, cpu_attn = 1;
+    double stage_us = -1, launch_us = -1, copy_us = -1;
+    std::string source;
+  } achieved;
 };
+
+// The two ends of a modeled figure's band. `peak`: the profile's rates, no fixed costs (the
+// datasheet's best case). `achieved`: its rates times the achieved factors, with fixed costs.
+// For a datasheet profile the profile as written is `peak`; for a calibrated one (measured rates,
+// measured fixed costs, factors 1) it is `achieved`.
+PlatformProfile peak_profile(const PlatformProfile& p);
+PlatformProfile achieved_profile(const PlatformProfile& p);
 
 // The platform name that is no file: `hgbench calibrate`'s measurement of this machine, taken again
 // just before each recorded run (clock: modeled:calibrate). On a shared machine whose bandwidth

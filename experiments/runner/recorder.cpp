@@ -126,6 +126,28 @@ void csv_row(FILE* f, const std::vector<std::string>& fields) {
 
 std::string num(double v) { return std::isfinite(v) ? fmt::format("{:.6g}", v) : ""; }
 
+// A modeled row's end-to-end latency at one end of its profile's band (figures.modeled.band);
+// NaN for measured rows and rows from before the band.
+double band_time(const ResultRow& r, const char* end) {
+  if (!r.ok) return NAN;
+  const auto& j = r.json;
+  const nlohmann::ordered_json::json_pointer at(std::string("/figures/modeled/band/") + end + "/end_to_end_s");
+  return j.contains(at) && j.at(at).is_number() ? j.at(at).get<double>() : NAN;
+}
+
+// "lo–hi" of two normalised times (one value when they agree to the digits shown).
+std::string band_text(double a, double b) {
+  const std::string lo = fmt::format("{:.2f}", std::min(a, b)), hi = fmt::format("{:.2f}", std::max(a, b));
+  return lo == hi ? lo : lo + "–" + hi;
+}
+
+// A row's accelerator KV budget and peak (tiers.gpu), {-1, -1} when it has none.
+std::pair<double, double> gpu_kv(const ResultRow& r) {
+  const nlohmann::ordered_json::json_pointer b("/tiers/gpu/kv_budget_bytes"), p("/tiers/gpu/kv_peak_bytes");
+  if (!r.ok || !r.json.contains(b) || !r.json.contains(p) || !r.json.at(b).is_number()) return {-1, -1};
+  return {r.json.at(b).get<double>(), r.json.at(p).get<double>()};
+}
+
 
 // The axes points record, timing or accuracy ones, in the table's order (summary.csv's columns).
 std::vector<const SweepAxis*> recorded_axes(bool accuracy) {
@@ -404,6 +426,15 @@ std::string write_summary(const std::string& dir, const std::vector<ResultRow>& 
       if (r->ok) t.push_back(r->figure("time_s"));
     return t;
   };
+  // Modeled rows' end-to-end latency at one end of the profile's band ("peak", "achieved").
+  auto band_times = [&](int pi, const std::string& label, const char* end) {
+    std::vector<double> t;
+    for (const ResultRow* r : cells[{pi, label}])
+      if (const double x = band_time(*r, end); !std::isnan(x)) t.push_back(x);
+    return t;
+  };
+  bool banded = false;
+  for (auto& r : rows) banded = banded || !std::isnan(band_time(r, "achieved"));
   // Axes that vary between points name them in the table.
   const std::vector<std::string> varying = varying_axes(points);
 
@@ -417,7 +448,9 @@ std::string write_summary(const std::string& dir, const std::vector<ResultRow>& 
                         "repeats_ok", "time_basis", "time_metric", "time_s_median", "time_s_min",
                         "time_s_max", "prefill_s_median", "decode_s_median", "decode_token_s_median",
                         "normalized_time", "speedup_vs_baseline", "attended_fraction", "attended_accel_tokens",
-                        "attended_cpu_tokens", "kv_dtype", "h2d_bytes_per_step", "modeled_over_measured", "reason"})
+                        "attended_cpu_tokens", "kv_dtype", "h2d_bytes_per_step", "modeled_over_measured", "time_s_peak",
+                        "time_s_achieved", "speedup_peak", "speedup_achieved", "gpu_kv_budget_bytes",
+                        "gpu_kv_peak_bytes", "reason"})
     head.push_back(k);
   // Every swept strategy parameter as a column: its value for the row's strategy ("" when the
   // strategy has no such parameter).
@@ -463,6 +496,13 @@ std::string write_summary(const std::string& dir, const std::vector<ResultRow>& 
         }
       }
       const double med = median_of(t), nt = med / base;
+      const double pk = median_of(band_times(pi, label, "peak")), ac = median_of(band_times(pi, label, "achieved"));
+      const double pk_base = median_of(band_times(pi, baseline, "peak")),
+                   ac_base = median_of(band_times(pi, baseline, "achieved"));
+      std::vector<double> kv_budget, kv_peak;
+      for (const ResultRow* r : rs)
+        if (r->ok)
+          if (const auto g = gpu_kv(*r); g.first >= 0) kv_budget.push_back(g.first), kv_peak.push_back(g.second);
       if (std::isfinite(nt)) norm_by_label[label].push_back(nt);
       std::vector<std::string> rec = {json_str(pj["id"]), std::to_string(pi), json_str(pj["model"])};
       for (auto& c : axis_cells(pj, false)) rec.push_back(c);
@@ -473,7 +513,8 @@ std::string write_summary(const std::string& dir, const std::vector<ResultRow>& 
                   t.empty() ? "" : num(*std::max_element(t.begin(), t.end())), num(median_of(pre)),
                   num(median_of(dec)), num(median_of(tok)), num(nt), num(base / med), num(median_of(frac)),
                   num(median_of(acc)), num(median_of(cpu)), ok ? ok->figure_text("kv_dtype", "") : "",
-                  num(h2d), num(median_of(mom)), reason})
+                  num(h2d), num(median_of(mom)), num(pk), num(ac), num(pk_base / pk), num(ac_base / ac),
+                  num(median_of(kv_budget)), num(median_of(kv_peak)), reason})
         rec.push_back(c);
       for (auto& c : param_cells(pj, strategy)) rec.push_back(c);
       csv_row(f, rec);
@@ -488,34 +529,55 @@ std::string write_summary(const std::string& dir, const std::vector<ResultRow>& 
                                 end_to_end ? "end-to-end latency (prefill + decode)" : "decode time", baseline,
                                 modeled ? (dry ? "MODELED, dry execution" : "MODELED") : "measured",
                                 modeled ? " — modeled on a platform profile, not measured" : "");
+  if (banded)
+    out += "each cell a band: the profile at its peak rates without fixed costs – at achieved rates with measured fixed "
+           "costs (lower–higher)\n";
   if (const std::string axes = axes_caption(varying); !axes.empty()) out += "columns: " + axes + "\n";
   std::vector<std::string> names;
   size_t w0 = 16;
   for (auto& l : labels) w0 = std::max(w0, l.size() + 1);
   for (auto& [pi, pj] : points) names.push_back(point_name(pj, varying));
   std::vector<size_t> widths;
+  const size_t cell_w = banded ? 11 : 8;
   out += fmt::format("{:<{}}", "strategy", w0);
   for (auto& n : names) {
-    widths.push_back(std::max<size_t>(8, n.size() + 1));
+    widths.push_back(std::max<size_t>(cell_w, n.size() + 1));
     out += fmt::format("{:>{}}", n, widths.back());
   }
-  out += fmt::format("{:>9}\n", "geomean");
+  out += fmt::format("{:>{}}\n", "geomean", cell_w + 1);
+  // A band's two ends, normalised each to the baseline's at the same end; the lower first.
+  auto band_cell = [&](int pi, const std::string& label, double* lp, double* la) {
+    const double p = median_of(band_times(pi, label, "peak")) / median_of(band_times(pi, baseline, "peak"));
+    const double a = median_of(band_times(pi, label, "achieved")) / median_of(band_times(pi, baseline, "achieved"));
+    *lp = p, *la = a;
+    return std::isfinite(p) && std::isfinite(a) ? band_text(p, a) : std::string("failed");
+  };
   bool partial_geomean = false;
   for (auto& label : labels) {
     out += fmt::format("{:<{}}", label, w0);
     size_t i = 0;
-    double logsum = 0;
-    int n = 0;
+    double logsum = 0, logsum_p = 0, logsum_a = 0;
+    int n = 0, n_band = 0;
     for (auto& [pi, pj] : points) {
       const double base = median_of(times(pi, baseline)), med = median_of(times(pi, label));
       const double nt = med / base;
       const bool any = !cells[{pi, label}].empty();
-      out += fmt::format("{:>{}}", !any ? "-" : std::isfinite(nt) ? fmt::format("{:.2f}", nt) : "failed", widths[i++]);
+      std::string cell = !any ? "-" : std::isfinite(nt) ? fmt::format("{:.2f}", nt) : "failed";
+      if (banded && any) {
+        double p = NAN, a = NAN;
+        cell = band_cell(pi, label, &p, &a);
+        if (std::isfinite(p) && std::isfinite(a) && p > 0 && a > 0) logsum_p += std::log(p), logsum_a += std::log(a), ++n_band;
+      }
+      out += fmt::format("{:>{}}", cell, widths[i++]);
       if (std::isfinite(nt) && nt > 0) logsum += std::log(nt), ++n;
     }
     const bool partial = n > 0 && size_t(n) < points.size();
     partial_geomean = partial_geomean || partial;
-    out += fmt::format("{:>9}\n", n ? fmt::format("{:.2f}{}", std::exp(logsum / n), partial ? "*" : "") : "-");
+    const std::string gm =
+        !n ? "-"
+        : banded && n_band ? band_text(std::exp(logsum_p / n_band), std::exp(logsum_a / n_band)) + (partial ? "*" : "")
+                           : fmt::format("{:.2f}{}", std::exp(logsum / n), partial ? "*" : "");
+    out += fmt::format("{:>{}}\n", gm, cell_w + 1);
   }
   if (partial_geomean)
     out += "* geomean over fewer points than the table has (points not run yet or failed): not comparable across rows\n";
@@ -556,6 +618,32 @@ std::string write_summary(const std::string& dir, const std::vector<ResultRow>& 
   };
   block("attended fraction of the context per decode step (mean), and the KV element type", "attended", "fraction", 3,
         true);
+  // Each strategy's accelerator KV peak beside the point's budget: who used the memory it was given.
+  {
+    bool any_budget = false;
+    for (auto& r : rows) any_budget = any_budget || gpu_kv(r).first > 0;
+    if (any_budget) {
+      out += fmt::format("\naccelerator KV peak / budget (MB; the budget is gpu_kv_bytes, shared by every strategy)\n{:<{}}",
+                         "strategy", w0);
+      for (size_t i = 0; i < names.size(); ++i) out += fmt::format("{:>{}}", names[i], widths[i]);
+      out += "\n";
+      for (auto& label : labels) {
+        out += fmt::format("{:<{}}", label, w0);
+        size_t i = 0;
+        for (auto& [pi, pj] : points) {
+          std::vector<double> b, pk;
+          for (const ResultRow* r : cells[{pi, label}])
+            if (const auto g = gpu_kv(*r); g.first >= 0) b.push_back(g.first), pk.push_back(g.second);
+          const std::string cell = b.empty() ? "-"
+                                   : median_of(b) > 0
+                                       ? fmt::format("{:.0f}/{:.0f}", median_of(pk) / 1e6, median_of(b) / 1e6)
+                                       : fmt::format("{:.0f}/-", median_of(pk) / 1e6);
+          out += fmt::format("{:>{}}", cell, widths[i++]);
+        }
+        out += "\n";
+      }
+    }
+  }
   block("modeled ÷ measured end-to-end latency (the modeled clock checked against the same run)",
         "modeled_over_measured", "end_to_end", 2, false);
   // The same over the baseline's: the profile's absolute rates drift with the machine between

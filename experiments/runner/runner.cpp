@@ -124,6 +124,13 @@ Measurement measure_generation(Runtime* rt, const Model& model, Backend& backend
   return m;
 }
 
+int64_t share_kv_bytes(const Model& model, const Point& p) {
+  const auto& hp = model.hp;
+  const double whole = 2.0 * 2.0 * double(hp.n_layers) * double(hp.n_kv_heads) * double(hp.head_dim) *
+                       double(p.batch) * double(int64_t(p.prompt_tokens) + p.decode_tokens);
+  return int64_t(std::llround(p.gpu_kv_share * whole));
+}
+
 Figures figures(const Measurement& m, const PlatformProfile* profile) {
   Figures f;
   f.prefill_s = m.gen.prefill_s;
@@ -172,6 +179,22 @@ Figures figures(const Measurement& m, const PlatformProfile* profile) {
       f.m_serial_s += t.sum_stages_s / steps;
     }
     f.m_decode_token_s = median(dec);
+    const auto replay = [&](const PlatformProfile& q) {
+      Figures::Replay out;
+      std::vector<double> d;
+      for (auto& [st, recs] : by_step) {
+        const double cp = modeled_timing(recs, q).critical_path_s;
+        if (st == 0) out.prefill_s += cp;
+        else d.push_back(cp);
+      }
+      out.decode_token_s = median(d);
+      std::sort(d.begin(), d.end());  // summed in one order, so the figure repeats to the digit
+      out.end_to_end_s = out.prefill_s;
+      for (double x : d) out.end_to_end_s += x;
+      return out;
+    };
+    f.m_peak = replay(peak_profile(*profile));
+    f.m_achieved = replay(achieved_profile(*profile));
     for (auto& r : m.log) {
       if (r.step < 0) continue;
       auto& ss = f.stage_sums[fmt::format("{}/{}", r.step == 0 ? "prefill" : "decode", r.name)];
@@ -697,8 +720,9 @@ Json Runner::run_once(const Point& p, const StrategyEntry& entry, int repeat, bo
   }
   if (p.gpu_memory_bytes > 0) rc.tiers.gpu_memory_bytes = p.gpu_memory_bytes;
   Runtime rt(rc);
-  rt.memory().set_kv_budget(p.gpu_kv_bytes);  // every strategy's KV on the accelerator, by construction
   const Model& model = model_for(p.model);
+  // Every strategy's KV on the accelerator, by construction.
+  rt.memory().set_kv_budget(p.gpu_kv_share > 0 ? share_kv_bytes(model, p) : p.gpu_kv_bytes);
   reserve_weights(rt, model);
   std::map<std::string, std::string> params = point_params(p, entry);
   const StrategyInfo& info = strategy_info(entry.name);
@@ -764,6 +788,15 @@ Json Runner::run_once(const Point& p, const StrategyEntry& entry, int repeat, bo
     md["decode_token_s_median"] = f.m_decode_token_s;
     md["end_to_end_s"] = f.m_end_to_end_s;
     if (calibrates_each_run(f.platform)) md["profile"] = profile_json(*prof);
+    const auto replay_json = [&](const Figures::Replay& x) {
+      return Json{{"prefill_s", x.prefill_s},
+                  {"decode_token_s_median", x.decode_token_s},
+                  {"end_to_end_s", x.end_to_end_s},
+                  {"decode_tokens_per_s", x.decode_token_s > 0 ? double(f.decode_tokens) / double(std::max<int64_t>(1, f.decode_steps)) / x.decode_token_s : 0.0}};
+    };
+    md["band"] = {{"peak", replay_json(f.m_peak)},
+                  {"achieved", replay_json(f.m_achieved)},
+                  {"achieved_source", prof->achieved.source}};
     md["pipeline"] = {{"accel_s", f.m_accel_s},       {"cpu_s", f.m_cpu_s},           {"transfer_s", f.m_transfer_s},
                       {"critical_s", f.m_critical_s}, {"serial_s", f.m_serial_s}};
     fig["modeled"] = md;

@@ -68,6 +68,11 @@ struct Figures {
   std::string platform;
   double m_prefill_s = 0, m_decode_token_s = 0, m_end_to_end_s = 0;
   double m_accel_s = 0, m_cpu_s = 0, m_transfer_s = 0, m_critical_s = 0, m_serial_s = 0;  // per decode step
+  // The same log replayed at the two ends of the profile's band (peak_profile, achieved_profile):
+  // the run's decisions (a scheduler's K, its mode) as they were taken, their cost at each end.
+  struct Replay {
+    double prefill_s = 0, decode_token_s = 0, end_to_end_s = 0;
+  } m_peak, m_achieved;
   // Work per decode step, from the stage log: FLOPs per stage kind, bytes per tier per stage kind.
   std::array<double, 3> flops_per_step{};                       // [StageKind]
   std::array<std::array<double, kNumTiers>, 3> bytes_per_step{};  // [StageKind][Tier]
@@ -92,6 +97,9 @@ struct Figures {
   double token_s() const { return modeled ? m_decode_token_s : decode_token_s; }
 };
 Figures figures(const Measurement& m, const PlatformProfile* profile);
+// The accelerator KV budget gpu_kv_share gives at point p: that share of the point's whole KV
+// (2 × layers × KV heads × head dim × batch × (prompt + decode) tokens, 2 bytes each).
+int64_t share_kv_bytes(const Model& model, const Point& p);
 
 // Runs experiment points: one (point, strategy entry) at a time, each repeat a fresh runtime and
 // strategy over the same prompt and model (the model is kept between runs with the same spec).

@@ -365,6 +365,8 @@ ExperimentSpec parse_node(YAML::Node y, const std::string& file) {
       s.sweep.emplace_back(key, std::move(vals));
     }
   }
+  if (y["sweep"] && y["sweep"]["gpu_kv_share"] && y["sweep"]["gpu_kv_bytes"])
+    fail(file, y["sweep"]["gpu_kv_share"], "gpu_kv_share and gpu_kv_bytes both set the accelerator KV budget: give one");
   if (swept_platform && s.clock == "measured")
     fail(file, y["sweep"]["platform"], "sweep 'platform' needs clock: modeled (each point is replayed on its platform)");
   if (s.clock == "modeled" && !swept_platform)
@@ -494,6 +496,22 @@ const std::vector<SweepAxis>& sweep_axes() {
     };
     kv.csv_default = "0";
     v.push_back(kv);
+    SweepAxis share;
+    share.name = "gpu_kv_share";
+    share.parse = [](const Spec& s, const std::string& file, const YAML::Node& x) {
+      const std::string t = scalar(file, x, "gpu_kv_share");
+      double d = 0;
+      auto [ptr, ec] = std::from_chars(t.data(), t.data() + t.size(), d);
+      if (ec != std::errc() || ptr != t.data() + t.size() || !(d > 0 && d <= 64))
+        fail(file, x, fmt::format("gpu_kv_share '{}': expected a share of the point's KV in (0, 64] (1: it all fits)", t));
+      return t;
+    };
+    share.apply = [](Point& p, const std::string& x, const Spec&) { p.gpu_kv_share = std::stod(x); };
+    share.record = [](Json& j, const Point& p) {  // recorded when set: earlier points' ids stay
+      if (p.gpu_kv_share > 0) j["gpu_kv_share"] = p.gpu_kv_share;
+    };
+    share.csv_default = "0";
+    v.push_back(share);
     SweepAxis platform;
     platform.name = "platform";
     platform.parse = [](const Spec&, const std::string& file, const YAML::Node& x) {

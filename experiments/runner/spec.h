@@ -69,6 +69,9 @@ struct Point {
   std::string placement;        // "" → the strategies' defaults
   int64_t gpu_memory_bytes = 0; // 0 → the platform's (dry) or the device's
   int64_t gpu_kv_bytes = 0;     // KV every strategy may hold on the accelerator at once; 0: no limit
+  // The same budget as a share of the point's whole KV (every layer, batch × (prompt + decode)
+  // tokens, 16-bit elements), resolved per point when the model's shape is known; 0: not set.
+  double gpu_kv_share = 0;
   std::string platform;         // "" with a measured clock
   // Accuracy points (spec.eval.enabled).
   std::string task;

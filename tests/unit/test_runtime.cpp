@@ -511,6 +511,62 @@ TEST(Platforms, CommittedProfilesLoadAndBadKeysAreNamed) {
   EXPECT_THROW(load_platform("no-such-machine", dir), InputError);
 }
 
+// The band's two ends: peak drops the fixed costs; achieved scales the rates by the achieved
+// factors and charges the measured fixed costs. Every datasheet profile carries them, named.
+TEST(Platforms, AchievedFactorsAndVariantsMakeTheBand) {
+  const std::string dir = std::string(HG_SOURCE_DIR) + "/experiments/platforms";
+  for (const char* n : {"machine-a", "machine-b", "machine-c", "gh200"}) {
+    const PlatformProfile p = load_platform(n, dir);
+    EXPECT_NE(p.achieved.source.find("measured"), std::string::npos) << n;
+    EXPECT_LT(p.achieved.gpu_mem, 1) << n;
+    EXPECT_GT(p.achieved.launch_us, 0) << n;
+    const PlatformProfile pk = peak_profile(p), ac = achieved_profile(p);
+    EXPECT_EQ(pk.launch_us + pk.copy_us + pk.stage_us, 0) << n;
+    EXPECT_DOUBLE_EQ(ac.gpu_mem_gbs, p.gpu_mem_gbs * p.achieved.gpu_mem) << n;
+    EXPECT_DOUBLE_EQ(ac.dram_gbs, p.dram_gbs * p.achieved.cpu_dram) << n;
+    EXPECT_DOUBLE_EQ(ac.cpu_attn_gbs, p.dram_gbs * p.achieved.cpu_attn) << n;
+    EXPECT_DOUBLE_EQ(ac.launch_us, p.achieved.launch_us) << n;
+    // One accelerator stage of 10 launches and 1 GB of HBM reads: the achieved end is slower by
+    // the lower rate and the launches, each to the digit.
+    StageRecord r;
+    r.kind = StageKind::kAccelCompute;
+    r.work.launches = 10;
+    r.work.bytes[size_t(Tier::kGpu)] = 1000000000;
+    const double t_pk = modeled_stage_seconds(r, pk), t_ac = modeled_stage_seconds(r, ac);
+    EXPECT_DOUBLE_EQ(t_pk, 1.0 / p.gpu_mem_gbs) << n;
+    EXPECT_NEAR(t_ac, 1.0 / (p.gpu_mem_gbs * p.achieved.gpu_mem) + 1e-6 * (10 * ac.launch_us + ac.stage_us), 1e-12) << n;
+  }
+  // A variant scales one side's rates and keeps the other's.
+  const PlatformProfile a = load_platform("machine-a", dir), half = load_platform("machine-a?cpu=0.5", dir);
+  EXPECT_DOUBLE_EQ(half.dram_gbs, a.dram_gbs / 2);
+  EXPECT_DOUBLE_EQ(half.cpu_flops, a.cpu_flops / 2);
+  EXPECT_DOUBLE_EQ(half.gpu_mem_gbs, a.gpu_mem_gbs);
+  EXPECT_EQ(half.name, "machine-a?cpu=0.5");
+  EXPECT_DOUBLE_EQ(load_platform("machine-a?gpu=2", dir).gpu_mem_gbs, 2 * a.gpu_mem_gbs);
+  for (const char* bad_variant : {"machine-a?cpu=0", "machine-a?link=2", "machine-a?cpu=x", "machine-a?cpu"}) {
+    try {
+      load_platform(bad_variant, dir);
+      ADD_FAILURE() << bad_variant << " loaded";
+    } catch (const InputError& e) {
+      EXPECT_NE(std::string(e.what()).find("no variant"), std::string::npos) << e.what();
+    }
+  }
+  // Factors outside (0, 1] are refused with the line; a saved profile keeps its achieved section.
+  const std::string f = test::temp_path("achieved_platform.yaml");
+  test::write_file(f, "name: x\ncpu:\n  flops_gflops: 10\n  dram_gbs: 5\nachieved:\n  gpu_mem: 1.5\n");
+  try {
+    load_platform(f, dir);
+    ADD_FAILURE() << "a factor of 1.5 loaded";
+  } catch (const InputError& e) {
+    EXPECT_NE(std::string(e.what()).find(f + ":6: achieved.gpu_mem"), std::string::npos) << e.what();
+  }
+  save_platform(a, f, "round trip");
+  const PlatformProfile back = load_platform(f, dir);
+  EXPECT_DOUBLE_EQ(back.achieved.cpu_attn, a.achieved.cpu_attn);
+  EXPECT_DOUBLE_EQ(back.achieved.copy_us, a.achieved.copy_us);
+  EXPECT_EQ(back.achieved.source, a.achieved.source);
+}
+
 TEST(EmulatedDevice, SameTokensAsCpuAndKvOutOfMemoryIsAnError) {
   Model m = load_model("synthetic:tiny-llama");
   GenerateOptions o;
