@@ -207,6 +207,82 @@ def needle_figures(cfg, rows, labels, strategy_of):
     return out
 
 
+SHORT = {"full": "full", "flexgen": "FG", "moe_lightning": "MoE", "h2o": "H2O", "keyformer": "KF",
+         "streamingllm": "SL", "infinigen": "IG", "hybridgen": "HG"}
+
+
+def band_time(r, end):
+    """A modeled row's end-to-end seconds at one end of its band (peak, achieved); None without one."""
+    try:
+        return r["figures"]["modeled"]["band"][end]["end_to_end_s"]
+    except (KeyError, TypeError):
+        return None
+
+
+def map_figure(cfg, rows, labels, strategy_of):
+    """The map (experiments/map.yaml): per model, KV budget and band end, a grid of (prompt, decode)
+    × platform cells, each coloured by HybridGen's speedup over the fastest other method and
+    labelled with the fastest method (equal attended fraction: every budgeted method at the same budget)."""
+    from matplotlib.colors import TwoSlopeNorm
+    cells = defaultdict(lambda: defaultdict(list))  # (model, share, prompt, decode, platform, end) → label → times
+    for r in rows:
+        if r.get("status") != "ok":
+            continue
+        p = r["point"]
+        for end in ("peak", "achieved"):
+            t = band_time(r, end)
+            if t:
+                key = (model_name(p.get("model", "")), p.get("gpu_kv_share", 0), p.get("prompt_tokens"),
+                       p.get("decode_tokens"), p.get("platform"), end)
+                cells[key][r["label"]].append(t)
+    if not cells:
+        raise NoRows("no modeled rows with a band: the map needs a modeled clock")
+    models = sorted({k[0] for k in cells})
+    shares = sorted({k[1] for k in cells})
+    lengths = sorted({(k[2], k[3]) for k in cells})
+    order = [p for p in OrderedDict.fromkeys(r["point"].get("platform") for r in rows)]
+    panels = [(m, s) for m in models for s in shares]
+    fig, axes = plt.subplots(len(panels), 2, figsize=(13, 2.2 + 2.0 * len(panels)), squeeze=False)
+    norm = TwoSlopeNorm(vcenter=1.0, vmin=0.25, vmax=2.5)
+    hg = [l for l in labels if strategy_of.get(l, l) == "hybridgen"]
+    image = None
+    for i, (m, s) in enumerate(panels):
+        for j, end in enumerate(("peak", "achieved")):
+            ax = axes[i][j]
+            grid = [[float("nan")] * len(lengths) for _ in order]
+            for y, plat in enumerate(order):
+                for x, (pt, dt) in enumerate(lengths):
+                    c = cells.get((m, s, pt, dt, plat, end))
+                    if not c:
+                        ax.text(x, y, "n/a", ha="center", va="center", fontsize=6, color="grey")
+                        continue
+                    t = {l: median(v) for l, v in c.items()}
+                    best = min(t, key=t.get)
+                    others = [v for l, v in t.items() if l not in hg]
+                    mine = min((t[l] for l in hg if l in t), default=None)
+                    if mine and others:
+                        grid[y][x] = min(others) / mine
+                    txt = SHORT.get(strategy_of.get(best, best), best)
+                    if mine and others:
+                        txt += f"\n{min(others) / mine:.2f}×"
+                    ax.text(x, y, txt, ha="center", va="center", fontsize=6)
+            image = ax.imshow(grid, cmap="RdBu", norm=norm, aspect="auto")
+            ax.set_xticks(range(len(lengths)))
+            ax.set_xticklabels([f"{pt // 1024 if pt % 1024 == 0 else pt / 1024:g}K+{dt}" for pt, dt in lengths],
+                               fontsize=6, rotation=30, ha="right")
+            ax.set_yticks(range(len(order)))
+            ax.set_yticklabels([str(p) for p in order], fontsize=6)
+            budget = "KV fits (share 1)" if s >= 1 else f"budget {s:g} of the KV"
+            ends = "datasheet peak, no fixed costs" if end == "peak" else "achieved rates + H200 fixed costs"
+            ax.set_title(f"{m}, {budget}: {ends}", fontsize=7)
+            if i == len(panels) - 1:
+                ax.set_xlabel("prompt + decode tokens", fontsize=7)
+    fig.colorbar(image, ax=axes, shrink=0.5, label="HybridGen speedup over the fastest other method (>1: HybridGen wins)")
+    fig.suptitle(f"{cfg['name']}: fastest method per cell (label) and HybridGen's speedup over the best other "
+                 f"(colour) — MODELED, dry", fontsize=9)
+    return fig
+
+
 def figures(d):
     """The figures of result directory d, by file stem."""
     rows, cfg, labels, strategy_of = load(d)
@@ -233,6 +309,8 @@ def figures(d):
         return out
     if has_acc:
         return accuracy_figure(cfg, rows, labels, strategy_of, points, varying)
+    if "platform" in varying and "gpu_kv_share" in keys and any(strategy_of.get(l, l) == "hybridgen" for l in labels):
+        return {"map": map_figure(cfg, rows, labels, strategy_of)}
 
     def name(p):
         parts = [value_text(k, p[k]) for k in varying]
