@@ -239,16 +239,18 @@ def map_figure(cfg, rows, labels, strategy_of):
         raise NoRows("no modeled rows with a band: the map needs a modeled clock")
     models = sorted({k[0] for k in cells})
     shares = sorted({k[1] for k in cells})
-    lengths = sorted({(k[2], k[3]) for k in cells})
+    lengths_of = {m: sorted({(k[2], k[3]) for k in cells if k[0] == m}) for m in models}
     order = [p for p in OrderedDict.fromkeys(r["point"].get("platform") for r in rows)]
     panels = [(m, s) for m in models for s in shares]
-    fig, axes = plt.subplots(len(panels), 2, figsize=(13, 2.2 + 2.0 * len(panels)), squeeze=False)
+    fig, axes = plt.subplots(len(panels), 2, figsize=(14, 1.5 + 2.6 * len(panels)), squeeze=False,
+                             layout="constrained")
     norm = TwoSlopeNorm(vcenter=1.0, vmin=0.25, vmax=2.5)
     hg = [l for l in labels if strategy_of.get(l, l) == "hybridgen"]
     image = None
     for i, (m, s) in enumerate(panels):
         for j, end in enumerate(("peak", "achieved")):
             ax = axes[i][j]
+            lengths = lengths_of[m]
             grid = [[float("nan")] * len(lengths) for _ in order]
             for y, plat in enumerate(order):
                 for x, (pt, dt) in enumerate(lengths):
@@ -268,16 +270,15 @@ def map_figure(cfg, rows, labels, strategy_of):
                     ax.text(x, y, txt, ha="center", va="center", fontsize=6)
             image = ax.imshow(grid, cmap="RdBu", norm=norm, aspect="auto")
             ax.set_xticks(range(len(lengths)))
-            ax.set_xticklabels([f"{pt // 1024 if pt % 1024 == 0 else pt / 1024:g}K+{dt}" for pt, dt in lengths],
-                               fontsize=6, rotation=30, ha="right")
+            ax.set_xticklabels([f"{pt // 1024 if pt % 1024 == 0 else pt / 1024:g}K\n+{dt}" for pt, dt in lengths],
+                               fontsize=6)
             ax.set_yticks(range(len(order)))
-            ax.set_yticklabels([str(p) for p in order], fontsize=6)
+            ax.set_yticklabels([str(p).replace("machine-a", "A").replace("?cpu=", " CPU×") for p in order], fontsize=6)
             budget = "KV fits (share 1)" if s >= 1 else f"budget {s:g} of the KV"
             ends = "datasheet peak, no fixed costs" if end == "peak" else "achieved rates + H200 fixed costs"
             ax.set_title(f"{m}, {budget}: {ends}", fontsize=7)
-            if i == len(panels) - 1:
-                ax.set_xlabel("prompt + decode tokens", fontsize=7)
-    fig.colorbar(image, ax=axes, shrink=0.5, label="HybridGen speedup over the fastest other method (>1: HybridGen wins)")
+            ax.set_xlabel("prompt + decode tokens", fontsize=6)
+    fig.colorbar(image, ax=axes, shrink=0.4, label="HybridGen speedup over the fastest other method (>1: HybridGen wins)")
     fig.suptitle(f"{cfg['name']}: fastest method per cell (label) and HybridGen's speedup over the best other "
                  f"(colour) — MODELED, dry", fontsize=9)
     return fig
