@@ -41,8 +41,8 @@ class FlexGen final : public KvStrategy {
     else
       stage_.reset(KvShape{0, shape.H, shape.H_kv, shape.D, shape.rope}, capacity, &rt_.memory(), Tier::kGpu,
                    kv_.dtype());
-    res_.reset(KvShape{resident_, shape.H, shape.H_kv, shape.D, shape.rope}, capacity, &rt_.memory(), Tier::kGpu,
-               kv_.dtype());
+    res_.reset(KvShape{resident_, shape.H, shape.H_kv, shape.D, shape.rope}, capacity, &rt_.memory(),
+               Tier::kGpu, kv_.dtype());
     store_.reset(KvShape{shape.n_layers - resident_, shape.H, shape.H_kv, shape.D, shape.rope}, capacity,
                  &rt_.memory(), Tier::kDram, kv_.dtype());
     loaded_ = {-1, -1};
@@ -127,8 +127,10 @@ class FlexGen final : public KvStrategy {
     settle();
     for (int32_t d : dst)
       for (int l = 0; l < shape_.n_layers; ++l)
-        if (l < resident_) res_.copy_tokens(l, src, d, n, &be_);
-        else store_.copy_tokens(l - resident_, src, d, n);
+        if (l < resident_)
+          res_.copy_tokens(l, src, d, n, &be_);
+        else
+          store_.copy_tokens(l - resident_, src, d, n);
   }
 
   // Copies tokens [0, first[seq]) of `layer` from dram into staging slot layer % 2.
@@ -145,8 +147,10 @@ class FlexGen final : public KvStrategy {
           for (auto& [seq, n] : first) {
             const size_t pitch = size_t(kv_.bytes(store_.head_stride(seq))), len = size_t(kv_.bytes(int64_t(n) * shape_.D));
             const int l = layer - resident_;
-            be_.upload_2d(stage_.k_raw(slot, seq), pitch, store_.k_raw(l, seq), pitch, len, size_t(shape_.H_kv));
-            be_.upload_2d(stage_.v_raw(slot, seq), pitch, store_.v_raw(l, seq), pitch, len, size_t(shape_.H_kv));
+            be_.upload_2d(stage_.k_raw(slot, seq), pitch, store_.k_raw(l, seq), pitch, len,
+                          size_t(shape_.H_kv));
+            be_.upload_2d(stage_.v_raw(slot, seq), pitch, store_.v_raw(l, seq), pitch, len,
+                          size_t(shape_.H_kv));
           }
         },
         {writeback_}, "kv load layer " + std::to_string(layer));
@@ -186,8 +190,9 @@ class FlexGen final : public KvStrategy {
   std::map<int32_t, int32_t> next_first_, prefetched_first_;
   int exposed_ = 0, exposed_last_ = 0;  // loads waited for in this step, in the last one
   KvShape shape_;
-  KvStore store_, stage_;  // store_: layers [resident_, n) on dram; stage_: 2 of them (double buffer) on the gpu tier
-  KvStore res_;            // layers [0, resident_) on the gpu tier
+  // store_: layers [resident_, n) on dram; stage_: 2 of them (double buffer) on the gpu tier;
+  // res_: layers [0, resident_) on the gpu tier.
+  KvStore store_, stage_, res_;
   int resident_ = 0;
   std::array<int, 2> loaded_{-1, -1};
   std::array<Event, 2> prefetch_;

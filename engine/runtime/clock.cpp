@@ -2,8 +2,8 @@
 #include "engine/runtime/clock.h"
 
 #include <algorithm>
-#include <charconv>
 #include <array>
+#include <charconv>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -37,9 +37,11 @@ Variant parse_variant(const std::string& spec) {
     const std::string k = kv.substr(0, eq), val = eq == std::string::npos ? "" : kv.substr(eq + 1);
     double f = 0;
     auto [ptr, ec] = std::from_chars(val.data(), val.data() + val.size(), f);
-    if ((k != "cpu" && k != "gpu") || ec != std::errc() || ptr != val.data() + val.size() || !(f > 0 && f <= 1000))
-      input_error("platform '{}': '{}' is no variant (expected cpu=F or gpu=F, F a positive factor, joined by &)", spec,
-                  kv);
+    if ((k != "cpu" && k != "gpu") || ec != std::errc() || ptr != val.data() + val.size() ||
+        !(f > 0 && f <= 1000))
+      input_error(
+          "platform '{}': '{}' is no variant (expected cpu=F or gpu=F, F a positive factor, joined by &)",
+          spec, kv);
     (k == "cpu" ? v.cpu : v.gpu) = f;
   }
   return v;
@@ -136,21 +138,26 @@ PlatformProfile load_platform(const std::string& name_or_path, const std::string
     p.copy_us = yaml_number(y["fixed"], "copy_us", 0, false, file, "fixed");
   }
   if (const YAML::Node a = y["achieved"]) {
-    check_keys(a, {"source", "gpu_mem", "gpu_flops", "cpu_dram", "cpu_attn", "stage_us", "launch_us", "copy_us"}, file,
-               "achieved");
+    check_keys(a,
+               {"source", "gpu_mem", "gpu_flops", "cpu_dram", "cpu_attn", "stage_us", "launch_us", "copy_us"},
+               file, "achieved");
     auto& f = p.achieved;
     f.source = yaml_string(a, "source", "", file, "achieved");
-    for (auto [v, key] : {std::pair{&f.gpu_mem, "gpu_mem"}, {&f.gpu_flops, "gpu_flops"}, {&f.cpu_dram, "cpu_dram"},
+    for (auto [v, key] : {std::pair{&f.gpu_mem, "gpu_mem"},
+                          {&f.gpu_flops, "gpu_flops"},
+                          {&f.cpu_dram, "cpu_dram"},
                           {&f.cpu_attn, "cpu_attn"}}) {
       *v = yaml_number(a, key, 1, false, file, "achieved");
       if (!(*v > 0 && *v <= 1))
         input_error("{}:{}: achieved.{} must be an achieved ÷ peak factor in (0, 1], got {}", file,
                     a[key] ? a[key].Mark().line + 1 : a.Mark().line + 1, key, *v);
     }
-    for (auto [v, key] : {std::pair{&f.stage_us, "stage_us"}, {&f.launch_us, "launch_us"}, {&f.copy_us, "copy_us"}}) {
+    for (auto [v, key] :
+         {std::pair{&f.stage_us, "stage_us"}, {&f.launch_us, "launch_us"}, {&f.copy_us, "copy_us"}}) {
       *v = yaml_number(a, key, -1, false, file, "achieved");
       if (a[key] && !(*v >= 0))
-        input_error("{}:{}: achieved.{} must be zero or positive microseconds", file, a[key].Mark().line + 1, key);
+        input_error("{}:{}: achieved.{} must be zero or positive microseconds", file, a[key].Mark().line + 1,
+                    key);
     }
   }
   for (auto [v, what] : {std::pair{p.cpu_flops, "cpu.flops_gflops"}, {p.dram_gbs, "cpu.dram_gbs"}, {p.far_gbs, "far.gbs"}})
@@ -184,11 +191,13 @@ void save_platform(const PlatformProfile& p, const std::string& path, const std:
   if (p.h2d_gbs > 0) out << "link:\n  h2d_gbs: " << p.h2d_gbs << "\n  d2h_gbs: " << p.d2h_gbs << "\n";
   out << "fixed:\n  stage_us: " << p.stage_us << "\n  launch_us: " << p.launch_us << "\n  copy_us: " << p.copy_us << "\n";
   const auto& a = p.achieved;
-  if (a.gpu_mem != 1 || a.gpu_flops != 1 || a.cpu_dram != 1 || a.cpu_attn != 1 || a.stage_us >= 0 || a.launch_us >= 0 ||
-      a.copy_us >= 0) {
-    out << "achieved:\n  source: \"" << a.source << "\"\n  gpu_mem: " << a.gpu_mem << "\n  gpu_flops: " << a.gpu_flops
-        << "\n  cpu_dram: " << a.cpu_dram << "\n  cpu_attn: " << a.cpu_attn << "\n";
-    for (auto [v, key] : {std::pair{a.stage_us, "stage_us"}, {a.launch_us, "launch_us"}, {a.copy_us, "copy_us"}})
+  if (a.gpu_mem != 1 || a.gpu_flops != 1 || a.cpu_dram != 1 || a.cpu_attn != 1 || a.stage_us >= 0 ||
+      a.launch_us >= 0 || a.copy_us >= 0) {
+    out << "achieved:\n  source: \"" << a.source << "\"\n  gpu_mem: " << a.gpu_mem
+        << "\n  gpu_flops: " << a.gpu_flops << "\n  cpu_dram: " << a.cpu_dram
+        << "\n  cpu_attn: " << a.cpu_attn << "\n";
+    for (auto [v, key] :
+         {std::pair{a.stage_us, "stage_us"}, {a.launch_us, "launch_us"}, {a.copy_us, "copy_us"}})
       if (v >= 0) out << "  " << key << ": " << v << "\n";
   }
   write_file_atomic(path, out.str());

@@ -131,7 +131,8 @@ std::string num(double v) { return std::isfinite(v) ? fmt::format("{:.6g}", v) :
 double band_time(const ResultRow& r, const char* end) {
   if (!r.ok) return NAN;
   const auto& j = r.json;
-  const nlohmann::ordered_json::json_pointer at(std::string("/figures/modeled/band/") + end + "/end_to_end_s");
+  const nlohmann::ordered_json::json_pointer at(std::string("/figures/modeled/band/") + end +
+                                                "/end_to_end_s");
   return j.contains(at) && j.at(at).is_number() ? j.at(at).get<double>() : NAN;
 }
 
@@ -147,7 +148,6 @@ std::pair<double, double> gpu_kv(const ResultRow& r) {
   if (!r.ok || !r.json.contains(b) || !r.json.contains(p) || !r.json.at(b).is_number()) return {-1, -1};
   return {r.json.at(b).get<double>(), r.json.at(p).get<double>()};
 }
-
 
 // The axes points record, timing or accuracy ones, in the table's order (summary.csv's columns).
 std::vector<const SweepAxis*> recorded_axes(bool accuracy) {
@@ -444,13 +444,33 @@ std::string write_summary(const std::string& dir, const std::vector<ResultRow>& 
   // The point's axes as the table of axes records them, then the row's figures.
   std::vector<std::string> head = {"point_id", "point_index", "model"};
   for (const SweepAxis* ax : recorded_axes(false)) head.push_back(ax->name);
-  for (const char* k : {"label", "strategy", "status",
-                        "repeats_ok", "time_basis", "time_metric", "time_s_median", "time_s_min",
-                        "time_s_max", "prefill_s_median", "decode_s_median", "decode_token_s_median",
-                        "normalized_time", "speedup_vs_baseline", "attended_fraction", "attended_accel_tokens",
-                        "attended_cpu_tokens", "kv_dtype", "h2d_bytes_per_step", "modeled_over_measured", "time_s_peak",
-                        "time_s_achieved", "speedup_peak", "speedup_achieved", "gpu_kv_budget_bytes",
-                        "gpu_kv_peak_bytes", "reason"})
+  for (const char* k : {"label",
+                        "strategy",
+                        "status",
+                        "repeats_ok",
+                        "time_basis",
+                        "time_metric",
+                        "time_s_median",
+                        "time_s_min",
+                        "time_s_max",
+                        "prefill_s_median",
+                        "decode_s_median",
+                        "decode_token_s_median",
+                        "normalized_time",
+                        "speedup_vs_baseline",
+                        "attended_fraction",
+                        "attended_accel_tokens",
+                        "attended_cpu_tokens",
+                        "kv_dtype",
+                        "h2d_bytes_per_step",
+                        "modeled_over_measured",
+                        "time_s_peak",
+                        "time_s_achieved",
+                        "speedup_peak",
+                        "speedup_achieved",
+                        "gpu_kv_budget_bytes",
+                        "gpu_kv_peak_bytes",
+                        "reason"})
     head.push_back(k);
   // Every swept strategy parameter as a column: its value for the row's strategy ("" when the
   // strategy has no such parameter).
@@ -496,25 +516,45 @@ std::string write_summary(const std::string& dir, const std::vector<ResultRow>& 
         }
       }
       const double med = median_of(t), nt = med / base;
-      const double pk = median_of(band_times(pi, label, "peak")), ac = median_of(band_times(pi, label, "achieved"));
+      const double pk = median_of(band_times(pi, label, "peak")),
+                   ac = median_of(band_times(pi, label, "achieved"));
       const double pk_base = median_of(band_times(pi, baseline, "peak")),
                    ac_base = median_of(band_times(pi, baseline, "achieved"));
       std::vector<double> kv_budget, kv_peak;
       for (const ResultRow* r : rs)
         if (r->ok)
-          if (const auto g = gpu_kv(*r); g.first >= 0) kv_budget.push_back(g.first), kv_peak.push_back(g.second);
+          if (const auto g = gpu_kv(*r); g.first >= 0)
+            kv_budget.push_back(g.first), kv_peak.push_back(g.second);
       if (std::isfinite(nt)) norm_by_label[label].push_back(nt);
       std::vector<std::string> rec = {json_str(pj["id"]), std::to_string(pi), json_str(pj["model"])};
       for (auto& c : axis_cells(pj, false)) rec.push_back(c);
-      for (auto& c : std::vector<std::string>{label, strategy,
-                  ok ? (t.size() == rs.size() ? "ok" : "partial") : "failed", std::to_string(t.size()),
-                  ok ? ok->time_basis : "", ok ? ok->figure_text("time_metric", "decode") : "",
-                  num(med), t.empty() ? "" : num(*std::min_element(t.begin(), t.end())),
-                  t.empty() ? "" : num(*std::max_element(t.begin(), t.end())), num(median_of(pre)),
-                  num(median_of(dec)), num(median_of(tok)), num(nt), num(base / med), num(median_of(frac)),
-                  num(median_of(acc)), num(median_of(cpu)), ok ? ok->figure_text("kv_dtype", "") : "",
-                  num(h2d), num(median_of(mom)), num(pk), num(ac), num(pk_base / pk), num(ac_base / ac),
-                  num(median_of(kv_budget)), num(median_of(kv_peak)), reason})
+      for (auto& c : std::vector<std::string>{label,
+                                              strategy,
+                                              ok ? (t.size() == rs.size() ? "ok" : "partial") : "failed",
+                                              std::to_string(t.size()),
+                                              ok ? ok->time_basis : "",
+                                              ok ? ok->figure_text("time_metric", "decode") : "",
+                                              num(med),
+                                              t.empty() ? "" : num(*std::min_element(t.begin(), t.end())),
+                                              t.empty() ? "" : num(*std::max_element(t.begin(), t.end())),
+                                              num(median_of(pre)),
+                                              num(median_of(dec)),
+                                              num(median_of(tok)),
+                                              num(nt),
+                                              num(base / med),
+                                              num(median_of(frac)),
+                                              num(median_of(acc)),
+                                              num(median_of(cpu)),
+                                              ok ? ok->figure_text("kv_dtype", "") : "",
+                                              num(h2d),
+                                              num(median_of(mom)),
+                                              num(pk),
+                                              num(ac),
+                                              num(pk_base / pk),
+                                              num(ac_base / ac),
+                                              num(median_of(kv_budget)),
+                                              num(median_of(kv_peak)),
+                                              reason})
         rec.push_back(c);
       for (auto& c : param_cells(pj, strategy)) rec.push_back(c);
       csv_row(f, rec);
@@ -530,8 +570,10 @@ std::string write_summary(const std::string& dir, const std::vector<ResultRow>& 
                                 modeled ? (dry ? "MODELED, dry execution" : "MODELED") : "measured",
                                 modeled ? " — modeled on a platform profile, not measured" : "");
   if (banded)
-    out += "each cell a band: the profile at its peak rates without fixed costs – at achieved rates with measured fixed "
-           "costs (lower–higher)\n";
+    out +=
+        "each cell a band: the profile at its peak rates without fixed costs – at achieved rates with "
+        "measured fixed "
+        "costs (lower–higher)\n";
   if (const std::string axes = axes_caption(varying); !axes.empty()) out += "columns: " + axes + "\n";
   std::vector<std::string> names;
   size_t w0 = 16;
@@ -548,7 +590,8 @@ std::string write_summary(const std::string& dir, const std::vector<ResultRow>& 
   // A band's two ends, normalised each to the baseline's at the same end; the lower first.
   auto band_cell = [&](int pi, const std::string& label, double* lp, double* la) {
     const double p = median_of(band_times(pi, label, "peak")) / median_of(band_times(pi, baseline, "peak"));
-    const double a = median_of(band_times(pi, label, "achieved")) / median_of(band_times(pi, baseline, "achieved"));
+    const double a =
+        median_of(band_times(pi, label, "achieved")) / median_of(band_times(pi, baseline, "achieved"));
     *lp = p, *la = a;
     return std::isfinite(p) && std::isfinite(a) ? band_text(p, a) : std::string("failed");
   };
@@ -566,7 +609,8 @@ std::string write_summary(const std::string& dir, const std::vector<ResultRow>& 
       if (banded && any) {
         double p = NAN, a = NAN;
         cell = band_cell(pi, label, &p, &a);
-        if (std::isfinite(p) && std::isfinite(a) && p > 0 && a > 0) logsum_p += std::log(p), logsum_a += std::log(a), ++n_band;
+        if (std::isfinite(p) && std::isfinite(a) && p > 0 && a > 0)
+          logsum_p += std::log(p), logsum_a += std::log(a), ++n_band;
       }
       out += fmt::format("{:>{}}", cell, widths[i++]);
       if (std::isfinite(nt) && nt > 0) logsum += std::log(nt), ++n;
@@ -575,8 +619,9 @@ std::string write_summary(const std::string& dir, const std::vector<ResultRow>& 
     partial_geomean = partial_geomean || partial;
     const std::string gm =
         !n ? "-"
-        : banded && n_band ? band_text(std::exp(logsum_p / n_band), std::exp(logsum_a / n_band)) + (partial ? "*" : "")
-                           : fmt::format("{:.2f}{}", std::exp(logsum / n), partial ? "*" : "");
+        : banded && n_band
+            ? band_text(std::exp(logsum_p / n_band), std::exp(logsum_a / n_band)) + (partial ? "*" : "")
+            : fmt::format("{:.2f}{}", std::exp(logsum / n), partial ? "*" : "");
     out += fmt::format("{:>{}}\n", gm, cell_w + 1);
   }
   if (partial_geomean)
@@ -623,8 +668,9 @@ std::string write_summary(const std::string& dir, const std::vector<ResultRow>& 
     bool any_budget = false;
     for (auto& r : rows) any_budget = any_budget || gpu_kv(r).first > 0;
     if (any_budget) {
-      out += fmt::format("\naccelerator KV peak / budget (MB; the budget is gpu_kv_bytes, shared by every strategy)\n{:<{}}",
-                         "strategy", w0);
+      out += fmt::format(
+          "\naccelerator KV peak / budget (MB; the budget is gpu_kv_bytes, shared by every strategy)\n{:<{}}",
+          "strategy", w0);
       for (size_t i = 0; i < names.size(); ++i) out += fmt::format("{:>{}}", names[i], widths[i]);
       out += "\n";
       for (auto& label : labels) {

@@ -184,8 +184,10 @@ Figures figures(const Measurement& m, const PlatformProfile* profile) {
       std::vector<double> d;
       for (auto& [st, recs] : by_step) {
         const double cp = modeled_timing(recs, q).critical_path_s;
-        if (st == 0) out.prefill_s += cp;
-        else d.push_back(cp);
+        if (st == 0)
+          out.prefill_s += cp;
+        else
+          d.push_back(cp);
       }
       out.decode_token_s = median(d);
       std::sort(d.begin(), d.end());  // summed in one order, so the figure repeats to the digit
@@ -792,7 +794,10 @@ Json Runner::run_once(const Point& p, const StrategyEntry& entry, int repeat, bo
       return Json{{"prefill_s", x.prefill_s},
                   {"decode_token_s_median", x.decode_token_s},
                   {"end_to_end_s", x.end_to_end_s},
-                  {"decode_tokens_per_s", x.decode_token_s > 0 ? double(f.decode_tokens) / double(std::max<int64_t>(1, f.decode_steps)) / x.decode_token_s : 0.0}};
+                  {"decode_tokens_per_s",
+                   x.decode_token_s > 0 ? double(f.decode_tokens) /
+                                              double(std::max<int64_t>(1, f.decode_steps)) / x.decode_token_s
+                                        : 0.0}};
     };
     md["band"] = {{"peak", replay_json(f.m_peak)},
                   {"achieved", replay_json(f.m_achieved)},

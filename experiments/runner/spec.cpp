@@ -366,7 +366,8 @@ ExperimentSpec parse_node(YAML::Node y, const std::string& file) {
     }
   }
   if (y["sweep"] && y["sweep"]["gpu_kv_share"] && y["sweep"]["gpu_kv_bytes"])
-    fail(file, y["sweep"]["gpu_kv_share"], "gpu_kv_share and gpu_kv_bytes both set the accelerator KV budget: give one");
+    fail(file, y["sweep"]["gpu_kv_share"],
+         "gpu_kv_share and gpu_kv_bytes both set the accelerator KV budget: give one");
   if (swept_platform && s.clock == "measured")
     fail(file, y["sweep"]["platform"], "sweep 'platform' needs clock: modeled (each point is replayed on its platform)");
   if (s.clock == "modeled" && !swept_platform)
@@ -503,7 +504,9 @@ const std::vector<SweepAxis>& sweep_axes() {
       double d = 0;
       auto [ptr, ec] = std::from_chars(t.data(), t.data() + t.size(), d);
       if (ec != std::errc() || ptr != t.data() + t.size() || !(d > 0 && d <= 64))
-        fail(file, x, fmt::format("gpu_kv_share '{}': expected a share of the point's KV in (0, 64] (1: it all fits)", t));
+        fail(file, x,
+             fmt::format("gpu_kv_share '{}': expected a share of the point's KV in (0, 64] (1: it all fits)",
+                         t));
       return t;
     };
     share.apply = [](Point& p, const std::string& x, const Spec&) { p.gpu_kv_share = std::stod(x); };

@@ -238,9 +238,10 @@ TEST(FairFooting, EveryStrategyKeepsItsAcceleratorKvWithinOneBudget) {
 // gpu_kv_share: the budget as a share of each point's whole KV (16-bit elements, prompt + decode
 // tokens, every layer and sequence), resolved per point and recorded beside the share.
 TEST(FairFooting, KvShareIsThePointsShareOfItsWholeKv) {
-  const std::string y = "name: f\nmodels: [\"synthetic:llama-3.2-1b?layers=8\"]\nstrategies: [flexgen]\nsweep:\n  "
-                        "prompt_tokens: [1024, 2048]\n  decode_tokens: [4]\n  batch: [2]\n  gpu_kv_share: [0.5]\n"
-                        "device: emulated\nclock: modeled:machine-a\nexecute: dry\n";
+  const std::string y =
+      "name: f\nmodels: [\"synthetic:llama-3.2-1b?layers=8\"]\nstrategies: [flexgen]\nsweep:\n  "
+      "prompt_tokens: [1024, 2048]\n  decode_tokens: [4]\n  batch: [2]\n  gpu_kv_share: [0.5]\n"
+      "device: emulated\nclock: modeled:machine-a\nexecute: dry\n";
   ExperimentSpec spec = parse_experiment(y, "f.yaml");
   Runner run(spec);
   for (const Point& p : expand(spec)) {
@@ -254,16 +255,18 @@ TEST(FairFooting, KvShareIsThePointsShareOfItsWholeKv) {
   }
   // Both ways of setting the budget in one file are refused, naming the line.
   try {
-    parse_experiment("name: f\nmodels: [\"synthetic:tiny-llama\"]\nstrategies: [flexgen]\nsweep:\n  gpu_kv_bytes: [1000]\n"
-                     "  gpu_kv_share: [0.5]\n",
-                     "f.yaml");
+    parse_experiment(
+        "name: f\nmodels: [\"synthetic:tiny-llama\"]\nstrategies: [flexgen]\nsweep:\n  gpu_kv_bytes: [1000]\n"
+        "  gpu_kv_share: [0.5]\n",
+        "f.yaml");
     ADD_FAILURE() << "gpu_kv_share beside gpu_kv_bytes was accepted";
   } catch (const InputError& e) {
     EXPECT_NE(std::string(e.what()).find("f.yaml:6"), std::string::npos) << e.what();
   }
   try {
-    parse_experiment("name: f\nmodels: [\"synthetic:tiny-llama\"]\nstrategies: [flexgen]\nsweep:\n  gpu_kv_share: [0]\n",
-                     "f.yaml");
+    parse_experiment(
+        "name: f\nmodels: [\"synthetic:tiny-llama\"]\nstrategies: [flexgen]\nsweep:\n  gpu_kv_share: [0]\n",
+        "f.yaml");
     ADD_FAILURE() << "a share of 0 was accepted";
   } catch (const InputError& e) {
     EXPECT_NE(std::string(e.what()).find("gpu_kv_share"), std::string::npos) << e.what();

@@ -82,8 +82,8 @@ TEST(FlexGen, ResidentLayersUnderABudgetStreamOnlyTheRest) {
   const auto& hp = m.hp;
   const int prompt = 17;
   const auto toks = token_stream(prompt + 6, hp.n_vocab, 5);
-  const int64_t row_kv = int64_t(hp.n_kv_heads) * hp.head_dim * 2;    // one token's K (or V), F16
-  const int64_t layer = int64_t(toks.size() + 1) * row_kv * 2;         // one layer's K and V at capacity
+  const int64_t row_kv = int64_t(hp.n_kv_heads) * hp.head_dim * 2;  // one token's K (or V), F16
+  const int64_t layer = int64_t(toks.size() + 1) * row_kv * 2;      // one layer's K and V at capacity
   std::vector<std::vector<float>> want;
   for (const int64_t budget : {int64_t(0), 5 * layer}) {
     RuntimeConfig rc;
@@ -94,22 +94,28 @@ TEST(FlexGen, ResidentLayersUnderABudgetStreamOnlyTheRest) {
     TransferTotals before;
     std::vector<std::vector<float>> got;
     int r = -1;
-    rt.accel().submit("run", {}, {}, [&] {
-      got = step_logits(m, rt.accel_backend(), *kv, toks, prompt, [&](int step) {
-        const auto e = kv->effective_params();
-        r = e.count("cache_gpu_layers") ? std::stoi(e.at("cache_gpu_layers")) : 0;
-        const TransferTotals now = rt.transfers().totals();
-        if (step > 0) {
-          const int64_t N = prompt + step - 1;
-          const int64_t h2d = now.bytes_between(Tier::kDram, Tier::kGpu) - before.bytes_between(Tier::kDram, Tier::kGpu);
-          const int64_t d2h = now.bytes_between(Tier::kGpu, Tier::kDram) - before.bytes_between(Tier::kGpu, Tier::kDram);
-          EXPECT_EQ(h2d, (hp.n_layers - 1 - r) * 2 * N * row_kv + 2 * (N + 1) * row_kv) << "step " << step;
-          EXPECT_EQ(d2h, (hp.n_layers - r) * 2 * row_kv) << "step " << step;
-          EXPECT_EQ(kv->step_stats().at("exposed_loads"), 0.0) << "step " << step;
-        }
-        before = now;
-      });
-    }).wait();
+    rt.accel()
+        .submit("run", {}, {},
+                [&] {
+                  got = step_logits(m, rt.accel_backend(), *kv, toks, prompt, [&](int step) {
+                    const auto e = kv->effective_params();
+                    r = e.count("cache_gpu_layers") ? std::stoi(e.at("cache_gpu_layers")) : 0;
+                    const TransferTotals now = rt.transfers().totals();
+                    if (step > 0) {
+                      const int64_t N = prompt + step - 1;
+                      const int64_t h2d = now.bytes_between(Tier::kDram, Tier::kGpu) -
+                                          before.bytes_between(Tier::kDram, Tier::kGpu);
+                      const int64_t d2h = now.bytes_between(Tier::kGpu, Tier::kDram) -
+                                          before.bytes_between(Tier::kGpu, Tier::kDram);
+                      EXPECT_EQ(h2d, (hp.n_layers - 1 - r) * 2 * N * row_kv + 2 * (N + 1) * row_kv)
+                          << "step " << step;
+                      EXPECT_EQ(d2h, (hp.n_layers - r) * 2 * row_kv) << "step " << step;
+                      EXPECT_EQ(kv->step_stats().at("exposed_loads"), 0.0) << "step " << step;
+                    }
+                    before = now;
+                  });
+                })
+        .wait();
     EXPECT_EQ(r, budget ? 3 : 0);  // 5 layers of budget: 2 staging, 3 resident
     EXPECT_LE(rt.memory().kv_usage().peak, budget ? budget : INT64_MAX);
     if (want.empty()) {
@@ -118,7 +124,8 @@ TEST(FlexGen, ResidentLayersUnderABudgetStreamOnlyTheRest) {
     }
     ASSERT_EQ(got.size(), want.size());
     for (size_t i = 0; i < got.size(); ++i)
-      for (size_t j = 0; j < got[i].size(); ++j) ASSERT_EQ(got[i][j], want[i][j]) << "step " << i << " logit " << j;
+      for (size_t j = 0; j < got[i].size(); ++j)
+        ASSERT_EQ(got[i][j], want[i][j]) << "step " << i << " logit " << j;
   }
 }
 

@@ -534,7 +534,9 @@ TEST(Platforms, AchievedFactorsAndVariantsMakeTheBand) {
     r.work.bytes[size_t(Tier::kGpu)] = 1000000000;
     const double t_pk = modeled_stage_seconds(r, pk), t_ac = modeled_stage_seconds(r, ac);
     EXPECT_DOUBLE_EQ(t_pk, 1.0 / p.gpu_mem_gbs) << n;
-    EXPECT_NEAR(t_ac, 1.0 / (p.gpu_mem_gbs * p.achieved.gpu_mem) + 1e-6 * (10 * ac.launch_us + ac.stage_us), 1e-12) << n;
+    EXPECT_NEAR(t_ac, 1.0 / (p.gpu_mem_gbs * p.achieved.gpu_mem) + 1e-6 * (10 * ac.launch_us + ac.stage_us),
+                1e-12)
+        << n;
   }
   // A variant scales one side's rates and keeps the other's.
   const PlatformProfile a = load_platform("machine-a", dir), half = load_platform("machine-a?cpu=0.5", dir);
@@ -543,7 +545,8 @@ TEST(Platforms, AchievedFactorsAndVariantsMakeTheBand) {
   EXPECT_DOUBLE_EQ(half.gpu_mem_gbs, a.gpu_mem_gbs);
   EXPECT_EQ(half.name, "machine-a?cpu=0.5");
   EXPECT_DOUBLE_EQ(load_platform("machine-a?gpu=2", dir).gpu_mem_gbs, 2 * a.gpu_mem_gbs);
-  for (const char* bad_variant : {"machine-a?cpu=0", "machine-a?link=2", "machine-a?cpu=x", "machine-a?cpu"}) {
+  for (const char* bad_variant :
+       {"machine-a?cpu=0", "machine-a?link=2", "machine-a?cpu=x", "machine-a?cpu"}) {
     try {
       load_platform(bad_variant, dir);
       ADD_FAILURE() << bad_variant << " loaded";
