@@ -35,16 +35,11 @@ class FlexGen final : public KvStrategy {
     settle();  // a prefetch for a step that did not come still writes into the staging layers
     shape_ = shape;
     resident_ = resident_layers(shape, capacity);
-    if (resident_ < shape.n_layers)
-      stage_.reset(KvShape{2, shape.H, shape.H_kv, shape.D, shape.rope}, capacity, &rt_.memory(), Tier::kGpu,
-                   kv_.dtype());
-    else
-      stage_.reset(KvShape{0, shape.H, shape.H_kv, shape.D, shape.rope}, capacity, &rt_.memory(), Tier::kGpu,
-                   kv_.dtype());
-    res_.reset(KvShape{resident_, shape.H, shape.H_kv, shape.D, shape.rope}, capacity, &rt_.memory(),
-               Tier::kGpu, kv_.dtype());
-    store_.reset(KvShape{shape.n_layers - resident_, shape.H, shape.H_kv, shape.D, shape.rope}, capacity,
-                 &rt_.memory(), Tier::kDram, kv_.dtype());
+    const auto layers = [&](int n) { return KvShape{n, shape.H, shape.H_kv, shape.D, shape.rope}; };
+    stage_.reset(layers(resident_ < shape.n_layers ? 2 : 0), capacity, &rt_.memory(), Tier::kGpu,
+                 kv_.dtype());
+    res_.reset(layers(resident_), capacity, &rt_.memory(), Tier::kGpu, kv_.dtype());
+    store_.reset(layers(shape.n_layers - resident_), capacity, &rt_.memory(), Tier::kDram, kv_.dtype());
     loaded_ = {-1, -1};
     prefetch_ = {};
     next_first_.clear();
@@ -75,14 +70,7 @@ class FlexGen final : public KvStrategy {
       next_first_.clear();
       for (auto& r : rows) next_first_[r.seq] = std::max(next_first_[r.seq], r.pos + 1);
     }
-    if (layer < resident_) {
-      attn_rows_.resize(rows.size());
-      for (size_t i = 0; i < rows.size(); ++i)
-        attn_rows_[i] = AttnRow{res_.k_raw(layer, rows[i].seq), res_.v_raw(layer, rows[i].seq),
-                                res_.head_stride(rows[i].seq), rows[i].pos + 1};
-      be_.attention(attention_args(shape_, attn_rows_, q, scale, out, kv_.dtype()));
-      return;
-    }
+    if (layer < resident_) return attend_in(res_, layer, rows, q, scale, out);
     const int slot = layer % 2;
     if (loaded_[size_t(slot)] == layer && prefetch_[size_t(slot)].valid() && covers(first)) {
       prefetch_[size_t(slot)].wait();
@@ -95,11 +83,7 @@ class FlexGen final : public KvStrategy {
       prefetch_[size_t((layer + 1) % 2)] = load(layer + 1, first);
       prefetched_first_ = first;
     }
-    attn_rows_.resize(rows.size());
-    for (size_t i = 0; i < rows.size(); ++i)
-      attn_rows_[i] = AttnRow{stage_.k_raw(slot, rows[i].seq), stage_.v_raw(slot, rows[i].seq),
-                              stage_.head_stride(rows[i].seq), rows[i].pos + 1};
-    be_.attention(attention_args(shape_, attn_rows_, q, scale, out, kv_.dtype()));
+    attend_in(stage_, slot, rows, q, scale, out);
     writeback_.wait();  // k, v are the decoder's scratch: done before the next layer reuses it
   }
 
@@ -154,6 +138,16 @@ class FlexGen final : public KvStrategy {
           }
         },
         {writeback_}, "kv load layer " + std::to_string(layer));
+  }
+
+  // Attention of `rows` over layer `l` of `st` (an accelerator store: a staging slot or a resident layer).
+  void attend_in(KvStore& st, int l, std::span<const TokenRow> rows, const float* q, float scale,
+                 float* out) {
+    attn_rows_.resize(rows.size());
+    for (size_t i = 0; i < rows.size(); ++i)
+      attn_rows_[i] = AttnRow{st.k_raw(l, rows[i].seq), st.v_raw(l, rows[i].seq), st.head_stride(rows[i].seq),
+                              rows[i].pos + 1};
+    be_.attention(attention_args(shape_, attn_rows_, q, scale, out, kv_.dtype()));
   }
 
   // Layers whose KV stays on the accelerator: as many as the budget holds beside the two staging

@@ -17,6 +17,17 @@
 namespace hg {
 
 namespace {
+// Scales a profile's rates: the GPU's memory, its FLOPs (attention's too) and the CPU side's
+// memory tiers (DRAM and far) by their factors.
+void scale_rates(PlatformProfile& p, double gpu_mem, double gpu_flops, double cpu_mem) {
+  p.gpu_mem_gbs *= gpu_mem;
+  p.gpu_flops *= gpu_flops;
+  p.gpu_attn_flops *= gpu_flops;
+  for (auto& [d, r] : p.gpu_attn_flops_by_dim) r *= gpu_flops;
+  p.dram_gbs *= cpu_mem;
+  p.far_gbs *= cpu_mem;
+}
+
 // "name?cpu=F&gpu=F": a profile's variant with its CPU-side (DRAM, far tier, CPU FLOPs, CPU attention)
 // or GPU-side (HBM, FLOPs) rates scaled, for sweeps over the CPU-to-GPU rate ratio.
 struct Variant {
@@ -61,13 +72,8 @@ PlatformProfile load_platform(const std::string& name_or_path, const std::string
     const Variant v = parse_variant(name_or_path);
     PlatformProfile p = load_platform(v.base, platforms_dir);
     p.name = name_or_path;
-    p.gpu_mem_gbs *= v.gpu;
-    p.gpu_flops *= v.gpu;
-    p.gpu_attn_flops *= v.gpu;
-    for (auto& [d, r] : p.gpu_attn_flops_by_dim) r *= v.gpu;
+    scale_rates(p, v.gpu, v.gpu, v.cpu);
     p.gpu_elem_eps *= v.gpu;
-    p.dram_gbs *= v.cpu;
-    p.far_gbs *= v.cpu;
     p.cpu_flops *= v.cpu;
     p.cpu_attn_gbs *= v.cpu;
     if (v.cpu != 1 || v.gpu != 1)
@@ -212,12 +218,7 @@ PlatformProfile peak_profile(const PlatformProfile& p) {
 PlatformProfile achieved_profile(const PlatformProfile& p) {
   PlatformProfile q = p;
   const auto& a = p.achieved;
-  q.gpu_mem_gbs *= a.gpu_mem;
-  q.gpu_flops *= a.gpu_flops;
-  q.gpu_attn_flops *= a.gpu_flops;
-  for (auto& [d, r] : q.gpu_attn_flops_by_dim) r *= a.gpu_flops;
-  q.dram_gbs *= a.cpu_dram;
-  q.far_gbs *= a.cpu_dram;
+  scale_rates(q, a.gpu_mem, a.gpu_flops, a.cpu_dram);
   // The CPU's attention reads KV at its own achieved share of the DRAM peak (a calibrated
   // profile measured that rate already: cpu.attn_gbs).
   if (a.cpu_attn != 1) q.cpu_attn_gbs = (p.cpu_attn_gbs > 0 ? p.cpu_attn_gbs : p.dram_gbs) * a.cpu_attn;

@@ -433,6 +433,10 @@ std::string write_summary(const std::string& dir, const std::vector<ResultRow>& 
       if (const double x = band_time(*r, end); !std::isnan(x)) t.push_back(x);
     return t;
   };
+  // A band end's time over the baseline's at the same end and point.
+  auto band_norm = [&](int pi, const std::string& label, const char* end) {
+    return median_of(band_times(pi, label, end)) / median_of(band_times(pi, baseline, end));
+  };
   bool banded = false;
   for (auto& r : rows) banded = banded || !std::isnan(band_time(r, "achieved"));
   // Axes that vary between points name them in the table.
@@ -518,8 +522,6 @@ std::string write_summary(const std::string& dir, const std::vector<ResultRow>& 
       const double med = median_of(t), nt = med / base;
       const double pk = median_of(band_times(pi, label, "peak")),
                    ac = median_of(band_times(pi, label, "achieved"));
-      const double pk_base = median_of(band_times(pi, baseline, "peak")),
-                   ac_base = median_of(band_times(pi, baseline, "achieved"));
       std::vector<double> kv_budget, kv_peak;
       for (const ResultRow* r : rs)
         if (r->ok)
@@ -550,8 +552,8 @@ std::string write_summary(const std::string& dir, const std::vector<ResultRow>& 
                                               num(median_of(mom)),
                                               num(pk),
                                               num(ac),
-                                              num(pk_base / pk),
-                                              num(ac_base / ac),
+                                              num(1 / band_norm(pi, label, "peak")),
+                                              num(1 / band_norm(pi, label, "achieved")),
                                               num(median_of(kv_budget)),
                                               num(median_of(kv_peak)),
                                               reason})
@@ -572,8 +574,7 @@ std::string write_summary(const std::string& dir, const std::vector<ResultRow>& 
   if (banded)
     out +=
         "each cell a band: the profile at its peak rates without fixed costs – at achieved rates with "
-        "measured fixed "
-        "costs (lower–higher)\n";
+        "measured fixed costs (lower–higher)\n";
   if (const std::string axes = axes_caption(varying); !axes.empty()) out += "columns: " + axes + "\n";
   std::vector<std::string> names;
   size_t w0 = 16;
@@ -589,9 +590,7 @@ std::string write_summary(const std::string& dir, const std::vector<ResultRow>& 
   out += fmt::format("{:>{}}\n", "geomean", cell_w + 1);
   // A band's two ends, normalised each to the baseline's at the same end; the lower first.
   auto band_cell = [&](int pi, const std::string& label, double* lp, double* la) {
-    const double p = median_of(band_times(pi, label, "peak")) / median_of(band_times(pi, baseline, "peak"));
-    const double a =
-        median_of(band_times(pi, label, "achieved")) / median_of(band_times(pi, baseline, "achieved"));
+    const double p = band_norm(pi, label, "peak"), a = band_norm(pi, label, "achieved");
     *lp = p, *la = a;
     return std::isfinite(p) && std::isfinite(a) ? band_text(p, a) : std::string("failed");
   };
