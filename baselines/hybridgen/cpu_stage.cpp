@@ -128,7 +128,6 @@ void CpuStage::select(int layer, const TokenRow& r, const float* q, int32_t K, b
   thread_local std::vector<float> lg, score;
   thread_local std::vector<char> kg;
   thread_local std::vector<int32_t> far_rows, order, sorted;
-  thread_local std::vector<uint8_t> far;
   const DType dt = kv_.dtype();
   const int64_t row = kv_.bytes(D);
   if (lg.size() < size_t(G) * size_t(K)) lg.resize(size_t(G) * size_t(K));
@@ -203,17 +202,16 @@ void CpuStage::select(int layer, const TokenRow& r, const float* q, int32_t K, b
       return c < size_t(s) ? lg[size_t(h) * size_t(s) + c]
                            : lg[size_t(G) * size_t(s) + size_t(h) * size_t(K - s) + (c - size_t(s))];
     };
-    // Tier order (dram, then far), each part still sorted.
-    order.clear();
-    far.resize(sel.size());
-    for (size_t i = 0; i < sel.size(); ++i) far[i] = ring_.vtier(layer, r.seq, sel[i]) != Tier::kDram;
-    for (uint8_t part : {0, 1})
-      for (size_t i = 0; i < sel.size(); ++i)
-        if (far[i] == part) order.push_back(int32_t(i));
+    // Position order: the value sum then adds the rows in the order the oracle does, whatever
+    // the tiers of their pages (a different order can flip a 16-bit rounding of a later KV row).
+    order.resize(sel.size());
+    std::iota(order.begin(), order.end(), 0);
+    std::sort(order.begin(), order.end(),
+              [&](int32_t a, int32_t b) { return sel[size_t(a)] < sel[size_t(b)]; });
     sorted.resize(sel.size());
     for (size_t i = 0; i < order.size(); ++i) {
       sorted[i] = sel[size_t(order[i])];
-      res.n_tier[size_t(g)][far[size_t(order[i])]]++;
+      res.n_tier[size_t(g)][ring_.vtier(layer, r.seq, sorted[i]) != Tier::kDram]++;
       for (int h = 0; h < G; ++h) lg_sel[(size_t(g) * G + size_t(h)) * size_t(K) + i] = logit(h, size_t(order[i]));
     }
     sel.assign(sorted.begin(), sorted.end());
@@ -243,23 +241,26 @@ std::vector<Event> CpuStage::send_results(int layer, const std::vector<Row>& row
     int64_t bytes = 0, runs = 0;  // runs of consecutive selected positions within one page
     for (const Row& s : rows)
       for (int g = 0; g < Hkv; ++g) {
-        const auto& sel = s.res->sel[size_t(g)];
-        const int32_t b = ti == 0 ? 0 : s.res->n_tier[size_t(g)][0], e = b + s.res->n_tier[size_t(g)][size_t(ti)];
-        bytes += kv_.bytes(int64_t(e - b) * D);
-        runs += ring_.offloaded_kv().value_runs(std::span<const int32_t>(sel.data() + b, size_t(e - b)));
+        bytes += kv_.bytes(int64_t(s.res->n_tier[size_t(g)][size_t(ti)]) * D);
+        tier_segments(layer, s.r.seq, s.res->sel[size_t(g)], tier, [&](int32_t b, int32_t e) {
+          runs += ring_.offloaded_kv().value_runs(
+              std::span<const int32_t>(s.res->sel[size_t(g)].data() + b, size_t(e - b)));
+        });
       }
     if (bytes == 0) continue;
     ev.push_back(rt_.transfers().run_gather(
         tier, Tier::kGpu, bytes, runs,
-        [this, &rows, layer, ti, D, Hkv, tier, bytes, runs] {
+        [this, &rows, layer, D, Hkv, tier, bytes, runs] {
           const auto t = Clock::now();
-          // Each head's rows of this tier are one block of res.v; its positions are sorted.
+          // Each head's rows of this tier go to their places in res.v (position order).
           for (const Row& s : rows) {
             const CpuResult& res = *s.res;
             for (int g = 0; g < Hkv; ++g) {
-              const int32_t b = ti == 0 ? 0 : res.n_tier[size_t(g)][0], n = res.n_tier[size_t(g)][size_t(ti)];
-              ring_.offloaded_kv().gather_values(be_, layer, s.r.seq, g, res.sel[size_t(g)].data() + b, n,
-                                                 kv_.at(res.v, (int64_t(g) * res.k + b) * D));
+              const auto& sel = res.sel[size_t(g)];
+              tier_segments(layer, s.r.seq, sel, tier, [&](int32_t b, int32_t e) {
+                ring_.offloaded_kv().gather_values(be_, layer, s.r.seq, g, sel.data() + b, e - b,
+                                                   kv_.at(res.v, (int64_t(g) * res.k + b) * D));
+              });
             }
           }
           be_.synchronize();  // the attention reading res.v runs on another thread's stream

@@ -22,12 +22,12 @@ using Clock = std::chrono::steady_clock;
 inline double since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
 
 // What the CPU stage hands the accelerator for one (layer, sequence).
-// Per head, the selected positions are in tier order (the dram tier's, then the far tier's, each
-// sorted), so that each tier's V rows form one block per head; logits follow the same order. The
-// merged softmax and the value sum do not depend on the order.
+// Per head, the selected positions are in position order, and so are their logits and V rows:
+// the value sum adds them in the oracle's order whatever tiers their pages lie on. Each tier's rows
+// reach res.v in one gather per run of positions within a page.
 struct CpuResult {
   int32_t k = 0;                               // tokens selected per KV head
-  std::vector<std::vector<int32_t>> sel;       // [H_kv] positions in tier order
+  std::vector<std::vector<int32_t>> sel;       // [H_kv] positions, increasing
   std::vector<std::array<int32_t, 2>> n_tier;  // [H_kv] selected positions on dram, on far
   float* logits = nullptr;                     // gpu tier: [H_kv][G][k] (the layer parity's buffer)
   char* v = nullptr;                           // gpu tier: [H_kv][k][D] of kv_dtype
@@ -105,6 +105,18 @@ class CpuStage {
   // tokens as needed. Safe to overwrite: the pair's last reader, layer l−1's merged attention,
   // finished before this stage was submitted.
   void result_buffers(int layer, int seq, int32_t K, CpuResult& res);
+  // f(b, e) for each maximal run sel[b, e) of selected positions whose V pages lie on tier t.
+  template <typename F>
+  void tier_segments(int layer, int seq, const std::vector<int32_t>& sel, Tier t, F&& f) const {
+    for (int32_t b = 0, n = int32_t(sel.size()); b < n;) {
+      int32_t e = b;
+      while (e < n && ring_.vtier(layer, seq, sel[size_t(e)]) == t) ++e;
+      if (e > b)
+        f(b, e), b = e;
+      else
+        ++b;
+    }
+  }
   // A transfer's time for the scheduler: measured, or modeled on the runtime's stage clock.
   double transfer_seconds(Tier src, int64_t bytes, int64_t rows, double measured_s) const;
   void add_tx(double s);

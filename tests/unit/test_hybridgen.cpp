@@ -61,6 +61,39 @@ TEST(HybridGen, ExactWhenEveryOffloadedTokenIsSelected) {
   }
 }
 
+// Where the offloaded pages lie changes what moves, not the numbers: the selected rows are summed
+// in position order on every placement, so semantic, interleaved and dram-only pages give the same
+// logits bit for bit, whether every offloaded token is selected or a top-K of them (16-bit KV, where
+// another summation order would flip the rounding of later rows).
+TEST(HybridGen, PlacementDoesNotChangeTheLogits) {
+  for (const char* spec : {"synthetic:tiny-llama", "models/stories260K/stories260K.gguf"}) {
+    auto m = load_test_model(spec);
+    if (!m) continue;
+    const auto toks = token_stream(45, m->hp.n_vocab, 9);
+    for (const char* dt : {"bf16", "f16"})
+      for (const char* k : {"1000", "5"}) {
+        std::vector<std::vector<std::vector<float>>> got;
+        for (const char* placement : {"dram-only", "semantic", "interleave"})
+          got.push_back(emulated_step_logits(*m, "hybridgen",
+                                             {{"gpu_kv_tokens", "6"},
+                                              {"k", "fixed"},
+                                              {"k_fixed", k},
+                                              {"mode", "post"},
+                                              {"speculative_query", "false"},
+                                              {"placement", placement},
+                                              {"page_tokens", "4"},
+                                              {"kv_dtype", dt}},
+                                             toks, 23));
+        for (size_t p = 1; p < got.size(); ++p) {
+          ASSERT_EQ(got[p].size(), got[0].size());
+          for (size_t st = 0; st < got[0].size(); ++st)
+            EXPECT_EQ(0, std::memcmp(got[p][st].data(), got[0][st].data(), got[0][st].size() * 4))
+                << spec << " " << dt << " k_fixed " << k << " placement " << p << " step " << st;
+        }
+      }
+  }
+}
+
 // `pre` mode scores the sinks and the most recent offloaded tokens, two runs of the offloaded keys
 // that the CPU stage reads where they lie. With speculation off, HybridGen then attends to the
 // sinks, those K − sinks tokens and the R resident ones plus the current: StreamingLLM's set with a

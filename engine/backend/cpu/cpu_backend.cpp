@@ -73,7 +73,8 @@ thread_local RopeAngles rope_angles;
 
 class CpuBackend final : public Backend {
  public:
-  CpuBackend() : engine_(dnnl::engine::kind::cpu, 0), stream_(engine_) {}
+  CpuBackend()
+      : engine_(dnnl::engine::kind::cpu, 0), stream_(engine_), bf16_matmul_(has_bf16_matmul(engine_)) {}
   std::string_view name() const override { return "cpu"; }
 
   void matmul(const float* x, int64_t M, const Weight& w, const float* bias, float* y) override {
@@ -86,16 +87,26 @@ class CpuBackend final : public Backend {
       parallel_ranges(nblk, kGemvMinRowsPerCall / kGemvRows, [&](int64_t b, int64_t e) {
         cpu::gemv(x, int(M), w.buf.data(), w.dtype, K, b * kGemvRows, std::min(N, e * kGemvRows), y, N);
       });
-    } else if (w.dtype == DType::kF16) {
-      // Prefill with F16 weights: oneDNN 2.6 has no F16 matmul on this CPU, so blocks of rows are
-      // converted to F32 (hardware F16→F32) and multiplied as F32; the conversion is paid once per
-      // block per call, amortised over the M rows.
+    } else if (w.dtype == DType::kF16 || (w.dtype == DType::kBF16 && !bf16_matmul_)) {
+      // Prefill with 16-bit weights oneDNN 2.6 cannot multiply on this CPU (F16 always; BF16
+      // without AVX-512): blocks of rows are converted to F32 and multiplied as F32; the
+      // conversion is paid once per block per call, amortised over the M rows. BF16 weights take
+      // activations rounded to BF16, as oneDNN's BF16 matmul does, so prefill's numerics do not
+      // depend on the CPU beyond the summation order.
+      if (w.dtype == DType::kBF16) {
+        if (xr_.size() < size_t(M * K)) xr_.resize(size_t(M * K));
+        parallel_chunks(M, [&](int64_t b, int64_t e) {
+          for (int64_t i = b * K; i < e * K; ++i) xr_[size_t(i)] = bf16_to_f32(f32_to_bf16(x[i]));
+        });
+        x = xr_.data();
+      }
       const int64_t block = std::clamp<int64_t>(kF16BlockBytes / (K * 4), 256, N);
       if (wf_.size() < size_t(block * K)) wf_.resize(size_t(block * K));
+      auto* convert = w.dtype == DType::kF16 ? cpu::f16_to_f32_row : cpu::bf16_to_f32_row;
       for (int64_t n0 = 0; n0 < N; n0 += block) {
         const int64_t nb = std::min(block, N - n0);
         parallel_chunks(nb, [&](int64_t b, int64_t e) {
-          cpu::f16_to_f32_row(w.as<uint16_t>() + (n0 + b) * K, wf_.data() + b * K, (e - b) * K);
+          convert(w.as<uint16_t>() + (n0 + b) * K, wf_.data() + b * K, (e - b) * K);
         });
         dnnl_matmul(x, M, wf_.data(), dnnl::memory::data_type::f32, K, nb, N, y + n0);
       }
@@ -380,7 +391,22 @@ class CpuBackend final : public Backend {
   dnnl::stream stream_;
   std::map<std::tuple<int64_t, int64_t, int64_t, int64_t, int, int>, Prim> cache_;
   std::vector<uint16_t> xb_;
-  std::vector<float> wf_;  // F16 weight block converted for prefill
+  bool bf16_matmul_;       // oneDNN has a BF16 matmul for this CPU (AVX-512 and up)
+  std::vector<float> wf_;  // 16-bit weight block converted for prefill
+  std::vector<float> xr_;  // activations rounded to BF16 for converted BF16 weights
+
+  static bool has_bf16_matmul(const dnnl::engine& eng) {
+    using dt = dnnl::memory::data_type;
+    try {
+      dnnl::memory::desc src({2, 2}, dt::bf16, dnnl::memory::format_tag::ab);
+      dnnl::memory::desc wei({2, 2}, dt::bf16, dnnl::memory::format_tag::ba);
+      dnnl::memory::desc dst({2, 2}, dt::f32, dnnl::memory::format_tag::ab);
+      dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(src, wei, dst), eng);
+      return true;
+    } catch (const dnnl::error&) {
+      return false;
+    }
+  }
   std::vector<std::vector<float>> scratch_;
   std::vector<float> part_out_, part_lse_;
   struct BatchBuf {
