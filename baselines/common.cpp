@@ -8,6 +8,12 @@
 
 namespace hg {
 
+int layers_within_budget(int64_t budget, int64_t layer_bytes, int n_layers) {
+  if (budget <= 0 || layer_bytes <= 0) return 0;
+  if (layer_bytes * n_layers <= budget) return n_layers;
+  return int(std::clamp<int64_t>((budget - 2 * layer_bytes) / layer_bytes, 0, n_layers - 1));
+}
+
 Runtime& require_runtime(const StrategyContext& ctx, const char* strategy) {
   if (!ctx.runtime) input_error("strategy {} needs a runtime (tiers, queues, transfers)", strategy);
   return *ctx.runtime;

@@ -16,6 +16,11 @@ namespace hg {
 // The runtime a strategy needs (tiers, queues, transfers); InputError when the run has none.
 Runtime& require_runtime(const StrategyContext& ctx, const char* strategy);
 
+// Whole layers of `layer_bytes` each that stay on the accelerator within its KV budget when the
+// others stream through two staging layers of the same size: all of them when all fit, none
+// without a budget.
+int layers_within_budget(int64_t budget, int64_t layer_bytes, int n_layers);
+
 // Lowest position among `rows` per sequence: the tokens [0, first) were stored by earlier calls.
 std::map<int32_t, int32_t> first_new_position(std::span<const TokenRow> rows);
 

@@ -20,7 +20,9 @@ EvictingStrategy::EvictingStrategy(const StrategyContext& ctx, const char* name,
 
 std::map<std::string, std::string> EvictingStrategy::effective_params() const {
   std::map<std::string, std::string> e = kv_.effective();
-  if (kv_home_ == "auto") e["kv_home"] = home_dram_ ? "dram" : "gpu";
+  if (kv_home_ == "auto")
+    e["kv_home"] = gpu_layers_ == shape_.n_layers ? "gpu" : gpu_layers_ == 0 ? "dram" : "split";
+  e["gpu_kv_layers"] = std::to_string(gpu_layers_);
   return e;
 }
 
@@ -31,8 +33,8 @@ ParamSpec kv_home_param() {
       "auto",
       "",
       "where retained KV lives between steps: dram (offloaded as FlexGen's cache is, sent to the accelerator "
-      "every layer and step), gpu, or auto (gpu when the store fits the experiment's gpu_kv_bytes, else dram; "
-      "dram without one)",
+      "every layer and step), gpu, or auto (as many whole layers on the accelerator as the experiment's "
+      "gpu_kv_bytes holds beside two staging layers, the rest on dram; dram without a budget)",
       {"auto", "dram", "gpu"}};
 }
 
@@ -46,15 +48,15 @@ void EvictingStrategy::begin(const KvShape& shape, std::span<const int32_t> capa
   for (size_t b = 0; b < prompt_.size(); ++b)
     slots[b] = std::max(prompt_[b], budget(int(b), capacity_[b])) + 1;
   settle();
-  home_dram_ = kv_home_ == "dram";
-  if (kv_home_ == "auto") {
-    // What fits stays on the accelerator: the whole store, every layer and sequence.
-    int64_t store = 0;
-    for (int32_t n : slots) store += int64_t(2) * shape.n_layers * shape.H_kv * kv_.bytes(int64_t(n) * shape.D);
-    const int64_t budget = rt_.memory().kv_budget();
-    home_dram_ = budget <= 0 || store > budget;
-  }
-  store_.reset(shape, slots, rt_.memory(), home_dram_ ? Tier::kDram : Tier::kGpu, &be_, kv_.dtype());
+  // What fits stays on the accelerator: whole layers of the store (every sequence), as FlexGen's
+  // resident layers, the others streamed through the two staging copies.
+  int64_t layer_bytes = 0;
+  for (int32_t n : slots) layer_bytes += int64_t(2) * shape.H_kv * kv_.bytes(int64_t(n) * shape.D);
+  gpu_layers_ = kv_home_ == "gpu" ? shape.n_layers
+                : kv_home_ == "dram"
+                    ? 0
+                    : layers_within_budget(rt_.memory().kv_budget(), layer_bytes, shape.n_layers);
+  store_.reset(shape, slots, rt_.memory(), Tier::kDram, &be_, kv_.dtype(), gpu_layers_);
   for (auto& s : staged_) s.clear();
   version_.assign(size_t(shape.n_layers) * prompt_.size(), 0);
   exposed_ = exposed_last_ = 0;
@@ -128,7 +130,7 @@ void EvictingStrategy::append(int layer, std::span<const TokenRow> rows, const f
         if (auto& sc = scores(layer, rows[i].seq, g); !sc.empty()) sc[size_t(s)] = 0.0;
       }
   };
-  if (!home_dram_) return insert(ks, v);
+  if (!home_dram(layer)) return insert(ks, v);
   // The new tokens' K and V, computed on the accelerator, go to their home in dram.
   rt_.transfers()
       .run(
@@ -181,7 +183,7 @@ std::map<int32_t, std::vector<int32_t>> EvictingStrategy::retained_counts(int la
 }
 
 void EvictingStrategy::prefetch(int layer, std::span<const TokenRow> rows, bool next_step) {
-  if (!home_dram_ || !overlap_ || layer >= shape_.n_layers) return;
+  if (layer >= shape_.n_layers || !home_dram(layer) || !overlap_) return;
   for (auto& r : rows) {
     if (r.pos < prompt_len(r.seq)) return;  // prefill chunks load what they need when they run
     if (!next_step && r.pos == prompt_len(r.seq)) return;  // the first decode step prunes the layer first
@@ -223,7 +225,7 @@ std::map<int32_t, std::pair<const void*, const void*>> EvictingStrategy::kv_on_a
     int layer, std::span<const TokenRow> rows) {
   std::map<int32_t, std::pair<const void*, const void*>> at;
   for (auto& r : rows) at[r.seq] = {store_.k_raw(layer, r.seq), store_.v_raw(layer, r.seq)};
-  if (!home_dram_) return at;
+  if (!home_dram(layer)) return at;
   const int D = shape_.D, Hkv = shape_.H_kv, par = layer % 2;
   const auto counts = retained_counts(layer, rows);
   Prefetch& p = prefetch_[size_t(par)];

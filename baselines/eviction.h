@@ -1,12 +1,13 @@
 // Token-eviction strategies (StreamingLLM, H2O, Keyformer) share this engine: retained tokens
-// live in a SlotStore on `dram` (`kv_home: dram`, the default: the KV cache offloaded as for
-// FlexGen, the paper's baseline; the new token's K and V go to dram and the retained set is sent to
-// the accelerator every layer and step, on FlexGen's overlap schedule) or on the accelerator's `gpu`
-// tier (`kv_home: gpu`); attention runs on the accelerator over the retained set plus the current token (with logit/probability taps); a policy scores tokens and picks which to
-// drop. Prefill keeps the whole prompt (causal attention over it, scores accumulated); the first
-// decode step prunes to the budget; every decode step then adds one token and evicts down to the
-// budget again. Evicted tokens never return. GQA: one retained set per KV head, scores summed over
-// the query heads of the group.
+// live in a SlotStore on `dram` (`kv_home: dram`: the KV cache offloaded as for FlexGen, the paper's
+// baseline; the new token's K and V go to dram and the retained set is sent to the accelerator every
+// layer and step, on FlexGen's overlap schedule), on the accelerator's `gpu` tier (`kv_home: gpu`),
+// or split by whole layers within the experiment's accelerator KV budget (`auto`, the default:
+// dram without a budget); attention runs on the accelerator over the retained set plus the current token
+// (with logit/probability taps); a policy scores tokens and picks which to drop. Prefill keeps the whole
+// prompt (causal attention over it, scores accumulated); the first decode step prunes to the budget; every
+// decode step then adds one token and evicts down to the budget again. Evicted tokens never return. GQA: one
+// retained set per KV head, scores summed over the query heads of the group.
 #pragma once
 #include <algorithm>
 #include <array>
@@ -148,7 +149,10 @@ class EvictingStrategy : public KvStrategy {
   std::vector<int32_t> ranks_;            // 0, 1, 2, …
   std::map<int32_t, size_t> rotated_;     // seq → offset of its rotated K/V copy in this call
   std::string kv_home_;                   // the parameter: auto, dram or gpu
-  bool home_dram_ = true;                 // this run's: retained KV on dram between steps
+  int gpu_layers_ = 0;  // this run's: layers [0, gpu_layers_) keep their KV on the accelerator
+  bool home_dram(int layer) const {
+    return layer >= gpu_layers_;
+  }  // the layer's retained KV on dram between steps
   bool overlap_ = true;
   std::array<std::map<int32_t, Allocation>, 2> staged_;  // kv_home dram, per layer parity: seq → retained K|V on the gpu tier
   int64_t evicted_ = 0;

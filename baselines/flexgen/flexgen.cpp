@@ -153,13 +153,9 @@ class FlexGen final : public KvStrategy {
   // Layers whose KV stays on the accelerator: as many as the budget holds beside the two staging
   // layers (all of them when the whole KV fits); none without a budget (the paper's policy).
   int resident_layers(const KvShape& shape, std::span<const int32_t> capacity) const {
-    const int64_t budget = rt_.memory().kv_budget();
-    if (budget <= 0) return 0;
     int64_t layer = 0;
     for (int32_t c : capacity) layer += kv_.bytes(int64_t(c) * shape.H_kv * shape.D) * 2;
-    if (layer <= 0) return 0;
-    if (layer * shape.n_layers <= budget) return shape.n_layers;
-    return int(std::clamp<int64_t>((budget - 2 * layer) / layer, 0, shape.n_layers - 1));
+    return layers_within_budget(rt_.memory().kv_budget(), layer, shape.n_layers);
   }
 
   void settle() {

@@ -9,10 +9,12 @@
 namespace hg {
 
 void SlotStore::reset(const KvShape& shape, std::span<const int32_t> slots, MemorySystem& mem, Tier tier,
-                      Backend* device, DType dtype) {
+                      Backend* device, DType dtype, int gpu_layers) {
   shape_ = shape;
   dtype_ = dtype;
-  device_ = device && !device->host_memory() && tier == Tier::kGpu ? device : nullptr;
+  tier_ = tier;
+  gpu_layers_ = std::clamp(gpu_layers, 0, shape.n_layers);
+  device_ = device && !device->host_memory() ? device : nullptr;
   phantom_ = mem.phantom();
   cap_.assign(slots.begin(), slots.end());
   k_.clear();
@@ -21,8 +23,8 @@ void SlotStore::reset(const KvShape& shape, std::span<const int32_t> slots, Memo
   for (int l = 0; l < shape.n_layers; ++l)
     for (size_t b = 0; b < cap_.size(); ++b) {
       const int64_t n = int64_t(shape.H_kv) * cap_[b] * shape.D * elem_bytes();
-      k_.push_back(mem.allocate(tier, n, MemUse::kKv));
-      v_.push_back(mem.allocate(tier, n, MemUse::kKv));
+      k_.push_back(mem.allocate(this->tier(l), n, MemUse::kKv));
+      v_.push_back(mem.allocate(this->tier(l), n, MemUse::kKv));
       bytes_ += 2 * n;
     }
   pos_.assign(size_t(shape.n_layers) * cap_.size() * size_t(shape.H_kv), {});
@@ -39,8 +41,8 @@ int32_t SlotStore::insert(int layer, int seq, int g, int32_t pos, const float* k
                                        seq, cap_[size_t(seq)]));
   const int32_t s = count_[i]++;
   const int64_t head = g * head_stride(seq) * elem_bytes();
-  put_row(static_cast<char*>(k_raw(layer, seq)) + head, s, k_row);
-  put_row(static_cast<char*>(v_raw(layer, seq)) + head, s, v_row);
+  put_row(layer, static_cast<char*>(k_raw(layer, seq)) + head, s, k_row);
+  put_row(layer, static_cast<char*>(v_raw(layer, seq)) + head, s, v_row);
   pos_[i][size_t(s)] = pos;
   return s;
 }
@@ -53,8 +55,8 @@ int32_t SlotStore::remove(int layer, int seq, int g, int32_t slot) {
     const int64_t row = int64_t(shape_.D) * elem_bytes();
     char* K = static_cast<char*>(k_raw(layer, seq)) + g * head_stride(seq) * elem_bytes();
     char* V = static_cast<char*>(v_raw(layer, seq)) + g * head_stride(seq) * elem_bytes();
-    copy_row(K + int64_t(slot) * row, K + int64_t(last) * row);
-    copy_row(V + int64_t(slot) * row, V + int64_t(last) * row);
+    copy_row(layer, K + int64_t(slot) * row, K + int64_t(last) * row);
+    copy_row(layer, V + int64_t(slot) * row, V + int64_t(last) * row);
     pos_[i][size_t(slot)] = pos_[i][size_t(last)];
   }
   pos_[i][size_t(last)] = -1;
@@ -72,7 +74,8 @@ void SlotStore::copy_sequence(int layer, int src, int dst) {
       const char* a = static_cast<const char*>(kv ? v_raw(layer, src) : k_raw(layer, src)) + g * head_stride(src) * es;
       char* b = static_cast<char*>(kv ? v_raw(layer, dst) : k_raw(layer, dst)) + g * head_stride(dst) * es;
       if (phantom_) continue;
-      if (device_) device_->copy(b, a, size_t(n * row));
+      if (Backend* d = device(layer))
+        d->copy(b, a, size_t(n * row));
       else std::memcpy(b, a, size_t(n * row));
     }
     std::fill(pos_[j].begin(), pos_[j].end(), -1);
@@ -81,17 +84,20 @@ void SlotStore::copy_sequence(int layer, int src, int dst) {
   }
 }
 
-void SlotStore::copy_row(void* dst, const void* src) const {
+void SlotStore::copy_row(int layer, void* dst, const void* src) const {
   if (phantom_) return;
   const size_t n = size_t(shape_.D) * size_t(elem_bytes());
-  if (device_) device_->copy(dst, src, n);
+  if (Backend* d = device(layer))
+    d->copy(dst, src, n);
   else std::memcpy(dst, src, n);
 }
 
-void SlotStore::put_row(void* head, int32_t slot, const float* row) const {
+void SlotStore::put_row(int layer, void* head, int32_t slot, const float* row) const {
   if (phantom_) return;
-  if (dtype_ == DType::kF32) return copy_row(static_cast<float*>(head) + int64_t(slot) * shape_.D, row);
-  if (device_) device_->write_kv(row, 1, 1, shape_.D, &slot, head, 0, dtype_);
+  if (dtype_ == DType::kF32)
+    return copy_row(layer, static_cast<float*>(head) + int64_t(slot) * shape_.D, row);
+  if (Backend* d = device(layer))
+    d->write_kv(row, 1, 1, shape_.D, &slot, head, 0, dtype_);
   else write_kv_host(row, 1, 1, shape_.D, &slot, head, 0, dtype_);
 }
 

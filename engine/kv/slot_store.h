@@ -20,8 +20,11 @@ class SlotStore {
   // With `device` (a backend with memory of its own, the gpu tier on its allocations) the rows
   // live in its memory: insert() then takes rows in its memory and copies go through it.
   // dtype: element type of the stored rows (rows arrive as F32 and are converted).
+  // gpu_layers: layers [0, gpu_layers) on the gpu tier instead (a store split under a budget).
   void reset(const KvShape& shape, std::span<const int32_t> slots, MemorySystem& mem, Tier tier,
-             Backend* device = nullptr, DType dtype = DType::kF32);
+             Backend* device = nullptr, DType dtype = DType::kF32, int gpu_layers = 0);
+  // The tier layer `layer` lives on.
+  Tier tier(int layer) const { return layer < gpu_layers_ ? Tier::kGpu : tier_; }
   int32_t count(int layer, int seq, int g) const { return count_[idx(layer, seq, g)]; }
   int32_t capacity(int seq) const { return cap_[size_t(seq)]; }
   const int32_t* positions(int layer, int seq, int g) const { return pos_[idx(layer, seq, g)].data(); }
@@ -49,15 +52,19 @@ class SlotStore {
   size_t idx(int layer, int seq, int g) const {
     return (size_t(layer) * cap_.size() + size_t(seq)) * size_t(shape_.H_kv) + size_t(g);
   }
-  void copy_row(void* dst, const void* src) const;
-  void put_row(void* head, int32_t slot, const float* row) const;  // converts to dtype_
+  void copy_row(int layer, void* dst, const void* src) const;
+  void put_row(int layer, void* head, int32_t slot, const float* row) const;  // converts to dtype_
+  // The device whose memory holds `layer`'s rows, or null (host memory).
+  Backend* device(int layer) const { return tier(layer) == Tier::kGpu ? device_ : nullptr; }
   void* f32(void* p) const {
     if (dtype_ != DType::kF32) throw std::logic_error("SlotStore: float access to a non-F32 store");
     return p;
   }
   KvShape shape_;
   DType dtype_ = DType::kF32;
-  Backend* device_ = nullptr;  // copies within device memory
+  Backend* device_ = nullptr;  // copies within device memory (layers on the gpu tier)
+  Tier tier_ = Tier::kDram;
+  int gpu_layers_ = 0;
   bool phantom_ = false;       // dry run: rows are not copied (positions and counts are kept)
   std::vector<int32_t> cap_;
   std::vector<Allocation> k_, v_;

@@ -101,27 +101,33 @@ INSTANTIATE_TEST_SUITE_P(Strategies, BudgetedStrategies, ::testing::ValuesIn(bud
                            return s;
                          });
 
-
 // H2O, Keyformer and StreamingLLM keep their retained KV in dram by default (offloaded as FlexGen's
 // cache is): each decode step sends the new token's K and V there and the retained
 // set to the accelerator, per layer, at kv_dtype's 2 bytes per element; `kv_home: gpu` moves
 // nothing. With `overlap` (the default, FlexGen's schedule) layer l+1's retained set is loaded
 // while layer l runs, and the new token's K and V are written into the loaded copy on the
 // accelerator; after the last layer, the next step's layer 0 is loaded. The first decode step
-// prunes each layer before it attends, so it waits for its loads. The logits are the same either way.
+// prunes each layer before it attends, so it waits for its loads. `auto` under a budget keeps the
+// first layers on the accelerator and streams the rest. The logits are the same every way.
 TEST(TransferAccounting, EvictionStrategiesSendTheirRetainedKvEveryStep) {
-  Model m = load_model("synthetic:tiny-qwen2");
+  Model m = load_model("synthetic:tiny-qwen2?layers=6");  // 6 layers: 2 resident beside 2 staging
   const auto& hp = m.hp;
   const int prompt = 30;
   const auto toks = token_stream(prompt + 6, hp.n_vocab, 5);
   for (const char* name : {"h2o", "keyformer", "streamingllm"}) {
     std::map<std::string, std::vector<std::vector<float>>> logits;
-    for (const char* home : {"dram", "serial", "gpu"}) {
+    for (const char* home : {"dram", "serial", "gpu", "split"}) {
       RuntimeConfig rc;
       rc.device = "emulated";
       Runtime rt(rc);
-      const bool serial = std::string(home) == "serial";
-      std::map<std::string, std::string> params = {{"kv_home", serial ? "dram" : home},
+      const bool serial = std::string(home) == "serial", split = std::string(home) == "split";
+      // split: kv_home auto under a budget of 4 layers' stores (prompt + 1 slots of F16 rows
+      // each): 2 resident beside the 2 staging layers.
+      const int64_t store_layer = int64_t(2) * hp.n_kv_heads * hp.head_dim * 2 * (prompt + 1);
+      if (split) rt.memory().set_kv_budget(4 * store_layer);
+      std::map<std::string, std::string> params = {{"kv_home", serial  ? "dram"
+                                                               : split ? "auto"
+                                                                       : home},
                                                    {"overlap", serial ? "false" : "true"}};
       if (std::string(name) == "streamingllm") params["window"] = "12";
       auto kv = make_strategy(name, StrategyContext{rt.accel_backend(), &rt, &m}, params);
@@ -153,6 +159,12 @@ TEST(TransferAccounting, EvictionStrategiesSendTheirRetainedKvEveryStep) {
                                               : (hp.n_layers - 1) * held_before;
               EXPECT_EQ(h2d, 2 * (loads + held_now) * row_kv) << name << " step " << step;
               EXPECT_EQ(ev->step_stats().at("exposed_loads"), step == 1 ? hp.n_layers : 0) << name << " step " << step;
+            } else if (split) {
+              // Only the streamed layers move: the new token down, the retained set up.
+              const int streamed = hp.n_layers - 2;
+              EXPECT_EQ(ev->effective_params().at("gpu_kv_layers"), "2");
+              EXPECT_EQ(d2h, streamed * 2 * row_kv) << name << " step " << step;
+              EXPECT_GT(h2d, 0) << name << " step " << step;
             } else {
               EXPECT_EQ(d2h + h2d, 0) << name << " step " << step;
             }
@@ -163,6 +175,7 @@ TEST(TransferAccounting, EvictionStrategiesSendTheirRetainedKvEveryStep) {
       }).wait();
     }
     expect_steps_close(logits["dram"], logits["gpu"], 1e-6, std::string(name) + " kv_home dram vs gpu");
+    expect_steps_close(logits["split"], logits["gpu"], 1e-6, std::string(name) + " kv_home split vs gpu");
   }
 }
 
