@@ -12,6 +12,7 @@ HybridGen::HybridGen(const StrategyContext& ctx, const StrategyParams& p)
       model_(ctx.model),
       kv_(ctx, p),
       gpu_kv_tokens_(int32_t(p.get_int("gpu_kv_tokens"))),
+      ring_given_(p.given("gpu_kv_tokens")),
       page_(int32_t(p.get_int("page_tokens"))),
       speculative_(p.get_bool("speculative_query")),
       query_on_accel_(p.get("query_on") == "accelerator"),
@@ -37,12 +38,15 @@ void HybridGen::begin(const KvShape& shape, std::span<const int32_t> capacity,
   int32_t resident = gpu_kv_tokens_;
   if (const int64_t budget = rt_.memory().kv_budget(); budget > 0) {
     // What fits stays on the accelerator: the ring (every layer and sequence) beside the
-    // prefill's one layer of each whole sequence (attend_exact).
+    // prefill's one layer of each whole sequence (attend_exact). A ring the request sized only
+    // shrinks to fit; the default one fills the budget, up to the whole context.
     const int64_t row = 2 * kv_.bytes(int64_t(shape.H_kv) * shape.D);
     int64_t staging = 0;
-    for (int32_t c : capacity) staging += row * c;
+    int32_t longest = 1;
+    for (int32_t c : capacity) staging += row * c, longest = std::max(longest, c);
     const int64_t per_token = row * shape.n_layers * B_;
-    resident = int32_t(std::clamp<int64_t>((budget - staging) / per_token - 1, 1, gpu_kv_tokens_));
+    resident = int32_t(std::clamp<int64_t>((budget - staging) / per_token - 1, 1,
+                                           ring_given_ ? gpu_kv_tokens_ : std::max(gpu_kv_tokens_, longest)));
   }
   const int64_t dram_avail =
       dram_kv_bytes_ > 0 ? dram_kv_bytes_ : rt_.memory().ledger().available(Tier::kDram);
@@ -312,7 +316,7 @@ StrategyInfo hybridgen_info() {
   return {"hybridgen",
           "CPU logits for offloaded keys of the next layer while the accelerator works; merged softmax; feedback "
           "scheduler; semantic K/V mapping (HybridGen)",
-          {{"gpu_kv_tokens", T::kInt, "1024", "tokens", "newest tokens resident on the accelerator per layer", {}, 1, kNoMax},
+          {{"gpu_kv_tokens", T::kInt, "1024", "tokens", "newest tokens resident on the accelerator per layer (under an experiment's gpu_kv_bytes: as many as fit, at most this when set)", {}, 1, kNoMax},
            {"placement", T::kEnum, "semantic", "", "tiers of offloaded V pages", {"semantic", "interleave", "dram-only"}},
            {"interleave_dram_ratio", T::kFloat, "0.5", "ratio", "interleave: fraction of pages in dram", {}, 0, 1},
            {"dram_kv_bytes", T::kInt, "0", "bytes", "dram available to offloaded KV (0: what the dram tier has)", {}, 0, kNoMax},

@@ -104,6 +104,7 @@ class HybridGen final : public KvStrategy {
   const Model* model_;
   KvElement kv_;
   int32_t gpu_kv_tokens_;  // the parameter; the accelerator's KV budget may lower the ring's R (begin)
+  bool ring_given_ = false;  // the request set gpu_kv_tokens: the budget only shrinks the ring
   int32_t page_;           // page_tokens
   bool speculative_;
   bool query_on_accel_;  // query_on: accelerator

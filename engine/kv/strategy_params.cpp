@@ -99,6 +99,7 @@ StrategyParams::StrategyParams(const std::string& owner, const std::vector<Param
       }
     }
     v_[k] = v;
+    given_.insert(k);
   }
 }
 

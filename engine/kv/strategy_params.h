@@ -4,6 +4,7 @@
 #pragma once
 #include <limits>
 #include <map>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -46,12 +47,15 @@ class StrategyParams {
   double get_float(const std::string& name) const;
   bool get_bool(const std::string& name) const;
   const std::string& get(const std::string& name) const;
+  // Whether the request set `name` (else it holds its default).
+  bool given(const std::string& name) const { return given_.count(name) > 0; }
   // The effective settings, for result rows.
   const std::map<std::string, std::string>& all() const { return v_; }
 
  private:
   std::string owner_;
   std::map<std::string, std::string> v_;
+  std::set<std::string> given_;
 };
 
 std::string param_type_name(ParamSpec::Type t);
