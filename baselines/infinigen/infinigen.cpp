@@ -248,17 +248,21 @@ class InfiniGen final : public KvStrategy {
     const int Hkv = shape_.H_kv, D = shape_.D, H = shape_.H;
     const int64_t hd = int64_t(H) * D;
     if (calibrating(rows)) {  // the calibration prompt's queries, kept on the host for the SVD
+      // Only the span of calibration rows goes to the host (calib_tokens of them, not the prompt's).
+      size_t i0 = rows.size(), i1 = 0;
+      for (size_t i = 0; i < rows.size(); ++i)
+        if (calibration_row(rows[i])) i0 = std::min(i0, i), i1 = i + 1;
       const float* qh = nullptr;
       rt_.transfers()
           .run(
-              Tier::kGpu, Tier::kDram, int64_t(rows.size()) * hd * 4,
-              [&] { qh = host_view(be_, q, rows.size() * size_t(hd), host_q_); }, {},
+              Tier::kGpu, Tier::kDram, int64_t(i1 - i0) * hd * 4,
+              [&] { qh = host_view(be_, q + int64_t(i0) * hd, (i1 - i0) * size_t(hd), host_q_); }, {},
               "calibration queries to host")
           .wait();
-      for (size_t i = 0; i < rows.size() && !rt_.dry(); ++i)
+      for (size_t i = i0; i < i1 && !rt_.dry(); ++i)
         if (calibration_row(rows[i]))
-          calib_q_[size_t(layer)].insert(calib_q_[size_t(layer)].end(), qh + int64_t(i) * hd,
-                                         qh + int64_t(i + 1) * hd);
+          calib_q_[size_t(layer)].insert(calib_q_[size_t(layer)].end(), qh + int64_t(i - i0) * hd,
+                                         qh + int64_t(i - i0 + 1) * hd);
     }
     // Full-KV rows (layers < full_layers, prefill, before calibration) share one load per sequence,
     // into that sequence's buffers (kept between calls: no allocation, page faults or zeroing of

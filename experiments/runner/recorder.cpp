@@ -126,15 +126,15 @@ void csv_row(FILE* f, const std::vector<std::string>& fields) {
 
 std::string num(double v) { return std::isfinite(v) ? fmt::format("{:.6g}", v) : ""; }
 
-// A modeled row's end-to-end latency at one end of its profile's band (figures.modeled.band);
-// NaN for measured rows and rows from before the band.
-double band_time(const ResultRow& r, const char* end) {
+// A modeled row's figure `key` (end_to_end_s, decode_tokens_per_s) at one end of its profile's
+// band (figures.modeled.band); NaN for measured rows and rows from before the band.
+double band_figure(const ResultRow& r, const char* end, const char* key) {
   if (!r.ok) return NAN;
   const auto& j = r.json;
-  const nlohmann::ordered_json::json_pointer at(std::string("/figures/modeled/band/") + end +
-                                                "/end_to_end_s");
+  const nlohmann::ordered_json::json_pointer at(std::string("/figures/modeled/band/") + end + "/" + key);
   return j.contains(at) && j.at(at).is_number() ? j.at(at).get<double>() : NAN;
 }
+double band_time(const ResultRow& r, const char* end) { return band_figure(r, end, "end_to_end_s"); }
 
 // "lo–hi" of two normalised times (one value when they agree to the digits shown).
 std::string band_text(double a, double b) {
@@ -660,6 +660,32 @@ std::string write_summary(const std::string& dir, const std::vector<ResultRow>& 
       out += with_kv ? fmt::format("{:>9}\n", kv_type(label)) : "\n";
     }
   };
+  // Decode throughput beside the latency: the decode length decides how much the prefill weighs.
+  if (banded) {
+    out += fmt::format("\ndecode tokens/s, all sequences (MODELED; achieved–peak ends of the band)\n{:<{}}",
+                       "strategy", w0);
+    for (size_t i = 0; i < names.size(); ++i) out += fmt::format("{:>{}}", names[i], widths[i]);
+    out += "\n";
+    for (auto& label : labels) {
+      out += fmt::format("{:<{}}", label, w0);
+      size_t i = 0;
+      for (auto& [pi, pj] : points) {
+        std::vector<double> pk, ac;
+        for (const ResultRow* r : cells[{pi, label}]) {
+          if (const double x = band_figure(*r, "peak", "decode_tokens_per_s"); std::isfinite(x))
+            pk.push_back(x);
+          if (const double x = band_figure(*r, "achieved", "decode_tokens_per_s"); std::isfinite(x))
+            ac.push_back(x);
+        }
+        const std::string cell = pk.empty() || ac.empty()
+                                     ? "-"
+                                     : fmt::format("{:.3g}–{:.3g}", std::min(median_of(pk), median_of(ac)),
+                                                   std::max(median_of(pk), median_of(ac)));
+        out += fmt::format("{:>{}}", cell, widths[i++]);
+      }
+      out += "\n";
+    }
+  }
   block("attended fraction of the context per decode step (mean), and the KV element type", "attended", "fraction", 3,
         true);
   // Each strategy's accelerator KV peak beside the point's budget: who used the memory it was given.

@@ -58,6 +58,34 @@ TEST(InfiniGen, FullColumnsAndAllTokensMatchRef) {
   }
 }
 
+// The skew is the authors' offline step: the prefill sends the calibration rows' F32 queries to
+// the host, calib_tokens of them per layer, not the whole prompt's. Two calibration lengths over the
+// same prompt differ in the prefill's gpu → dram bytes by exactly the extra rows' queries.
+TEST(InfiniGen, PrefillSendsOnlyTheCalibrationQueries) {
+  Model m = load_model("synthetic:tiny-qwen2");
+  const auto& hp = m.hp;
+  const int prompt = 25;
+  const auto toks = token_stream(prompt + 2, hp.n_vocab, 3);
+  std::map<int, int64_t> d2h;
+  for (int calib : {9, 20}) {
+    RuntimeConfig rc;
+    rc.device = "emulated";
+    Runtime rt(rc);
+    auto kv = make_strategy("infinigen", StrategyContext{rt.accel_backend(), &rt, &m},
+                            {{"calib_tokens", std::to_string(calib)}});
+    rt.accel()
+        .submit("run", {}, {},
+                [&] {
+                  step_logits(m, rt.accel_backend(), *kv, toks, prompt, [&](int step) {
+                    if (step == 0)
+                      d2h[calib] = rt.transfers().totals().bytes_between(Tier::kGpu, Tier::kDram);
+                  });
+                })
+        .wait();
+  }
+  EXPECT_EQ(d2h[20] - d2h[9], int64_t(hp.n_layers) * (20 - 9) * hp.n_heads * hp.head_dim * 4);
+}
+
 // A prompt shorter than the head dimension over (group + 1) gives fewer calibration rows than D:
 // the skew must still be a full D×D rotation (the thin SVD's V would be D × rows).
 TEST(InfiniGen, ShortPromptCalibrationIsAFullRotation) {
