@@ -688,6 +688,37 @@ std::string write_summary(const std::string& dir, const std::vector<ResultRow>& 
   }
   block("attended fraction of the context per decode step (mean), and the KV element type", "attended", "fraction", 3,
         true);
+  // The scheduler's decisions (strategy_stats.mean): the mode and K the timed steps ran at, to set
+  // beside the settings an accuracy run used.
+  {
+    auto stat = [](const ResultRow& r, const char* key) {
+      const nlohmann::ordered_json::json_pointer at(std::string("/strategy_stats/mean/") + key);
+      return r.ok && r.json.contains(at) && r.json.at(at).is_number() ? r.json.at(at).get<double>() : NAN;
+    };
+    std::vector<std::string> sched;
+    for (auto& label : labels)
+      for (auto& [pi, pj] : points)
+        for (const ResultRow* r : cells[{pi, label}])
+          if (std::isfinite(stat(*r, "mode_pre")) && (sched.empty() || sched.back() != label)) sched.push_back(label);
+    if (!sched.empty()) {
+      out += fmt::format("\nscheduler: share of decode steps in pre mode / mean K (strategy_stats.trajectory has each step)\n{:<{}}",
+                         "strategy", w0);
+      for (size_t i = 0; i < names.size(); ++i) out += fmt::format("{:>{}}", names[i], widths[i]);
+      out += "\n";
+      for (auto& label : sched) {
+        out += fmt::format("{:<{}}", label, w0);
+        size_t i = 0;
+        for (auto& [pi, pj] : points) {
+          std::vector<double> pre, k;
+          for (const ResultRow* r : cells[{pi, label}])
+            if (std::isfinite(stat(*r, "mode_pre"))) pre.push_back(stat(*r, "mode_pre")), k.push_back(stat(*r, "K"));
+          out += fmt::format("{:>{}}", pre.empty() ? "-" : fmt::format("{:.2f}/{:.0f}", median_of(pre), median_of(k)),
+                             widths[i++]);
+        }
+        out += "\n";
+      }
+    }
+  }
   // Each strategy's accelerator KV peak beside the point's budget: who used the memory it was given.
   {
     bool any_budget = false;

@@ -227,6 +227,13 @@ Figures figures(const Measurement& m, const PlatformProfile* profile) {
     for (auto& s : m.step_stats)
       for (auto& [k, v] : s) f.stats_mean[k] += v, n[k]++;
     for (auto& [k, v] : f.stats_mean) v /= n[k];
+    for (const char* key : {"K", "mode_pre"})
+      for (auto& st : m.step_stats)
+        if (auto it = st.find(key); it != st.end()) {
+          auto& runs = f.trajectory[key];
+          if (!runs.empty() && runs.back().first == it->second) ++runs.back().second;
+          else runs.emplace_back(it->second, 1);
+        }
   }
   return f;
 }
@@ -840,6 +847,14 @@ Json Runner::run_once(const Point& p, const StrategyEntry& entry, int repeat, bo
   tiers["gpu"]["kv_budget_bytes"] = m.gpu_kv.capacity;
   r["tiers"] = tiers;
   r["strategy_stats"] = {{"last", f.stats_last}, {"mean", f.stats_mean}};
+  if (!f.trajectory.empty()) {
+    Json tr = Json::object();
+    for (auto& [k, runs] : f.trajectory) {
+      tr[k] = Json::array();
+      for (auto& [v, steps] : runs) tr[k].push_back(Json::array({v, steps}));
+    }
+    r["strategy_stats"]["trajectory"] = tr;
+  }
   // What the strategy ran with where it differs from, or is derived from, its parameters.
   Json rve = Json::object();
   for (auto& [k, v] : kv->effective_params()) rve[k] = v;

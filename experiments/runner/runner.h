@@ -79,6 +79,9 @@ struct Figures {
   // Bytes per decode step over each link [src][dst], and in the prefill.
   std::array<std::array<double, kNumTiers>, kNumTiers> link_bytes_per_step{}, link_bytes_prefill{};
   std::map<std::string, double> stats_last, stats_mean;
+  // A scheduler's decisions per decode step (HybridGen: K and mode_pre), run-length encoded as
+  // [value, steps] pairs.
+  std::map<std::string, std::vector<std::pair<double, int>>> trajectory;
   // Mean over the measured decode steps of the keys attended per row (logits on the accelerator,
   // on the CPU) and of their share of the visible context.
   double attended_accel = 0, attended_cpu = 0, attended_fraction = 0;
