@@ -130,6 +130,20 @@ int cmd_submit(const std::vector<std::string>& args) {
   const std::string exe = hgbench_bin.empty() ? fs::read_symlink("/proc/self/exe").string() : fs::absolute(hgbench_bin).string();
   const std::string file_abs = fs::absolute(file).string();
   const std::string slurm_dir = (base / "slurm").string(), shard_root = (base / "shards").string();
+  // Every value the scripts carry: no control character anywhere (a newline ends a comment or an
+  // #SBATCH line and starts a shell line), and no space in the #SBATCH header, which has no quoting.
+  const auto refuse = [](const char* what, const std::string& v, bool header) {
+    if (std::any_of(v.begin(), v.end(), [&](char c) {
+          return std::iscntrl(static_cast<unsigned char>(c)) || (header && c == ' ');
+        }))
+      input_error("submit: {} '{}' has a {}control character (it would start a shell line in the job script)",
+                  what, escaped(v), header ? "space or a " : "");
+  };
+  refuse("the output directory", base.string(), true);
+  refuse("the experiment's name", spec.name, true);
+  refuse("the experiment file's path", file_abs, false);
+  refuse("the working directory", cwd.string(), false);
+  refuse("the hgbench binary's path", exe, false);
   std::string set_args;
   for (auto& s : sets) set_args += " --set " + sh_quote(s);
   std::string array_spec;

@@ -1,16 +1,16 @@
 // Result directories, summaries and merges.
 #include "experiments/runner/recorder.h"
 
-#include <fcntl.h>
-#include <unistd.h>
-
 #include <csv.h>
+#include <fcntl.h>
 #include <fmt/format.h>
 #include <fmt/ranges.h>
+#include <sys/file.h>
+#include <unistd.h>
 
 #include <algorithm>
-#include <cmath>
 #include <cerrno>
+#include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
@@ -33,6 +33,7 @@ using Json = nlohmann::ordered_json;
 namespace {
 
 const char* kRows = "rows.jsonl";
+const char* kLockFile = ".lock";  // a result directory's writer lock (lock_result_dir)
 
 void write_config(const std::string& dir, const ExperimentSpec& spec, const std::string& shard) {
   if (!shard.empty()) write_file_atomic(dir + "/shard.txt", shard + "\n");
@@ -308,25 +309,69 @@ std::string write_accuracy_summary(const std::string& dir, const std::vector<Res
 
 }  // namespace
 
-ResultDir::ResultDir(const std::string& dir, const ExperimentSpec& spec, bool resume, bool force, const std::string& shard)
-    : dir_(dir) {
+// A path as written, with `.` and `..` resolved lexically and no trailing separator, so that
+// `out/x/../R` is checked as the `out/R` it names.
+static std::string normal_dir(const std::string& dir) {
+  std::string n = fs::path(dir).lexically_normal().string();
+  while (n.size() > 1 && n.back() == '/') n.pop_back();
+  return n.empty() ? std::string(".") : n;
+}
+
+// An exclusive lock on result directory `dir` (its .lock file, holding the writer's pid) for as
+// long as the returned descriptor is open: one writer per directory; a second exits 2 naming the first.
+static int lock_result_dir(const std::string& dir) {
+  const std::string path = dir + "/" + kLockFile;
+  const int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0644);
+  if (fd < 0) input_error("{}: cannot open ({})", path, std::strerror(errno));
+  if (::flock(fd, LOCK_EX | LOCK_NB) != 0) {
+    char buf[32] = {};
+    const ssize_t n = ::pread(fd, buf, sizeof buf - 1, 0);
+    ::close(fd);
+    const std::string holder = n > 0 ? std::string(buf, size_t(n)) : std::string("?");
+    input_error(
+        "{}: another hgbench (pid {}) is writing this result directory; wait for it to end or give "
+        "another output directory",
+        dir, holder);
+  }
+  const std::string pid = std::to_string(::getpid());
+  if (::ftruncate(fd, 0) != 0 || ::pwrite(fd, pid.data(), pid.size(), 0) != ssize_t(pid.size())) {
+    ::close(fd);
+    input_error("{}: cannot write ({})", path, std::strerror(errno));
+  }
+  return fd;
+}
+
+// Whether `dir` holds anything besides its lock file.
+static bool holds_results(const std::string& dir) {
   std::error_code ec;
-  const bool exists = fs::exists(dir, ec);
+  for (const auto& e : fs::directory_iterator(dir, ec))
+    if (e.path().filename() != kLockFile) return true;
+  return false;
+}
+
+ResultDir::ResultDir(const std::string& dir_in, const ExperimentSpec& spec, bool resume, bool force,
+                     const std::string& shard)
+    : dir_(normal_dir(dir_in)) {
+  const std::string& dir = dir_;
+  std::error_code ec;
+  const bool exists = fs::exists(fs::symlink_status(dir, ec));
   if (exists && fs::is_symlink(fs::symlink_status(dir)))
     input_error("{}: the output directory is a symbolic link; give a real directory", dir);
   if (exists && !fs::is_directory(dir)) input_error("{}: exists and is not a directory", dir);
-  const bool non_empty = exists && !fs::is_empty(dir);
+  if (resume && !exists) input_error("{}: --resume needs an existing result directory", dir);
+  fs::create_directories(dir, ec);
+  if (ec) input_error("{}: cannot create the output directory ({})", dir, ec.message());
+  lock_.fd = lock_result_dir(dir);
+  const bool non_empty = holds_results(dir);
   if (resume) {
-    if (!exists) input_error("{}: --resume needs an existing result directory", dir);
     check_same_experiment(dir, spec, shard);
   } else if (non_empty) {
     if (!force)
       input_error("{}: the output directory is not empty (--resume to continue it, --force to replace it)", dir);
     refuse_unless_result_dir(dir);
-    fs::remove_all(dir);
+    for (const auto& e : fs::directory_iterator(dir))  // the lock file stays, held
+      if (e.path().filename() != kLockFile) fs::remove_all(e.path());
   }
-  fs::create_directories(dir, ec);
-  if (ec) input_error("{}: cannot create the output directory ({})", dir, ec.message());
   const std::string rows = dir + "/" + kRows;
   if (resume && fs::exists(rows)) {
     // Cut a torn last line (a kill mid-write) before appending after it.
@@ -346,6 +391,10 @@ ResultDir::ResultDir(const std::string& dir, const ExperimentSpec& spec, bool re
 
 ResultDir::~ResultDir() {
   if (fd_ >= 0) ::close(fd_);
+}
+
+ResultDir::Lock::~Lock() {
+  if (fd >= 0) ::close(fd);
 }
 
 std::vector<int> ResultDir::done(const std::string& point_id, const std::string& label) const {
@@ -757,7 +806,9 @@ std::string write_summary(const std::string& dir, const std::vector<ResultRow>& 
   return out;
 }
 
-MergeReport merge_results(const std::vector<std::string>& dirs, const std::string& out, const MergeOptions& opts) {
+MergeReport merge_results(const std::vector<std::string>& dirs, const std::string& out_in,
+                          const MergeOptions& opts) {
+  const std::string out = normal_dir(out_in);
   if (dirs.empty()) input_error("merge: give the shard directories to join");
   MergeReport rep;
   std::vector<ResultRow> all;
@@ -847,7 +898,15 @@ MergeReport merge_results(const std::vector<std::string>& dirs, const std::strin
     return std::make_tuple(a.point_index, label_order[a.label], a.repeat) <
            std::make_tuple(b.point_index, label_order[b.label], b.repeat);
   });
-  const bool replace = fs::exists(out) && !fs::is_empty(out);
+  // The output directory's writer lock while it is replaced (a run or resume in it meanwhile fails).
+  struct Lock {
+    int fd = -1;
+    ~Lock() {
+      if (fd >= 0) ::close(fd);
+    }
+  } lock;
+  if (fs::is_directory(out)) lock.fd = lock_result_dir(normal_dir(out));
+  const bool replace = fs::exists(out) && holds_results(out);
   if (replace) {
     if (!opts.force) input_error("{}: the merge output directory is not empty (--force to replace it)", out);
     refuse_unless_result_dir(out);

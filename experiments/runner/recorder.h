@@ -34,6 +34,11 @@ class ResultDir {
  private:
   std::string dir_;
   int fd_ = -1;
+  // The directory's lock, held while this object lives (closed too when the constructor throws).
+  struct Lock {
+    int fd = -1;
+    ~Lock();
+  } lock_;
   std::set<std::tuple<std::string, std::string, int>> done_;
   size_t resumed_ = 0;
 };

@@ -731,7 +731,14 @@ Json Runner::run_once(const Point& p, const StrategyEntry& entry, int repeat, bo
   Runtime rt(rc);
   const Model& model = model_for(p.model);
   // Every strategy's KV on the accelerator, by construction.
-  rt.memory().set_kv_budget(p.gpu_kv_share > 0 ? share_kv_bytes(model, p) : p.gpu_kv_bytes);
+  // (An entry's own share replaces the point's: the "it fits" regime beside the others.)
+  if (entry.gpu_kv_share > 0) {
+    Point q = p;
+    q.gpu_kv_share = entry.gpu_kv_share;
+    rt.memory().set_kv_budget(share_kv_bytes(model, q));
+  } else {
+    rt.memory().set_kv_budget(p.gpu_kv_share > 0 ? share_kv_bytes(model, p) : p.gpu_kv_bytes);
+  }
   reserve_weights(rt, model);
   std::map<std::string, std::string> params = point_params(p, entry);
   const StrategyInfo& info = strategy_info(entry.name);
@@ -764,6 +771,7 @@ Json Runner::run_once(const Point& p, const StrategyEntry& entry, int repeat, bo
   Json par;
   for (auto& [k, v] : effective.all()) par[k] = v;
   r["params"] = par;
+  if (entry.gpu_kv_share > 0) r["entry_gpu_kv_share"] = entry.gpu_kv_share;  // in place of the point's
   if (!p.placement.empty() && !has_placement) r["placement_note"] = entry.name + " has no placement parameter";
   Json fig;
   // time_s: the compared figure, end-to-end latency (prefill + every decode step).

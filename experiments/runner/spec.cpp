@@ -228,13 +228,23 @@ ExperimentSpec parse_node(YAML::Node y, const std::string& file) {
     if (e.IsScalar()) {
       se.name = e.Scalar();
     } else if (e.IsMap()) {
-      check_keys(e, {"name", "label", "params"}, file, "strategies[]");
+      check_keys(e, {"name", "label", "params", "gpu_kv_share"}, file, "strategies[]");
       if (!e["name"]) fail(file, e, "a strategy entry needs 'name'");
       se.name = scalar(file, e["name"], "name");
       if (e["label"]) se.label = scalar(file, e["label"], "label");
       params = e["params"];
+      if (e["gpu_kv_share"]) {
+        const std::string t = scalar(file, e["gpu_kv_share"], "gpu_kv_share");
+        char* end = nullptr;
+        const double x = std::strtod(t.c_str(), &end);
+        if (end == t.c_str() || *end || !(x > 0 && x <= 64))
+          fail(file, e["gpu_kv_share"],
+               fmt::format(
+                   "gpu_kv_share '{}': expected a share of the point's KV in (0, 64] (1: it all fits)", t));
+        se.gpu_kv_share = x;
+      }
     } else {
-      fail(file, e, "a strategy entry is a name or a mapping with name, label, params");
+      fail(file, e, "a strategy entry is a name or a mapping with name, label, params, gpu_kv_share");
     }
     try {
       strategy_info(se.name);

@@ -20,6 +20,9 @@ struct StrategyEntry {
   std::string name;
   std::string label;  // defaults to name; unique within a file
   std::map<std::string, std::string> params;
+  // This entry's accelerator KV budget as a share of each point's whole KV, in place of the
+  // point's (0: the point's): e.g. `full` at 1, the "it fits" regime beside the offloading methods.
+  double gpu_kv_share = 0;
 };
 
 // An accuracy experiment's `eval` block: its points are model × task × sweep, each scored on the

@@ -233,6 +233,43 @@ TEST(Errors, NamesForceAndSubmitValuesAreSafe) {
   const std::string text((std::istreambuf_iterator<char>(lg)), {});
   EXPECT_NE(text.find("--gres"), std::string::npos) << text;
   EXPECT_EQ(text.find("#SBATCH"), std::string::npos) << text;
+  // A newline in the output directory (from -o or the file's `output:`) would end the #SBATCH
+  // --output line and a comment: refused, and no script is printed.
+  const std::string cmd2 = std::string(HG_BINARY) + " submit " + f + " --shards 1 --dry-run -o $'" +
+                           (d / "o").string() + "\ntouch " + (d / "PWNED").string() + "\n#' > " +
+                           (d / "log2").string() + " 2>&1";
+  const int st2 = std::system(("bash -c " + std::string("\"") + cmd2 + "\"").c_str());
+  EXPECT_EQ(WEXITSTATUS(st2), 2);
+  std::ifstream lg2(d / "log2");
+  const std::string text2((std::istreambuf_iterator<char>(lg2)), {});
+  EXPECT_NE(text2.find("the output directory"), std::string::npos) << text2;
+  EXPECT_EQ(text2.find("#SBATCH"), std::string::npos) << text2;
+  EXPECT_FALSE(fs::exists(d / "PWNED"));
+  fs::remove_all(d);
+}
+
+// One writer per result directory, named by its normal path: `X/nope/../R` is R (not empty: refused
+// without --resume or --force), and a second writer while the first holds R is refused naming it.
+TEST(Errors, OneWriterPerResultDirectory) {
+  const fs::path d = fs::temp_directory_path() / ("hg_err_lock_" + std::to_string(getpid()));
+  fs::remove_all(d);
+  fs::create_directories(d);
+  const ExperimentSpec spec =
+      parse_experiment("name: f\nmodels: [\"synthetic:tiny-llama\"]\nstrategies: [full]\n", "f.yaml");
+  {
+    ResultDir first((d / "R").string(), spec, false, false, "");
+    std::string e = message_of([&] { ResultDir again((d / "R").string(), spec, true, false, ""); });
+    EXPECT_NE(e.find("another hgbench (pid " + std::to_string(getpid()) + ")"), std::string::npos) << e;
+    e = message_of([&] { ResultDir forced((d / "R").string(), spec, false, true, ""); });
+    EXPECT_NE(e.find("another hgbench"), std::string::npos) << e;
+    EXPECT_TRUE(fs::exists(d / "R" / "config.yaml"));  // the holder's files untouched
+  }
+  const std::string e =
+      message_of([&] { ResultDir dotted((d / "nope" / ".." / "R").string(), spec, false, false, ""); });
+  EXPECT_NE(e.find("R: the output directory is not empty"), std::string::npos) << e;
+  EXPECT_FALSE(fs::exists(d / "nope"));
+  EXPECT_NO_THROW(
+      { ResultDir resumed((d / "R" / "").string(), spec, true, false, ""); });  // released, and R/ is R
   fs::remove_all(d);
 }
 

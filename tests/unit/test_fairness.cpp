@@ -279,6 +279,36 @@ TEST(FairFooting, KvShareIsThePointsShareOfItsWholeKv) {
   }
 }
 
+// Two regimes in one table: an entry's own gpu_kv_share replaces the point's, so `full` runs with
+// the whole KV on the accelerator beside methods that hold half of it; the row says so.
+TEST(FairFooting, AnEntrysShareIsTheFitsRegime) {
+  const std::string y =
+      "name: f\nmodels: [\"synthetic:llama-3.2-1b?layers=8\"]\nstrategies:\n  - flexgen\n  - full\n"
+      "  - {name: full, label: full@fits, gpu_kv_share: 1}\nsweep:\n  prompt_tokens: [1024]\n  "
+      "decode_tokens: [4]\n"
+      "  gpu_kv_share: [0.5]\ndevice: emulated\nclock: modeled:machine-a\nexecute: dry\n";
+  ExperimentSpec spec = parse_experiment(y, "f.yaml");
+  Runner run(spec);
+  const Point p = expand(spec).at(0);
+  std::map<std::string, Json> rows;
+  for (auto& e : spec.strategies) run.run(p, e, {}, [&](Json r) { rows[e.label] = r; });
+  const int64_t whole = int64_t(1028) * 8 * 8 * 64 * 2 * 2;
+  EXPECT_EQ(rows["flexgen"]["tiers"]["gpu"]["kv_budget_bytes"].get<int64_t>(), whole / 2);
+  EXPECT_EQ(rows["full"]["status"], "failed") << rows["full"].dump();  // half the KV: the oracle cannot run
+  ASSERT_EQ(rows["full@fits"]["status"], "ok") << rows["full@fits"].dump();
+  EXPECT_EQ(rows["full@fits"]["tiers"]["gpu"]["kv_budget_bytes"].get<int64_t>(), whole);
+  EXPECT_EQ(rows["full@fits"]["entry_gpu_kv_share"], 1.0);
+  EXPECT_EQ(rows["full@fits"]["point_id"], rows["flexgen"]["point_id"]);  // the same column of the table
+  try {
+    parse_experiment(
+        "name: f\nmodels: [\"synthetic:tiny-llama\"]\nstrategies:\n  - {name: full, gpu_kv_share: x}\n",
+        "f.yaml");
+    ADD_FAILURE() << "a share 'x' was accepted";
+  } catch (const InputError& e) {
+    EXPECT_NE(std::string(e.what()).find("f.yaml:4"), std::string::npos) << e.what();
+  }
+}
+
 // Every modeled row carries its band (peak and achieved ends), the achieved end no faster, and
 // table.txt gives each cell as the band of the two ends' ratios.
 TEST(FairFooting, ModeledRowsCarryTheirBand) {
