@@ -43,6 +43,9 @@ std::map<std::string, std::map<std::string, std::string>> strategy_sets(const st
 std::optional<PlatformProfile> clock_profile(const std::string& clock, const std::string& cmd);
 // "128,4096" → positive integers.
 std::vector<int> int_list(const std::string& s, const std::string& what, const std::string& cmd);
+// A thread count from the command line: 1 to 4 × this machine's hardware threads, else an InputError
+// (tens of thousands of OpenMP threads crash or stall the runtime).
+void check_threads(int n, const std::string& cmd);
 
 int cmd_generate(const std::vector<std::string>& args);
 int cmd_info(const std::vector<std::string>& args);

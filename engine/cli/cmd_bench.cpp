@@ -219,6 +219,7 @@ int cmd_bench(const std::vector<std::string>& args) {
   if (app.count("--device") || app.count("--set") || app.count("--clock"))
     input_error("bench: --device, --set and --clock go with --strategy (without it: --backend)");
   const auto threads = int_list(thread_list, "--threads", cmd);
+  for (int t : threads) check_threads(t, cmd);
   Model model = load_model(model_spec, load_options(weights, cmd));
   const HParams& hp = model.hp;
   auto be = make_backend(backend_name.empty() ? "cpu" : backend_name);

@@ -73,7 +73,7 @@ int cmd_eval(const std::vector<std::string>& args) {
   app.add_option("--write-requests", write_requests,
                  "write every request as JSONL (task, index, context, choices, gold); without --model, only that");
   if (int rc = parse_cli(app, cmd, args); rc >= 0) return rc;
-  if (threads <= 0) input_error("eval: --threads must be positive");
+  check_threads(threads, "eval");
   set_num_threads(threads);
   const std::vector<std::string> task_list = comma_list(tasks), strat_list = comma_list(strategies);
   if (task_list.empty()) input_error("eval: --task is empty (give piqa, openbookqa, copa or rte)");

@@ -63,7 +63,7 @@ int cmd_generate(const std::vector<std::string>& args) {
   app.add_flag("--quiet", quiet, "print only the timing line");
   if (int rc = parse_cli(app, cmd, args); rc >= 0) return rc;
 
-  if (threads <= 0) input_error("generate: --threads must be positive");
+  check_threads(threads, "generate");
   set_num_threads(threads);
   if (batch <= 0) input_error("generate: --batch must be positive");
   if (n_new < 0) input_error("generate: -n must be non-negative");

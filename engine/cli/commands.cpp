@@ -1,12 +1,12 @@
 // The command table and the helpers the commands share.
-#include "engine/cli/cli.h"
-
-#include <charconv>
-
-#include <CLI/CLI.hpp>
 #include <fmt/format.h>
 
+#include <CLI/CLI.hpp>
+#include <charconv>
+
+#include "engine/cli/cli.h"
 #include "engine/core/error.h"
+#include "engine/core/thread_pool.h"
 
 namespace hg::cli {
 
@@ -113,6 +113,13 @@ std::optional<PlatformProfile> clock_profile(const std::string& clock, const std
     return load_platform(clock.substr(8), std::string(HG_SOURCE_DIR) + "/experiments/platforms");
   if (clock != "measured") input_error("{}: --clock '{}' (expected measured or modeled:<platform>)", cmd, clock);
   return std::nullopt;
+}
+
+void check_threads(int n, const std::string& cmd) {
+  const int hw = std::max(1, hardware_threads()), most = 4 * hw;
+  if (n < 1 || n > most)
+    input_error("{}: --threads {}: expected 1 to {} (4 × this machine's {} hardware threads)", cmd, n, most,
+                hw);
 }
 
 std::vector<int> int_list(const std::string& s, const std::string& what, const std::string& cmd) {

@@ -45,19 +45,25 @@ TEST(Cli, HelpForEverySubcommand) {
 }
 
 TEST(Cli, BadInputExitsTwoWithOneLine) {
-  std::vector<std::string> cases = {"generate", "generate --model /nonexistent.gguf", "info --model synthetic:nope",
-                                    "generate --model synthetic:tiny-llama --bogus",
-                                    "generate --model synthetic:tiny-llama -n x", "frobnicate",
-                                    "generate --model synthetic:tiny-llama --strategy nope",
-                                    "export --model synthetic:tiny-llama",
-                                    "export --model synthetic:tiny-opt --out " + test::temp_path("cli_opt.gguf"),
-                                    "bench --model synthetic:tiny-llama --backend nope",
-                                    "bench --model synthetic:tiny-llama --strategy flexgen,nope",
-                                    "bench --model synthetic:tiny-llama --strategy flexgen --set h2o.heavy_ratio=1",
-                                    "bench --model synthetic:tiny-llama --strategy flexgen --backend cpu",
-                                    "bench --model synthetic:tiny-llama --strategy flexgen --kv f16",
-                                    "bench --model synthetic:tiny-llama --strategy flexgen --device cpu",
-                                    "bench --model synthetic:tiny-llama --device emulated"};
+  std::vector<std::string> cases = {
+      "generate",
+      "generate --model /nonexistent.gguf",
+      "info --model synthetic:nope",
+      "generate --model synthetic:tiny-llama --bogus",
+      "generate --model synthetic:tiny-llama -n x",
+      "frobnicate",
+      "generate --model synthetic:tiny-llama -t 100000 -n 2",
+      "bench --model synthetic:tiny-llama --threads 1,100000",
+      "generate --model synthetic:tiny-llama --strategy nope",
+      "export --model synthetic:tiny-llama",
+      "export --model synthetic:tiny-opt --out " + test::temp_path("cli_opt.gguf"),
+      "bench --model synthetic:tiny-llama --backend nope",
+      "bench --model synthetic:tiny-llama --strategy flexgen,nope",
+      "bench --model synthetic:tiny-llama --strategy flexgen --set h2o.heavy_ratio=1",
+      "bench --model synthetic:tiny-llama --strategy flexgen --backend cpu",
+      "bench --model synthetic:tiny-llama --strategy flexgen --kv f16",
+      "bench --model synthetic:tiny-llama --strategy flexgen --device cpu",
+      "bench --model synthetic:tiny-llama --device emulated"};
   if (cuda_device_count_or_zero() == 0) {  // with a device these run
     cases.push_back("generate --model synthetic:tiny-llama --backend cuda");
     cases.push_back("generate --model synthetic:tiny-llama --device cuda");
