@@ -389,6 +389,27 @@ ResultDir::ResultDir(const std::string& dir_in, const ExperimentSpec& spec, bool
   if (fd_ < 0) input_error("{}: cannot open for appending", rows);
 }
 
+std::map<std::string, std::string> recorded_inputs(const std::vector<ResultRow>& rows,
+                                                   const std::string& where) {
+  std::map<std::string, std::string> seen;
+  const nlohmann::ordered_json::json_pointer at("/provenance/inputs");
+  for (const ResultRow& r : rows) {
+    if (!r.json.contains(at) || !r.json.at(at).is_object()) continue;
+    for (const auto& [name, in] : r.json.at(at).items()) {
+      if (!in.is_object() || !in.contains("path") || !in.contains("fnv1a64_size_head_tail")) continue;
+      const std::string path = in["path"].get<std::string>();
+      const std::string id = fmt::format("{} {}", in.value("bytes", int64_t(-1)),
+                                         in["fnv1a64_size_head_tail"].get<std::string>());
+      auto [it, fresh] = seen.emplace(path, id);
+      if (!fresh && it->second != id)
+        input_error(
+            "{}: rows of two versions of {} (size and fingerprint {} and {}); rerun them into one directory",
+            where, path, it->second, id);
+    }
+  }
+  return seen;
+}
+
 ResultDir::~ResultDir() {
   if (fd_ >= 0) ::close(fd_);
 }
@@ -898,6 +919,7 @@ MergeReport merge_results(const std::vector<std::string>& dirs, const std::strin
     return std::make_tuple(a.point_index, label_order[a.label], a.repeat) <
            std::make_tuple(b.point_index, label_order[b.label], b.repeat);
   });
+  (void)recorded_inputs(all, "merge");  // shards run on different versions of an input
   // The output directory's writer lock while it is replaced (a run or resume in it meanwhile fails).
   struct Lock {
     int fd = -1;

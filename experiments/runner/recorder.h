@@ -43,6 +43,11 @@ class ResultDir {
   size_t resumed_ = 0;
 };
 
+// The input files `rows` recorded (provenance.inputs), path → "bytes fingerprint". Rows that
+// disagree about one path are an InputError naming it and `where`: results of two versions of one input.
+std::map<std::string, std::string> recorded_inputs(const std::vector<ResultRow>& rows,
+                                                   const std::string& where);
+
 // Every complete row of DIR/rows.jsonl, checked (a torn last line is skipped; `torn` says whether there was one).
 std::vector<ResultRow> read_rows(const std::string& dir, bool* torn = nullptr);
 

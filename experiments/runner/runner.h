@@ -103,6 +103,9 @@ Figures figures(const Measurement& m, const PlatformProfile* profile);
 // The accelerator KV budget gpu_kv_share gives at point p: that share of the point's whole KV
 // (2 × layers × KV heads × head dim × batch × (prompt + decode) tokens, 2 bytes each).
 int64_t share_kv_bytes(const Model& model, const Point& p);
+// A file's identity for provenance: absolute path, size and a fingerprint of its size, first and
+// last MiB ({path, exists: false} when it is missing).
+nlohmann::ordered_json file_fingerprint(const std::string& path);
 
 // Runs experiment points: one (point, strategy entry) at a time, each repeat a fresh runtime and
 // strategy over the same prompt and model (the model is kept between runs with the same spec).

@@ -129,11 +129,33 @@ int run_sweep(ExperimentSpec spec, const SweepOptions& o) {
   }
   std::string dir = !o.resume.empty() ? o.resume : !o.output.empty() ? o.output : spec.output;
   ResultDir out(dir, spec, !o.resume.empty(), o.force, o.shard);
-  if (out.resumed_rows()) fmt::print("hgbench: resuming {}: {} rows already recorded\n", dir, out.resumed_rows());
+  if (out.resumed_rows()) {
+    fmt::print("hgbench: resuming {}: {} rows already recorded\n", dir, out.resumed_rows());
+    // The inputs those rows were run on (model files, platform profiles) must be the ones here now.
+    for (const auto& [path, was] : recorded_inputs(read_rows(out.path()), out.path())) {
+      const nlohmann::ordered_json now = file_fingerprint(path);
+      const std::string is = now.contains("fnv1a64_size_head_tail")
+                                 ? fmt::format("{} {}", now["bytes"].get<int64_t>(),
+                                               now["fnv1a64_size_head_tail"].get<std::string>())
+                                 : std::string("missing");
+      if (is == was) continue;
+      if (!o.force)
+        input_error(
+            "{}: changed since the rows in {} were recorded (size and fingerprint {}, now {}); resume into a "
+            "new directory, or add --force to mix them",
+            path, out.path(), was, is);
+      fmt::print(
+          stderr,
+          "hgbench: warning: {} changed since the rows in {} were recorded (--force: resuming anyway)\n",
+          path, out.path());
+    }
+  }
 
   struct sigaction sa {};
   sa.sa_handler = on_sigint;
   sigaction(SIGINT, &sa, nullptr);
+  sigaction(SIGTERM, &sa, nullptr);  // Slurm's time limit; a closed terminal: as Ctrl-C
+  sigaction(SIGHUP, &sa, nullptr);
   g_interrupted = 0;
   // The second Ctrl-C: the rows so far (each appended whole; a torn last line is skipped) summarised,
   // then exit 130 without waiting for the run in progress.

@@ -462,6 +462,33 @@ TEST(ExperimentRun, MergeWithShardsReportsMissingShardsByNumber) {
   fs::remove_all(d);
 }
 
+// Rows record their inputs' fingerprints; a resume over a changed input (here the platform
+// profile) is refused naming the file, and --force resumes anyway with a warning. A merge of rows
+// recorded on two versions of one input is refused likewise.
+TEST(ExperimentRun, ResumeAndMergeRefuseChangedInputs) {
+  const std::string d = tmp_dir("inputs");
+  const std::string f =
+      write_file(d, "e.yaml",
+                 "name: fp\nmodels: [\"synthetic:tiny-llama\"]\nstrategies: [full]\nsweep:\n"
+                 "  prompt_tokens: [8, 16]\n  decode_tokens: [2]\ndevice: emulated\nclock: modeled:" +
+                     d + "/p.yaml\nexecute: dry\n");
+  fs::copy_file(std::string(HG_SOURCE_DIR) + "/experiments/platforms/machine-a.yaml", d + "/p.yaml");
+  ASSERT_EQ(run_cli(f + " -o " + d + "/R --shard 0/2").status, 0);
+  std::ofstream(d + "/p.yaml", std::ios::app) << "# edited\n";
+  ASSERT_EQ(run_cli(f + " -o " + d + "/S --shard 1/2").status, 0);
+  Proc p = run_cli(f + " --resume " + d + "/R --shard 0/2");
+  EXPECT_EQ(p.status, 2) << p.out;
+  EXPECT_NE(p.out.find(d + "/p.yaml: changed since the rows in"), std::string::npos) << p.out;
+  p = run_cli("merge " + d + "/R " + d + "/S --out " + d + "/M");
+  EXPECT_EQ(p.status, 2) << p.out;
+  EXPECT_NE(p.out.find("rows of two versions of " + d + "/p.yaml"), std::string::npos) << p.out;
+  EXPECT_FALSE(fs::exists(d + "/M/rows.jsonl"));
+  p = run_cli(f + " --resume " + d + "/R --shard 0/2 --force");
+  EXPECT_EQ(p.status, 0) << p.out;
+  EXPECT_NE(p.out.find("--force: resuming anyway"), std::string::npos) << p.out;
+  fs::remove_all(d);
+}
+
 // `submit --dry-run` prints the array script (one task per shard, each into its own directory,
 // resuming a resubmitted shard) and the merge job's dependency; --only resubmits chosen shards.
 TEST(ExperimentRun, SubmitWritesAnArrayAndAMergeJob) {
