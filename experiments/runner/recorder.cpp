@@ -882,7 +882,12 @@ MergeReport merge_results(const std::vector<std::string>& dirs, const std::strin
       if (shard_dir.count(i)) input_error("{}: shard {} appears twice (also {})", d, s, shard_dir[i]);
       shard_dir[i] = d;
     }
-    for (auto& r : read_rows(d)) {
+    bool torn = false;
+    auto rows_d = read_rows(d, &torn);
+    if (torn)  // a kill mid-write: the row it was writing would be dropped without a word
+      input_error("{}/rows.jsonl: its last row is torn (a kill mid-write); `--resume {}` completes it first",
+                  d, d);
+    for (auto& r : rows_d) {
       if (!seen.insert(r.key()).second) {  // the same row in two shards (a resubmitted shard): the first kept
         ++rep.duplicates;
         continue;

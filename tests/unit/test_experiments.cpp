@@ -312,6 +312,10 @@ repeats: 2
   EXPECT_LT(before, whole.size());
   // Simulate a torn line as a kill mid-write leaves it.
   std::ofstream(d + "/killed/rows.jsonl", std::ios::app) << R"({"point_id": "torn)";
+  // A merge would drop the torn row without a word: it is refused, naming the directory.
+  const Proc m = run_cli("merge " + d + "/killed --out " + d + "/merged");
+  EXPECT_EQ(m.status, 2) << m.out;
+  EXPECT_NE(m.out.find("its last row is torn"), std::string::npos) << m.out;
   const Proc p = run_cli(f + " --resume " + d + "/killed");
   ASSERT_EQ(p.status, 0) << p.out;
   bool torn = true;
