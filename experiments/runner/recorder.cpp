@@ -15,6 +15,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <map>
 #include <optional>
 #include <set>
@@ -730,32 +731,34 @@ std::string write_summary(const std::string& dir, const std::vector<ResultRow>& 
       out += with_kv ? fmt::format("{:>9}\n", kv_type(label)) : "\n";
     }
   };
-  // Decode throughput beside the latency: the decode length decides how much the prefill weighs.
-  if (banded) {
-    out += fmt::format("\ndecode tokens/s, all sequences (MODELED; achieved–peak ends of the band)\n{:<{}}",
-                       "strategy", w0);
+  // A block of text cells: a title, the point names, then one row per label of `which`.
+  auto cell_block = [&](const std::string& title, const std::vector<std::string>& which,
+                        const std::function<std::string(int, const std::string&)>& cell) {
+    out += fmt::format("\n{}\n{:<{}}", title, "strategy", w0);
     for (size_t i = 0; i < names.size(); ++i) out += fmt::format("{:>{}}", names[i], widths[i]);
     out += "\n";
-    for (auto& label : labels) {
+    for (auto& label : which) {
       out += fmt::format("{:<{}}", label, w0);
       size_t i = 0;
-      for (auto& [pi, pj] : points) {
-        std::vector<double> pk, ac;
-        for (const ResultRow* r : cells[{pi, label}]) {
-          if (const double x = band_figure(*r, "peak", "decode_tokens_per_s"); std::isfinite(x))
-            pk.push_back(x);
-          if (const double x = band_figure(*r, "achieved", "decode_tokens_per_s"); std::isfinite(x))
-            ac.push_back(x);
-        }
-        const std::string cell = pk.empty() || ac.empty()
-                                     ? "-"
-                                     : fmt::format("{:.3g}–{:.3g}", std::min(median_of(pk), median_of(ac)),
-                                                   std::max(median_of(pk), median_of(ac)));
-        out += fmt::format("{:>{}}", cell, widths[i++]);
-      }
+      for (auto& [pi, pj] : points) out += fmt::format("{:>{}}", cell(pi, label), widths[i++]);
       out += "\n";
     }
-  }
+  };
+  // Decode throughput beside the latency: the decode length decides how much the prefill weighs.
+  if (banded)
+    cell_block("decode tokens/s, all sequences (MODELED; achieved–peak ends of the band)", labels,
+               [&](int pi, const std::string& label) {
+                 std::vector<double> pk, ac;
+                 for (const ResultRow* r : cells[{pi, label}]) {
+                   if (const double x = band_figure(*r, "peak", "decode_tokens_per_s"); std::isfinite(x))
+                     pk.push_back(x);
+                   if (const double x = band_figure(*r, "achieved", "decode_tokens_per_s"); std::isfinite(x))
+                     ac.push_back(x);
+                 }
+                 if (pk.empty() || ac.empty()) return std::string("-");
+                 return fmt::format("{:.3g}–{:.3g}", std::min(median_of(pk), median_of(ac)),
+                                    std::max(median_of(pk), median_of(ac)));
+               });
   block("attended fraction of the context per decode step (mean), and the KV element type", "attended", "fraction", 3,
         true);
   // The scheduler's decisions (strategy_stats.mean): the mode and K the timed steps ran at, to set
@@ -770,52 +773,32 @@ std::string write_summary(const std::string& dir, const std::vector<ResultRow>& 
       for (auto& [pi, pj] : points)
         for (const ResultRow* r : cells[{pi, label}])
           if (std::isfinite(stat(*r, "mode_pre")) && (sched.empty() || sched.back() != label)) sched.push_back(label);
-    if (!sched.empty()) {
-      out += fmt::format("\nscheduler: share of decode steps in pre mode / mean K (strategy_stats.trajectory has each step)\n{:<{}}",
-                         "strategy", w0);
-      for (size_t i = 0; i < names.size(); ++i) out += fmt::format("{:>{}}", names[i], widths[i]);
-      out += "\n";
-      for (auto& label : sched) {
-        out += fmt::format("{:<{}}", label, w0);
-        size_t i = 0;
-        for (auto& [pi, pj] : points) {
-          std::vector<double> pre, k;
-          for (const ResultRow* r : cells[{pi, label}])
-            if (std::isfinite(stat(*r, "mode_pre"))) pre.push_back(stat(*r, "mode_pre")), k.push_back(stat(*r, "K"));
-          out += fmt::format("{:>{}}", pre.empty() ? "-" : fmt::format("{:.2f}/{:.0f}", median_of(pre), median_of(k)),
-                             widths[i++]);
-        }
-        out += "\n";
-      }
-    }
+    if (!sched.empty())
+      cell_block(
+          "scheduler: share of decode steps in pre mode / mean K (strategy_stats.trajectory has each step)",
+          sched, [&](int pi, const std::string& label) {
+            std::vector<double> pre, k;
+            for (const ResultRow* r : cells[{pi, label}])
+              if (std::isfinite(stat(*r, "mode_pre")))
+                pre.push_back(stat(*r, "mode_pre")), k.push_back(stat(*r, "K"));
+            return pre.empty() ? std::string("-")
+                               : fmt::format("{:.2f}/{:.0f}", median_of(pre), median_of(k));
+          });
   }
   // Each strategy's accelerator KV peak beside the point's budget: who used the memory it was given.
-  {
-    bool any_budget = false;
-    for (auto& r : rows) any_budget = any_budget || gpu_kv(r).first > 0;
-    if (any_budget) {
-      out += fmt::format(
-          "\naccelerator KV peak / budget (MB; the budget is gpu_kv_bytes, shared by every strategy)\n{:<{}}",
-          "strategy", w0);
-      for (size_t i = 0; i < names.size(); ++i) out += fmt::format("{:>{}}", names[i], widths[i]);
-      out += "\n";
-      for (auto& label : labels) {
-        out += fmt::format("{:<{}}", label, w0);
-        size_t i = 0;
-        for (auto& [pi, pj] : points) {
-          std::vector<double> b, pk;
-          for (const ResultRow* r : cells[{pi, label}])
-            if (const auto g = gpu_kv(*r); g.first >= 0) b.push_back(g.first), pk.push_back(g.second);
-          const std::string cell = b.empty() ? "-"
-                                   : median_of(b) > 0
-                                       ? fmt::format("{:.0f}/{:.0f}", median_of(pk) / 1e6, median_of(b) / 1e6)
-                                       : fmt::format("{:.0f}/-", median_of(pk) / 1e6);
-          out += fmt::format("{:>{}}", cell, widths[i++]);
-        }
-        out += "\n";
-      }
-    }
-  }
+  bool any_budget = false;
+  for (auto& r : rows) any_budget = any_budget || gpu_kv(r).first > 0;
+  if (any_budget)
+    cell_block("accelerator KV peak / budget (MB; the budget is gpu_kv_bytes, shared by every strategy)",
+               labels, [&](int pi, const std::string& label) {
+                 std::vector<double> b, pk;
+                 for (const ResultRow* r : cells[{pi, label}])
+                   if (const auto g = gpu_kv(*r); g.first >= 0) b.push_back(g.first), pk.push_back(g.second);
+                 return b.empty() ? std::string("-")
+                        : median_of(b) > 0
+                            ? fmt::format("{:.0f}/{:.0f}", median_of(pk) / 1e6, median_of(b) / 1e6)
+                            : fmt::format("{:.0f}/-", median_of(pk) / 1e6);
+               });
   block("modeled ÷ measured end-to-end latency (the modeled clock checked against the same run)",
         "modeled_over_measured", "end_to_end", 2, false);
   // The same over the baseline's: the profile's absolute rates drift with the machine between
