@@ -909,12 +909,7 @@ MergeReport merge_results(const std::vector<std::string>& dirs, const std::strin
   });
   (void)recorded_inputs(all, "merge");  // shards run on different versions of an input
   // The output directory's writer lock while it is replaced (a run or resume in it meanwhile fails).
-  struct Lock {
-    int fd = -1;
-    ~Lock() {
-      if (fd >= 0) ::close(fd);
-    }
-  } lock;
+  ResultDir::Lock lock;
   if (fs::is_directory(out)) lock.fd = lock_result_dir(normal_dir(out));
   const bool replace = fs::exists(out) && holds_results(out);
   if (replace) {

@@ -30,15 +30,16 @@ class ResultDir {
   void append(const nlohmann::ordered_json& row);
   const std::string& path() const { return dir_; }
   size_t resumed_rows() const { return resumed_; }
+  // A held result-directory lock (its descriptor), released when it goes.
+  struct Lock {
+    int fd = -1;
+    ~Lock();
+  };
 
  private:
   std::string dir_;
   int fd_ = -1;
-  // The directory's lock, held while this object lives (closed too when the constructor throws).
-  struct Lock {
-    int fd = -1;
-    ~Lock();
-  } lock_;
+  Lock lock_;  // the directory's, held while this object lives (closed too when the constructor throws)
   std::set<std::tuple<std::string, std::string, int>> done_;
   size_t resumed_ = 0;
 };
