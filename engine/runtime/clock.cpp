@@ -347,9 +347,11 @@ StepTiming modeled_timing(const std::vector<StageRecord>& recs, const PlatformPr
       if (end_of.count(d)) start = std::max(start, end_of[d]);
     if (auto it = span.find(s.within); it != span.end()) {
       // Submitted part-way through an accelerator segment: no earlier than the same share of it.
-      // Share by reported progress when the segment has it, else by measured time.
+      // Share by reported progress when the segment has it, else by measured time. A segment whose
+      // progress did not move (it only waited and submitted) places it at its start, not by the
+      // wall clock: its modeled length is its fixed costs alone.
       const Span& w = it->second;
-      const bool by_progress = s.submit_progress >= 0 && w.progress0 >= 0 && w.progress1 > w.progress0;
+      const bool by_progress = s.submit_progress >= 0 && w.progress0 >= 0 && w.progress1 >= w.progress0;
       const double len = by_progress ? w.progress1 - w.progress0 : w.measured_end - w.measured_start;
       const double at = by_progress ? s.submit_progress - w.progress0 : s.submit_s - w.measured_start;
       const double f = len > 0 ? std::clamp(at / len, 0.0, 1.0) : 0.0;

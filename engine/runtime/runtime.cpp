@@ -318,12 +318,13 @@ void measure_weight_rates(Backend& be, int64_t gemm_m, int64_t gemm_k, int64_t g
 }
 
 // The achieved FLOP/s of `be`'s attention in a prefill shape, 32 query and 8 KV heads of D, F16 K
-// and V (4·H·D FLOPs per key). A host backend: a causal chunk of 512 query rows after 1,536 cached
-// positions. A GPU: a whole causal 8K prompt, as its kernel's rate falls with the key count and
-// the prompts it runs are 8K-32K.
+// and V (4·H·D FLOPs per key). A host backend: a causal chunk of 64 query rows after 1,984 cached
+// positions (its rate per key does not grow with the rows; a pass of 512 rows took seconds on one
+// thread, and minutes under a sanitizer). A GPU: a whole causal 8K prompt, as its kernel's rate
+// falls with the key count and the prompts it runs are 8K-32K.
 double attention_flops(Backend& be, int D, double seconds) {
   const bool device = !be.host_memory();
-  const int H = 32, Hkv = 8, kRows = device ? 8192 : 512, kKeys = device ? 8192 : 2048;
+  const int H = 32, Hkv = 8, kRows = device ? 8192 : 64, kKeys = device ? 8192 : 2048;
   std::mt19937 g(5);
   std::uniform_real_distribution<float> u(-1, 1);
   std::vector<uint16_t> kv(size_t(Hkv) * kKeys * size_t(D));

@@ -325,6 +325,21 @@ TEST(FairFooting, ModeledRowsCarryTheirBand) {
   }
 }
 
+// A dry run's band repeats to the last digit at both ends: stages submitted inside an accelerator
+// segment are placed by the work it reported, never by the wall clock, even where the segment's
+// only modeled cost is a fixed one.
+TEST(FairFooting, DryBandRepeatsToTheDigit) {
+  const auto a = dry_rows("[flexgen, h2o, hybridgen, infinigen]", 1024, 6);
+  const auto b = dry_rows("[flexgen, h2o, hybridgen, infinigen]", 1024, 6);
+  for (auto& [label, r] : a) {
+    SCOPED_TRACE(label);
+    const Json &x = r["figures"]["modeled"]["band"], &y = b.at(label)["figures"]["modeled"]["band"];
+    for (const char* end : {"peak", "achieved"})
+      for (const char* f : {"prefill_s", "end_to_end_s", "decode_token_s_median"})
+        EXPECT_EQ(x[end][f].get<double>(), y[end][f].get<double>()) << end << "." << f;
+  }
+}
+
 // HybridGen's speculative query (query_on: cpu) is one projection of all rows per layer: W_q is
 // read once per layer whatever the batch, so batch 4 reads the keys of 4 sequences and W_q once.
 TEST(FairFooting, HybridGenReadsWqOncePerLayerAtAnyBatch) {
