@@ -62,5 +62,6 @@ int cmd_merge(const std::vector<std::string>& args);
 int cmd_compare(const std::vector<std::string>& args);
 int cmd_report(const std::vector<std::string>& args);
 int cmd_submit(const std::vector<std::string>& args);
+int cmd_reproduction(const std::vector<std::string>& args);
 
 }  // namespace hg::cli

@@ -128,22 +128,6 @@ void csv_row(FILE* f, const std::vector<std::string>& fields) {
 
 std::string num(double v) { return std::isfinite(v) ? fmt::format("{:.6g}", v) : ""; }
 
-// A modeled row's figure `key` (end_to_end_s, decode_tokens_per_s) at one end of its profile's
-// band (figures.modeled.band); NaN for measured rows and rows from before the band.
-double band_figure(const ResultRow& r, const char* end, const char* key) {
-  if (!r.ok) return NAN;
-  const auto& j = r.json;
-  const nlohmann::ordered_json::json_pointer at(std::string("/figures/modeled/band/") + end + "/" + key);
-  return j.contains(at) && j.at(at).is_number() ? j.at(at).get<double>() : NAN;
-}
-double band_time(const ResultRow& r, const char* end) { return band_figure(r, end, "end_to_end_s"); }
-
-// "lo–hi" of two normalised times (one value when they agree to the digits shown).
-std::string band_text(double a, double b) {
-  const std::string lo = fmt::format("{:.2f}", std::min(a, b)), hi = fmt::format("{:.2f}", std::max(a, b));
-  return lo == hi ? lo : lo + "–" + hi;
-}
-
 // A row's accelerator KV budget and peak (tiers.gpu), {-1, -1} when it has none.
 std::pair<double, double> gpu_kv(const ResultRow& r) {
   const nlohmann::ordered_json::json_pointer b("/tiers/gpu/kv_budget_bytes"), p("/tiers/gpu/kv_peak_bytes");
@@ -309,6 +293,19 @@ std::string write_accuracy_summary(const std::string& dir, const std::vector<Res
 }
 
 }  // namespace
+
+double band_figure(const ResultRow& r, const char* end, const char* key) {
+  if (!r.ok) return NAN;
+  const auto& j = r.json;
+  const nlohmann::ordered_json::json_pointer at(std::string("/figures/modeled/band/") + end + "/" + key);
+  return j.contains(at) && j.at(at).is_number() ? j.at(at).get<double>() : NAN;
+}
+double band_time(const ResultRow& r, const char* end) { return band_figure(r, end, "end_to_end_s"); }
+
+std::string band_text(double a, double b) {
+  const std::string lo = fmt::format("{:.2f}", std::min(a, b)), hi = fmt::format("{:.2f}", std::max(a, b));
+  return lo == hi ? lo : lo + "–" + hi;
+}
 
 // A path as written, with `.` and `..` resolved lexically and no trailing separator, so that
 // `out/x/../R` is checked as the `out/R` it names.

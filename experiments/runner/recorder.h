@@ -57,6 +57,13 @@ std::vector<ResultRow> read_rows(const std::string& dir, bool* torn = nullptr);
 std::string write_summary(const std::string& dir, const std::vector<ResultRow>& rows,
                           const std::string& baseline, const std::vector<std::string>& labels);
 
+// A modeled row's figure `key` (end_to_end_s, decode_tokens_per_s) at one end ("peak", "achieved")
+// of its profile's band (figures.modeled.band); NaN for measured rows and rows from before the band.
+double band_figure(const ResultRow& r, const char* end, const char* key);
+double band_time(const ResultRow& r, const char* end);
+// "lo–hi" of two ratios to two decimals, the lower first (one value when they agree to the digits shown).
+std::string band_text(double a, double b);
+
 struct MergeOptions {
   // When > 0: the set is shards 0..N-1 of N (each directory says which shard it holds); every
   // row each shard owes must be there, else nothing is written and `missing` names the shards.

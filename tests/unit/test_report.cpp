@@ -1,16 +1,17 @@
 // `hgbench compare` and `hgbench report` over result directories written here row by row.
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
-#include <string>
-
-#include <fmt/format.h>
+#include <map>
 #include <nlohmann/json.hpp>
+#include <string>
 
 #include "engine/core/error.h"
 #include "experiments/runner/report.h"
+#include "experiments/runner/reproduction.h"
 #include "experiments/runner/result_row.h"
 
 namespace hg {
@@ -116,6 +117,81 @@ TEST(Report, OnePageWithTablesPlotsFailedRowsAndProvenance) {
   const std::string got((std::istreambuf_iterator<char>(dm)), {});
   EXPECT_NE(got.find("id=\"summary-csv\""), std::string::npos);
   EXPECT_NE(got.find("<img"), std::string::npos);
+  fs::remove_all(d);
+}
+
+// Modeled rows of seqlen's shape: per label, the end-to-end seconds at the band's peak and
+// achieved ends at each prompt length, and the attended fraction.
+void write_band_rows(const fs::path& d, const std::map<std::string, std::pair<double, double>>& times,
+                     const std::vector<int>& lens) {
+  fs::create_directories(d);
+  std::ofstream o(d / "rows.jsonl");
+  for (size_t i = 0; i < lens.size(); ++i)
+    for (auto& [label, t] : times) {
+      Json r = ResultRow::head("seqlen", fmt::format("p{}", lens[i]), int(i), label, label, 0, true);
+      r["time_basis"] = "modeled (dry)";
+      r["point"] = {{"model", "synthetic:llama-3.1-8b?dtype=f16"}, {"prompt_tokens", lens[i]}, {"batch", 1}};
+      const double k = lens[i] / 1024.0;
+      r["figures"] = {
+          {"time_s", t.first * k},
+          {"attended", {{"fraction", label == "flexgen" ? 1.0 : 0.25}}},
+          {"modeled",
+           {{"band",
+             {{"peak", {{"end_to_end_s", t.first * k}}}, {"achieved", {{"end_to_end_s", t.second * k}}}}}}}};
+      o << r.dump() << "\n";
+    }
+}
+
+// docs/reproduction.md's generated parts: computed from the rows, the prose around them kept, the
+// same text from the same rows (so a rerun's diff is empty), and a bad document or a missing
+// result directory an error naming it.
+TEST(Reproduction, PartsComeFromTheRowsAndTheProseStays) {
+  const fs::path d = fresh_dir("reproduction");
+  // HybridGen twice as fast as FlexGen at peak, as fast at achieved rates; StreamingLLM 4× at both.
+  write_band_rows(d / "seqlen",
+                  {{"flexgen", {2.0, 4.0}}, {"hybridgen", {1.0, 4.0}}, {"streamingllm", {0.5, 1.0}}},
+                  {2048, 4096});
+  const std::string doc =
+      "# Title\n\nProse before.\n<!-- generated: fig16 -->\nstale table\n<!-- end generated: fig16 "
+      "-->\nProse after.\n"
+      "<!-- generated: clock -->\nmeasured text kept\n<!-- end generated: clock -->\n";
+  const ReproductionReport a = regenerate_reproduction(doc, "doc.md", d.string());
+  EXPECT_EQ(a.parts, std::vector<std::string>{"fig16"});
+  EXPECT_EQ(a.kept, std::vector<std::string>{"clock"});  // measured: no clock_check rows here
+  EXPECT_EQ(a.text.find("stale table"), std::string::npos);
+  for (const char* kept : {"# Title\n\nProse before.\n<!-- generated: fig16 -->\n",
+                           "\n<!-- end generated: fig16 -->\nProse after.\n",
+                           "<!-- generated: clock -->\nmeasured text kept\n<!-- end generated: clock -->\n"})
+    EXPECT_NE(a.text.find(kept), std::string::npos) << kept << "\n" << a.text;
+  // Speedups over FlexGen, the band lower first, the attended fraction beside them.
+  EXPECT_NE(a.text.find("| llama-3.1-8b / 2K | 1.00–2.00 (0.25) | 4.00 (0.25) |"), std::string::npos)
+      << a.text;
+  EXPECT_NE(a.text.find("(6 rows)"), std::string::npos) << a.text;
+  // HybridGen over the Pre-QKT methods: t(streamingllm) ÷ t(hybridgen) is 0.5 at peak and 0.25 at
+  // achieved rates (InfiniGen has no rows), and that over the paper's 2.34.
+  EXPECT_NE(
+      a.text.find("| llama-3.1-8b: HybridGen over the Pre-QKT methods (InfiniGen, StreamingLLM), defaults | "
+                  "2.34× | 0.25–0.50× | 0.11–0.21 | no |"),
+      std::string::npos)
+      << a.text;
+  EXPECT_EQ(regenerate_reproduction(a.text, "doc.md", d.string()).text, a.text);
+  const auto error_of = [&](const std::string& text, const std::string& results) {
+    try {
+      regenerate_reproduction(text, "doc.md", results);
+    } catch (const InputError& e) {
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  EXPECT_NE(error_of("x\n<!-- generated: fig99 -->\n<!-- end generated: fig99 -->\n", d.string())
+                .find("doc.md:2: unknown generated part 'fig99'"),
+            std::string::npos);
+  EXPECT_NE(error_of("<!-- generated: fig16 -->\ntext\n", d.string())
+                .find("doc.md:1: generated part 'fig16' has no"),
+            std::string::npos);
+  EXPECT_NE(error_of("<!-- end generated: fig16 -->\n", d.string()).find("doc.md:1:"), std::string::npos);
+  EXPECT_NE(error_of(doc, (d / "none").string()).find((d / "none" / "seqlen").string() + ": no rows.jsonl"),
+            std::string::npos);
   fs::remove_all(d);
 }
 
