@@ -42,7 +42,8 @@ struct Results {
   std::vector<std::string> labels;  // in the order rows first name them
   std::map<int, Json> points;       // point_index → the point's recorded values
   std::map<std::pair<int, std::string>, std::array<std::vector<double>, 3>> raw;
-  size_t rows = 0;
+  size_t rows = 0, failed = 0;          // ok modeled rows; failed rows (left out)
+  std::map<std::string, int> failures;  // failed rows by kind of reason
 
   // The median end-to-end seconds of `label` at point `pi` at one end; NaN when absent.
   double time(int pi, const std::string& label, const char* end) const {
@@ -83,7 +84,14 @@ Results load(const std::string& results, const std::string& name) {
   if (!fs::exists(r.dir + "/rows.jsonl"))
     input_error("{}: no rows.jsonl (scripts/reproduce runs experiments/{}.yaml into it)", r.dir, name);
   for (const ResultRow& row : read_rows(r.dir)) {
-    if (!row.ok) continue;
+    if (!row.ok) {
+      ++r.failed;
+      ++r.failures[row.reason.find("positions") != std::string::npos
+                       ? "a context beyond the model's positions"
+                   : row.reason.find("KV budget") != std::string::npos ? "a KV over the accelerator's budget"
+                                                                       : row.reason.substr(0, 60)];
+      continue;
+    }
     const double pk = band_time(row, "peak"), ac = band_time(row, "achieved");
     if (std::isnan(pk) || std::isnan(ac)) continue;
     ++r.rows;
@@ -199,8 +207,17 @@ std::function<double(const char*)> geo(const Results& r, std::vector<int> pts, s
   return [&r, pts, hg, other](const char* end) { return geomean_over(r, pts, hg, other, end); };
 }
 
+// "; N failed rows left out (k: why, …)" when there are failed rows.
+std::string failed_text(const Results& r) {
+  if (!r.failed) return "";
+  std::string why;
+  for (auto& [w, n] : r.failures) why += (why.empty() ? "" : ", ") + fmt::format("{} {}", n, w);
+  return fmt::format("; {} failed rows left out: {}", r.failed, why);
+}
+
 std::string header(const Results& r, const std::string& yaml, const std::string& what) {
-  return fmt::format("`scripts/hgbench experiments/{}` ({} rows): {}.\n\n", yaml, r.rows, what);
+  return fmt::format("`scripts/hgbench experiments/{}` ({} rows{}): {}.\n\n", yaml, r.rows, failed_text(r),
+                     what);
 }
 
 const char* kSpeedupNote =
@@ -483,13 +500,18 @@ std::string conclusion(const std::string& results) {
                                          all.size(), tie, range(all_range[size_t(e)]));
   };
   std::string out = fmt::format(
-      "**When is HybridGen faster? (MODELED, dry; `experiments/map.yaml`: budget × context × decode length × CPU rate, "
-      "{} rows; `scripts/plot results/reproduction/map` draws it.)** Every method fills one accelerator KV budget and "
-      "every budgeted one attends the same fraction. At datasheet peak rates without fixed costs HybridGen is the "
-      "fastest method in {}. At achieved rates with the launch, copy and hand-off costs measured on an H200 it is the "
-      "fastest in {}. Where it is not the fastest, the fastest method is (a tie counts for each): at peak {}; at "
+      "**When is HybridGen faster? (MODELED, dry; `experiments/map.yaml`: budget × context × decode length × "
+      "CPU rate, "
+      "{} rows{}; `scripts/plot results/reproduction/map` draws it.)** Every method fills one accelerator KV "
+      "budget and "
+      "every budgeted one attends the same fraction. At datasheet peak rates without fixed costs HybridGen "
+      "is the "
+      "fastest method in {}. At achieved rates with the launch, copy and hand-off costs measured on an H200 "
+      "it is the "
+      "fastest in {}. Where it is not the fastest, the fastest method is (a tie counts for each): at peak "
+      "{}; at "
       "achieved rates {}.",
-      m.rows, won(0), won(1), counted(best_other[0]), counted(best_other[1]));
+      m.rows, failed_text(m), won(0), won(1), counted(best_other[0]), counted(best_other[1]));
   const Results f = load(results, "models");
   const auto fa = f.point_indices();
   const auto regime = paper_regime(f);

@@ -783,6 +783,40 @@ Json Runner::run_once(const Point& p, const StrategyEntry& entry, int repeat, bo
   fig["attended"] = {{"accel_tokens", f.attended_accel},
                      {"cpu_tokens", f.attended_cpu},
                      {"fraction", f.attended_fraction}};
+  // A budgeted strategy whose attended fraction is not its budget (within 0.02 of the context) says why.
+  if (const double b = effective.all().count("budget") ? effective.get_float("budget") : 0,
+      a = f.attended_fraction;
+      a > 0) {
+    const double accel = f.attended_accel + f.attended_cpu > 0
+                             ? a * f.attended_accel / (f.attended_accel + f.attended_cpu)
+                             : 0;
+    const double rest = a - accel;  // attended among the tokens not resident on the accelerator
+    const std::string resident = fmt::format(
+        "its accelerator-resident tokens ({:.3f} of the context: a ring, sinks or whole layers) are "
+        "attended in full",
+        accel);
+    if (b > 0 && b < 1 && std::abs(a - b) > 0.02)
+      fig["attended"]["budget_note"] =
+          a < b ? fmt::format(
+                      "attends {:.3f}, under its budget {:g}: fewer tokens were selectable than the budget "
+                      "allows",
+                      a, b)
+          : accel >= b - 0.02 && rest <= b * (1 - accel) + 0.02
+              ? fmt::format("attends {:.3f}, over its budget {:g}: {}, and the budget selects among the rest",
+                            a, b, resident)
+          : accel >= b - 0.02 ? fmt::format(
+                                    "attends {:.3f}, over its budget {:g}: {}, and it selects {:.3f} of the "
+                                    "context among the "
+                                    "rest, above the budget's share: a floor or its scheduler (a minimum K; "
+                                    "K grown while the "
+                                    "CPU stage has time) keeps more",
+                                    a, b, resident, rest)
+                              : fmt::format(
+                                    "attends {:.3f}, over its budget {:g}: its floors (a minimum K, full "
+                                    "layers, a recent window) "
+                                    "keep more than the budget",
+                                    a, b);
+  }
   fig["kv_dtype"] = std::string(dtype_name(kv->kv_dtype()));
   fig["prefill_tokens"] = f.prefill_tokens;
   fig["decode_tokens"] = f.decode_tokens;

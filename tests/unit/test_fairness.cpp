@@ -325,6 +325,22 @@ TEST(FairFooting, ModeledRowsCarryTheirBand) {
   }
 }
 
+// At a matched budget a row attends the budget (within 0.02 of the context) or says why not.
+TEST(FairFooting, AnAttendedFractionOffItsBudgetSaysWhy) {
+  const auto rows = dry_rows(
+      "[{name: streamingllm, label: sl, params: {budget: 0.2}}, {name: hybridgen, label: hg, params: "
+      "{budget: 0.2}}]",
+      2048, 4);
+  const Json& sl = rows.at("sl")["figures"]["attended"];
+  EXPECT_NEAR(sl["fraction"].get<double>(), 0.2, 0.02);
+  EXPECT_FALSE(sl.contains("budget_note")) << sl.dump();
+  const Json& hg = rows.at("hg")["figures"]["attended"];
+  ASSERT_GT(std::abs(hg["fraction"].get<double>() - 0.2), 0.02) << hg.dump();
+  ASSERT_TRUE(hg.contains("budget_note")) << hg.dump();
+  EXPECT_NE(hg["budget_note"].get<std::string>().find("accelerator-resident tokens"), std::string::npos)
+      << hg.dump();
+}
+
 // A dry run's band repeats to the last digit at both ends: stages submitted inside an accelerator
 // segment are placed by the work it reported, never by the wall clock, even where the segment's
 // only modeled cost is a fixed one.
