@@ -274,14 +274,42 @@ std::map<std::string, std::array<int, 2>> fastest_counts(const Results& r, const
   return n;
 }
 
-std::string counts_text(const std::map<std::string, std::array<int, 2>>& n, int e) {
+// "label n, …", most first; "none" when empty.
+std::string counted(const std::map<std::string, int>& c) {
   std::vector<std::pair<int, std::string>> v;
-  for (auto& [l, c] : n)
-    if (c[size_t(e)]) v.push_back({-c[size_t(e)], l});
+  for (auto& [l, n] : c) v.push_back({-n, l});
   std::sort(v.begin(), v.end());
-  std::string s;
-  for (auto& [c, l] : v) s += (s.empty() ? "" : ", ") + fmt::format("{} {}", l, -c);
-  return s;
+  std::string o;
+  for (auto& [n, l] : v) o += (o.empty() ? "" : ", ") + fmt::format("{} {}", l, -n);
+  return o.empty() ? std::string("none") : o;
+}
+
+// counted() of one end of fastest_counts().
+std::string counts_text(const std::map<std::string, std::array<int, 2>>& n, int e) {
+  std::map<std::string, int> c;
+  for (auto& [l, k] : n)
+    if (k[size_t(e)]) c[l] = k[size_t(e)];
+  return counted(c);
+}
+
+// At how many points `full@fits` is the fastest of every label, per end ({0, 0} without it).
+std::array<int, 2> fits_fastest(const Results& r) {
+  if (!r.has("full@fits")) return {0, 0};
+  const auto n = fastest_counts(r, r.labels);
+  return n.count("full@fits") ? n.at("full@fits") : std::array<int, 2>{0, 0};
+}
+
+// "over X a–b×, …": HybridGen's geometric mean over each of `others` present in r, the band lower first.
+std::string geomeans_text(const Results& r, const std::vector<int>& pts,
+                          const std::vector<std::string>& others, const char* prefix) {
+  std::string g;
+  for (auto& o : others)
+    if (r.has(o))
+      g +=
+          (g.empty() ? "" : ", ") + fmt::format("{}{} {}×", prefix, o,
+                                                band_or_na(geomean_over(r, pts, "hybridgen", o, "peak"),
+                                                           geomean_over(r, pts, "hybridgen", o, "achieved")));
+  return g;
 }
 
 std::vector<std::string> paper_regime(const Results& r) {
@@ -302,8 +330,7 @@ std::string fig15(const std::string& results) {
                      100 * kTie,
                      counts_text(n, 0), counts_text(n, 1));
   if (r.has("full@fits")) {
-    const auto f = fastest_counts(r, r.labels);
-    const auto c = f.count("full@fits") ? f.at("full@fits") : std::array<int, 2>{0, 0};
+    const auto c = fits_fastest(r);
     out += fmt::format(" With `full@fits` (the whole KV on the accelerator) in: it is the fastest on {} of {} at "
                        "peak and {} of {} at achieved rates.",
                        c[0], all.size(), c[1], all.size());
@@ -325,14 +352,10 @@ std::string fig15(const std::string& results) {
        }},
   };
   out += claims_table("paper (§5.2.1)", claims);
-  out += "\nHybridGen's geometric mean over each method (the band lower first): ";
-  std::string g;
-  for (const char* o : {"h2o", "infinigen", "keyformer", "streamingllm", "flexgen", "moe_lightning"})
-    if (r.has(o))
-      g += (g.empty() ? "" : ", ") + fmt::format("{} {}×", o,
-                                                 band_or_na(geomean_over(r, all, "hybridgen", o, "peak"),
-                                                            geomean_over(r, all, "hybridgen", o, "achieved")));
-  return out + g + ".\n";
+  return out + "\nHybridGen's geometric mean over each method (the band lower first): " +
+         geomeans_text(r, all, {"h2o", "infinigen", "keyformer", "streamingllm", "flexgen", "moe_lightning"},
+                       "") +
+         ".\n";
 }
 
 std::string fig17(const std::string& results) {
@@ -437,15 +460,6 @@ std::pair<std::vector<std::string>, std::vector<std::string>> hybridgen_and_othe
   return v;
 }
 
-std::string counted(const std::map<std::string, int>& c) {
-  std::vector<std::pair<int, std::string>> v;
-  for (auto& [l, n] : c) v.push_back({-n, l});
-  std::sort(v.begin(), v.end());
-  std::string o;
-  for (auto& [n, l] : v) o += (o.empty() ? "" : ", ") + fmt::format("{} {}", l, -n);
-  return o.empty() ? std::string("none") : o;
-}
-
 // The map (per cell and end, HybridGen's speedup over the fastest other method) and Fig. 15's counts.
 std::string conclusion(const std::string& results) {
   const Results m = load(results, "map");
@@ -516,27 +530,20 @@ std::string conclusion(const std::string& results) {
   const auto fa = f.point_indices();
   const auto regime = paper_regime(f);
   const auto c = fastest_counts(f, regime);
-  const auto [fhg, fothers] = hybridgen_and_others(f);
   std::array<int, 2> hgc{0, 0};
   for (int e = 0; e < 2; ++e)
     for (int pi : fa) {
       const auto best = fastest(f, pi, regime, kEnds[e]);
       hgc[size_t(e)] += std::any_of(best.begin(), best.end(), [](auto& l) { return l.rfind("hybridgen", 0) == 0; });
     }
-  std::string g;
-  for (const char* o : {"h2o", "infinigen", "keyformer", "flexgen"})
-    if (f.has(o))
-      g += (g.empty() ? "" : ", ") +
-           fmt::format("over {} {}×", o,
-                       band_or_na(geomean_over(f, fa, "hybridgen", o, "peak"), geomean_over(f, fa, "hybridgen", o, "achieved")));
+  const std::string g = geomeans_text(f, fa, {"h2o", "infinigen", "keyformer", "flexgen"}, "over ");
   out += fmt::format(
       " Fig. 15 at the same budget (`models.yaml`, {} models at 2K): HybridGen (either entry) is the fastest on {} of "
       "{} at peak and {} of {} at achieved rates (the fastest: at peak {}; at achieved rates {}); its geometric mean "
       "is {} (each band lower first).",
       fa.size(), hgc[0], fa.size(), hgc[1], fa.size(), counts_text(c, 0), counts_text(c, 1), g);
   if (f.has("full@fits")) {
-    const auto all_c = fastest_counts(f, f.labels);
-    const auto fc = all_c.count("full@fits") ? all_c.at("full@fits") : std::array<int, 2>{0, 0};
+    const auto fc = fits_fastest(f);
     out += fmt::format(" In the other regime, `full@fits` (the whole KV on the accelerator) is the fastest on {} of {} "
                        "models at peak and {} of {} at achieved rates.",
                        fc[0], fa.size(), fc[1], fa.size());

@@ -700,6 +700,34 @@ Json Runner::run_needle_once(const Point& p, const StrategyEntry& entry, int rep
   return r;
 }
 
+namespace {
+// Why a budgeted strategy's attended fraction is not its `budget` (more than 0.02 of the context
+// off); "" when it is, or when the strategy has no budget.
+std::string budget_note(const StrategyParams& params, const Figures& f) {
+  const double b = params.all().count("budget") ? params.get_float("budget") : 0, a = f.attended_fraction;
+  if (!(b > 0 && b < 1 && a > 0) || std::abs(a - b) <= 0.02) return "";
+  const std::string head =
+      fmt::format("attends {:.3f}, {} its budget {:g}: ", a, a < b ? "under" : "over", b);
+  if (a < b) return head + "fewer tokens were selectable than the budget allows";
+  const double seen = f.attended_accel + f.attended_cpu;
+  const double accel = seen > 0 ? a * f.attended_accel / seen : 0;  // resident on the accelerator
+  const double rest = a - accel;                                    // selected among the others
+  if (accel < b - 0.02)
+    return head + "its floors (a minimum K, full layers, a recent window) keep more than the budget";
+  const std::string resident = fmt::format(
+      "its accelerator-resident tokens ({:.3f} of the context: a ring, sinks or whole layers) are attended "
+      "in full",
+      accel);
+  if (rest <= b * (1 - accel) + 0.02) return head + resident + ", and the budget selects among the rest";
+  return head + resident +
+         fmt::format(
+             ", and it selects {:.3f} of the context among the rest, above the budget's share: a floor or "
+             "its "
+             "scheduler (a minimum K; K grown while the CPU stage has time) keeps more",
+             rest);
+}
+}  // namespace
+
 Json Runner::run_once(const Point& p, const StrategyEntry& entry, int repeat, bool record) {
   if (spec_.eval.enabled && is_needle_task(p.task)) return record ? run_needle_once(p, entry, repeat) : Json();
   if (spec_.eval.enabled) return record ? run_eval_once(p, entry, repeat) : Json();
@@ -783,40 +811,7 @@ Json Runner::run_once(const Point& p, const StrategyEntry& entry, int repeat, bo
   fig["attended"] = {{"accel_tokens", f.attended_accel},
                      {"cpu_tokens", f.attended_cpu},
                      {"fraction", f.attended_fraction}};
-  // A budgeted strategy whose attended fraction is not its budget (within 0.02 of the context) says why.
-  if (const double b = effective.all().count("budget") ? effective.get_float("budget") : 0,
-      a = f.attended_fraction;
-      a > 0) {
-    const double accel = f.attended_accel + f.attended_cpu > 0
-                             ? a * f.attended_accel / (f.attended_accel + f.attended_cpu)
-                             : 0;
-    const double rest = a - accel;  // attended among the tokens not resident on the accelerator
-    const std::string resident = fmt::format(
-        "its accelerator-resident tokens ({:.3f} of the context: a ring, sinks or whole layers) are "
-        "attended in full",
-        accel);
-    if (b > 0 && b < 1 && std::abs(a - b) > 0.02)
-      fig["attended"]["budget_note"] =
-          a < b ? fmt::format(
-                      "attends {:.3f}, under its budget {:g}: fewer tokens were selectable than the budget "
-                      "allows",
-                      a, b)
-          : accel >= b - 0.02 && rest <= b * (1 - accel) + 0.02
-              ? fmt::format("attends {:.3f}, over its budget {:g}: {}, and the budget selects among the rest",
-                            a, b, resident)
-          : accel >= b - 0.02 ? fmt::format(
-                                    "attends {:.3f}, over its budget {:g}: {}, and it selects {:.3f} of the "
-                                    "context among the "
-                                    "rest, above the budget's share: a floor or its scheduler (a minimum K; "
-                                    "K grown while the "
-                                    "CPU stage has time) keeps more",
-                                    a, b, resident, rest)
-                              : fmt::format(
-                                    "attends {:.3f}, over its budget {:g}: its floors (a minimum K, full "
-                                    "layers, a recent window) "
-                                    "keep more than the budget",
-                                    a, b);
-  }
+  if (const std::string why = budget_note(effective, f); !why.empty()) fig["attended"]["budget_note"] = why;
   fig["kv_dtype"] = std::string(dtype_name(kv->kv_dtype()));
   fig["prefill_tokens"] = f.prefill_tokens;
   fig["decode_tokens"] = f.decode_tokens;

@@ -153,14 +153,7 @@ std::string write_copa_dir(const std::string& name, const std::string& val_text)
   return d;
 }
 
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const InputError& e) {
-    return e.what();
-  }
-  return "";
-}
+std::string error_of(const std::function<void()>& f) { return test::input_error_of(f); }
 
 TEST(Tasks, MalformedFilesNameFileLineAndField) {
   const std::string good = R"({"premise": "It rained.", "choice1": "The grass got wet.", "choice2": "The sun set.", "question": "effect", "label": 0})";

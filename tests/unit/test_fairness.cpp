@@ -14,6 +14,7 @@
 #include "engine/runtime/runtime.h"
 #include "experiments/runner/runner.h"
 #include "experiments/runner/spec.h"
+#include "test_util.h"
 
 namespace hg {
 namespace {
@@ -33,6 +34,11 @@ std::map<std::string, Json> dry_rows(const std::string& strategies, int prompt, 
     for (auto& e : spec.strategies) run.run(p, e, {}, [&](Json r) { out[e.label] = r; });
   for (auto& [l, r] : out) EXPECT_EQ(r["status"], "ok") << l << ": " << r.dump();
   return out;
+}
+
+// parse_experiment's InputError message for `yaml` as f.yaml; "" when it parses.
+std::string parse_error(const std::string& yaml) {
+  return test::input_error_of([&] { parse_experiment(yaml, "f.yaml"); });
 }
 
 double link(const Json& r, const char* field, const char* name) {
@@ -260,23 +266,13 @@ TEST(FairFooting, KvShareIsThePointsShareOfItsWholeKv) {
     EXPECT_LE(row["tiers"]["gpu"]["kv_peak_bytes"].get<int64_t>(), whole / 2);
   }
   // Both ways of setting the budget in one file are refused, naming the line.
-  try {
-    parse_experiment(
-        "name: f\nmodels: [\"synthetic:tiny-llama\"]\nstrategies: [flexgen]\nsweep:\n  gpu_kv_bytes: [1000]\n"
-        "  gpu_kv_share: [0.5]\n",
-        "f.yaml");
-    ADD_FAILURE() << "gpu_kv_share beside gpu_kv_bytes was accepted";
-  } catch (const InputError& e) {
-    EXPECT_NE(std::string(e.what()).find("f.yaml:6"), std::string::npos) << e.what();
-  }
-  try {
-    parse_experiment(
-        "name: f\nmodels: [\"synthetic:tiny-llama\"]\nstrategies: [flexgen]\nsweep:\n  gpu_kv_share: [0]\n",
-        "f.yaml");
-    ADD_FAILURE() << "a share of 0 was accepted";
-  } catch (const InputError& e) {
-    EXPECT_NE(std::string(e.what()).find("gpu_kv_share"), std::string::npos) << e.what();
-  }
+  const std::string both = parse_error(
+      "name: f\nmodels: [\"synthetic:tiny-llama\"]\nstrategies: [flexgen]\nsweep:\n  gpu_kv_bytes: [1000]\n"
+      "  gpu_kv_share: [0.5]\n");
+  EXPECT_NE(both.find("f.yaml:6"), std::string::npos) << "gpu_kv_share beside gpu_kv_bytes: '" << both << "'";
+  const std::string zero = parse_error(
+      "name: f\nmodels: [\"synthetic:tiny-llama\"]\nstrategies: [flexgen]\nsweep:\n  gpu_kv_share: [0]\n");
+  EXPECT_NE(zero.find("gpu_kv_share"), std::string::npos) << "a share of 0: '" << zero << "'";
 }
 
 // Two regimes in one table: an entry's own gpu_kv_share replaces the point's, so `full` runs with
@@ -299,14 +295,9 @@ TEST(FairFooting, AnEntrysShareIsTheFitsRegime) {
   EXPECT_EQ(rows["full@fits"]["tiers"]["gpu"]["kv_budget_bytes"].get<int64_t>(), whole);
   EXPECT_EQ(rows["full@fits"]["entry_gpu_kv_share"], 1.0);
   EXPECT_EQ(rows["full@fits"]["point_id"], rows["flexgen"]["point_id"]);  // the same column of the table
-  try {
-    parse_experiment(
-        "name: f\nmodels: [\"synthetic:tiny-llama\"]\nstrategies:\n  - {name: full, gpu_kv_share: x}\n",
-        "f.yaml");
-    ADD_FAILURE() << "a share 'x' was accepted";
-  } catch (const InputError& e) {
-    EXPECT_NE(std::string(e.what()).find("f.yaml:4"), std::string::npos) << e.what();
-  }
+  const std::string x = parse_error(
+      "name: f\nmodels: [\"synthetic:tiny-llama\"]\nstrategies:\n  - {name: full, gpu_kv_share: x}\n");
+  EXPECT_NE(x.find("f.yaml:4"), std::string::npos) << "a share 'x': '" << x << "'";
 }
 
 // Every modeled row carries its band (peak and achieved ends), the achieved end no faster, and

@@ -13,6 +13,7 @@
 #include "experiments/runner/report.h"
 #include "experiments/runner/reproduction.h"
 #include "experiments/runner/result_row.h"
+#include "test_util.h"
 
 namespace hg {
 namespace {
@@ -176,12 +177,7 @@ TEST(Reproduction, PartsComeFromTheRowsAndTheProseStays) {
       << a.text;
   EXPECT_EQ(regenerate_reproduction(a.text, "doc.md", d.string()).text, a.text);
   const auto error_of = [&](const std::string& text, const std::string& results) {
-    try {
-      regenerate_reproduction(text, "doc.md", results);
-    } catch (const InputError& e) {
-      return std::string(e.what());
-    }
-    return std::string("no error");
+    return test::input_error_of([&] { regenerate_reproduction(text, "doc.md", results); });
   };
   EXPECT_NE(error_of("x\n<!-- generated: fig99 -->\n<!-- end generated: fig99 -->\n", d.string())
                 .find("doc.md:2: unknown generated part 'fig99'"),

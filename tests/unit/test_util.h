@@ -2,16 +2,29 @@
 // inputs in [-1, 1], element-wise comparison with atol + rtol·|ref| (NaN fails), temp files.
 #pragma once
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <random>
 #include <string>
-#include <unistd.h>
 #include <vector>
 
+#include "engine/core/error.h"
+
 namespace hg::test {
+
+// The message of the InputError f throws; "" when it throws none.
+template <class F>
+std::string input_error_of(F&& f) {
+  try {
+    f();
+  } catch (const InputError& e) {
+    return e.what();
+  }
+  return "";
+}
 
 inline std::string shared_dir() {
   if (const char* e = std::getenv("HG_SHARED_DIR")) return e;
