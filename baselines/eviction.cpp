@@ -326,7 +326,8 @@ void EvictingStrategy::attend(int layer, std::span<const TokenRow> rows, const f
         const int32_t* pos = store_.positions(layer, seq, g);
         order.resize(size_t(nmax));
         std::iota(order.begin(), order.end(), 0);
-        std::sort(order.begin(), order.end(), [&](int32_t a2, int32_t b2) { return pos[a2] < pos[b2]; });
+        if (!rt_.dry())  // a dry run's backend moves nothing, so the order it would move in is not needed
+          std::sort(order.begin(), order.end(), [&](int32_t a2, int32_t b2) { return pos[a2] < pos[b2]; });
         const int64_t src = kv_.bytes(g * store_.head_stride(seq)), dst = int64_t(off) + int64_t(g) * ld * D;
         // The rows in rank order, as F32 (16-bit rows gathered, then converted): rope rotates F32.
         const int64_t row = kv_.bytes(D);

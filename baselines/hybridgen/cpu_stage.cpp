@@ -165,10 +165,18 @@ void CpuStage::select(int layer, const TokenRow& r, const float* q, int32_t K, b
       cb.gather_rows(kg.data(), Kd, row, row, sel.data(), sd);
       cb.gather_rows(kg.data() + sd * row, Kf, row, row, far_rows.data(), K - sd);
       cb.group_logits(qg, G, kg.data(), K, D, scale, lg.data(), dt);
-      for (int32_t i = 0; i < K; ++i)
-        sel[size_t(i)] =
-            i < sd ? ring_.offloaded_kv().key_position(Tier::kDram, layer, r.seq, sel[size_t(i)])
-                   : ring_.offloaded_kv().key_position(Tier::kFar, layer, r.seq, far_rows[size_t(i - sd)]);
+      // Rows to positions: a search per page, the next row of the same page one position on.
+      const int32_t pg = ring_.offloaded_kv().page_tokens();
+      int32_t prev_row = -2, prev_pos = 0;
+      for (int32_t i = 0; i < K; ++i) {
+        const bool dram = i < sd;
+        const int32_t row_i = dram ? sel[size_t(i)] : far_rows[size_t(i - sd)];
+        prev_pos = i != sd && row_i == prev_row + 1 && row_i % pg != 0
+                       ? prev_pos + 1
+                       : ring_.offloaded_kv().key_position(dram ? Tier::kDram : Tier::kFar, layer, r.seq, row_i);
+        prev_row = row_i;
+        sel[size_t(i)] = prev_pos;
+      }
     } else {  // pre: position heuristic first (sinks + most recent offloaded), logits only for those
       int32_t r0;
       std::tie(s, r0) = pre_runs(K, n_off);
@@ -206,12 +214,17 @@ void CpuStage::select(int layer, const TokenRow& r, const float* q, int32_t K, b
     // the tiers of their pages (a different order can flip a 16-bit rounding of a later KV row).
     order.resize(sel.size());
     std::iota(order.begin(), order.end(), 0);
-    std::sort(order.begin(), order.end(),
-              [&](int32_t a, int32_t b) { return sel[size_t(a)] < sel[size_t(b)]; });
+    if (!std::is_sorted(sel.begin(), sel.end()))
+      std::sort(order.begin(), order.end(),
+                [&](int32_t a, int32_t b) { return sel[size_t(a)] < sel[size_t(b)]; });
     sorted.resize(sel.size());
+    const int32_t pg = ring_.offloaded_kv().page_tokens();
+    int32_t page = -1;
+    bool far = false;  // the value tier of `page`, looked up once per page
     for (size_t i = 0; i < order.size(); ++i) {
       sorted[i] = sel[size_t(order[i])];
-      res.n_tier[size_t(g)][ring_.vtier(layer, r.seq, sorted[i]) != Tier::kDram]++;
+      if (sorted[i] / pg != page) page = sorted[i] / pg, far = ring_.vtier(layer, r.seq, sorted[i]) != Tier::kDram;
+      res.n_tier[size_t(g)][far]++;
       for (int h = 0; h < G; ++h) lg_sel[(size_t(g) * G + size_t(h)) * size_t(K) + i] = logit(h, size_t(order[i]));
     }
     sel.assign(sorted.begin(), sorted.end());

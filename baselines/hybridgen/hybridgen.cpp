@@ -48,6 +48,13 @@ void HybridGen::begin(const KvShape& shape, std::span<const int32_t> capacity,
     resident = int32_t(std::clamp<int64_t>((budget - staging) / per_token - 1, 1,
                                            ring_given_ ? gpu_kv_tokens_ : std::max(gpu_kv_tokens_, longest)));
   }
+  if (budget_ > 0 && !ring_given_ && !capacity.empty()) {
+    // A matched budget: the ring holds at most half of the attended tokens of the shortest
+    // sequence, the CPU selects the rest (k_min_for), so the attended fraction is the budget and
+    // each of HybridGen's two halves has its share. A ring the request sized keeps its size.
+    const int32_t shortest = *std::min_element(capacity.begin(), capacity.end());
+    resident = std::min(resident, std::max<int32_t>(1, int32_t(std::floor(budget_ * shortest / 2))));
+  }
   const int64_t dram_avail =
       dram_kv_bytes_ > 0 ? dram_kv_bytes_ : rt_.memory().ledger().available(Tier::kDram);
   ring_.reset(shape, capacity, resident, page_, *placement_, dram_avail);
@@ -316,7 +323,7 @@ StrategyInfo hybridgen_info() {
   return {"hybridgen",
           "CPU logits for offloaded keys of the next layer while the accelerator works; merged softmax; feedback "
           "scheduler; semantic K/V mapping (HybridGen)",
-          {{"gpu_kv_tokens", T::kInt, "1024", "tokens", "newest tokens resident on the accelerator per layer (under an experiment's gpu_kv_bytes: as many as fit, at most this when set)", {}, 1, kNoMax},
+          {{"gpu_kv_tokens", T::kInt, "1024", "tokens", "newest tokens resident on the accelerator per layer (under an experiment's gpu_kv_bytes: as many as fit, at most this when set; under a budget, unless set: at most half the budget's tokens)", {}, 1, kNoMax},
            {"placement", T::kEnum, "semantic", "", "tiers of offloaded V pages", {"semantic", "interleave", "dram-only"}},
            {"interleave_dram_ratio", T::kFloat, "0.5", "ratio", "interleave: fraction of pages in dram", {}, 0, 1},
            {"dram_kv_bytes", T::kInt, "0", "bytes", "dram available to offloaded KV (0: what the dram tier has)", {}, 0, kNoMax},

@@ -97,7 +97,10 @@ class HybridGen final : public KvStrategy {
   // K_min for a context of `context` tokens from kv_ratio or the shared budget (0 without them: k_min in
   // tokens is the scheduler's alone).
   int64_t k_min_for(int64_t context) const;
-  void set_k_min_for(int64_t context) { sched_.set_k_min(k_min_for(context)); }
+  // Under a budget K is what the budget leaves (the scheduler may not grow it); else K_min.
+  void set_k_min_for(int64_t context) {
+    budget_ > 0 ? sched_.pin_k(k_min_for(context)) : sched_.set_k_min(k_min_for(context));
+  }
 
   Backend& be_;
   Runtime& rt_;

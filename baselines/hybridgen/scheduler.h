@@ -33,6 +33,8 @@ class FeedbackScheduler {
   // Moves the lower bound of K (a k_min given as a fraction of the growing context): adaptive K is
   // raised to it where it is below; a fixed K becomes it.
   void set_k_min(int64_t k_min);
+  // K fixed at k (K_min = K_max = k): the scheduler then chooses only the mode.
+  void pin_k(int64_t k);
   bool pre() const { return pre_; }
   // Feeds one step's stage times (seconds), the number of offloaded tokens (post mode scores all of
   // them) and the part of t_cpu that does not scale with the tokens scored (t_fixed <= t_cpu).

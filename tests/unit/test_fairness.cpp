@@ -320,16 +320,22 @@ TEST(FairFooting, ModeledRowsCarryTheirBand) {
 TEST(FairFooting, AnAttendedFractionOffItsBudgetSaysWhy) {
   const auto rows = dry_rows(
       "[{name: streamingllm, label: sl, params: {budget: 0.2}}, {name: hybridgen, label: hg, params: "
-      "{budget: 0.2}}]",
+      "{budget: 0.2}}, {name: hybridgen, label: hg-ring, params: {budget: 0.2, gpu_kv_tokens: 1024}}]",
       2048, 4);
-  const Json& sl = rows.at("sl")["figures"]["attended"];
-  EXPECT_NEAR(sl["fraction"].get<double>(), 0.2, 0.02);
-  EXPECT_FALSE(sl.contains("budget_note")) << sl.dump();
+  // Under a budget HybridGen's own ring holds half of it and the CPU selects the other half.
+  for (const char* label : {"sl", "hg"}) {
+    const Json& a = rows.at(label)["figures"]["attended"];
+    EXPECT_NEAR(a["fraction"].get<double>(), 0.2, 0.02) << label << " " << a.dump();
+    EXPECT_FALSE(a.contains("budget_note")) << label << " " << a.dump();
+  }
   const Json& hg = rows.at("hg")["figures"]["attended"];
-  ASSERT_GT(std::abs(hg["fraction"].get<double>() - 0.2), 0.02) << hg.dump();
-  ASSERT_TRUE(hg.contains("budget_note")) << hg.dump();
-  EXPECT_NE(hg["budget_note"].get<std::string>().find("accelerator-resident tokens"), std::string::npos)
-      << hg.dump();
+  EXPECT_NEAR(hg["accel_tokens"].get<double>(), hg["cpu_tokens"].get<double>(), 0.02 * 2048) << hg.dump();
+  // A ring the request sized above the budget is attended in full; the row says so.
+  const Json& ring = rows.at("hg-ring")["figures"]["attended"];
+  ASSERT_GT(std::abs(ring["fraction"].get<double>() - 0.2), 0.02) << ring.dump();
+  ASSERT_TRUE(ring.contains("budget_note")) << ring.dump();
+  EXPECT_NE(ring["budget_note"].get<std::string>().find("accelerator-resident tokens"), std::string::npos)
+      << ring.dump();
 }
 
 // A dry run's band repeats to the last digit at both ends: stages submitted inside an accelerator

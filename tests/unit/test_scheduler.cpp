@@ -77,6 +77,24 @@ TEST(FeedbackScheduler, KIsClampedToTheOffloadedTokens) {
   EXPECT_EQ(u.k(), 128);
 }
 
+// A pinned K (a matched budget's share) neither grows with slack nor shrinks under pressure; the
+// scheduler still switches the mode where the mode is adaptive.
+TEST(FeedbackScheduler, APinnedKStaysAndOnlyTheModeMoves) {
+  SchedulerConfig c;
+  c.k_min = 16;
+  c.k_max = 4096;
+  FeedbackScheduler s(c);
+  s.pin_k(200);
+  for (int i = 0; i < 6; ++i) s.update(1, 0, 5, 3000);  // slack: an adaptive K would double each step
+  EXPECT_EQ(s.k(), 200);
+  EXPECT_FALSE(s.pre());
+  s.update(5, 0, 1, 3000);  // the CPU stage late: K cannot shrink below the pin, so the mode switches
+  EXPECT_EQ(s.k(), 200);
+  EXPECT_TRUE(s.pre());
+  s.pin_k(0);
+  EXPECT_EQ(s.k(), 1);  // at least one token
+}
+
 TEST(FeedbackScheduler, SixAblationConfigurations) {
   auto run = [](bool adaptive_k, SchedulerConfig::Mode mode) {
     SchedulerConfig c;
