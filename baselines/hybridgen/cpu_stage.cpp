@@ -120,6 +120,7 @@ void CpuStage::select(int layer, const TokenRow& r, const float* q, int32_t K, b
   for (auto& v : res.sel) v.clear();  // kept capacity: a result is reused every step
   res.n_tier.assign(size_t(Hkv), {0, 0});
   result_buffers(layer, r.seq, K, res);
+  const bool dry = rt_.dry();
   lg_sel.assign(size_t(Hkv) * size_t(G) * size_t(K), 0.0f);
   Backend& cb = rt_.cpu_backend();
   // This worker thread's scratch, grown (and zeroed) only when a stage needs more; the kernels
@@ -148,7 +149,7 @@ void CpuStage::select(int layer, const TokenRow& r, const float* q, int32_t K, b
       // (bit for bit), so the selection is the one over all [G, n_off] logits, and only one
       // float per position is written instead of G (BM_GroupLogitsStage, max:1).
       // Each tier's keys in one pass: scores [dram rows | far rows].
-      if (rt_.dry()) {  // no scores (null backend): the K lowest positions, as ties go to the lower
+      if (dry) {  // no scores (null backend): the K lowest positions, as ties go to the lower
         sel.resize(size_t(K));
         std::iota(sel.begin(), sel.end(), 0);
       } else {
@@ -225,7 +226,8 @@ void CpuStage::select(int layer, const TokenRow& r, const float* q, int32_t K, b
       sorted[i] = sel[size_t(order[i])];
       if (sorted[i] / pg != page) page = sorted[i] / pg, far = ring_.vtier(layer, r.seq, sorted[i]) != Tier::kDram;
       res.n_tier[size_t(g)][far]++;
-      for (int h = 0; h < G; ++h) lg_sel[(size_t(g) * G + size_t(h)) * size_t(K) + i] = logit(h, size_t(order[i]));
+      if (!dry)  // a dry run's logits are never read (the null backend merges nothing)
+        for (int h = 0; h < G; ++h) lg_sel[(size_t(g) * G + size_t(h)) * size_t(K) + i] = logit(h, size_t(order[i]));
     }
     sel.assign(sorted.begin(), sorted.end());
   }
