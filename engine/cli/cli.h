@@ -6,6 +6,7 @@
 #include <string>
 #include <vector>
 
+#include "engine/decoder/host_estimate.h"
 #include "engine/formats/formats.h"
 #include "engine/runtime/clock.h"
 #include "experiments/runner/spec.h"
@@ -46,6 +47,12 @@ std::vector<int> int_list(const std::string& s, const std::string& what, const s
 // A thread count from the command line: 1 to 4 × this machine's hardware threads, else an InputError
 // (tens of thousands of OpenMP threads crash or stall the runtime).
 void check_threads(int n, const std::string& cmd);
+// A prompt of `prompt` tokens and `decode` more within the model's positions, else an InputError
+// naming both numbers and the limit.
+void check_positions(const Model& model, int64_t prompt, int64_t decode, const std::string& cmd);
+// require_host_memory (engine/decoder/host_estimate.h) for a command-line request: too large for this
+// machine is bad input (exit 2) naming the estimate and what is available.
+void require_host_memory_or_input_error(const HostEstimate& e, const std::string& cmd);
 
 int cmd_generate(const std::vector<std::string>& args);
 int cmd_info(const std::vector<std::string>& args);

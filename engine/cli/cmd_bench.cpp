@@ -90,6 +90,24 @@ std::string thp_mode() {
   return a != std::string::npos && b > a ? line.substr(a + 1, b - a - 1) : "unknown";
 }
 
+// Every context (its warm-up and timed steps) and the prefill within this machine's memory and, for
+// learned positions (a table with no row beyond it), within the model's positions, before any is
+// run. Rotary models are timed past their trained length as a cost measurement (llama-bench does
+// the same); positions stay within int32.
+void check_sizes(const Model& model, const std::vector<int>& contexts, int steps, int prefill, const std::string& cmd) {
+  const auto check_positions = [&](int64_t n, int64_t more, const std::string& c) {
+    if (model.traits.pos == PosKind::kLearned || n + more > INT32_MAX) cli::check_positions(model, n, more, c);
+  };
+  for (int n : contexts) {
+    check_positions(n, int64_t(steps) + 3, cmd);
+    require_host_memory_or_input_error(generation_host_estimate(model.hp, n, int64_t(steps) + 3, 1, n, false), cmd);
+  }
+  if (prefill > 0) {
+    check_positions(prefill, 0, cmd);
+    require_host_memory_or_input_error(generation_host_estimate(model.hp, prefill, 0, 1, prefill, false), cmd);
+  }
+}
+
 // Decode of `steps` timed steps at context n (one warm-up step first) through the Runner's loop,
 // the cache filled with seeded rows; after_step(s) runs after each timed step, untimed.
 Measurement decode_at(const Model& model, Backend& be, KvStrategy& kv, int n, int steps, std::mt19937_64& rng,
@@ -214,6 +232,7 @@ int cmd_bench(const std::vector<std::string>& args) {
     for (auto& n : names) strategy_info(n);  // unknown names fail before any work
     const auto profile = clock_profile(clock, cmd);
     Model model = load_model(model_spec, load_options(weights, cmd));
+    check_sizes(model, contexts, steps, 0, cmd);
     return bench_strategies(model, names, per_strategy, contexts, steps, device, profile);
   }
   if (app.count("--device") || app.count("--set") || app.count("--clock"))
@@ -221,6 +240,7 @@ int cmd_bench(const std::vector<std::string>& args) {
   const auto threads = int_list(thread_list, "--threads", cmd);
   for (int t : threads) check_threads(t, cmd);
   Model model = load_model(model_spec, load_options(weights, cmd));
+  check_sizes(model, contexts, steps, prefill, cmd);
   const HParams& hp = model.hp;
   auto be = make_backend(backend_name.empty() ? "cpu" : backend_name);
   if (!be->host_memory() && kv != DType::kF32)

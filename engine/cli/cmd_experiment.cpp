@@ -5,6 +5,9 @@
 
 #include "engine/cli/cli.h"
 #include "engine/core/error.h"
+#include "engine/decoder/host_estimate.h"
+#include "engine/formats/formats.h"
+#include "engine/backend/backend.h"
 #include "experiments/runner/recorder.h"
 #include "experiments/runner/report.h"
 #include "experiments/runner/spec.h"
@@ -30,6 +33,39 @@ int cmd_run(const std::vector<std::string>& args) {
   return run_sweep(load_experiment(file, sets), SweepOptions{output, resume, shard, force, list});
 }
 
+namespace {
+// The host memory estimate of the file's largest point beside what this machine has. Synthetic
+// models only: their shapes are known without loading weights; a file model's points are
+// estimated as each starts (an out_of_memory row).
+void print_largest_point(ExperimentSpec spec, const std::vector<Point>& points) {
+  resolve_execute(spec, cuda_device_count_or_zero() > 0);
+  const bool dry = spec.execute == "dry";
+  std::map<std::string, HParams> shapes;
+  HostEstimate largest;
+  const Point* at = nullptr;
+  for (const Point& p : points) {
+    if (p.model.rfind("synthetic:", 0) != 0) continue;
+    auto it = shapes.find(p.model);
+    if (it == shapes.end()) {
+      LoadOptions lo;
+      lo.phantom_weights = true;
+      it = shapes.emplace(p.model, load_model(p.model, lo).hp).first;
+    }
+    const bool needle = p.needle_tokens > 0;
+    const HostEstimate e =
+        needle ? generation_host_estimate(it->second, p.needle_tokens, 64, 1, p.needle_tokens, false)
+               : generation_host_estimate(it->second, p.prompt_tokens, p.decode_tokens, p.batch,
+                                          std::max<int64_t>(1, int64_t(p.prompt_tokens) * p.batch), dry);
+    if (!at || e.bytes > largest.bytes) largest = e, at = &p;
+  }
+  if (!at) return;
+  const int64_t avail = host_memory_available();
+  fmt::print("largest point: {} ({}), an estimated {} of host memory; {} available here{}\n", at->id, describe(*at),
+             format_bytes(largest.bytes), avail < 0 ? std::string("unknown") : format_bytes(avail),
+             avail >= 0 && largest.bytes > avail ? " (it will fail as out_of_memory)" : "");
+}
+}  // namespace
+
 int cmd_validate(const std::vector<std::string>& args) {
   CLI::App app{"Checks an experiment file against the schema without running it.", "hgbench validate"};
   std::string file;
@@ -43,6 +79,7 @@ int cmd_validate(const std::vector<std::string>& args) {
   fmt::print("{}: ok — {} points × {} strategies × {} repeats = {} rows (execute {}, clock {})\n", file, points.size(),
              spec.strategies.size(), spec.repeats, points.size() * spec.strategies.size() * size_t(spec.repeats),
              spec.execute, spec.clock);
+  print_largest_point(spec, points);
   return 0;
 }
 

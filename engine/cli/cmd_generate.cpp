@@ -101,10 +101,20 @@ int cmd_generate(const std::vector<std::string>& args) {
   const Tokenizer& tok = *model.tokenizer;
 
   if (texts.empty()) texts = {""};
+  // Each prompt against the model's positions and, with every copy of the batch, against the host
+  // memory its generation needs, before the copies are made.
+  const auto check_size = [&](int64_t prompt_len) {
+    check_positions(model, prompt_len, n_new, cmd);
+    require_host_memory_or_input_error(
+        generation_host_estimate(model.hp, prompt_len, n_new, int64_t(batch) * int64_t(texts.size()), go.max_rows,
+                                 false),
+        cmd);
+  };
   std::vector<std::vector<int32_t>> prompts;
   if (pt->count()) {
     if (app.count("--prompt")) input_error("generate: give --prompt or --prompt-tokens, not both");
     if (prompt_tokens < 1) input_error("generate: --prompt-tokens must be >= 1");
+    check_size(prompt_tokens);
     std::mt19937_64 g(so.seed);
     const std::vector<int32_t> ids = seeded_prompt(model, prompt_tokens, g);
     texts = {fmt::format("<{} random tokens>", prompt_tokens)};
@@ -114,6 +124,7 @@ int cmd_generate(const std::vector<std::string>& args) {
       auto ids = tok.encode_prompt(t);
       if (ids.empty() && tok.bos_id >= 0) ids.push_back(tok.bos_id);
       if (ids.empty()) input_error("generate: prompt '{}' encodes to no tokens and the tokenizer has no BOS", t);
+      check_size(int64_t(ids.size()));
       for (int b = 0; b < batch; ++b) prompts.push_back(ids);
     }
   }

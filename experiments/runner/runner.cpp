@@ -23,6 +23,7 @@
 #include "engine/core/process_memory.h"
 #include "engine/core/json_text.h"
 #include "engine/decoder/generate.h"
+#include "engine/decoder/host_estimate.h"
 #include "engine/formats/formats.h"
 #include "engine/runtime/bandwidth.h"
 #include "engine/tokenizer/tokenizer.h"
@@ -599,6 +600,9 @@ Json Runner::run_needle_once(const Point& p, const StrategyEntry& entry, int rep
   const Model& model = model_for(p.model);
   const Tokenizer& tok = *model.tokenizer;
   const int n = p.limit > 0 ? p.limit : kNeedleItemsDefault;
+  // Before the haystacks are built (an answer is at most 40 tokens; 64 counted).
+  require_host_memory(generation_host_estimate(model.hp, p.needle_tokens, 64, 1, p.needle_tokens, false),
+                      "this point");
   std::vector<NeedleItem> items;
   std::vector<std::vector<int32_t>> prompts;
   for (int i = 0; i < n; ++i) {
@@ -758,6 +762,11 @@ Json Runner::run_once(const Point& p, const StrategyEntry& entry, int repeat, bo
   if (p.gpu_memory_bytes > 0) rc.tiers.gpu_memory_bytes = p.gpu_memory_bytes;
   Runtime rt(rc);
   const Model& model = model_for(p.model);
+  // Before anything the point's size decides is allocated: too large for this machine is an
+  // out_of_memory row, not the kernel's OOM killer.
+  const int64_t prefill_rows = std::min<int64_t>(INT32_MAX, std::max<int64_t>(1, int64_t(p.prompt_tokens) * p.batch));
+  require_host_memory(generation_host_estimate(model.hp, p.prompt_tokens, p.decode_tokens, p.batch, prefill_rows, dry),
+                      "this point");
   // Every strategy's KV on the accelerator, by construction.
   // (An entry's own share replaces the point's: the "it fits" regime beside the others.)
   if (entry.gpu_kv_share > 0) {
@@ -786,7 +795,7 @@ Json Runner::run_once(const Point& p, const StrategyEntry& entry, int repeat, bo
   // The whole prompt in one forward, each layer over all of its rows (as FlexGen and Hugging Face
   // prefill): every strategy writes each prompt token's KV once and no offloading strategy reads
   // earlier chunks' KV back over the link.
-  go.max_rows = std::max(1, p.prompt_tokens * p.batch);
+  go.max_rows = int(prefill_rows);
   if (!dry && !rt.accel_backend().host_memory()) warm_device(rt, model);
   const Measurement m = measure_generation(&rt, model, rt.accel_backend(), *kv, prompts, go);
   if (!record) return {};

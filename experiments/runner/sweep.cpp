@@ -50,22 +50,6 @@ std::vector<std::string> labels_of(const ExperimentSpec& s) {
   return l;
 }
 
-// A point as the progress line names it: the model, then every axis the point records that is
-// set (the table of axes: sweep_axes()), then the swept strategy parameters.
-std::string describe(const Point& p) {
-  std::string s = p.model;
-  if (s.rfind("synthetic:", 0) == 0) s = s.substr(10);
-  if (!p.task.empty()) s += " task=" + p.task;
-  for (const SweepAxis& ax : sweep_axes()) {
-    if (!ax.record || !p.values.contains(ax.name)) continue;
-    const auto& v = p.values[ax.name];
-    if (v.is_null() || (v.is_number() && v.get<double>() == 0 && ax.name != "decode_tokens")) continue;
-    s += " " + ax.name + "=" + (v.is_string() ? v.get<std::string>() : v.dump());
-  }
-  for (auto& [st, kv] : p.strategy_params)
-    for (auto& [k, v] : kv) s += fmt::format(" {}.{}={}", st, k, v);
-  return s;
-}
 
 // "I/N" → (I, N) with 0 <= I < N.
 std::pair<int, int> parse_shard(const std::string& s) {
@@ -81,6 +65,21 @@ std::pair<int, int> parse_shard(const std::string& s) {
 }
 
 }  // namespace
+
+std::string describe(const Point& p) {
+  std::string s = p.model;
+  if (s.rfind("synthetic:", 0) == 0) s = s.substr(10);
+  if (!p.task.empty()) s += " task=" + p.task;
+  for (const SweepAxis& ax : sweep_axes()) {
+    if (!ax.record || !p.values.contains(ax.name)) continue;
+    const auto& v = p.values[ax.name];
+    if (v.is_null() || (v.is_number() && v.get<double>() == 0 && ax.name != "decode_tokens")) continue;
+    s += " " + ax.name + "=" + (v.is_string() ? v.get<std::string>() : v.dump());
+  }
+  for (auto& [st, kv] : p.strategy_params)
+    for (auto& [k, v] : kv) s += fmt::format(" {}.{}={}", st, k, v);
+  return s;
+}
 
 void check_inputs(const ExperimentSpec& spec) {
   for (const std::string& m : spec.models) {

@@ -19,6 +19,9 @@ struct SweepOptions {
 // Every model of the spec can load (headers only) and every task's data parses, before anything
 // runs or is written: InputError naming the file and key otherwise.
 void check_inputs(const ExperimentSpec& spec);
+// A point as the progress line names it: the model, then every axis the point records that is
+// set (the table of axes: sweep_axes()), then the swept strategy parameters.
+std::string describe(const Point& p);
 // Runs the spec; the exit status (0, 1 when a row failed, 130 when interrupted).
 int run_sweep(ExperimentSpec spec, const SweepOptions& o);
 

@@ -63,7 +63,13 @@ TEST(Cli, BadInputExitsTwoWithOneLine) {
       "bench --model synthetic:tiny-llama --strategy flexgen --backend cpu",
       "bench --model synthetic:tiny-llama --strategy flexgen --kv f16",
       "bench --model synthetic:tiny-llama --strategy flexgen --device cpu",
-      "bench --model synthetic:tiny-llama --device emulated"};
+      "bench --model synthetic:tiny-llama --device emulated",
+      // Sizes checked before anything is allocated: positions beyond the model's (and beyond 32
+      // bits), and a prefill larger than this machine's memory.
+      "generate --model synthetic:tiny-llama -n 2147483647",
+      "generate --model synthetic:tiny-llama --prompt-tokens 2147483647",
+      "bench --model synthetic:tiny-llama --context 2147483647",
+      "bench --model synthetic:tiny-llama --prefill 2147483647"};
   if (cuda_device_count_or_zero() == 0) {  // with a device these run
     cases.push_back("generate --model synthetic:tiny-llama --backend cuda");
     cases.push_back("generate --model synthetic:tiny-llama --device cuda");

@@ -17,18 +17,22 @@
 #include "baselines/registry.h"
 #include "engine/core/atomic_file.h"
 #include "engine/core/error.h"
+#include "engine/decoder/host_estimate.h"
 #include "engine/formats/formats.h"
 #include "engine/formats/gguf.h"
 #include "engine/runtime/memory.h"
 #include "engine/runtime/runtime.h"
 #include "engine/tokenizer/tokenizer.h"
 #include "experiments/runner/recorder.h"
+#include "experiments/runner/runner.h"
+#include "experiments/runner/sweep.h"
 #include "experiments/runner/spec.h"
 #include "test_util.h"
 
 namespace hg {
 namespace {
 namespace fs = std::filesystem;
+using Json = nlohmann::ordered_json;
 
 std::string message_of(const std::function<void()>& f) {
   try {
@@ -282,6 +286,43 @@ TEST(Errors, SweepLimitIsAnError) {
   const ExperimentSpec s = parse_experiment(y, "big.yaml");
   const std::string e = message_of([&] { (void)expand(s); });
   EXPECT_NE(e.find("big.yaml: the sweep expands to more than 100000 points"), std::string::npos) << e;
+}
+
+// A point whose size this machine cannot hold is an out_of_memory row before anything of its size
+// is allocated (the estimate: engine/decoder/host_estimate.h); the sweep goes on. Batch 10^9 and a
+// prompt of 2^31 − 1 tokens each come back in well under a second.
+TEST(Errors, APointBeyondThisMachinesMemoryIsAnOutOfMemoryRow) {
+  const std::string y =
+      "name: big\nmodels: [\"synthetic:llama-3.1-8b?dtype=f16\"]\nstrategies: [flexgen, hybridgen]\nsweep:\n"
+      "  prompt_tokens: [2147483647, 2048]\n  batch: [1000000000, 1]\n  decode_tokens: [4]\ndevice: emulated\n"
+      "clock: modeled:machine-a\nexecute: dry\n";
+  ExperimentSpec spec = parse_experiment(y, "big.yaml");
+  Runner run(spec);
+  int oom = 0, ok = 0;
+  const auto t0 = std::chrono::steady_clock::now();
+  for (const Point& p : expand(spec))
+    for (auto& e : spec.strategies)
+      run.run(p, e, {}, [&](Json r) {
+        const bool small = p.prompt_tokens == 2048 && p.batch == 1;
+        if (small) {
+          ok += r["status"] == "ok";
+          return;
+        }
+        ASSERT_EQ(r["status"], "failed") << r.dump();
+        EXPECT_EQ(r["error"], "out_of_memory") << r.dump();
+        EXPECT_NE(r["reason"].get<std::string>().find("needs an estimated"), std::string::npos) << r.dump();
+        ++oom;
+      });
+  EXPECT_EQ(oom, 6);
+  EXPECT_EQ(ok, 2);
+  EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), 60.0);
+  // The estimate grows with every factor and saturates instead of wrapping.
+  const HParams hp = load_model("synthetic:llama-3.1-8b?dtype=f16", LoadOptions{std::nullopt, true}).hp;
+  const int64_t a = generation_host_estimate(hp, 2048, 4, 1, 2048, true).bytes;
+  EXPECT_GT(generation_host_estimate(hp, 4096, 4, 1, 4096, true).bytes, a);
+  EXPECT_GT(generation_host_estimate(hp, 2048, 4, 2, 4096, true).bytes, a);
+  EXPECT_GT(generation_host_estimate(hp, 2048, 4, 1, 2048, false).bytes, a);
+  EXPECT_GT(generation_host_estimate(hp, INT32_MAX, INT32_MAX, INT32_MAX, INT32_MAX, false).bytes, int64_t(1) << 60);
 }
 
 // Inputs the fuzzers found (scripts/fuzz), written here by the tests themselves.
