@@ -4,11 +4,13 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <iterator>
 
 #include "engine/core/atomic_file.h"
 #include "engine/core/error.h"
+#include "engine/core/mapped_file.h"
 #include "engine/decoder/generate.h"
 #include "engine/runtime/runtime.h"
 #include "engine/tokenizer/tokenizer.h"
@@ -458,9 +460,9 @@ void save_reference(const ReferenceScores& ref, const std::string& key, const st
 }
 
 std::optional<ReferenceScores> load_reference(const std::string& path, const std::string& key) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return std::nullopt;
-  const std::string data((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  std::error_code ec;
+  if (!std::filesystem::exists(std::filesystem::symlink_status(path, ec))) return std::nullopt;
+  const std::string data = read_regular_file(path, int64_t(16) << 30);
   const size_t eol = data.find('\n');
   if (eol == std::string::npos) input_error("{}: torn reference (no header line)", path);
   ReferenceScores ref;

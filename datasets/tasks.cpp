@@ -4,11 +4,13 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <sstream>
 
 #include <fmt/ranges.h>
 
 #include "datasets/pyrandom.h"
 #include "engine/core/error.h"
+#include "engine/core/mapped_file.h"
 
 namespace hg {
 namespace {
@@ -17,8 +19,10 @@ using Json = nlohmann::json;
 
 // Lines of a text file; a missing file names what it should be.
 std::vector<std::string> read_lines(const std::string& path, const std::string& what) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) input_error("{}: cannot read {} (see datasets/README.md; set --data-dir or HG_DATA_DIR)", path, what);
+  std::error_code ec;
+  if (!std::filesystem::exists(std::filesystem::symlink_status(path, ec)))
+    input_error("{}: cannot read {} (see datasets/README.md; set --data-dir or HG_DATA_DIR)", path, what);
+  std::istringstream in(read_regular_file(path, kMaxReadFileBytes));
   std::vector<std::string> lines;
   std::string line;
   while (std::getline(in, line)) {

@@ -9,6 +9,13 @@
 
 namespace hg {
 
+// The whole of `path` as bytes. It must be a regular file (links followed) of at most max_bytes:
+// a FIFO, a device, a directory or a link loop is an InputError naming the path and what it is,
+// never an open that blocks or a read without end. Model, tokenizer, dataset and result files are
+// read through it (MappedFile checks the same).
+inline constexpr int64_t kMaxReadFileBytes = int64_t(1) << 30;
+std::string read_regular_file(const std::string& path, int64_t max_bytes = kMaxReadFileBytes);
+
 class MappedFile {
  public:
   explicit MappedFile(const std::string& path);

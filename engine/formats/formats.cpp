@@ -1,5 +1,6 @@
 // Format registry and model-spec dispatch.
 #include "engine/formats/formats.h"
+#include "engine/tokenizer/tokenizer.h"
 
 #include <sys/mman.h>
 
@@ -147,6 +148,7 @@ Model load_model(const std::string& spec_str, const LoadOptions& opts) {
   }
   const auto t0 = std::chrono::steady_clock::now();
   Model m = fmt->load(spec, opts);
+  if (m.tokenizer) check_tokenizer(*m.tokenizer, spec.path);
   // Mapped weights are locked in memory (and faulted in): a decode step then never waits for the
   // disk, and a KV cache that fills the machine cannot push them out.
   m.for_each_weight([&](const Weight& w) {

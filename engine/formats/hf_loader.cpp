@@ -9,6 +9,7 @@
 
 #include "engine/arch/arch.h"
 #include "engine/core/error.h"
+#include "engine/core/mapped_file.h"
 #include "engine/formats/formats.h"
 #include "engine/formats/safetensors.h"
 #include "engine/tokenizer/tokenizer.h"
@@ -20,16 +21,17 @@ namespace {
 
 bool hf_probe(const std::string& path) {
   std::error_code ec;
-  return fs::is_directory(path, ec) && fs::exists(fs::path(path) / "config.json", ec);
+  // config.json of any type (a link loop, a directory): the loader then says what is wrong with it.
+  return fs::is_directory(path, ec) && fs::exists(fs::symlink_status(fs::path(path) / "config.json", ec));
 }
 
+// A config.json or index is kilobytes; a tokenizer.json of a 256K vocabulary is tens of megabytes.
+constexpr int64_t kMaxJsonBytes = int64_t(256) << 20;
+
 nlohmann::json read_json(const fs::path& p) {
-  std::ifstream in(p);
-  if (!in) input_error("{}: cannot open", p.string());
-  std::stringstream ss;
-  ss << in.rdbuf();
+  const std::string text = read_regular_file(p.string(), kMaxJsonBytes);
   try {
-    return nlohmann::json::parse(ss.str());
+    return nlohmann::json::parse(text);
   } catch (const nlohmann::json::exception& e) {
     input_error("{}: invalid JSON: {}", p.string(), e.what());
   }
@@ -161,6 +163,7 @@ std::unique_ptr<Tokenizer> load_hf_tokenizer_dir(const std::string& dir) {
   if (!fs::is_directory(dir)) input_error("{}: not a directory", dir);
   auto tok = tokenizer_files(dir, dir);
   apply_tokenizer_config(dir, tok.get());
+  check_tokenizer(*tok, dir);
   return tok;
 }
 

@@ -14,6 +14,7 @@
 #include <nlohmann/json.hpp>
 
 #include "engine/core/error.h"
+#include "engine/core/mapped_file.h"
 #include "engine/tokenizer/tokenizer.h"
 
 namespace hg {
@@ -276,13 +277,7 @@ class ByteBpeTokenizer final : public Tokenizer {
 };
 thread_local std::string ByteBpeTokenizer::key_;
 
-std::string read_text(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) input_error("{}: cannot open", path);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
+std::string read_text(const std::string& path) { return read_regular_file(path, int64_t(256) << 20); }
 
 int base64_value(char c) {
   if (c >= 'A' && c <= 'Z') return c - 'A';

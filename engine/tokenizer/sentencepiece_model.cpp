@@ -3,6 +3,7 @@
 #include <sentencepiece_processor.h>
 
 #include "engine/core/error.h"
+#include "engine/core/mapped_file.h"
 #include "engine/tokenizer/tokenizer.h"
 
 namespace hg {
@@ -11,7 +12,8 @@ namespace {
 class SentencePieceTokenizer final : public Tokenizer {
  public:
   explicit SentencePieceTokenizer(const std::string& path) {
-    const auto st = sp_.Load(path);
+    // Read here (a regular file, at most 256 MiB), then parsed by the library from the bytes.
+    const auto st = sp_.LoadFromSerializedProto(read_regular_file(path, int64_t(256) << 20));
     if (!st.ok()) input_error("{}: not a SentencePiece model: {}", path, st.ToString());
     bos_id = sp_.bos_id();
     eos_id = sp_.eos_id();

@@ -1,9 +1,18 @@
 // Shared tokenizer helpers: prompt encoding and GPT-2's byte ↔ unicode table.
 #include "engine/tokenizer/tokenizer.h"
 
+#include "engine/core/error.h"
+
 #include <array>
 
 namespace hg {
+
+void check_tokenizer(const Tokenizer& t, const std::string& where) {
+  const int n = t.n_vocab();
+  if (n < 1) input_error("{}: the tokenizer has no tokens", where);
+  for (auto [name, id] : {std::pair{"bos_token_id", t.bos_id}, {"eos_token_id", t.eos_id}})
+    if (id < -1 || id >= n) input_error("{}: {} {} is not a token of the tokenizer's {}", where, name, id, n);
+}
 
 std::vector<int32_t> Tokenizer::encode_prompt(std::string_view text) const {
   std::vector<int32_t> ids;

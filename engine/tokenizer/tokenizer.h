@@ -33,6 +33,10 @@ class Tokenizer {
   bool add_bos = true;
 };
 
+// A loaded tokenizer has tokens and its BOS and EOS ids (-1: none) name tokens it has, else an
+// InputError naming `where`: an id from a config file never reaches a tokenizer library unchecked.
+void check_tokenizer(const Tokenizer& t, const std::string& where);
+
 // SentencePiece-style BPE over pieces with scores (▁ for space, <0xXX> byte fallback).
 // token_type: 1 normal, 2 unknown, 3 control, 6 byte (GGUF convention); may be empty.
 std::unique_ptr<Tokenizer> make_spm_bpe_tokenizer(std::vector<std::string> pieces, std::vector<float> scores,

@@ -24,6 +24,7 @@
 #include "engine/core/atomic_file.h"
 #include "engine/core/error.h"
 #include "engine/core/json_text.h"
+#include "engine/core/mapped_file.h"
 #include "engine/runtime/bandwidth.h"
 #include "experiments/runner/points.h"
 
@@ -66,9 +67,21 @@ std::vector<std::string> config_differences(const YAML::Node& there, const YAML:
   return differ;
 }
 
+// A result directory's files are read only when regular and within these sizes (a config.yaml is
+// kilobytes; rows.jsonl about 10 kB a row).
+constexpr int64_t kMaxConfigBytes = int64_t(16) << 20, kMaxRowsBytes = int64_t(16) << 30;
+
+// The first line of DIR/shard.txt ("" when there is none).
+std::string shard_of(const std::string& dir) {
+  const std::string p = dir + "/shard.txt";
+  if (!fs::exists(fs::symlink_status(p))) return "";
+  const std::string s = read_regular_file(p, 4096);
+  return s.substr(0, s.find('\n'));
+}
+
 YAML::Node load_config(const std::string& file) {
   try {
-    return YAML::LoadFile(file);
+    return YAML::Load(read_regular_file(file, kMaxConfigBytes));
   } catch (const YAML::Exception& e) {
     input_error("{}: cannot read it ({})", file, e.what());
   }
@@ -83,8 +96,7 @@ void check_same_experiment(const std::string& dir, const ExperimentSpec& spec, c
   if (!differ.empty())
     input_error("{}: --resume of another experiment: {} differ{} (give a new -o, or --force to replace it)", dir,
                 fmt::join(differ, "; "), differ.size() == 1 ? "s" : "");
-  std::string had;
-  if (std::ifstream sh(dir + "/shard.txt"); sh) std::getline(sh, had);
+  const std::string had = shard_of(dir);
   if (had != shard)
     input_error("{}: --resume with shard '{}' of a directory of shard '{}'", dir, shard.empty() ? "none" : shard,
                 had.empty() ? "none" : had);
@@ -373,8 +385,7 @@ ResultDir::ResultDir(const std::string& dir_in, const ExperimentSpec& spec, bool
   const std::string rows = dir + "/" + kRows;
   if (resume && fs::exists(rows)) {
     // Cut a torn last line (a kill mid-write) before appending after it.
-    std::ifstream in(rows, std::ios::binary);
-    std::string all((std::istreambuf_iterator<char>(in)), {});
+    const std::string all = read_regular_file(rows, kMaxRowsBytes);
     const size_t keep = all.rfind('\n') == std::string::npos ? 0 : all.rfind('\n') + 1;
     if (keep != all.size()) fs::resize_file(rows, keep);
     for (auto& r : read_rows(dir)) {
@@ -447,9 +458,8 @@ void ResultDir::append(const Json& row) {
 
 std::vector<ResultRow> read_rows(const std::string& dir, bool* torn) {
   std::vector<ResultRow> rows;
-  std::ifstream in(dir + "/" + kRows, std::ios::binary);
-  if (!in) input_error("{}: no {} (not a result directory)", dir, kRows);
-  std::string all((std::istreambuf_iterator<char>(in)), {});
+  if (!fs::exists(fs::symlink_status(dir + "/" + kRows))) input_error("{}: no {} (not a result directory)", dir, kRows);
+  const std::string all = read_regular_file(dir + "/" + kRows, kMaxRowsBytes);
   if (torn) *torn = !all.empty() && all.back() != '\n';
   size_t pos = 0, line_no = 0;
   while (pos < all.size()) {
@@ -835,8 +845,7 @@ MergeReport merge_results(const std::vector<std::string>& dirs, const std::strin
   YAML::Node first_cfg;
   for (auto& d : dirs) {
     if (opts.shards > 0 && !fs::exists(d + "/config.yaml")) continue;  // a shard that has not run
-    std::ifstream cfg(d + "/config.yaml");
-    if (!cfg) input_error("{}: no config.yaml (not a result directory)", d);
+    if (!fs::exists(fs::symlink_status(d + "/config.yaml"))) input_error("{}: no config.yaml (not a result directory)", d);
     const YAML::Node y = load_config(d + "/config.yaml");
     const std::string name = y["name"] ? y["name"].as<std::string>() : "";
     if (experiment.empty()) {
@@ -853,9 +862,8 @@ MergeReport merge_results(const std::vector<std::string>& dirs, const std::strin
       for (auto& e : spec->strategies) label_order.emplace(e.label, int(label_order.size()));
     }
     if (opts.shards > 0) {
-      std::ifstream sh(d + "/shard.txt");
-      std::string s;
-      if (!(sh >> s)) input_error("{}: no shard.txt (not a shard directory of `hgbench FILE --shard I/N`)", d);
+      const std::string s = shard_of(d);
+      if (s.empty()) input_error("{}: no shard.txt (not a shard directory of `hgbench FILE --shard I/N`)", d);
       const size_t slash = s.find('/');
       const int i = std::atoi(s.substr(0, slash).c_str()), n = slash == std::string::npos ? 0 : std::atoi(s.substr(slash + 1).c_str());
       if (n != opts.shards) input_error("{}: holds shard {}, not one of {} shards", d, s, opts.shards);

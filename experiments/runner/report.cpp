@@ -14,6 +14,7 @@
 
 #include "engine/core/atomic_file.h"
 #include "engine/core/error.h"
+#include "engine/core/mapped_file.h"
 #include "engine/runtime/bandwidth.h"
 #include "experiments/runner/points.h"
 #include "experiments/runner/recorder.h"
@@ -93,10 +94,7 @@ std::string base64(const std::string& in) {
   return o;
 }
 
-std::string slurp(const fs::path& p) {
-  std::ifstream in(p, std::ios::binary);
-  return std::string((std::istreambuf_iterator<char>(in)), {});
-}
+std::string slurp(const fs::path& p) { return read_regular_file(p.string(), int64_t(256) << 20); }
 
 // summary.csv's records through libcsv (quoted fields as written by the recorder).
 std::vector<std::vector<std::string>> read_csv(const fs::path& p) {

@@ -11,6 +11,7 @@
 #include "baselines/registry.h"
 #include "datasets/tasks.h"
 #include "engine/core/error.h"
+#include "engine/core/mapped_file.h"
 #include "engine/core/json_text.h"
 #include "engine/core/yaml_util.h"
 #include "engine/runtime/clock.h"
@@ -631,11 +632,7 @@ ExperimentSpec load_experiment(const std::string& file, const std::vector<std::s
     input_error("{}: not a regular file (an experiment YAML file was expected)", file);
   if (std::filesystem::file_size(file, ec) > kMaxYamlBytes && !ec)
     input_error("{}: larger than {} MiB; not an experiment file", file, kMaxYamlBytes >> 20);
-  std::ifstream in(file);
-  if (!in) input_error("{}: cannot read the experiment file", file);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return parse_experiment(ss.str(), file, sets);
+  return parse_experiment(read_regular_file(file, kMaxYamlBytes), file, sets);
 }
 
 std::vector<Point> expand(const ExperimentSpec& spec) {

@@ -3,6 +3,7 @@
 #include <fcntl.h>
 #include <signal.h>
 #include <sys/resource.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -17,6 +18,7 @@
 #include "baselines/registry.h"
 #include "engine/core/atomic_file.h"
 #include "engine/core/error.h"
+#include "engine/core/mapped_file.h"
 #include "engine/decoder/host_estimate.h"
 #include "engine/formats/formats.h"
 #include "engine/formats/gguf.h"
@@ -323,6 +325,59 @@ TEST(Errors, APointBeyondThisMachinesMemoryIsAnOutOfMemoryRow) {
   EXPECT_GT(generation_host_estimate(hp, 2048, 4, 2, 4096, true).bytes, a);
   EXPECT_GT(generation_host_estimate(hp, 2048, 4, 1, 2048, false).bytes, a);
   EXPECT_GT(generation_host_estimate(hp, INT32_MAX, INT32_MAX, INT32_MAX, INT32_MAX, false).bytes, int64_t(1) << 60);
+}
+
+// Files in model and result directories are opened only when regular and within a size cap: a
+// FIFO, /dev/zero, a directory or a link loop is one line naming the file, never a block, a read
+// without end or an internal error; a special id from config.json is checked against the vocabulary
+// before the tokenizer library sees it.
+TEST(Errors, OnlyRegularFilesAreReadFromModelAndResultDirectories) {
+  const fs::path d = test::temp_path("special_files");
+  fs::remove_all(d);
+  fs::create_directories(d);
+  const auto says = [](const std::function<void()>& f) { return message_of(f); };
+  ASSERT_EQ(::mkfifo((d / "fifo").c_str(), 0600), 0);
+  fs::create_symlink("/dev/zero", d / "zero");
+  fs::create_directory(d / "dir");
+  fs::create_symlink(d / "loop_b", d / "loop_a");
+  fs::create_symlink(d / "loop_a", d / "loop_b");
+  for (auto [name, what] : {std::pair{"fifo", "a FIFO"}, {"zero", "a character device"}, {"dir", "a directory"},
+                            {"loop_a", "Too many levels of symbolic links"}}) {
+    const std::string p = (d / name).string();
+    EXPECT_NE(says([&] { (void)read_regular_file(p); }).find(p + ": "), std::string::npos) << name;
+    EXPECT_NE(says([&] { (void)read_regular_file(p); }).find(what), std::string::npos) << name;
+    EXPECT_NE(says([&] { MappedFile m(p); }).find(what), std::string::npos) << name;
+  }
+  { std::ofstream(d / "big") << std::string(100, 'x'); }
+  EXPECT_NE(says([&] { (void)read_regular_file((d / "big").string(), 10); }).find("above the 10 bytes"),
+            std::string::npos);
+  // A model directory whose config.json is each of them; a result directory whose rows are.
+  for (const char* name : {"fifo", "zero", "dir", "loop_a"}) {
+    const fs::path m = d / ("model_" + std::string(name));
+    fs::create_directory(m);
+    fs::create_symlink(d / name, m / "config.json");
+    const std::string e = says([&] { (void)load_model(m.string()); });
+    EXPECT_NE(e.find((m / "config.json").string()), std::string::npos) << name << ": " << e;
+    const fs::path r = d / ("result_" + std::string(name));
+    fs::create_directory(r);
+    fs::create_symlink(d / name, r / "rows.jsonl");
+    const std::string re = says([&] { (void)read_rows(r.string()); });
+    EXPECT_NE(re.find((r / "rows.jsonl").string()), std::string::npos) << name << ": " << re;
+  }
+  // bos_token_id far beyond the vocabulary (a library CHECK would abort the process).
+  if (fs::exists(test::shared_path("models/stories260K-hf"))) {
+    const fs::path m = d / "bos";
+    fs::create_directory(m);
+    for (auto& e : fs::directory_iterator(test::shared_path("models/stories260K-hf")))
+      if (e.path().filename() != "config.json") fs::create_symlink(e.path(), m / e.path().filename());
+    std::ifstream in(test::shared_path("models/stories260K-hf/config.json"));
+    nlohmann::json cfg = nlohmann::json::parse(in);
+    cfg["bos_token_id"] = 100000000;
+    std::ofstream(m / "config.json") << cfg.dump();
+    EXPECT_NE(says([&] { (void)load_model(m.string()); }).find("bos_token_id 100000000 is not a token"),
+              std::string::npos);
+  }
+  fs::remove_all(d);
 }
 
 // Inputs the fuzzers found (scripts/fuzz), written here by the tests themselves.
