@@ -172,6 +172,9 @@ mini_cfg = json.dumps({"architectures": ["LlamaForCausalLM"], "hidden_size": d, 
                        "vocab_size": V, "max_position_embeddings": 64, "rms_norm_eps": 1e-5,
                        "tie_word_embeddings": False}).encode()
 put("hf_dir", "min-llama", mini_cfg + b"\n--hgbench-safetensors--\n" + struct.pack("<Q", len(hj)) + hj + blob)
+# The same directory with one special file each (fuzz_hf_dir's @special:N prefix).
+for k in b"0123":
+    put("hf_dir", "min-llama-special-" + chr(k), b"@special:" + bytes([k]) + mini_cfg + b"\n--hgbench-safetensors--\n" + struct.pack("<Q", len(hj)) + hj + blob)
 
 # config.json: the real one and one per architecture.
 d = read(os.path.join(shared, "models/stories260K-hf/config.json"))
@@ -225,6 +228,12 @@ put("llama2c", "header_only.bin", struct.pack("<7i", 64, 128, 2, 4, 2, 512, 128)
 # Experiment files and platform profiles.
 for p in glob.glob(os.path.join(root, "experiments", "*.yaml")) + glob.glob(os.path.join(root, "experiments", "platforms", "*.yaml")):
     put("experiment", os.path.basename(p), read(p))
+
+# Output paths and values a generated script or a directory check must refuse or quote.
+base = b'name: p\nmodels: ["synthetic:tiny-llama"]\nstrategies: [full]\n'
+for i, out in enumerate([b"out/nope/../R", b"R/.", b'"o\\ntouch PWNED\\n#"', b"5", b"true", b"/", b'"a\x01b"', b'"\xc0\xaf"']):
+    put("experiment", "output-%d.yaml" % i, base + b"output: " + out + b"\n")
+put("experiment", "two-documents.yaml", base + b"---\nname: q\n")
 
 # Datasets (first byte: 0 PIQA jsonl NUL labels, 1 OpenBookQA, 2 COPA, 3 RTE TSV): 20 items each.
 ds = os.path.join(shared, "datasets")

@@ -3,6 +3,8 @@
 // alignment, tensor data (each tensor aligned).
 #include "engine/formats/gguf_writer.h"
 
+#include <fmt/format.h>
+
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
@@ -10,6 +12,7 @@
 
 #include "engine/arch/arch.h"
 #include "engine/backend/backend.h"
+#include "engine/core/atomic_file.h"
 #include "engine/core/error.h"
 #include "engine/formats/gguf.h"
 
@@ -176,34 +179,33 @@ void write_gguf(const Model& m, const std::string& path) {
   }
   o.pad();
 
-  const std::string tmp = path + ".tmp";
-  {
-    std::ofstream f(tmp, std::ios::binary | std::ios::trunc);
-    if (!f) input_error("export: cannot write {}", tmp);
-    f.write(o.bytes().data(), std::streamsize(o.bytes().size()));
-    static const char zeros[kAlign] = {};
-    for (auto& t : ts) {
-      const char* p = static_cast<const char*>(t.w->buf.data());
-      const size_t bytes = t.w->bytes();
-      if (t.permute_heads > 0) {
-        // GGUF row (h, 2i + j) = HF row (h, i + j·D/2): rotate-half pairs become adjacent.
-        const size_t row = bytes / size_t(t.w->rows());
-        for (int h = 0; h < t.permute_heads; ++h)
-          for (int r = 0; r < D; ++r) {
-            const int src = h * D + (r / 2) + (r % 2) * (D / 2);
-            f.write(p + size_t(src) * row, std::streamsize(row));
-          }
-      } else {
-        f.write(p, std::streamsize(bytes));
-      }
-      f.write(zeros, std::streamsize((kAlign - bytes % kAlign) % kAlign));
+  std::error_code ec;
+  if (std::filesystem::is_directory(path, ec))
+    input_error("export: {} is a directory; give the name of the GGUF file to write", path);
+  // Written beside its name and renamed into place (engine/core/atomic_file.h): whole or absent.
+  AtomicFile f(path);
+  const auto put = [&](const char* p, size_t n) {
+    if (n && std::fwrite(p, 1, n, f.file()) != n) throw IoError(fmt::format("{}: write failed (disk full?); nothing written", path));
+  };
+  put(o.bytes().data(), o.bytes().size());
+  static const char zeros[kAlign] = {};
+  for (auto& t : ts) {
+    const char* p = static_cast<const char*>(t.w->buf.data());
+    const size_t bytes = t.w->bytes();
+    if (t.permute_heads > 0) {
+      // GGUF row (h, 2i + j) = HF row (h, i + j·D/2): rotate-half pairs become adjacent.
+      const size_t row = bytes / size_t(t.w->rows());
+      for (int h = 0; h < t.permute_heads; ++h)
+        for (int r = 0; r < D; ++r) {
+          const int src = h * D + (r / 2) + (r % 2) * (D / 2);
+          put(p + size_t(src) * row, row);
+        }
+    } else {
+      put(p, bytes);
     }
-    if (!f) {
-      std::filesystem::remove(tmp);
-      input_error("export: writing {} failed (disk full?)", tmp);
-    }
+    put(zeros, (kAlign - bytes % kAlign) % kAlign);
   }
-  std::filesystem::rename(tmp, path);
+  f.commit();
 }
 
 }  // namespace hg

@@ -7,6 +7,8 @@
 #include <limits>
 #include <fstream>
 #include <sstream>
+#include <set>
+#include <cstdlib>
 
 #include "baselines/registry.h"
 #include "datasets/tasks.h"
@@ -187,6 +189,15 @@ ExperimentSpec parse_node(YAML::Node y, const std::string& file) {
   str_key("clock", s.clock);
   str_key("execute", s.execute);
   str_key("output", s.output);
+  // A path is a string: a plain 5, true or ~ is a number, a boolean or null, not a directory name.
+  if (y["output"] && y["output"].Tag() == "?") {
+    const std::string& o = s.output;
+    char* end = nullptr;
+    (void)std::strtod(o.c_str(), &end);
+    static const std::set<std::string> kNotPaths = {"true", "false", "yes", "no", "on", "off", "null", "~", "True", "False", "Null", "TRUE", "FALSE", "NULL"};
+    if ((!o.empty() && end == o.c_str() + o.size()) || kNotPaths.count(o))
+      fail(file, y["output"], fmt::format("'output' must be a path, got {} (quote it to mean a directory named so)", o));
+  }
   if (y["repeats"]) s.repeats = int_field(file, y["repeats"], "repeats", 1);
   if (y["warmup"]) s.warmup = int_field(file, y["warmup"], "warmup", 0);
   if (y["seed"]) s.seed = uint64_t(integer(file, y["seed"], "seed", 0));
@@ -599,10 +610,47 @@ const SweepAxis* sweep_axis(const std::string& name) {
   return nullptr;
 }
 
+namespace {
+// An experiment file (and each --set) is UTF-8 text without NUL or other control bytes: they would
+// reach config.yaml, rows and generated scripts. The error names the line and column.
+void check_text(const std::string& text, const std::string& where, bool lines) {
+  int line = 1, col = 1;
+  for (size_t i = 0; i < text.size();) {
+    const unsigned char c = static_cast<unsigned char>(text[i]);
+    const std::string at = lines ? fmt::format("{}:{}: column {}", where, line, col) : where;
+    if (c == '\n') {
+      ++line, col = 1, ++i;
+      continue;
+    }
+    if ((c < 0x20 && c != '\t' && c != '\r') || c == 0x7f)
+      input_error("{}: control byte 0x{:02x} (an experiment file is UTF-8 text)", at, c);
+    const int n = c < 0x80 ? 1 : (c >> 5) == 0x6 ? 2 : (c >> 4) == 0xe ? 3 : (c >> 3) == 0x1e ? 4 : 0;
+    bool ok = n > 0 && i + size_t(n) <= text.size();
+    for (int k = 1; ok && k < n; ++k) ok = (static_cast<unsigned char>(text[i + size_t(k)]) >> 6) == 0x2;
+    if (ok && n > 1) {  // no overlong forms, no surrogates, nothing beyond U+10FFFF
+      uint32_t cp = c & (0x7f >> n);
+      for (int k = 1; k < n; ++k) cp = (cp << 6) | (static_cast<unsigned char>(text[i + size_t(k)]) & 0x3f);
+      ok = cp >= (n == 2 ? 0x80u : n == 3 ? 0x800u : 0x10000u) && cp <= 0x10ffff && (cp < 0xd800 || cp > 0xdfff);
+    }
+    if (!ok) input_error("{}: byte 0x{:02x} is not UTF-8 (an experiment file is UTF-8 text)", at, c);
+    i += size_t(n), ++col;
+  }
+}
+}  // namespace
+
 ExperimentSpec parse_experiment(const std::string& yaml, const std::string& file, const std::vector<std::string>& sets) {
+  check_text(yaml, file, true);
+  for (const std::string& set : sets) {
+    std::string shown;  // the flag as typed, its bytes outside printable ASCII escaped
+    for (unsigned char c : set) shown += c >= 0x20 && c < 0x7f ? std::string(1, char(c)) : fmt::format("\\x{:02x}", c);
+    check_text(set, "--set '" + shown + "'", false);
+  }
   YAML::Node y;
   try {
-    y = YAML::Load(yaml);
+    const std::vector<YAML::Node> docs = YAML::LoadAll(yaml);
+    if (docs.size() > 1)
+      input_error("{}:{}: a second YAML document; an experiment file holds one", file, std::max(1, docs[1].Mark().line + 1));
+    if (!docs.empty()) y = docs[0];
   } catch (const YAML::ParserException& e) {
     input_error("{}:{}: YAML syntax error: {}", file, e.mark.line + 1, e.msg);
   }

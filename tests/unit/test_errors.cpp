@@ -447,8 +447,23 @@ TEST(FuzzRegressions, TiktokenRankFarBeyondTheEntriesIsAnError) {
 
 // A model name that is not UTF-8 made the point id's JSON text throw mid-expansion; such strings
 // now become U+FFFD in ids and rows.
-TEST(FuzzRegressions, NonUtf8StringsInAnExperimentAreKept) {
-  const std::string y = "name: u\nmodels: [\"synthetic:tiny-llama\xf8\"]\nstrategies: [full]\n";
+TEST(FuzzRegressions, AnExperimentIsOneDocumentOfUtf8TextAndOutputIsAPath) {
+  // Bytes that are not UTF-8, NUL and other control bytes: the line and column, not a copy in config.yaml.
+  for (auto [y, says] : {std::pair<std::string, std::string>{"name: u\nmodels: [\"synthetic:tiny-llama\xf8\"]\n", "u.yaml:2: column 31: byte 0xf8 is not UTF-8"},
+                         {std::string("name: u\nmodels: [\"synthetic:tiny\0-llama\"]\n", 36), "u.yaml:2: column 25: control byte 0x00"},
+                         {"name: u\nmodels: [\"a\xc0\xaf" "b\"]\n", "byte 0xc0 is not UTF-8"},  // an overlong '/'
+                         {"name: u\nmodels: [\"synthetic:tiny-llama\"]\nstrategies: [full]\n---\nname: v\n", "u.yaml:5: a second YAML document"},
+                         {"name: u\nmodels: [\"synthetic:tiny-llama\"]\nstrategies: [full]\noutput: 5\n", "u.yaml:4: 'output' must be a path, got 5"},
+                         {"name: u\nmodels: [\"synthetic:tiny-llama\"]\nstrategies: [full]\noutput: true\n", "'output' must be a path, got true"}}) {
+    const std::string e = message_of([&] { (void)parse_experiment(y, "u.yaml"); });
+    EXPECT_NE(e.find(says), std::string::npos) << "'" << e << "'";
+  }
+  EXPECT_NE(message_of([&] { (void)parse_experiment("name: u\nmodels: [\"synthetic:tiny-llama\"]\nstrategies: [full]\n", "u.yaml", {"output=a\x01" "b"}); })
+                .find("--set 'output=a\\x01b': control byte 0x01"),
+            std::string::npos);
+  EXPECT_NO_THROW((void)parse_experiment("name: u\nmodels: [\"synthetic:tiny-llama\"]\nstrategies: [full]\noutput: \"5\"\ndescription: naïve — 東京\n", "u.yaml"));
+  // A row whose text is not UTF-8 (a failure's reason can quote a file's bytes) is still written and read back.
+  const std::string y = "name: u\nmodels: [\"synthetic:tiny-llama\"]\nstrategies: [full]\n";
   const ExperimentSpec s = parse_experiment(y, "u.yaml");
   std::vector<Point> pts;
   ASSERT_NO_THROW(pts = expand(s));
@@ -459,7 +474,7 @@ TEST(FuzzRegressions, NonUtf8StringsInAnExperimentAreKept) {
   {
     ResultDir out(d.string(), s, false, false, "");
     nlohmann::ordered_json row = ResultRow::head("u", pts[0].id, 0, "full", "full", 0, false);
-    row["reason"] = pts[0].model;
+    row["reason"] = pts[0].model + "\xf8";
     ASSERT_NO_THROW(out.append(row));
   }
   EXPECT_EQ(read_rows(d.string()).size(), 1u);
