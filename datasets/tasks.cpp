@@ -1,12 +1,12 @@
 // Task loaders and lm-eval 0.4 request construction.
 #include "datasets/tasks.h"
 
+#include <fmt/ranges.h>
+
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
-
-#include <fmt/ranges.h>
 
 #include "datasets/pyrandom.h"
 #include "engine/core/error.h"

@@ -172,9 +172,10 @@ void CpuStage::select(int layer, const TokenRow& r, const float* q, int32_t K, b
       for (int32_t i = 0; i < K; ++i) {
         const bool dram = i < sd;
         const int32_t row_i = dram ? sel[size_t(i)] : far_rows[size_t(i - sd)];
-        prev_pos = i != sd && row_i == prev_row + 1 && row_i % pg != 0
-                       ? prev_pos + 1
-                       : ring_.offloaded_kv().key_position(dram ? Tier::kDram : Tier::kFar, layer, r.seq, row_i);
+        prev_pos =
+            i != sd && row_i == prev_row + 1 && row_i % pg != 0
+                ? prev_pos + 1
+                : ring_.offloaded_kv().key_position(dram ? Tier::kDram : Tier::kFar, layer, r.seq, row_i);
         prev_row = row_i;
         sel[size_t(i)] = prev_pos;
       }
@@ -224,10 +225,12 @@ void CpuStage::select(int layer, const TokenRow& r, const float* q, int32_t K, b
     bool far = false;  // the value tier of `page`, looked up once per page
     for (size_t i = 0; i < order.size(); ++i) {
       sorted[i] = sel[size_t(order[i])];
-      if (sorted[i] / pg != page) page = sorted[i] / pg, far = ring_.vtier(layer, r.seq, sorted[i]) != Tier::kDram;
+      if (sorted[i] / pg != page)
+        page = sorted[i] / pg, far = ring_.vtier(layer, r.seq, sorted[i]) != Tier::kDram;
       res.n_tier[size_t(g)][far]++;
       if (!dry)  // a dry run's logits are never read (the null backend merges nothing)
-        for (int h = 0; h < G; ++h) lg_sel[(size_t(g) * G + size_t(h)) * size_t(K) + i] = logit(h, size_t(order[i]));
+        for (int h = 0; h < G; ++h)
+          lg_sel[(size_t(g) * G + size_t(h)) * size_t(K) + i] = logit(h, size_t(order[i]));
     }
     sel.assign(sorted.begin(), sorted.end());
   }

@@ -15,9 +15,7 @@ void FeedbackScheduler::set_k_min(int64_t k_min) {
   k_ = c_.adaptive_k ? std::max(k_, c_.k_min) : c_.k_min;  // fixed K follows the ratio
 }
 
-void FeedbackScheduler::pin_k(int64_t k) {
-  c_.k_min = c_.k_max = k_ = std::max<int64_t>(1, k);
-}
+void FeedbackScheduler::pin_k(int64_t k) { c_.k_min = c_.k_max = k_ = std::max<int64_t>(1, k); }
 
 void FeedbackScheduler::update(double t_cpu, double t_tx, double t_gpu, int64_t n_offloaded, double t_fixed) {
   const bool slack = t_cpu + t_tx <= t_gpu;

@@ -94,17 +94,21 @@ std::string thp_mode() {
 // learned positions (a table with no row beyond it), within the model's positions, before any is
 // run. Rotary models are timed past their trained length as a cost measurement (llama-bench does
 // the same); positions stay within int32.
-void check_sizes(const Model& model, const std::vector<int>& contexts, int steps, int prefill, const std::string& cmd) {
+void check_sizes(const Model& model, const std::vector<int>& contexts, int steps, int prefill,
+                 const std::string& cmd) {
   const auto check_positions = [&](int64_t n, int64_t more, const std::string& c) {
-    if (model.traits.pos == PosKind::kLearned || n + more > INT32_MAX) cli::check_positions(model, n, more, c);
+    if (model.traits.pos == PosKind::kLearned || n + more > INT32_MAX)
+      cli::check_positions(model, n, more, c);
   };
   for (int n : contexts) {
     check_positions(n, int64_t(steps) + 3, cmd);
-    require_host_memory_or_input_error(generation_host_estimate(model.hp, n, int64_t(steps) + 3, 1, n, false), cmd);
+    require_host_memory_or_input_error(generation_host_estimate(model.hp, n, int64_t(steps) + 3, 1, n, false),
+                                       cmd);
   }
   if (prefill > 0) {
     check_positions(prefill, 0, cmd);
-    require_host_memory_or_input_error(generation_host_estimate(model.hp, prefill, 0, 1, prefill, false), cmd);
+    require_host_memory_or_input_error(generation_host_estimate(model.hp, prefill, 0, 1, prefill, false),
+                                       cmd);
   }
 }
 

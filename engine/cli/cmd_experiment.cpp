@@ -1,13 +1,14 @@
 // `hgbench FILE.yaml` (run an experiment), `hgbench validate FILE`, `hgbench merge DIR…`,
 // `compare`, `report`: option parsing over experiments/runner (sweep, recorder, report).
-#include <CLI/CLI.hpp>
 #include <fmt/format.h>
 
+#include <CLI/CLI.hpp>
+
+#include "engine/backend/backend.h"
 #include "engine/cli/cli.h"
 #include "engine/core/error.h"
 #include "engine/decoder/host_estimate.h"
 #include "engine/formats/formats.h"
-#include "engine/backend/backend.h"
 #include "experiments/runner/recorder.h"
 #include "experiments/runner/report.h"
 #include "experiments/runner/spec.h"
@@ -60,8 +61,9 @@ void print_largest_point(ExperimentSpec spec, const std::vector<Point>& points) 
   }
   if (!at) return;
   const int64_t avail = host_memory_available();
-  fmt::print("largest point: {} ({}), an estimated {} of host memory; {} available here{}\n", at->id, describe(*at),
-             format_bytes(largest.bytes), avail < 0 ? std::string("unknown") : format_bytes(avail),
+  fmt::print("largest point: {} ({}), an estimated {} of host memory; {} available here{}\n", at->id,
+             describe(*at), format_bytes(largest.bytes),
+             avail < 0 ? std::string("unknown") : format_bytes(avail),
              avail >= 0 && largest.bytes > avail ? " (it will fail as out_of_memory)" : "");
 }
 }  // namespace

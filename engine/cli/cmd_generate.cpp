@@ -106,8 +106,8 @@ int cmd_generate(const std::vector<std::string>& args) {
   const auto check_size = [&](int64_t prompt_len) {
     check_positions(model, prompt_len, n_new, cmd);
     require_host_memory_or_input_error(
-        generation_host_estimate(model.hp, prompt_len, n_new, int64_t(batch) * int64_t(texts.size()), go.max_rows,
-                                 false),
+        generation_host_estimate(model.hp, prompt_len, n_new, int64_t(batch) * int64_t(texts.size()),
+                                 go.max_rows, false),
         cmd);
   };
   std::vector<std::vector<int32_t>> prompts;

@@ -131,8 +131,8 @@ void check_threads(int n, const std::string& cmd) {
 
 void check_positions(const Model& model, int64_t prompt, int64_t decode, const std::string& cmd) {
   if (prompt + decode > model.hp.max_pos)
-    input_error("{}: a prompt of {} tokens and {} to generate ({} positions) exceed the model's {} positions", cmd,
-                prompt, decode, prompt + decode, model.hp.max_pos);
+    input_error("{}: a prompt of {} tokens and {} to generate ({} positions) exceed the model's {} positions",
+                cmd, prompt, decode, prompt + decode, model.hp.max_pos);
 }
 
 void require_host_memory_or_input_error(const HostEstimate& e, const std::string& cmd) {

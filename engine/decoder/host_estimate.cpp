@@ -43,12 +43,14 @@ HostEstimate generation_host_estimate(const HParams& hp, int64_t prompt, int64_t
   const double tokens = times({double(prompt) + double(decode), double(batch)});
   const double L = hp.n_layers, Hkv = hp.n_kv_heads, D = hp.head_dim;
   double bytes = tokens * (L * Hkv * kDryPerLayerHead + L * kDryPerLayer + kDryPerToken);
-  std::string basis = fmt::format("{} + {} tokens × batch {} × {} layers", prompt, decode, batch, hp.n_layers);
+  std::string basis =
+      fmt::format("{} + {} tokens × batch {} × {} layers", prompt, decode, batch, hp.n_layers);
   if (!dry) {
     // The whole KV at 16 bits, twice; the prefill's F32 activations per row (the residual stream
     // and its normed copy, Q, K, V and the attention output, the FFN's gate, up and product).
     bytes += times({tokens, 2 * 2 * 2, L, Hkv, D});
-    const double rows = std::min(double(std::max<int64_t>(1, prefill_rows)), times({double(prompt), double(batch)}));
+    const double rows =
+        std::min(double(std::max<int64_t>(1, prefill_rows)), times({double(prompt), double(batch)}));
     const double per_row = 4.0 * (4.0 * hp.d_model + 2.0 * hp.n_heads * D + 2.0 * Hkv * D + 3.0 * hp.d_ff);
     bytes += rows * per_row;
     basis += ", KV and prefill activations";

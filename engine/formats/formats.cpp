@@ -1,6 +1,5 @@
 // Format registry and model-spec dispatch.
 #include "engine/formats/formats.h"
-#include "engine/tokenizer/tokenizer.h"
 
 #include <sys/mman.h>
 
@@ -8,6 +7,7 @@
 #include <filesystem>
 
 #include "engine/core/error.h"
+#include "engine/tokenizer/tokenizer.h"
 
 namespace hg {
 

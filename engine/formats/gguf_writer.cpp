@@ -185,7 +185,8 @@ void write_gguf(const Model& m, const std::string& path) {
   // Written beside its name and renamed into place (engine/core/atomic_file.h): whole or absent.
   AtomicFile f(path);
   const auto put = [&](const char* p, size_t n) {
-    if (n && std::fwrite(p, 1, n, f.file()) != n) throw IoError(fmt::format("{}: write failed (disk full?); nothing written", path));
+    if (n && std::fwrite(p, 1, n, f.file()) != n)
+      throw IoError(fmt::format("{}: write failed (disk full?); nothing written", path));
   };
   put(o.bytes().data(), o.bytes().size());
   static const char zeros[kAlign] = {};

@@ -3,9 +3,8 @@
 // (SentencePiece), tokenizer.json (byte-level BPE) or vocab.json + merges.txt (GPT-2 files).
 #include <filesystem>
 #include <fstream>
-#include <sstream>
-
 #include <nlohmann/json.hpp>
+#include <sstream>
 
 #include "engine/arch/arch.h"
 #include "engine/core/error.h"

@@ -5,13 +5,12 @@
 #define PCRE2_CODE_UNIT_WIDTH 8
 #include <pcre2.h>
 
-#include <fstream>
 #include <algorithm>
+#include <fstream>
 #include <functional>
 #include <limits>
-#include <sstream>
-
 #include <nlohmann/json.hpp>
+#include <sstream>
 
 #include "engine/core/error.h"
 #include "engine/core/mapped_file.h"

@@ -1,9 +1,9 @@
 // Shared tokenizer helpers: prompt encoding and GPT-2's byte ↔ unicode table.
 #include "engine/tokenizer/tokenizer.h"
 
-#include "engine/core/error.h"
-
 #include <array>
+
+#include "engine/core/error.h"
 
 namespace hg {
 

@@ -1,6 +1,9 @@
 // The measured generation loop, its figures, and the experiment Runner.
 #include "experiments/runner/runner.h"
-#include "experiments/runner/result_row.h"
+
+#include <oneapi/dnnl/dnnl.h>
+#include <sys/utsname.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
@@ -10,23 +13,19 @@
 #include <fstream>
 #include <random>
 
-#include <sys/utsname.h>
-#include <unistd.h>
-
-#include <oneapi/dnnl/dnnl.h>
-
 #include "baselines/registry.h"
 #include "datasets/needle.h"
 #include "datasets/score.h"
 #include "engine/core/cpu_features.h"
 #include "engine/core/error.h"
-#include "engine/core/process_memory.h"
 #include "engine/core/json_text.h"
+#include "engine/core/process_memory.h"
 #include "engine/decoder/generate.h"
 #include "engine/decoder/host_estimate.h"
 #include "engine/formats/formats.h"
 #include "engine/runtime/bandwidth.h"
 #include "engine/tokenizer/tokenizer.h"
+#include "experiments/runner/result_row.h"
 
 namespace hg {
 namespace {
@@ -764,9 +763,11 @@ Json Runner::run_once(const Point& p, const StrategyEntry& entry, int repeat, bo
   const Model& model = model_for(p.model);
   // Before anything the point's size decides is allocated: too large for this machine is an
   // out_of_memory row, not the kernel's OOM killer.
-  const int64_t prefill_rows = std::min<int64_t>(INT32_MAX, std::max<int64_t>(1, int64_t(p.prompt_tokens) * p.batch));
-  require_host_memory(generation_host_estimate(model.hp, p.prompt_tokens, p.decode_tokens, p.batch, prefill_rows, dry),
-                      "this point");
+  const int64_t prefill_rows =
+      std::min<int64_t>(INT32_MAX, std::max<int64_t>(1, int64_t(p.prompt_tokens) * p.batch));
+  require_host_memory(
+      generation_host_estimate(model.hp, p.prompt_tokens, p.decode_tokens, p.batch, prefill_rows, dry),
+      "this point");
   // Every strategy's KV on the accelerator, by construction.
   // (An entry's own share replaces the point's: the "it fits" regime beside the others.)
   if (entry.gpu_kv_share > 0) {

@@ -3,18 +3,18 @@
 
 #include <algorithm>
 #include <charconv>
-#include <filesystem>
-#include <limits>
-#include <fstream>
-#include <sstream>
-#include <set>
 #include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <limits>
+#include <set>
+#include <sstream>
 
 #include "baselines/registry.h"
 #include "datasets/tasks.h"
 #include "engine/core/error.h"
-#include "engine/core/mapped_file.h"
 #include "engine/core/json_text.h"
+#include "engine/core/mapped_file.h"
 #include "engine/core/yaml_util.h"
 #include "engine/runtime/clock.h"
 
@@ -194,9 +194,12 @@ ExperimentSpec parse_node(YAML::Node y, const std::string& file) {
     const std::string& o = s.output;
     char* end = nullptr;
     (void)std::strtod(o.c_str(), &end);
-    static const std::set<std::string> kNotPaths = {"true", "false", "yes", "no", "on", "off", "null", "~", "True", "False", "Null", "TRUE", "FALSE", "NULL"};
+    static const std::set<std::string> kNotPaths = {"true", "false", "yes",   "no",   "on",
+                                                    "off",  "null",  "~",     "True", "False",
+                                                    "Null", "TRUE",  "FALSE", "NULL"};
     if ((!o.empty() && end == o.c_str() + o.size()) || kNotPaths.count(o))
-      fail(file, y["output"], fmt::format("'output' must be a path, got {} (quote it to mean a directory named so)", o));
+      fail(file, y["output"],
+           fmt::format("'output' must be a path, got {} (quote it to mean a directory named so)", o));
   }
   if (y["repeats"]) s.repeats = int_field(file, y["repeats"], "repeats", 1);
   if (y["warmup"]) s.warmup = int_field(file, y["warmup"], "warmup", 0);
@@ -630,7 +633,10 @@ void check_text(const std::string& text, const std::string& where, bool lines) {
     if (ok && n > 1) {  // no overlong forms, no surrogates, nothing beyond U+10FFFF
       uint32_t cp = c & (0x7f >> n);
       for (int k = 1; k < n; ++k) cp = (cp << 6) | (static_cast<unsigned char>(text[i + size_t(k)]) & 0x3f);
-      ok = cp >= (n == 2 ? 0x80u : n == 3 ? 0x800u : 0x10000u) && cp <= 0x10ffff && (cp < 0xd800 || cp > 0xdfff);
+      ok = cp >= (n == 2   ? 0x80u
+                  : n == 3 ? 0x800u
+                           : 0x10000u) &&
+           cp <= 0x10ffff && (cp < 0xd800 || cp > 0xdfff);
     }
     if (!ok) input_error("{}: byte 0x{:02x} is not UTF-8 (an experiment file is UTF-8 text)", at, c);
     i += size_t(n), ++col;
@@ -642,14 +648,16 @@ ExperimentSpec parse_experiment(const std::string& yaml, const std::string& file
   check_text(yaml, file, true);
   for (const std::string& set : sets) {
     std::string shown;  // the flag as typed, its bytes outside printable ASCII escaped
-    for (unsigned char c : set) shown += c >= 0x20 && c < 0x7f ? std::string(1, char(c)) : fmt::format("\\x{:02x}", c);
+    for (unsigned char c : set)
+      shown += c >= 0x20 && c < 0x7f ? std::string(1, char(c)) : fmt::format("\\x{:02x}", c);
     check_text(set, "--set '" + shown + "'", false);
   }
   YAML::Node y;
   try {
     const std::vector<YAML::Node> docs = YAML::LoadAll(yaml);
     if (docs.size() > 1)
-      input_error("{}:{}: a second YAML document; an experiment file holds one", file, std::max(1, docs[1].Mark().line + 1));
+      input_error("{}:{}: a second YAML document; an experiment file holds one", file,
+                  std::max(1, docs[1].Mark().line + 1));
     if (!docs.empty()) y = docs[0];
   } catch (const YAML::ParserException& e) {
     input_error("{}:{}: YAML syntax error: {}", file, e.mark.line + 1, e.msg);

@@ -50,7 +50,6 @@ std::vector<std::string> labels_of(const ExperimentSpec& s) {
   return l;
 }
 
-
 // "I/N" → (I, N) with 0 <= I < N.
 std::pair<int, int> parse_shard(const std::string& s) {
   const size_t slash = s.find('/');

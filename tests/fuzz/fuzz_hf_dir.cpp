@@ -18,11 +18,20 @@ void make_special(const std::string& dir, char which) {
   std::error_code ec;
   const fs::path d(dir);
   switch (which) {
-    case '0': fs::remove(d / "config.json", ec), (void)::mkfifo((d / "config.json").c_str(), 0600); break;
-    case '1': fs::remove(d / "model.safetensors", ec), fs::create_symlink("/dev/zero", d / "model.safetensors", ec); break;
-    case '2': fs::create_directory(d / "tokenizer.model", ec); break;
-    case '3': fs::remove(d / "config.json", ec), fs::create_symlink(d / "config.json", d / "config.json", ec); break;
-    default: break;
+    case '0':
+      fs::remove(d / "config.json", ec), (void)::mkfifo((d / "config.json").c_str(), 0600);
+      break;
+    case '1':
+      fs::remove(d / "model.safetensors", ec), fs::create_symlink("/dev/zero", d / "model.safetensors", ec);
+      break;
+    case '2':
+      fs::create_directory(d / "tokenizer.model", ec);
+      break;
+    case '3':
+      fs::remove(d / "config.json", ec), fs::create_symlink(d / "config.json", d / "config.json", ec);
+      break;
+    default:
+      break;
   }
 }
 

@@ -46,16 +46,11 @@ TEST(Cli, HelpForEverySubcommand) {
 
 TEST(Cli, BadInputExitsTwoWithOneLine) {
   std::vector<std::string> cases = {
-      "generate",
-      "generate --model /nonexistent.gguf",
-      "info --model synthetic:nope",
-      "generate --model synthetic:tiny-llama --bogus",
-      "generate --model synthetic:tiny-llama -n x",
-      "frobnicate",
-      "generate --model synthetic:tiny-llama -t 100000 -n 2",
+      "generate", "generate --model /nonexistent.gguf", "info --model synthetic:nope",
+      "generate --model synthetic:tiny-llama --bogus", "generate --model synthetic:tiny-llama -n x",
+      "frobnicate", "generate --model synthetic:tiny-llama -t 100000 -n 2",
       "bench --model synthetic:tiny-llama --threads 1,100000",
-      "generate --model synthetic:tiny-llama --strategy nope",
-      "export --model synthetic:tiny-llama",
+      "generate --model synthetic:tiny-llama --strategy nope", "export --model synthetic:tiny-llama",
       "export --model synthetic:tiny-opt --out " + test::temp_path("cli_opt.gguf"),
       "bench --model synthetic:tiny-llama --backend nope",
       "bench --model synthetic:tiny-llama --strategy flexgen,nope",

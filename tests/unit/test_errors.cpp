@@ -27,8 +27,8 @@
 #include "engine/tokenizer/tokenizer.h"
 #include "experiments/runner/recorder.h"
 #include "experiments/runner/runner.h"
-#include "experiments/runner/sweep.h"
 #include "experiments/runner/spec.h"
+#include "experiments/runner/sweep.h"
 #include "test_util.h"
 
 namespace hg {
@@ -296,7 +296,8 @@ TEST(Errors, SweepLimitIsAnError) {
 TEST(Errors, APointBeyondThisMachinesMemoryIsAnOutOfMemoryRow) {
   const std::string y =
       "name: big\nmodels: [\"synthetic:llama-3.1-8b?dtype=f16\"]\nstrategies: [flexgen, hybridgen]\nsweep:\n"
-      "  prompt_tokens: [2147483647, 2048]\n  batch: [1000000000, 1]\n  decode_tokens: [4]\ndevice: emulated\n"
+      "  prompt_tokens: [2147483647, 2048]\n  batch: [1000000000, 1]\n  decode_tokens: [4]\ndevice: "
+      "emulated\n"
       "clock: modeled:machine-a\nexecute: dry\n";
   ExperimentSpec spec = parse_experiment(y, "big.yaml");
   Runner run(spec);
@@ -324,7 +325,8 @@ TEST(Errors, APointBeyondThisMachinesMemoryIsAnOutOfMemoryRow) {
   EXPECT_GT(generation_host_estimate(hp, 4096, 4, 1, 4096, true).bytes, a);
   EXPECT_GT(generation_host_estimate(hp, 2048, 4, 2, 4096, true).bytes, a);
   EXPECT_GT(generation_host_estimate(hp, 2048, 4, 1, 2048, false).bytes, a);
-  EXPECT_GT(generation_host_estimate(hp, INT32_MAX, INT32_MAX, INT32_MAX, INT32_MAX, false).bytes, int64_t(1) << 60);
+  EXPECT_GT(generation_host_estimate(hp, INT32_MAX, INT32_MAX, INT32_MAX, INT32_MAX, false).bytes, int64_t(1)
+                                                                                                       << 60);
 }
 
 // Files in model and result directories are opened only when regular and within a size cap: a
@@ -341,7 +343,9 @@ TEST(Errors, OnlyRegularFilesAreReadFromModelAndResultDirectories) {
   fs::create_directory(d / "dir");
   fs::create_symlink(d / "loop_b", d / "loop_a");
   fs::create_symlink(d / "loop_a", d / "loop_b");
-  for (auto [name, what] : {std::pair{"fifo", "a FIFO"}, {"zero", "a character device"}, {"dir", "a directory"},
+  for (auto [name, what] : {std::pair{"fifo", "a FIFO"},
+                            {"zero", "a character device"},
+                            {"dir", "a directory"},
                             {"loop_a", "Too many levels of symbolic links"}}) {
     const std::string p = (d / name).string();
     EXPECT_NE(says([&] { (void)read_regular_file(p); }).find(p + ": "), std::string::npos) << name;
@@ -449,20 +453,36 @@ TEST(FuzzRegressions, TiktokenRankFarBeyondTheEntriesIsAnError) {
 // now become U+FFFD in ids and rows.
 TEST(FuzzRegressions, AnExperimentIsOneDocumentOfUtf8TextAndOutputIsAPath) {
   // Bytes that are not UTF-8, NUL and other control bytes: the line and column, not a copy in config.yaml.
-  for (auto [y, says] : {std::pair<std::string, std::string>{"name: u\nmodels: [\"synthetic:tiny-llama\xf8\"]\n", "u.yaml:2: column 31: byte 0xf8 is not UTF-8"},
-                         {std::string("name: u\nmodels: [\"synthetic:tiny\0-llama\"]\n", 36), "u.yaml:2: column 25: control byte 0x00"},
-                         {"name: u\nmodels: [\"a\xc0\xaf" "b\"]\n", "byte 0xc0 is not UTF-8"},  // an overlong '/'
-                         {"name: u\nmodels: [\"synthetic:tiny-llama\"]\nstrategies: [full]\n---\nname: v\n", "u.yaml:5: a second YAML document"},
-                         {"name: u\nmodels: [\"synthetic:tiny-llama\"]\nstrategies: [full]\noutput: 5\n", "u.yaml:4: 'output' must be a path, got 5"},
-                         {"name: u\nmodels: [\"synthetic:tiny-llama\"]\nstrategies: [full]\noutput: true\n", "'output' must be a path, got true"}}) {
+  for (auto [y, says] :
+       {std::pair<std::string, std::string>{"name: u\nmodels: [\"synthetic:tiny-llama\xf8\"]\n",
+                                            "u.yaml:2: column 31: byte 0xf8 is not UTF-8"},
+        {std::string("name: u\nmodels: [\"synthetic:tiny\0-llama\"]\n", 36),
+         "u.yaml:2: column 25: control byte 0x00"},
+        {"name: u\nmodels: [\"a\xc0\xaf"
+         "b\"]\n",
+         "byte 0xc0 is not UTF-8"},  // an overlong '/'
+        {"name: u\nmodels: [\"synthetic:tiny-llama\"]\nstrategies: [full]\n---\nname: v\n",
+         "u.yaml:5: a second YAML document"},
+        {"name: u\nmodels: [\"synthetic:tiny-llama\"]\nstrategies: [full]\noutput: 5\n",
+         "u.yaml:4: 'output' must be a path, got 5"},
+        {"name: u\nmodels: [\"synthetic:tiny-llama\"]\nstrategies: [full]\noutput: true\n",
+         "'output' must be a path, got true"}}) {
     const std::string e = message_of([&] { (void)parse_experiment(y, "u.yaml"); });
     EXPECT_NE(e.find(says), std::string::npos) << "'" << e << "'";
   }
-  EXPECT_NE(message_of([&] { (void)parse_experiment("name: u\nmodels: [\"synthetic:tiny-llama\"]\nstrategies: [full]\n", "u.yaml", {"output=a\x01" "b"}); })
-                .find("--set 'output=a\\x01b': control byte 0x01"),
+  EXPECT_NE(message_of([&] {
+              (void)parse_experiment("name: u\nmodels: [\"synthetic:tiny-llama\"]\nstrategies: [full]\n",
+                                     "u.yaml",
+                                     {"output=a\x01"
+                                      "b"});
+            }).find("--set 'output=a\\x01b': control byte 0x01"),
             std::string::npos);
-  EXPECT_NO_THROW((void)parse_experiment("name: u\nmodels: [\"synthetic:tiny-llama\"]\nstrategies: [full]\noutput: \"5\"\ndescription: naïve — 東京\n", "u.yaml"));
-  // A row whose text is not UTF-8 (a failure's reason can quote a file's bytes) is still written and read back.
+  EXPECT_NO_THROW(
+      (void)parse_experiment("name: u\nmodels: [\"synthetic:tiny-llama\"]\nstrategies: [full]\noutput: "
+                             "\"5\"\ndescription: naïve — 東京\n",
+                             "u.yaml"));
+  // A row whose text is not UTF-8 (a failure's reason can quote a file's bytes) is still written and read
+  // back.
   const std::string y = "name: u\nmodels: [\"synthetic:tiny-llama\"]\nstrategies: [full]\n";
   const ExperimentSpec s = parse_experiment(y, "u.yaml");
   std::vector<Point> pts;
