@@ -4,7 +4,6 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
-#include <filesystem>
 #include <fstream>
 #include <iterator>
 
@@ -460,8 +459,7 @@ void save_reference(const ReferenceScores& ref, const std::string& key, const st
 }
 
 std::optional<ReferenceScores> load_reference(const std::string& path, const std::string& key) {
-  std::error_code ec;
-  if (!std::filesystem::exists(std::filesystem::symlink_status(path, ec))) return std::nullopt;
+  if (!file_present(path)) return std::nullopt;
   const std::string data = read_regular_file(path, int64_t(16) << 30);
   const size_t eol = data.find('\n');
   if (eol == std::string::npos) input_error("{}: torn reference (no header line)", path);

@@ -19,8 +19,7 @@ using Json = nlohmann::json;
 
 // Lines of a text file; a missing file names what it should be.
 std::vector<std::string> read_lines(const std::string& path, const std::string& what) {
-  std::error_code ec;
-  if (!std::filesystem::exists(std::filesystem::symlink_status(path, ec)))
+  if (!file_present(path))
     input_error("{}: cannot read {} (see datasets/README.md; set --data-dir or HG_DATA_DIR)", path, what);
   std::istringstream in(read_regular_file(path, kMaxReadFileBytes));
   std::vector<std::string> lines;

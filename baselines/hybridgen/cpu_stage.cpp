@@ -220,14 +220,10 @@ void CpuStage::select(int layer, const TokenRow& r, const float* q, int32_t K, b
       std::sort(order.begin(), order.end(),
                 [&](int32_t a, int32_t b) { return sel[size_t(a)] < sel[size_t(b)]; });
     sorted.resize(sel.size());
-    const int32_t pg = ring_.offloaded_kv().page_tokens();
-    int32_t page = -1;
-    bool far = false;  // the value tier of `page`, looked up once per page
+    ValueTierCursor vtier(ring_, layer, r.seq);
     for (size_t i = 0; i < order.size(); ++i) {
       sorted[i] = sel[size_t(order[i])];
-      if (sorted[i] / pg != page)
-        page = sorted[i] / pg, far = ring_.vtier(layer, r.seq, sorted[i]) != Tier::kDram;
-      res.n_tier[size_t(g)][far]++;
+      res.n_tier[size_t(g)][vtier.at(sorted[i]) != Tier::kDram]++;
       if (!dry)  // a dry run's logits are never read (the null backend merges nothing)
         for (int h = 0; h < G; ++h)
           lg_sel[(size_t(g) * G + size_t(h)) * size_t(K) + i] = logit(h, size_t(order[i]));

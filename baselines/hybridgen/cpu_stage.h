@@ -108,16 +108,10 @@ class CpuStage {
   // f(b, e) for each maximal run sel[b, e) of selected positions whose V pages lie on tier t.
   template <typename F>
   void tier_segments(int layer, int seq, const std::vector<int32_t>& sel, Tier t, F&& f) const {
-    const int32_t pg = ring_.offloaded_kv().page_tokens();
-    int32_t page = -1;
-    bool here = false;  // whether `page`'s values lie on t, looked up once per page (sel is in order)
-    const auto on_t = [&](int32_t pos) {
-      if (pos / pg != page) page = pos / pg, here = ring_.vtier(layer, seq, pos) == t;
-      return here;
-    };
+    ValueTierCursor vtier(ring_, layer, seq);  // sel is in increasing order
     for (int32_t b = 0, n = int32_t(sel.size()); b < n;) {
       int32_t e = b;
-      while (e < n && on_t(sel[size_t(e)])) ++e;
+      while (e < n && vtier.at(sel[size_t(e)]) == t) ++e;
       if (e > b)
         f(b, e), b = e;
       else

@@ -75,4 +75,22 @@ class ResidentRing {
   const float* new_v_ = nullptr;
 };
 
+// The value tier of one (layer, seq)'s positions visited in increasing order, looked up once per
+// page (the placement policy decides per page).
+class ValueTierCursor {
+ public:
+  ValueTierCursor(const ResidentRing& ring, int layer, int seq)
+      : ring_(ring), layer_(layer), seq_(seq), page_tokens_(ring.offloaded_kv().page_tokens()) {}
+  Tier at(int32_t pos) {
+    if (pos / page_tokens_ != page_) page_ = pos / page_tokens_, tier_ = ring_.vtier(layer_, seq_, pos);
+    return tier_;
+  }
+
+ private:
+  const ResidentRing& ring_;
+  int layer_, seq_;
+  int32_t page_tokens_, page_ = -1;
+  Tier tier_ = Tier::kDram;
+};
+
 }  // namespace hg

@@ -96,20 +96,12 @@ std::string thp_mode() {
 // the same); positions stay within int32.
 void check_sizes(const Model& model, const std::vector<int>& contexts, int steps, int prefill,
                  const std::string& cmd) {
-  const auto check_positions = [&](int64_t n, int64_t more, const std::string& c) {
-    if (model.traits.pos == PosKind::kLearned || n + more > INT32_MAX)
-      cli::check_positions(model, n, more, c);
+  const auto check = [&](int64_t n, int64_t more) {
+    if (model.traits.pos == PosKind::kLearned || n + more > INT32_MAX) check_positions(model, n, more, cmd);
+    require_host_memory_or_input_error(generation_host_estimate(model.hp, n, more, 1, n, false), cmd);
   };
-  for (int n : contexts) {
-    check_positions(n, int64_t(steps) + 3, cmd);
-    require_host_memory_or_input_error(generation_host_estimate(model.hp, n, int64_t(steps) + 3, 1, n, false),
-                                       cmd);
-  }
-  if (prefill > 0) {
-    check_positions(prefill, 0, cmd);
-    require_host_memory_or_input_error(generation_host_estimate(model.hp, prefill, 0, 1, prefill, false),
-                                       cmd);
-  }
+  for (int n : contexts) check(n, int64_t(steps) + 3);
+  if (prefill > 0) check(prefill, 0);
 }
 
 // Decode of `steps` timed steps at context n (one warm-up step first) through the Runner's loop,

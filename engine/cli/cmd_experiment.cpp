@@ -7,10 +7,10 @@
 #include "engine/backend/backend.h"
 #include "engine/cli/cli.h"
 #include "engine/core/error.h"
-#include "engine/decoder/host_estimate.h"
 #include "engine/formats/formats.h"
 #include "experiments/runner/recorder.h"
 #include "experiments/runner/report.h"
+#include "experiments/runner/runner.h"
 #include "experiments/runner/spec.h"
 #include "experiments/runner/sweep.h"
 
@@ -52,11 +52,7 @@ void print_largest_point(ExperimentSpec spec, const std::vector<Point>& points) 
       lo.phantom_weights = true;
       it = shapes.emplace(p.model, load_model(p.model, lo).hp).first;
     }
-    const bool needle = p.needle_tokens > 0;
-    const HostEstimate e =
-        needle ? generation_host_estimate(it->second, p.needle_tokens, 64, 1, p.needle_tokens, false)
-               : generation_host_estimate(it->second, p.prompt_tokens, p.decode_tokens, p.batch,
-                                          std::max<int64_t>(1, int64_t(p.prompt_tokens) * p.batch), dry);
+    const HostEstimate e = point_host_estimate(it->second, p, dry);
     if (!at || e.bytes > largest.bytes) largest = e, at = &p;
   }
   if (!at) return;

@@ -38,6 +38,11 @@ int open_regular(const std::string& path, struct stat* st) {
 
 }  // namespace
 
+bool file_present(const std::string& path) {
+  struct stat st {};
+  return ::lstat(path.c_str(), &st) == 0;
+}
+
 std::string read_regular_file(const std::string& path, int64_t max_bytes) {
   struct stat st {};
   const int fd = open_regular(path, &st);

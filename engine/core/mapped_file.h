@@ -13,6 +13,9 @@ namespace hg {
 // a FIFO, a device, a directory or a link loop is an InputError naming the path and what it is,
 // never an open that blocks or a read without end. Model, tokenizer, dataset and result files are
 // read through it (MappedFile checks the same).
+// Whether anything is at `path`, links not followed (a dangling link or a loop is something: reading
+// it then says what is wrong). Never throws.
+bool file_present(const std::string& path);
 inline constexpr int64_t kMaxReadFileBytes = int64_t(1) << 30;
 std::string read_regular_file(const std::string& path, int64_t max_bytes = kMaxReadFileBytes);
 

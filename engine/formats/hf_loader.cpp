@@ -21,7 +21,7 @@ namespace {
 bool hf_probe(const std::string& path) {
   std::error_code ec;
   // config.json of any type (a link loop, a directory): the loader then says what is wrong with it.
-  return fs::is_directory(path, ec) && fs::exists(fs::symlink_status(fs::path(path) / "config.json", ec));
+  return fs::is_directory(path, ec) && file_present((fs::path(path) / "config.json").string());
 }
 
 // A config.json or index is kilobytes; a tokenizer.json of a 256K vocabulary is tens of megabytes.

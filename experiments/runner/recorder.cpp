@@ -74,7 +74,7 @@ constexpr int64_t kMaxConfigBytes = int64_t(16) << 20, kMaxRowsBytes = int64_t(1
 // The first line of DIR/shard.txt ("" when there is none).
 std::string shard_of(const std::string& dir) {
   const std::string p = dir + "/shard.txt";
-  if (!fs::exists(fs::symlink_status(p))) return "";
+  if (!file_present(p)) return "";
   const std::string s = read_regular_file(p, 4096);
   return s.substr(0, s.find('\n'));
 }
@@ -458,8 +458,7 @@ void ResultDir::append(const Json& row) {
 
 std::vector<ResultRow> read_rows(const std::string& dir, bool* torn) {
   std::vector<ResultRow> rows;
-  if (!fs::exists(fs::symlink_status(dir + "/" + kRows)))
-    input_error("{}: no {} (not a result directory)", dir, kRows);
+  if (!file_present(dir + "/" + kRows)) input_error("{}: no {} (not a result directory)", dir, kRows);
   const std::string all = read_regular_file(dir + "/" + kRows, kMaxRowsBytes);
   if (torn) *torn = !all.empty() && all.back() != '\n';
   size_t pos = 0, line_no = 0;
@@ -846,8 +845,7 @@ MergeReport merge_results(const std::vector<std::string>& dirs, const std::strin
   YAML::Node first_cfg;
   for (auto& d : dirs) {
     if (opts.shards > 0 && !fs::exists(d + "/config.yaml")) continue;  // a shard that has not run
-    if (!fs::exists(fs::symlink_status(d + "/config.yaml")))
-      input_error("{}: no config.yaml (not a result directory)", d);
+    if (!file_present(d + "/config.yaml")) input_error("{}: no config.yaml (not a result directory)", d);
     const YAML::Node y = load_config(d + "/config.yaml");
     const std::string name = y["name"] ? y["name"].as<std::string>() : "";
     if (experiment.empty()) {

@@ -124,6 +124,17 @@ Measurement measure_generation(Runtime* rt, const Model& model, Backend& backend
   return m;
 }
 
+int64_t prefill_rows_of(const Point& p) {
+  return std::min<int64_t>(INT32_MAX, std::max<int64_t>(1, int64_t(p.prompt_tokens) * p.batch));
+}
+
+HostEstimate point_host_estimate(const HParams& hp, const Point& p, bool dry) {
+  // A needle answer is at most 40 tokens; 64 counted.
+  if (p.needle_tokens > 0)
+    return generation_host_estimate(hp, p.needle_tokens, 64, 1, p.needle_tokens, false);
+  return generation_host_estimate(hp, p.prompt_tokens, p.decode_tokens, p.batch, prefill_rows_of(p), dry);
+}
+
 int64_t share_kv_bytes(const Model& model, const Point& p) {
   const auto& hp = model.hp;
   const double whole = 2.0 * 2.0 * double(hp.n_layers) * double(hp.n_kv_heads) * double(hp.head_dim) *
@@ -599,9 +610,8 @@ Json Runner::run_needle_once(const Point& p, const StrategyEntry& entry, int rep
   const Model& model = model_for(p.model);
   const Tokenizer& tok = *model.tokenizer;
   const int n = p.limit > 0 ? p.limit : kNeedleItemsDefault;
-  // Before the haystacks are built (an answer is at most 40 tokens; 64 counted).
-  require_host_memory(generation_host_estimate(model.hp, p.needle_tokens, 64, 1, p.needle_tokens, false),
-                      "this point");
+  require_host_memory(point_host_estimate(model.hp, p, false),
+                      "this point");  // before the haystacks are built
   std::vector<NeedleItem> items;
   std::vector<std::vector<int32_t>> prompts;
   for (int i = 0; i < n; ++i) {
@@ -763,11 +773,7 @@ Json Runner::run_once(const Point& p, const StrategyEntry& entry, int repeat, bo
   const Model& model = model_for(p.model);
   // Before anything the point's size decides is allocated: too large for this machine is an
   // out_of_memory row, not the kernel's OOM killer.
-  const int64_t prefill_rows =
-      std::min<int64_t>(INT32_MAX, std::max<int64_t>(1, int64_t(p.prompt_tokens) * p.batch));
-  require_host_memory(
-      generation_host_estimate(model.hp, p.prompt_tokens, p.decode_tokens, p.batch, prefill_rows, dry),
-      "this point");
+  require_host_memory(point_host_estimate(model.hp, p, dry), "this point");
   // Every strategy's KV on the accelerator, by construction.
   // (An entry's own share replaces the point's: the "it fits" regime beside the others.)
   if (entry.gpu_kv_share > 0) {
@@ -796,7 +802,7 @@ Json Runner::run_once(const Point& p, const StrategyEntry& entry, int repeat, bo
   // The whole prompt in one forward, each layer over all of its rows (as FlexGen and Hugging Face
   // prefill): every strategy writes each prompt token's KV once and no offloading strategy reads
   // earlier chunks' KV back over the link.
-  go.max_rows = int(prefill_rows);
+  go.max_rows = int(prefill_rows_of(p));
   if (!dry && !rt.accel_backend().host_memory()) warm_device(rt, model);
   const Measurement m = measure_generation(&rt, model, rt.accel_backend(), *kv, prompts, go);
   if (!record) return {};

@@ -6,21 +6,21 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <nlohmann/json.hpp>
 #include <optional>
 #include <random>
 #include <string>
 #include <vector>
 
-#include <nlohmann/json.hpp>
-
+#include "datasets/score.h"
 #include "datasets/tasks.h"
 #include "engine/core/model.h"
 #include "engine/decoder/generate.h"
+#include "engine/decoder/host_estimate.h"
 #include "engine/runtime/clock.h"
 #include "engine/runtime/event_log.h"
 #include "engine/runtime/runtime.h"
 #include "engine/runtime/transfer.h"
-#include "datasets/score.h"
 #include "experiments/runner/spec.h"
 
 namespace hg {
@@ -103,6 +103,10 @@ Figures figures(const Measurement& m, const PlatformProfile* profile);
 // The accelerator KV budget gpu_kv_share gives at point p: that share of the point's whole KV
 // (2 × layers × KV heads × head dim × batch × (prompt + decode) tokens, 2 bytes each).
 int64_t share_kv_bytes(const Model& model, const Point& p);
+// Rows of the prompt's one prefill forward (prompt × batch, within int32), and the host memory the
+// point needs (a needle point: its haystack and answer), estimated before anything is allocated.
+int64_t prefill_rows_of(const Point& p);
+HostEstimate point_host_estimate(const HParams& hp, const Point& p, bool dry);
 // A file's identity for provenance: absolute path, size and a fingerprint of its size, first and
 // last MiB ({path, exists: false} when it is missing).
 nlohmann::ordered_json file_fingerprint(const std::string& path);

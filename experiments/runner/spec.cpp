@@ -686,8 +686,6 @@ ExperimentSpec load_experiment(const std::string& file, const std::vector<std::s
   std::error_code ec;
   if (std::filesystem::exists(file, ec) && !std::filesystem::is_regular_file(file, ec))
     input_error("{}: not a regular file (an experiment YAML file was expected)", file);
-  if (std::filesystem::file_size(file, ec) > kMaxYamlBytes && !ec)
-    input_error("{}: larger than {} MiB; not an experiment file", file, kMaxYamlBytes >> 20);
   return parse_experiment(read_regular_file(file, kMaxYamlBytes), file, sets);
 }
 
