@@ -231,8 +231,8 @@ for p in glob.glob(os.path.join(root, "experiments", "*.yaml")) + glob.glob(os.p
 
 # Output paths and values a generated script or a directory check must refuse or quote.
 base = b'name: p\nmodels: ["synthetic:tiny-llama"]\nstrategies: [full]\n'
-for i, out in enumerate([b"out/nope/../R", b"R/.", b'"o\\ntouch PWNED\\n#"', b"5", b"true", b"/", b'"a\x01b"', b'"\xc0\xaf"']):
-    put("experiment", "output-%d.yaml" % i, base + b"output: " + out + b"\n")
+for i, value in enumerate([b"out/nope/../R", b"R/.", b'"o\\ntouch PWNED\\n#"', b"5", b"true", b"/", b'"a\x01b"', b'"\xc0\xaf"']):
+    put("experiment", "output-%d.yaml" % i, base + b"output: " + value + b"\n")
 put("experiment", "two-documents.yaml", base + b"---\nname: q\n")
 
 # Datasets (first byte: 0 PIQA jsonl NUL labels, 1 OpenBookQA, 2 COPA, 3 RTE TSV): 20 items each.
