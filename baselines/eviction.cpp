@@ -161,6 +161,14 @@ Event EvictingStrategy::load_retained(int layer, std::map<int32_t, std::vector<i
           const char* K = static_cast<const char*>(store_.k_raw(layer, seq));
           const char* V = static_cast<const char*>(store_.v_raw(layer, seq));
           char* dst = staged_[par].at(seq).as<char>();
+          // Heads holding the same count (a per-head budget, once the prompt is pruned): one
+          // strided copy each for K and V; else one per head.
+          if (std::all_of(n.begin(), n.end(), [&](int32_t c) { return c == n[0]; })) {
+            const size_t len = size_t(kv_.bytes(int64_t(n[0]) * D)), pitch = size_t(stride);
+            be_.upload_2d(dst, pitch, K, pitch, len, size_t(Hkv));
+            be_.upload_2d(dst + Hkv * stride, pitch, V, pitch, len, size_t(Hkv));
+            continue;
+          }
           for (int g = 0; g < Hkv; ++g) {
             const size_t len = size_t(kv_.bytes(int64_t(n[size_t(g)]) * D));
             be_.upload(dst + g * stride, K + g * stride, len);

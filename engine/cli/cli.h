@@ -6,6 +6,7 @@
 #include <string>
 #include <vector>
 
+#include "engine/backend/metered_backend.h"
 #include "engine/decoder/host_estimate.h"
 #include "engine/formats/formats.h"
 #include "engine/runtime/clock.h"
@@ -42,6 +43,8 @@ std::map<std::string, std::map<std::string, std::string>> strategy_sets(const st
                                                                         const std::vector<std::string>& strategies);
 // --clock measured | modeled:<platform> → the platform profile for modeled, none for measured.
 std::optional<PlatformProfile> clock_profile(const std::string& clock, const std::string& cmd);
+// --device-costs: "off", or a platform whose measured fixed costs the emulated accelerator spends.
+DeviceCosts device_costs_option(const std::string& v, const std::string& cmd, const std::string& device);
 // "128,4096" → positive integers.
 std::vector<int> int_list(const std::string& s, const std::string& what, const std::string& cmd);
 // A thread count from the command line: 1 to 4 × this machine's hardware threads, else an InputError

@@ -119,10 +119,12 @@ Measurement decode_at(const Model& model, Backend& be, KvStrategy& kv, int n, in
 
 int bench_strategies(const Model& model, const std::vector<std::string>& names,
                      std::map<std::string, std::map<std::string, std::string>>& sets, const std::vector<int>& contexts,
-                     int steps, const std::string& device, const std::optional<PlatformProfile>& profile) {
+                     int steps, const std::string& device, const std::optional<PlatformProfile>& profile,
+                     const DeviceCosts& costs) {
   const HParams& hp = model.hp;
   RuntimeConfig rc;
   rc.device = device;
+  rc.device_costs = costs;
   if (rc.device == "cpu") input_error("bench: --strategy needs an accelerator device (--device emulated, cuda or auto)");
   Runtime rt(rc);
   Backend& be = rt.accel_backend();
@@ -171,6 +173,19 @@ int bench_strategies(const Model& model, const std::vector<std::string>& names,
       }
       if (prefill)
         fmt::print("    filled by a prefill of {} tokens ({}'s decode depends on the prompt's attention)\n", n, name);
+      if (!m.step_device.empty()) {
+        DeviceCounts sum;
+        for (const auto& c : m.step_device) sum += c;
+        const double k = double(m.step_device.size());
+        fmt::print("    per step: {:.1f} launches, {:.1f} syncs, {:.1f} waits, {:.1f} h2d calls ({:.3f} MB), {:.1f} d2h "
+                   "calls ({:.3f} MB), {:.1f} host policy elements{}\n",
+                   double(sum.launches) / k, double(sum.syncs) / k, double(sum.waits) / k, double(sum.copies_h2d) / k,
+                   double(sum.bytes_h2d) / k / 1e6, double(sum.copies_d2h) / k, double(sum.bytes_d2h) / k / 1e6,
+                   double(sum.host_policy_elems) / k,
+                   costs.any() ? fmt::format(" (fixed costs spent: launch {} µs, copy {} µs, sync {} µs)",
+                                             costs.launch_us, costs.copy_us, costs.sync_us)
+                               : std::string());
+      }
       if (!f.stats_last.empty()) {
         std::string line = "    last step:";
         for (auto& [key, val] : f.stats_last) line += fmt::format(" {}={:g}", key, val);
@@ -190,7 +205,7 @@ int cmd_bench(const std::vector<std::string>& args) {
                    kBenchDoc,
                cmd};
   std::string model_spec, context = "128,4096,16384", thread_list = "1,2", kv_name = "f16", weights, backend_name,
-                          strategy_list, device = "auto", clock = "measured";
+                          strategy_list, device = "auto", clock = "measured", device_costs = "off";
   std::vector<std::string> sets;
   int steps = 16, prefill = 512;
   app.add_option("-m,--model", model_spec, "the model (see `hgbench models`)")->required();
@@ -206,6 +221,9 @@ int cmd_bench(const std::vector<std::string>& args) {
   app.add_option("--device", device, "with --strategy: emulated, cuda or auto")->capture_default_str();
   app.add_option("--set", sets, "with --strategy: parameter P of strategy S, S.P=V (repeatable)");
   app.add_option("--clock", clock, "with --strategy: measured, or modeled:<platform> to replay the steps on a profile");
+  app.add_option("--device-costs", device_costs,
+                 "with --strategy and --device emulated: off (default) or a platform (e.g. h200-measured) whose "
+                 "measured launch, copy-call and synchronisation costs the emulated accelerator spends");
   if (int rc = parse_cli(app, cmd, args); rc >= 0) return rc;
 
   const auto contexts = int_list(context, "--context", cmd);
@@ -229,10 +247,11 @@ int cmd_bench(const std::vector<std::string>& args) {
     const auto profile = clock_profile(clock, cmd);
     Model model = load_model(model_spec, load_options(weights, cmd));
     check_sizes(model, contexts, steps, 0, cmd);
-    return bench_strategies(model, names, per_strategy, contexts, steps, device, profile);
+    const DeviceCosts costs = device_costs_option(device_costs, cmd, device);
+    return bench_strategies(model, names, per_strategy, contexts, steps, device, profile, costs);
   }
-  if (app.count("--device") || app.count("--set") || app.count("--clock"))
-    input_error("bench: --device, --set and --clock go with --strategy (without it: --backend)");
+  if (app.count("--device") || app.count("--set") || app.count("--clock") || app.count("--device-costs"))
+    input_error("bench: --device, --set, --clock and --device-costs go with --strategy (without it: --backend)");
   const auto threads = int_list(thread_list, "--threads", cmd);
   for (int t : threads) check_threads(t, cmd);
   Model model = load_model(model_spec, load_options(weights, cmd));

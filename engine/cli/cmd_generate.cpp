@@ -22,14 +22,15 @@ int cmd_generate(const std::vector<std::string>& args) {
   const std::string cmd = "generate";
   CLI::App app{"Loads a model and generates text; prints each sequence's text, then prefill and decode tokens/s.",
                cmd};
-  std::string model_spec, backend_name, device = "cpu", gpu_memory, clock = "measured", sname = "full", weights;
+  std::string model_spec, backend_name, device = "cpu", gpu_memory, clock = "measured", sname = "full", weights,
+      device_costs = "off";
   std::vector<std::string> texts, sets;
   int n_new = 32, batch = 1, threads = hardware_threads(), prompt_tokens = 0;
   bool greedy = false, ignore_eos = false, show_ids = false, quiet = false, step_stats = false;
   SamplerOptions so;
   app.add_option("-m,--model", model_spec,
                  "GGUF file, Hugging Face directory, llama2.c .bin (?tokenizer=PATH), or "
-                 "synthetic:<preset>[?layers=N&dtype=f16|bf16&seed=S] (see `hgbench models`)")
+                 "synthetic:<preset>[?layers=N&kv_heads=N&dtype=f16|bf16&seed=S] (see `hgbench models`)")
       ->required();
   app.add_option("-p,--prompt", texts, "prompt text (repeat for a batch of different prompts; default: BOS only)");
   auto* pt = app.add_option("--prompt-tokens", prompt_tokens,
@@ -54,6 +55,9 @@ int cmd_generate(const std::vector<std::string>& args) {
   app.add_option("--clock", clock,
                  "measured (default) or modeled:<platform> (experiments/platforms/<platform>.yaml or a path): also "
                  "prints modeled prefill/decode tokens/s from the event log (needs an accelerator device)");
+  app.add_option("--device-costs", device_costs,
+                 "off (default) or a platform (e.g. h200-measured): the emulated accelerator spends its measured "
+                 "launch, copy-call and synchronisation costs as real time");
   app.add_option("--strategy", sname, "KV strategy (default full; see `hgbench strategies`)");
   app.add_option("--set", sets, "set parameter P of strategy S: S.P=V (repeatable), e.g. flexgen.overlap=false");
   app.add_flag("--step-stats", step_stats, "print one line per decode step: the strategy's record (K, mode, bytes, …)");
@@ -79,6 +83,7 @@ int cmd_generate(const std::vector<std::string>& args) {
   const std::optional<PlatformProfile> profile = clock_profile(clock, cmd);
   RuntimeConfig rc;
   rc.device = device;
+  rc.device_costs = device_costs_option(device_costs, cmd, device);
   if (!gpu_memory.empty()) rc.tiers.gpu_memory_bytes = parse_bytes(gpu_memory, "--gpu-memory");
   if (rc.device == "cpu" || app.count("--threads")) rc.accel_threads = threads;
   Runtime rt(rc);
@@ -136,11 +141,15 @@ int cmd_generate(const std::vector<std::string>& args) {
   }
   int step_no = 0;
   TransferTotals seen;
+  DeviceCounts seen_calls = rt.device_counts();
   const Measurement m = measure_generation(&rt, model, *backend, *strategy, prompts, go, 0, [&](int seq, int32_t id) {
     if (step_stats && seq == 0) {
       // The strategy's record plus the bytes this step moved per link (step 0 is the prefill).
       std::string line = fmt::format("step {}:", step_no++);
       for (auto& [k, v] : strategy->step_stats()) line += fmt::format(" {}={:g}", k, v);
+      const DeviceCounts dc = rt.device_counts();
+      if (rt.device() != DeviceKind::kCpu) line += " " + device_counts_line(dc - seen_calls);
+      seen_calls = dc;
       const TransferTotals now = rt.transfers().totals();
       for (auto src : {Tier::kGpu, Tier::kDram, Tier::kFar})
         for (auto dst : {Tier::kGpu, Tier::kDram, Tier::kFar}) {

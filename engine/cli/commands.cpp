@@ -7,6 +7,7 @@
 #include "engine/cli/cli.h"
 #include "engine/core/error.h"
 #include "engine/core/thread_pool.h"
+#include "engine/runtime/runtime.h"
 
 namespace hg::cli {
 
@@ -120,6 +121,13 @@ std::optional<PlatformProfile> clock_profile(const std::string& clock, const std
     return load_platform(clock.substr(8), std::string(HG_SOURCE_DIR) + "/experiments/platforms");
   if (clock != "measured") input_error("{}: --clock '{}' (expected measured or modeled:<platform>)", cmd, clock);
   return std::nullopt;
+}
+
+DeviceCosts device_costs_option(const std::string& v, const std::string& cmd, const std::string& device) {
+  if (v == "off") return {};
+  if (device != "emulated")
+    input_error("{}: --device-costs {} is for --device emulated (a GPU pays its own costs)", cmd, v);
+  return device_costs_of(load_platform(v, std::string(HG_SOURCE_DIR) + "/experiments/platforms"));
 }
 
 void check_threads(int n, const std::string& cmd) {

@@ -111,7 +111,7 @@ int parse_int(const ModelSpec& s, const char* key, int dflt) {
 }
 
 Model synthetic_load(const ModelSpec& spec, const LoadOptions& opts) {
-  check_spec_options(spec, {"layers", "dtype", "seed"});
+  check_spec_options(spec, {"layers", "kv_heads", "dtype", "seed"});
   const SyntheticPreset* preset = nullptr;
   for (auto& p : synthetic_presets())
     if (p.name == spec.path) preset = &p;
@@ -127,6 +127,13 @@ Model synthetic_load(const ModelSpec& spec, const LoadOptions& opts) {
   const int layers = parse_int(spec, "layers", m.hp.n_layers);
   if (layers <= 0) input_error("synthetic:{}: layers must be positive", spec.path);
   m.hp.n_layers = layers;
+  // Grouped-query attention with another KV head count (a divisor of the query heads).
+  const int kv_heads = parse_int(spec, "kv_heads", m.hp.n_kv_heads);
+  if (kv_heads <= 0 || m.hp.n_heads % kv_heads != 0)
+    input_error("synthetic:{}: kv_heads={} must divide the {} query heads", spec.path, kv_heads, m.hp.n_heads);
+  if (kv_heads != m.hp.n_kv_heads && std::string_view(preset->arch) == "opt")
+    input_error("synthetic:{}: kv_heads: OPT has one KV head per query head", spec.path);
+  m.hp.n_kv_heads = kv_heads;
   const uint64_t seed = uint64_t(parse_int(spec, "seed", 1234));
   DType dt = default_weight_dtype(DType::kF32, opts);
   if (spec.options.count("dtype") && !parse_dtype(spec.options.at("dtype"), &dt))
@@ -168,7 +175,7 @@ const std::vector<SyntheticPreset>& synthetic_presets() {
 
 ModelFormat synthetic_format() {
   return {"synthetic",
-          "random weights with a preset's real shapes: synthetic:<preset>[?layers=N&dtype=bf16&seed=S]",
+          "random weights with a preset's real shapes: synthetic:<preset>[?layers=N&kv_heads=N&dtype=bf16&seed=S]",
           synthetic_probe, synthetic_load};
 }
 

@@ -32,6 +32,7 @@ struct AccelSegments {
   int64_t waited_for = -1;
   StageWork extra;  // add_accel_work()
   StageWork base;   // the work the task was submitted with
+  const std::function<void()>* on_wait = nullptr;  // Queue::set_wait_hook()
 };
 thread_local AccelSegments* tl_accel = nullptr;
 }  // namespace
@@ -73,6 +74,7 @@ void Event::wait() const {
     seg->start_s = seg->log->now();
     seg->waited_for = st_->id;
     seg->p0 = seg->progress;
+    if (seg->on_wait && *seg->on_wait) (*seg->on_wait)();
     tl_accel = seg;
   }
   if (st_->error) std::rethrow_exception(st_->error);
@@ -98,7 +100,10 @@ namespace {
 // V rows once they are computed), so they follow it. Stages an accelerator stage submits record
 // the segment and the moment instead (StageRecord::within).
 thread_local int64_t tl_running_stage = -1;
+thread_local int64_t tl_task_step = kNoTaskStep;
 }  // namespace
+
+int64_t running_task_step() { return tl_task_step; }
 
 Event Queue::submit(std::string name, StageWork work, std::vector<Event> deps, std::function<void()> fn) {
   Event ev;
@@ -162,13 +167,16 @@ void Queue::run() {
         segments.id = t.ev.stage_id();
         segments.start_s = rec.start_s;
         segments.base = t.work;
+        segments.on_wait = &wait_hook_;
         tl_accel = &segments;
       }
+      tl_task_step = t.step;
       try {
         t.fn();
       } catch (...) {
         err = std::current_exception();
       }
+      tl_task_step = kNoTaskStep;
       tl_running_stage = -1;
       tl_accel = nullptr;
     }

@@ -11,6 +11,7 @@
 // within a step instead of treating the whole forward pass as one stage that overlaps it.
 #pragma once
 #include <condition_variable>
+#include <cstdint>
 #include <deque>
 #include <exception>
 #include <functional>
@@ -23,6 +24,11 @@
 #include "engine/runtime/event_log.h"
 
 namespace hg {
+
+// The step (EventLog::step() at its submission) of the queue task this thread is running, or
+// kNoTaskStep outside one.
+inline constexpr int64_t kNoTaskStep = INT64_MIN;
+int64_t running_task_step();
 
 class Event {
  public:
@@ -54,6 +60,9 @@ class Queue {
 
   Event submit(std::string name, StageWork work, std::vector<Event> deps, std::function<void()> fn);
   void synchronize();  // waits for everything submitted so far
+  // Called after each wait a task body of this (accelerator) queue makes for another stage (the
+  // runtime counts it and spends the device's hand-off cost). Set before the first submit.
+  void set_wait_hook(std::function<void()> f) { wait_hook_ = std::move(f); }
   const std::string& name() const { return name_; }
   int index() const { return index_; }
   StageKind kind() const { return kind_; }
@@ -77,6 +86,7 @@ class Queue {
     int64_t step = 0;
   };
   void run();
+  std::function<void()> wait_hook_;
   std::string name_;
   StageKind kind_;
   int index_;

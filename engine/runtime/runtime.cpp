@@ -98,7 +98,10 @@ Runtime::Runtime(const RuntimeConfig& cfg) {
       else
         std::memcpy(dst, src, n);
     };
-    before_submit = [be] { be->synchronize(); };
+    before_submit = [this, be] {
+      be->synchronize();
+      counters_.add(&DeviceCounts::syncs, 1), spend_microseconds(costs_.sync_us);
+    };
   }
   mem_ = std::make_unique<MemorySystem>(tiers, std::move(device_memory));
   accel_ = std::make_unique<Queue>("accel", StageKind::kAccelCompute, 0, &log_, accel_threads_);
@@ -109,6 +112,25 @@ Runtime::Runtime(const RuntimeConfig& cfg) {
   xfer_ = std::make_unique<TransferEngine>(*copy_, *copy_out_, std::move(copy_fn), std::move(before_submit));
   if (!accel_be_) accel_be_ = make_cpu_backend();
   cpu_be_ = dry_ ? make_null_backend() : make_cpu_backend();
+  // Every accelerator op, copy and wait counted; fixed costs spent only where nothing else pays them.
+  if (kind_ == DeviceKind::kEmulated && !dry_) costs_ = cfg.device_costs;
+  accel_inner_ = accel_be_.get();
+  accel_be_ = make_metered_backend(std::move(accel_be_), &counters_, costs_);
+  xfer_->set_meter(&counters_, costs_.copy_us);
+  accel_->set_wait_hook([this] { counters_.add(&DeviceCounts::waits, 1), spend_microseconds(costs_.sync_us); });
+  counters_.set_step_fn([this] {
+    const int64_t s = running_task_step();
+    return s != kNoTaskStep ? s : log_.step();
+  });
+}
+
+DeviceCosts device_costs_of(const PlatformProfile& p) {
+  const auto& a = p.achieved;
+  DeviceCosts c;
+  c.launch_us = a.launch_us >= 0 ? a.launch_us : p.launch_us;
+  c.copy_us = a.copy_us >= 0 ? a.copy_us : p.copy_us;
+  c.sync_us = a.stage_us >= 0 ? a.stage_us : p.stage_us;
+  return c;
 }
 
 double Runtime::stage_seconds(StageKind kind, const StageWork& work, double measured_s) const {

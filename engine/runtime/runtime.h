@@ -10,6 +10,7 @@
 #include <string>
 
 #include "engine/backend/backend.h"
+#include "engine/backend/metered_backend.h"
 #include "engine/runtime/clock.h"
 #include "engine/runtime/memory.h"
 #include "engine/runtime/queue.h"
@@ -35,7 +36,15 @@ struct RuntimeConfig {
   // When set, strategies that time their own stages to steer themselves (HybridGen's scheduler)
   // take each stage's modeled time on this profile instead of its wall time. Dry runs need it.
   std::optional<PlatformProfile> stage_clock;
+  // Fixed costs the emulated accelerator spends as real time on every kernel launch, copy call and
+  // synchronisation (device_costs_of(): a profile's measured ones). Ignored by dry runs (their
+  // clock charges the profile's) and by cuda (a GPU pays its own).
+  DeviceCosts device_costs;
 };
+
+// A platform profile's fixed costs as the emulated accelerator's: its achieved (measured) launch,
+// copy-call and stage hand-off costs where it has them, else its `fixed:` ones.
+DeviceCosts device_costs_of(const PlatformProfile& p);
 
 // The emulated accelerator's default thread count: half the machine, at least 1.
 int emulated_accel_threads();
@@ -57,6 +66,8 @@ class Runtime {
   TransferEngine& transfers() { return *xfer_; }
   Backend& accel_backend() { return *accel_be_; }  // the accelerator's math (runs on accel())
   Backend& cpu_backend() { return *cpu_be_; }      // strategy CPU work (runs on cpu())
+  // The backend accel_backend() meters (what RuntimeConfig::device_backend made, for its tests).
+  Backend& unmetered_accel_backend() { return *accel_inner_; }
   int accel_threads() const { return accel_threads_; }
   bool dry() const { return dry_; }
   const PlatformProfile* stage_clock() const { return stage_clock_ ? &*stage_clock_ : nullptr; }
@@ -64,8 +75,18 @@ class Runtime {
   // one, else `measured_s`.
   double stage_seconds(StageKind kind, const StageWork& work, double measured_s) const;
   int cpu_threads() const { return cpu_threads_; }
+  // The accelerator's launches, copy calls, synchronisations and bytes so far (metered_backend.h):
+  // its backend's ops, the transfers into and out of the gpu tier, and its stages' waits.
+  DeviceCounts device_counts() const { return counters_.snapshot(); }
+  // One step's (the event log's step numbers: 0 the prompt, 1… the decode steps), and a fresh start.
+  DeviceCounts device_counts_of_step(int64_t step) const { return counters_.of_step(step); }
+  void reset_device_counts() { counters_.reset(); }
+  // The fixed costs this runtime spends as real time (zero unless emulated with device_costs).
+  const DeviceCosts& device_costs() const { return costs_; }
 
  private:
+  DeviceCounters counters_;
+  DeviceCosts costs_;
   DeviceKind kind_ = DeviceKind::kEmulated;
   std::string description_;
   EventLog log_;
@@ -73,6 +94,7 @@ class Runtime {
   std::unique_ptr<Queue> accel_, copy_, cpu_, copy_out_;
   std::unique_ptr<TransferEngine> xfer_;
   std::unique_ptr<Backend> accel_be_, cpu_be_;
+  Backend* accel_inner_ = nullptr;
   int accel_threads_ = 1, cpu_threads_ = 1;
   bool dry_ = false;
   std::optional<PlatformProfile> stage_clock_;

@@ -34,7 +34,11 @@ void TransferEngine::count(Tier src, Tier dst, int64_t bytes) {
 
 Event TransferEngine::copy(void* dst, Tier dst_tier, const void* src, Tier src_tier, int64_t bytes,
                            std::vector<Event> deps, std::string name) {
-  return run(src_tier, dst_tier, bytes, [=, this] { copy_(dst, src, size_t(bytes), dst_tier, src_tier); },
+  return run(src_tier, dst_tier, bytes,
+             [=, this] {
+               meter(src_tier, dst_tier, 1, bytes);
+               copy_(dst, src, size_t(bytes), dst_tier, src_tier);
+             },
              std::move(deps), std::move(name));
 }
 
@@ -46,6 +50,8 @@ Event TransferEngine::gather_rows(void* dst, Tier dst_tier, const void* src, Tie
   std::vector<int32_t> idx(rows.begin(), rows.end());
   return run_gather(src_tier, dst_tier, row_bytes * n, runs,
                     [=, this, idx = std::move(idx)] {
+                      // The host gather copies each run of rows at once; the device's, each row.
+                      meter(src_tier, dst_tier, host_copy_ ? runs : int64_t(idx.size()), row_bytes * n);
                       if (host_copy_)
                         return cpu::gather_rows(dst, src, row_bytes, src_stride, idx.data(), int64_t(idx.size()));
                       auto* d = static_cast<char*>(dst);
@@ -73,6 +79,18 @@ Event TransferEngine::run_gather(Tier src_tier, Tier dst_tier, int64_t bytes, in
   if (before_submit_) before_submit_();
   Queue& q = src_tier == Tier::kGpu && dst_tier != Tier::kGpu ? q_out_ : q_in_;
   return q.submit(std::move(name), w, std::move(deps), std::move(fn));
+}
+
+void TransferEngine::meter(Tier src, Tier dst, int64_t calls, int64_t bytes) const {
+  if (!meter_ || (src != Tier::kGpu && dst != Tier::kGpu)) return;  // between host tiers
+  if (src == Tier::kGpu && dst == Tier::kGpu) {
+    meter_->add(&DeviceCounts::copies_d2d, calls);
+  } else if (dst == Tier::kGpu) {
+    meter_->add(&DeviceCounts::copies_h2d, calls), meter_->add(&DeviceCounts::bytes_h2d, bytes);
+  } else {
+    meter_->add(&DeviceCounts::copies_d2h, calls), meter_->add(&DeviceCounts::bytes_d2h, bytes);
+  }
+  spend_microseconds(copy_us_ * double(calls));
 }
 
 TransferTotals TransferEngine::totals() const {

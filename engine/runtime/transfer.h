@@ -9,6 +9,7 @@
 #include <mutex>
 #include <span>
 
+#include "engine/backend/metered_backend.h"
 #include "engine/runtime/queue.h"
 
 namespace hg {
@@ -56,6 +57,9 @@ class TransferEngine {
                    std::vector<Event> deps = {}, std::string name = "gather");
   TransferTotals totals() const;
   void reset_totals();
+  // copy() and gather_rows() count their copy calls into `c` (into or out of the gpu tier) and
+  // spend copy_us on each; run() bodies copy through the backend, which counts its own calls.
+  void set_meter(DeviceCounters* c, double copy_us) { meter_ = c, copy_us_ = copy_us; }
 
  private:
   void count(Tier src, Tier dst, int64_t bytes);
@@ -63,6 +67,10 @@ class TransferEngine {
   Queue& q_out_;
   CopyFn copy_;
   std::function<void()> before_submit_;
+  // Counts `calls` device copy calls of `bytes` in all between the tiers, and spends their cost.
+  void meter(Tier src, Tier dst, int64_t calls, int64_t bytes) const;
+  DeviceCounters* meter_ = nullptr;
+  double copy_us_ = 0;
   bool host_copy_ = false;  // the default memcpy: gathers use cpu::gather_rows (rows prefetched)
   mutable std::mutex mu_;
   TransferTotals totals_;

@@ -96,6 +96,7 @@ Measurement measure_generation(Runtime* rt, const Model& model, Backend& backend
     rt->memory().ledger().reset_peaks();
   }
   TransferTotals base;  // totals when the measured decode steps begin
+  if (rt) rt->reset_device_counts();
   GenerateOptions o = opts;
   o.after_step = [&](int64_t step) {
     if (rt && step == 0) m.prefill_xfer = rt->transfers().totals();
@@ -109,6 +110,7 @@ Measurement measure_generation(Runtime* rt, const Model& model, Backend& backend
   if (rt) {
     rt->accel().synchronize();
     rt->copy().synchronize();
+    rt->copy_out().synchronize();
     rt->cpu().synchronize();
     for (auto& r : rt->log().snapshot())
       if (r.step <= 0 || r.step > warmup_steps) m.log.push_back(std::move(r));
@@ -118,10 +120,26 @@ Measurement measure_generation(Runtime* rt, const Model& model, Backend& backend
         m.decode_xfer.bytes[size_t(s)][size_t(d)] = all.bytes[size_t(s)][size_t(d)] - base.bytes[size_t(s)][size_t(d)];
         m.decode_xfer.count[size_t(s)][size_t(d)] = all.count[size_t(s)][size_t(d)] - base.count[size_t(s)][size_t(d)];
       }
+    // Each step's calls, the prefetches it queued included, once every queue is done.
+    m.prefill_device = rt->device_counts_of_step(0);
+    for (int64_t s = warmup_steps + 1; s <= int64_t(m.gen.step_s.size()); ++s)
+      m.step_device.push_back(rt->device_counts_of_step(s));
     for (int t = 0; t < kNumTiers; ++t) m.tiers[size_t(t)] = rt->memory().ledger().usage(Tier(t));
     m.gpu_kv = rt->memory().kv_usage();
   }
   return m;
+}
+
+nlohmann::ordered_json device_counts_json(const DeviceCounts& c, double per) {
+  const auto v = [per](int64_t x) { return per == 1 ? nlohmann::ordered_json(x) : nlohmann::ordered_json(double(x) / per); };
+  return {{"launches", v(c.launches)},     {"copies_h2d", v(c.copies_h2d)}, {"copies_d2h", v(c.copies_d2h)},
+          {"copies_d2d", v(c.copies_d2d)}, {"bytes_h2d", v(c.bytes_h2d)},   {"bytes_d2h", v(c.bytes_d2h)},
+          {"syncs", v(c.syncs)},           {"waits", v(c.waits)},           {"host_policy_elems", v(c.host_policy_elems)}};
+}
+
+std::string device_counts_line(const DeviceCounts& c) {
+  return fmt::format("launches={} syncs={} waits={} h2d={}/{}B d2h={}/{}B d2d={} host_policy={}", c.launches, c.syncs,
+                     c.waits, c.copies_h2d, c.bytes_h2d, c.copies_d2h, c.bytes_d2h, c.copies_d2d, c.host_policy_elems);
 }
 
 int64_t prefill_rows_of(const Point& p) {
@@ -444,6 +462,17 @@ const Model& Runner::model_for(const std::string& spec) {
   return *model_;
 }
 
+DeviceCosts Runner::device_costs() {
+  if (spec_.device_costs == "off") return {};
+  auto it = profiles_.find(spec_.device_costs);
+  if (it == profiles_.end())
+    it = profiles_
+             .emplace(spec_.device_costs,
+                      load_platform(spec_.device_costs, std::string(HG_SOURCE_DIR) + "/experiments/platforms"))
+             .first;
+  return device_costs_of(it->second);
+}
+
 Json Runner::run_eval_once(const Point& p, const StrategyEntry& entry, int repeat) {
   const EvalSpec& ev = spec_.eval;
   auto t_it = tasks_.find(p.task);
@@ -451,6 +480,7 @@ Json Runner::run_eval_once(const Point& p, const StrategyEntry& entry, int repea
   const std::vector<Request> reqs = build_requests(t_it->second, p.shots, p.limit, ev.fewshot_seed, ev.lm_eval);
   RuntimeConfig rc;
   rc.device = spec_.device;
+  rc.device_costs = device_costs();
   Runtime rt(rc);
   const Model& model = model_for(p.model);
   reserve_weights(rt, model);
@@ -623,6 +653,7 @@ Json Runner::run_needle_once(const Point& p, const StrategyEntry& entry, int rep
   }
   RuntimeConfig rc;
   rc.device = spec_.device;
+  rc.device_costs = device_costs();
   // Greedy outputs of `name` (with `params`) on every item, on a fresh runtime.
   auto outputs_of = [&](const std::string& name, const std::map<std::string, std::string>& params, double* seconds,
                         std::map<std::string, double>* stats) {
@@ -761,6 +792,7 @@ Json Runner::run_once(const Point& p, const StrategyEntry& entry, int repeat, bo
   RuntimeConfig rc;
   rc.device = spec_.device;
   rc.dry = dry;
+  rc.device_costs = device_costs();
   constexpr double kGiB = double(int64_t(1) << 30);
   if (dry) {
     rc.stage_clock = prof;
@@ -899,6 +931,15 @@ Json Runner::run_once(const Point& p, const StrategyEntry& entry, int repeat, bo
   tiers["gpu"]["kv_peak_bytes"] = m.gpu_kv.peak;
   tiers["gpu"]["kv_budget_bytes"] = m.gpu_kv.capacity;
   r["tiers"] = tiers;
+  // The accelerator's calls: the prompt's, and the mean of a measured decode step's.
+  DeviceCounts steps;
+  for (const auto& c : m.step_device) steps += c;
+  r["device_calls"] = {{"prefill", device_counts_json(m.prefill_device)},
+                       {"decode_per_step", device_counts_json(steps, double(std::max<size_t>(1, m.step_device.size())))},
+                       {"fixed_costs_us",
+                        {{"launch", rt.device_costs().launch_us},
+                         {"copy", rt.device_costs().copy_us},
+                         {"sync", rt.device_costs().sync_us}}}};
   r["strategy_stats"] = {{"last", f.stats_last}, {"mean", f.stats_mean}};
   if (!f.trajectory.empty()) {
     Json tr = Json::object();

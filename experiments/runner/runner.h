@@ -37,7 +37,16 @@ struct Measurement {
   std::array<TierUsage, kNumTiers> tiers{};
   TierUsage gpu_kv{};  // KV on the gpu tier: the budget (capacity; 0: none), in use, peak
   std::vector<std::map<std::string, double>> step_stats;  // per decode step after the warm-up
+  // The accelerator's launches, copy calls, synchronisations and bytes (metered_backend.h): the
+  // prompt's, and each decode step's after the warm-up.
+  DeviceCounts prefill_device;
+  std::vector<DeviceCounts> step_device;
 };
+
+// A counter set as a row's JSON object; divided by `per` (a mean over steps).
+nlohmann::ordered_json device_counts_json(const DeviceCounts& c, double per = 1);
+// Its one-line form for --step-stats: "launches=… syncs=… h2d=N/B …".
+std::string device_counts_line(const DeviceCounts& c);
 
 // Runs one generation (the prompt, then decode steps) and collects the Measurement; the first
 // `warmup_steps` decode steps run but are left out of it (times, stage log, traffic, records).
@@ -130,6 +139,7 @@ class Runner {
 
  private:
   const Model& model_for(const std::string& spec);
+  DeviceCosts device_costs();  // the spec's device_costs, its profile loaded once
   nlohmann::ordered_json run_once(const Point& p, const StrategyEntry& entry, int repeat, bool record);
   nlohmann::ordered_json run_eval_once(const Point& p, const StrategyEntry& entry, int repeat);
   nlohmann::ordered_json run_needle_once(const Point& p, const StrategyEntry& entry, int repeat);

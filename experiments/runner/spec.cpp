@@ -23,7 +23,7 @@ namespace {
 
 const std::vector<std::string> kTopKeys = {"name",  "description", "models", "strategies", "baseline", "sweep", "device",
                                            "clock", "execute",     "repeats", "warmup",    "seed",     "output",
-                                           "eval",  "limit"};
+                                           "eval",  "limit",       "device_costs"};
 
 // "file:line" of a node, or "file (--set)" for a node an override made (it has no line).
 std::string where(const std::string& file, const YAML::Node& n) {
@@ -188,6 +188,7 @@ ExperimentSpec parse_node(YAML::Node y, const std::string& file) {
   str_key("device", s.device);
   str_key("clock", s.clock);
   str_key("execute", s.execute);
+  str_key("device_costs", s.device_costs);
   str_key("output", s.output);
   // A path is a string: a plain 5, true or ~ is a number, a boolean or null, not a directory name.
   if (y["output"] && y["output"].Tag() == "?") {
@@ -212,6 +213,15 @@ ExperimentSpec parse_node(YAML::Node y, const std::string& file) {
     fail(file, y["clock"], fmt::format("clock '{}' (expected measured, modeled or modeled:<platform>)", s.clock));
   if (s.execute != "real" && s.clock == "measured" && !y["eval"])
     fail(file, y["execute"] ? y["execute"] : y, "execute: dry computes nothing to measure; it needs clock: modeled:<platform>");
+  if (s.device_costs != "off") {
+    if (s.device == "cuda")
+      fail(file, y["device_costs"], "device_costs: is for the emulated device (a GPU pays its own costs)");
+    try {
+      (void)load_platform(s.device_costs, std::string(HG_SOURCE_DIR) + "/experiments/platforms");
+    } catch (const InputError& e) {
+      fail(file, y["device_costs"], fmt::format("device_costs '{}' (expected off or a platform): {}", s.device_costs, e.what()));
+    }
+  }
   if (s.execute == "dry" && s.device == "cuda")
     fail(file, y["device"], "execute: dry runs on the emulated device (it computes nothing); use device: emulated");
 

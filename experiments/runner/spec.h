@@ -53,6 +53,9 @@ struct ExperimentSpec {
   std::string device = "emulated";  // emulated | cuda | auto
   std::string clock = "measured";   // measured | modeled | modeled:<platform>
   std::string execute = "real";     // real | dry | auto (resolve_execute)
+  // off | <platform>: the emulated accelerator of real runs spends that profile's measured launch,
+  // copy-call and synchronisation costs as real time (device_costs_of()).
+  std::string device_costs = "off";
   int repeats = 1;
   int warmup = 0;
   uint64_t seed = 1;

@@ -70,7 +70,7 @@ TEST(DeviceContract, OffloadingStrategiesKeepToDeviceMemory) {
       o.runtime = &rt;
       tokens[device] = generate(m, rt.accel_backend(), *kv, prompts, o).tokens;
       if (device) {
-        const auto v = static_cast<test::ContractBackend&>(rt.accel_backend()).violations();
+        const auto v = static_cast<test::ContractBackend&>(rt.unmetered_accel_backend()).violations();
         EXPECT_TRUE(v.empty()) << what << ": " << v.size()
                                << " violations, first: " << (v.empty() ? "" : v.front());
         if (name != "moe_lightning") {  // MoE-Lightning keeps nothing on the gpu tier
@@ -91,7 +91,7 @@ TEST(DeviceContract, HybridGenGathersSelectedVFromHostMemory) {
   rc.device = "emulated";
   rc.device_backend = [] { return std::make_unique<test::ContractBackend>(); };
   Runtime rt(rc);
-  auto& cb = static_cast<test::ContractBackend&>(rt.accel_backend());
+  auto& cb = static_cast<test::ContractBackend&>(rt.unmetered_accel_backend());
   auto kv = make_strategy("hybridgen", StrategyContext{rt.accel_backend(), &rt, &m},
                           {{"gpu_kv_tokens", "6"}, {"k", "fixed"}, {"k_fixed", "3"}, {"placement", "interleave"},
                            {"page_tokens", "4"}});
@@ -130,7 +130,7 @@ TEST(DeviceContract, InfiniGenProjectsTheBatchsSpeculativeQueriesOnce) {
     o.runtime = &rt;
     const std::vector<int32_t> prompt = {1, 20, 30, 40, 50, 60, 70, 11, 12};
     generate(m, rt.accel_backend(), *kv, std::vector<std::vector<int32_t>>(b == 0 ? 1 : 4, prompt), o);
-    calls[b] = static_cast<test::ContractBackend&>(rt.accel_backend()).calls();
+    calls[b] = static_cast<test::ContractBackend&>(rt.unmetered_accel_backend()).calls();
   }
   ASSERT_GT(calls[0]["rms_norm"], 0);
   EXPECT_EQ(calls[1]["rms_norm"], calls[0]["rms_norm"]);  // per row, batch 4 would add 3 per layer and step
