@@ -22,6 +22,16 @@
 namespace hg {
 namespace {
 
+// Greedy generation of n tokens per sequence on rt, past EOS.
+GenerateOptions greedy_on(Runtime& rt, int n) {
+  GenerateOptions o;
+  o.runtime = &rt;
+  o.n_new = n;
+  o.stop_at_eos = false;
+  o.sampler.greedy = true;
+  return o;
+}
+
 TEST(DeviceCalls, MeteredBackendCountsEachCallAndSpendsItsCost) {
   DeviceCounters c;
   auto be = make_metered_backend(make_cpu_backend(), &c, {});
@@ -113,12 +123,7 @@ TEST(DeviceCalls, MeasurementsCarryThePromptsAndEachStepsCalls) {
   rc.device = "emulated";
   Runtime rt(rc);
   auto kv = make_strategy("full", StrategyContext{rt.accel_backend(), &rt, &m}, {});
-  GenerateOptions o;
-  o.runtime = &rt;
-  o.n_new = 5;
-  o.stop_at_eos = false;
-  o.sampler.greedy = true;
-  const Measurement ms = measure_generation(&rt, m, rt.accel_backend(), *kv, {{1, 20, 30, 40}}, o, 1);
+  const Measurement ms = measure_generation(&rt, m, rt.accel_backend(), *kv, {{1, 20, 30, 40}}, greedy_on(rt, 5), 1);
   EXPECT_GT(ms.prefill_device.launches, 0);
   ASSERT_EQ(ms.step_device.size(), 3u);  // 4 decode steps, the first a warm-up
   for (const auto& s : ms.step_device) EXPECT_EQ(s.launches, ms.step_device[0].launches);
@@ -141,14 +146,9 @@ StepCalls step_calls(const std::string& name, const std::map<std::string, std::s
   rc.device_backend = [] { return std::make_unique<test::ContractBackend>(); };
   Runtime rt(rc);
   auto kv = make_strategy(name, StrategyContext{rt.accel_backend(), &rt, &m}, params);
-  GenerateOptions o;
-  o.runtime = &rt;
-  o.n_new = 6;
-  o.stop_at_eos = false;
-  o.sampler.greedy = true;
   std::vector<int32_t> toks = test::token_stream(prompt, int(m.hp.n_vocab), 7);
   toks[0] = 1;
-  const Measurement ms = measure_generation(&rt, m, rt.accel_backend(), *kv, {toks}, o, 2);
+  const Measurement ms = measure_generation(&rt, m, rt.accel_backend(), *kv, {toks}, greedy_on(rt, 6), 2);
   DeviceCounts sum;
   for (const auto& s : ms.step_device) sum += s;
   const double per = double(ms.step_device.size()) * double(m.hp.n_layers);
