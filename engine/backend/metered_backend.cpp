@@ -147,6 +147,9 @@ class MeteredBackend final : public Backend {
                    int64_t n) override {
     launch(), in_->gather_rows(dst, src, row_bytes, src_stride, idx, n);
   }
+  void copy_rows(void* const* dst, const void* const* src, int64_t row_bytes, int64_t n) override {
+    launch(), in_->copy_rows(dst, src, row_bytes, n);
+  }
   // Host arrays: policy work done on the host.
   void gumbel_noise(uint64_t stream, const int32_t* pos, int64_t n, double* out) override {
     c_.add(&DeviceCounts::host_policy_elems, n), in_->gumbel_noise(stream, pos, n, out);

@@ -80,6 +80,10 @@ void PolicyOps::gather_rows(void* dst, const void* src, int64_t row_bytes, int64
                 size_t(row_bytes));
 }
 
+void PolicyOps::copy_rows(void* const* dst, const void* const* src, int64_t row_bytes, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) std::memcpy(dst[i], src[i], size_t(row_bytes));
+}
+
 void PolicyOps::gumbel_noise(uint64_t stream, const int32_t* pos, int64_t n, double* out) {
   for (int64_t i = 0; i < n; ++i) out[i] = gumbel::draw(stream, pos[i]);
 }

@@ -68,6 +68,10 @@ class PolicyOps {
   // register_host (read by DMA). May run on the copy queue's thread while another thread computes.
   virtual void gather_rows(void* dst, const void* src, int64_t row_bytes, int64_t src_stride, const int32_t* idx,
                            int64_t n);
+  // Row i ← the row at src[i], into the row at dst[i], row_bytes each, i < n: rows from many places
+  // (pages, heads, sequences) in one launch. dst and src are host arrays of pointers; the rows are
+  // this backend's memory, a src row may be host memory from alloc_host or register_host (by DMA).
+  virtual void copy_rows(void* const* dst, const void* const* src, int64_t row_bytes, int64_t n);
   // out[i] = gumbel::draw(stream, pos[i]) for i < n (engine/backend/gumbel.h: Keyformer's noise),
   // the same bits on every backend. Host arrays.
   virtual void gumbel_noise(uint64_t stream, const int32_t* pos, int64_t n, double* out);

@@ -192,6 +192,20 @@ class ContractBackend final : public Backend {
     gathered_ += n * row_bytes;
     if (from_host) gathered_from_host_ += n * row_bytes;
   }
+  void copy_rows(void* const* dst, const void* const* src, int64_t row_bytes, int64_t n) override {
+    host(dst, "copy_rows dst list"), host(src, "copy_rows src list");
+    int64_t from_host = 0;
+    for (int64_t i = 0; i < n; ++i) {
+      dev(dst[i], row_bytes, "copy_rows dst row");
+      if (!owned(src[i], 1) && !within(mapped_, src[i], 1))
+        violate("copy_rows src row is neither this backend's memory nor mapped host memory");
+      from_host += owned(src[i], 1) ? 0 : row_bytes;
+    }
+    cpu_->copy_rows(dst, src, row_bytes, n);
+    std::lock_guard<std::mutex> l(mu_);
+    gathered_ += n * row_bytes;
+    gathered_from_host_ += from_host;
+  }
   // Bytes gathered in all, and those read from mapped host memory (DMA from dram or far).
   int64_t gathered_bytes() const {
     std::lock_guard<std::mutex> l(mu_);

@@ -504,6 +504,32 @@ TEST(GatherRows, MatchesRowByRowCopy) {
     }
 }
 
+// copy_rows (rows from many places in one call): the CPU backend's prefetching copy against the
+// reference's row-by-row memcpy, rows from two separate buffers into scattered destinations, row
+// sizes below and above a cache line, fewer rows than the prefetch distance, and n = 0.
+TEST(CopyRows, CpuBackendMatchesRef) {
+  auto cpu = make_cpu_backend(), ref = make_ref_backend();
+  std::mt19937 g(6);
+  for (int64_t row_bytes : {4, 60, 512})
+    for (int64_t n : {0, 1, 5, 300}) {
+      std::vector<char> a(size_t(400 * row_bytes)), b(size_t(400 * row_bytes));
+      for (auto& c : a) c = char(g());
+      for (auto& c : b) c = char(g());
+      std::vector<char> got(size_t(2 * n * row_bytes + 8), 'z'), want(got.size(), 'z');
+      std::vector<const void*> src;
+      std::vector<void*> dg, dw;
+      for (int64_t i = 0; i < n; ++i) {
+        const auto& from = i % 2 ? a : b;
+        src.push_back(from.data() + (g() % 400) * row_bytes);
+        const int64_t at = (n - 1 - i) * 2 * row_bytes;  // reversed, with gaps
+        dg.push_back(got.data() + at), dw.push_back(want.data() + at);
+      }
+      cpu->copy_rows(dg.data(), src.data(), row_bytes, n);
+      ref->copy_rows(dw.data(), src.data(), row_bytes, n);
+      EXPECT_EQ(got, want) << "row_bytes " << row_bytes << " n " << n;
+    }
+}
+
 // The backend calls strategies' policies use (max, exp-shift-sum, gather of rows, Keyformer's noise,
 // the logit top-K): the CPU backend's SIMD kernels against the ref backend's scalar loops.
 TEST(PolicyOps, CpuBackendMatchesRef) {

@@ -351,6 +351,26 @@ TEST(CudaBackend, PolicyOpsAndAttentionTapsMatchCpu) {
   std::vector<float> want(idx.size() * 3);
   cpu->gather_rows(want.data(), rows.data(), 12, 20, idx.data(), int64_t(idx.size()));
   EXPECT_EQ(dg.host(), want);
+  // copy_rows: rows of two device buffers into scattered rows of a third, against the CPU's.
+  {
+    Dev<float> dc(idx.size() * 6);
+    std::vector<float> wc(idx.size() * 6, 0.0f);
+    Dev<float> zero(wc);
+    std::vector<void*> dd, hd;
+    std::vector<const void*> ds, hs;
+    for (size_t i = 0; i < idx.size(); ++i) {
+      const size_t at = (idx.size() - 1 - i) * 6;
+      dd.push_back(dc.p + at), hd.push_back(wc.data() + at);
+      const float* base = i % 2 ? drows.p : dg.p;
+      const float* hbase = i % 2 ? rows.data() : want.data();
+      const size_t off = i % 2 ? size_t(idx[i]) * 5 : i * 3;
+      ds.push_back(base + off), hs.push_back(hbase + off);
+    }
+    cuda->copy(dc.p, zero.p, wc.size() * 4);
+    cuda->copy_rows(dd.data(), ds.data(), 12, int64_t(dd.size()));
+    cpu->copy_rows(hd.data(), hs.data(), 12, int64_t(hd.size()));
+    EXPECT_EQ(dc.host(), wc);
+  }
   for (auto [H, Hkv, D, n] : {std::tuple{8, 2, 128, 300}, std::tuple{4, 4, 64, 33}}) {
     const int64_t ld = n + 5;  // rows of the cache and of the taps wider than the keys attended
     auto q = test::random_vec(size_t(2 * H * D), 94);

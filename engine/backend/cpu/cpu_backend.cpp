@@ -375,6 +375,9 @@ class CpuBackend final : public Backend {
                    int64_t n) override {
     cpu::gather_rows(dst, src, row_bytes, src_stride, idx, n);
   }
+  void copy_rows(void* const* dst, const void* const* src, int64_t row_bytes, int64_t n) override {
+    cpu::copy_rows(dst, src, row_bytes, n);
+  }
   void gumbel_noise(uint64_t stream, const int32_t* pos, int64_t n, double* out) override {
     cpu::gumbel_noise(stream, pos, n, out);
   }

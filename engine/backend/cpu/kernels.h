@@ -70,6 +70,8 @@ void gather_rows(void* dst, const void* src, int64_t row_bytes, int64_t src_stri
 // Σ of the selected rows (row_floats floats at src + idx[i] · src_stride floats, i < n), read with
 // gather_rows' prefetch: the read-only random-row pass that gathers are compared against.
 float sum_rows(const float* src, int64_t row_floats, int64_t src_stride, const int32_t* idx, int64_t n);
+// Row i from src[i] to dst[i] (row_bytes each, host pointers), sources prefetched ahead.
+void copy_rows(void* const* dst, const void* const* src, int64_t row_bytes, int64_t n);
 // out[h] = Σ_t p[h, t] · V[t] over all n rows (V of type vt).
 void group_weighted_v(const float* p, int G, const void* V, DType vt, int64_t n, int D, float* out);
 // y[i] = x[i] as F32, i < n (x of type xt).

@@ -118,6 +118,9 @@ class CudaBackend final : public Backend {
                    int64_t n) override {
     cuda::gather_rows_host_idx(dst, src, row_bytes, src_stride, idx, n);
   }
+  void copy_rows(void* const* dst, const void* const* src, int64_t row_bytes, int64_t n) override {
+    cuda::copy_rows_host_ptrs(dst, src, row_bytes, n);
+  }
   void group_weighted_v(const float* p, int G, const void* V, int64_t n, int D, float* out, DType vt) override {
     cuda::weighted_v_sum(p, V, vt, n, n, G, 1, D, out);
   }

@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <stdexcept>
 #include <string>
+#include <vector>
 #include <type_traits>
 
 #include "engine/backend/cuda/cuda_kernels.h"
@@ -78,9 +79,9 @@ struct Ctx {
   // Grow-only device scratch buffers of this thread's kernels: 0 weighted_v_sum's partial sums,
   // 1 merged_attention's logits, 2 its second output, 3 and 4 decode_attention's partial outputs
   // and their (max, sum) pairs, 5 attention_rows' row descriptors, 6 gather_rows_host_idx's
-  // indices, 7 max_value's and exp_shift_sum's result.
-  float* buf[8] = {};
-  size_t buf_floats[8] = {};
+  // indices, 7 max_value's and exp_shift_sum's result, 8 copy_rows_host_ptrs' pointer lists.
+  float* buf[9] = {};
+  size_t buf_floats[9] = {};
   Ctx() {
     HG_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
     HG_CUBLAS_CHECK(cublas().create(&blas));
@@ -625,6 +626,15 @@ __global__ void gather_rows_k(char* dst, const char* src, int64_t row_bytes, int
   for (int64_t i = threadIdx.x; i < row_bytes; i += blockDim.x) d[i] = s[i];
 }
 
+// One block per row: row i from ptrs[n + i] to ptrs[i].
+__global__ void copy_rows_k(char* const* ptrs, int64_t row_bytes, int64_t n) {
+  const int64_t row = blockIdx.x;
+  if (row >= n) return;
+  const char* s = ptrs[n + row];
+  char* d = ptrs[row];
+  for (int64_t i = threadIdx.x; i < row_bytes; i += blockDim.x) d[i] = s[i];
+}
+
 // dst[g·head_stride + pos[i]·D + d] = src[(i·H_kv + g)·D + d]: new K or V rows into the cache.
 template <typename T>
 __global__ void kv_write_k(const float* src, int64_t n, int H_kv, int D, const int32_t* pos, T* dst,
@@ -983,6 +993,18 @@ void gather_rows_host_idx(void* dst, const void* src, int64_t row_bytes, int64_t
   auto* d = reinterpret_cast<int32_t*>(ctx().scratch(6, size_t(n)));
   h2d(d, idx, size_t(n) * 4);
   gather_rows(dst, src, row_bytes, src_stride, d, n);
+}
+
+void copy_rows_host_ptrs(void* const* dst, const void* const* src, int64_t row_bytes, int64_t n) {
+  if (n == 0) return;
+  // Both pointer lists in one upload (scratch 8: floats, two per pointer).
+  std::vector<const void*> ptrs(size_t(2 * n));
+  std::copy(dst, dst + n, ptrs.begin());
+  std::copy(src, src + n, ptrs.begin() + n);
+  auto* d = reinterpret_cast<char* const*>(ctx().scratch(8, size_t(4 * n)));
+  h2d(const_cast<char**>(d), ptrs.data(), ptrs.size() * sizeof(void*));
+  copy_rows_k<<<unsigned(n), 128, 0, ctx().stream>>>(d, row_bytes, n);
+  HG_CUDA_LAUNCHED();
 }
 
 }  // namespace hg::cuda

@@ -105,6 +105,9 @@ void d2h_2d(void* dst, size_t dpitch, const void* src, size_t spitch, size_t wid
 void gather_rows(void* dst, const void* src, int64_t row_bytes, int64_t src_stride, const int32_t* idx, int64_t n);
 // The same with idx a host array (copied to this thread's scratch first). src may be pinned host
 // memory (mapped into the device's address space with unified addressing).
+// Row i from src[i] to dst[i] (row_bytes each); dst and src are host arrays of device (or mapped
+// host) pointers, uploaded together through a scratch buffer.
+void copy_rows_host_ptrs(void* const* dst, const void* const* src, int64_t row_bytes, int64_t n);
 void gather_rows_host_idx(void* dst, const void* src, int64_t row_bytes, int64_t src_stride, const int32_t* idx,
                           int64_t n);
 

@@ -34,6 +34,7 @@ class NullBackend final : public Backend {
   float max_value(const float*, int64_t) override { return 0; }
   float exp_shift_sum(float*, int64_t n, float) override { return float(n); }
   void gather_rows(void*, const void*, int64_t, int64_t, const int32_t*, int64_t) override {}
+  void copy_rows(void* const*, const void* const*, int64_t, int64_t) override {}
   void write_kv(const float*, int64_t, int, int, const int32_t*, void*, int64_t, DType) override {}
   void upload(void*, const void*, size_t) override {}
   void download(void*, const void*, size_t) override {}
