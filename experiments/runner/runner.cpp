@@ -291,20 +291,44 @@ std::string utc_now() {
 
 // A file's identity for provenance: its absolute path, size and an FNV-1a 64 fingerprint of its
 // size, first and last MiB (cheap for multi-GB weights; it tells files apart, it is no checksum).
+// A directory (a Hugging Face model) folds in each regular file it holds, by name, in name order;
+// its size is theirs together.
 Json file_fingerprint(const std::string& path) {
   namespace fs = std::filesystem;
   std::error_code ec;
   const fs::path abs = fs::absolute(path, ec);
-  const auto size = fs::file_size(abs, ec);
-  if (ec) return {{"path", abs.string()}, {"exists", false}};
-  std::ifstream in(abs, std::ios::binary);
-  constexpr size_t kMiB = size_t(1) << 20;
-  std::string head(std::min<size_t>(kMiB, size), '\0'), tail(std::min<size_t>(kMiB, size), '\0');
-  in.read(head.data(), std::streamsize(head.size()));
-  in.seekg(std::streamoff(size - tail.size()));
-  in.read(tail.data(), std::streamsize(tail.size()));
   uint64_t h = 0xcbf29ce484222325ull;
-  for (unsigned char c : std::to_string(size) + head + tail) h = (h ^ c) * 0x100000001b3ull;
+  const auto fold = [&h](const std::string& bytes) {
+    for (unsigned char c : bytes) h = (h ^ c) * 0x100000001b3ull;
+  };
+  const auto fold_file = [&](const fs::path& f, uintmax_t size) {
+    std::ifstream in(f, std::ios::binary);
+    constexpr size_t kMiB = size_t(1) << 20;
+    std::string head(std::min<size_t>(kMiB, size), '\0'), tail(std::min<size_t>(kMiB, size), '\0');
+    in.read(head.data(), std::streamsize(head.size()));
+    in.seekg(std::streamoff(size - tail.size()));
+    in.read(tail.data(), std::streamsize(tail.size()));
+    fold(std::to_string(size) + head + tail);
+  };
+  uintmax_t size = 0;
+  if (fs::is_directory(abs, ec)) {
+    std::vector<fs::path> files;
+    for (const auto& e : fs::directory_iterator(abs, ec))
+      if (e.is_regular_file(ec)) files.push_back(e.path());
+    std::sort(files.begin(), files.end());
+    for (const auto& f : files) {
+      const auto n = fs::file_size(f, ec);
+      if (ec) continue;
+      fold(f.filename().string() + '\0');
+      fold_file(f, n);
+      size += n;
+    }
+    if (files.empty()) return {{"path", abs.string()}, {"exists", false}};
+  } else {
+    size = fs::file_size(abs, ec);
+    if (ec) return {{"path", abs.string()}, {"exists", false}};
+    fold_file(abs, size);
+  }
   return {{"path", abs.string()}, {"bytes", size}, {"fnv1a64_size_head_tail", fmt::format("{:016x}", h)}};
 }
 

@@ -493,6 +493,31 @@ TEST(ExperimentRun, ResumeAndMergeRefuseChangedInputs) {
   fs::remove_all(d);
 }
 
+// A model directory (Hugging Face: config.json, weights, tokenizer) is fingerprinted by the files it
+// holds: one byte changed in any of them, or a file renamed, changes it; a file stays as before.
+TEST(ExperimentRun, ModelDirectoriesAreFingerprintedByTheirFiles) {
+  const std::string d = tmp_dir("fpdir");
+  fs::create_directories(d + "/m");
+  write_file(d + "/m", "config.json", "{\"a\": 1}");
+  write_file(d + "/m", "model.safetensors", std::string(3 << 20, 'x'));
+  const auto id = [&] { return file_fingerprint(d + "/m").value("fnv1a64_size_head_tail", std::string("none")); };
+  const std::string first = id();
+  EXPECT_NE(first, "none");
+  EXPECT_EQ(file_fingerprint(d + "/m")["bytes"].get<int64_t>(), int64_t(3 << 20) + 8);
+  {
+    std::fstream f(d + "/m/model.safetensors", std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(-1, std::ios::end);
+    f.put('y');
+  }
+  const std::string second = id();
+  EXPECT_NE(second, first);
+  fs::rename(d + "/m/config.json", d + "/m/config2.json");
+  EXPECT_NE(id(), second);
+  fs::create_directories(d + "/empty");
+  EXPECT_FALSE(file_fingerprint(d + "/empty").value("exists", true));
+  fs::remove_all(d);
+}
+
 // `submit --dry-run` prints the array script (one task per shard, each into its own directory,
 // resuming a resubmitted shard) and the merge job's dependency; --only resubmits chosen shards.
 TEST(ExperimentRun, SubmitWritesAnArrayAndAMergeJob) {
