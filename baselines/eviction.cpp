@@ -320,54 +320,68 @@ void EvictingStrategy::attend(int layer, std::span<const TokenRow> rows, const f
       if (rotated_.emplace(r.seq, total).second) total += size_t(Hkv) * size_t(ld) * size_t(D);
     if (krot_.size() < total)
       krot_ = BackendArray<float>(be_, total), vrot_ = BackendArray<float>(be_, total);
+    // Per sequence, every head's rows in rank order in one copy_rows each for K and V (heads
+    // nmax rows apart), one conversion of 16-bit rows to F32 and one rotation at the ranks.
+    const int64_t row = kv_.bytes(D);
+    const bool f32 = kv_.dtype() == DType::kF32;
     std::vector<int32_t> order;
+    rot_stride_.clear();
     for (auto& [seq, off] : rotated_) {
       int32_t nmax = 0;
       for (auto& x : rows)
         if (x.seq == seq)
           nmax = std::max(nmax, x.pos < prompt_len(x.seq) ? x.pos + 1 : store_.count(layer, x.seq, 0));
-      if (ranks_.size() < size_t(nmax)) {
-        ranks_.resize(size_t(nmax));
-        std::iota(ranks_.begin(), ranks_.end(), 0);
-      }
-      for (int g = 0; g < Hkv; ++g) {
-        const int32_t* pos = store_.positions(layer, seq, g);
-        order.resize(size_t(nmax));
-        std::iota(order.begin(), order.end(), 0);
-        if (!rt_.dry())  // a dry run's backend moves nothing, so the order it would move in is not needed
-          std::sort(order.begin(), order.end(), [&](int32_t a2, int32_t b2) { return pos[a2] < pos[b2]; });
-        const int64_t src = kv_.bytes(g * store_.head_stride(seq)), dst = int64_t(off) + int64_t(g) * ld * D;
-        // The rows in rank order, as F32 (16-bit rows gathered, then converted): rope rotates F32.
-        const int64_t row = kv_.bytes(D);
-        const bool f32 = kv_.dtype() == DType::kF32;
-        if (!f32 && rot_stage_.size() < size_t(nmax * row)) rot_stage_ = BackendArray<char>(be_, size_t(nmax * row));
-        const auto [ks, vs] = kv.at(seq);
-        for (auto [from, to] : {std::pair{ks, krot_.data() + dst}, {vs, vrot_.data() + dst}}) {
-          void* gathered = f32 ? static_cast<void*>(to) : rot_stage_.data();
-          be_.gather_rows(gathered, static_cast<const char*>(from) + src, row, row, order.data(), nmax);
-          if (!f32) be_.convert_to_f32(gathered, kv_.dtype(), int64_t(nmax) * D, to);
+      rot_stride_[seq] = nmax;
+      const int64_t n_all = int64_t(Hkv) * nmax;
+      if (ranks_.size() < size_t(n_all)) ranks_.resize(size_t(n_all));
+      for (int64_t i = 0; i < n_all; ++i) ranks_[size_t(i)] = int32_t(i % std::max(nmax, 1));
+      if (!f32 && rot_stage_.size() < size_t(2 * n_all * row))
+        rot_stage_ = BackendArray<char>(be_, size_t(2 * n_all * row));
+      const auto [ks, vs] = kv.at(seq);
+      char* kto = f32 ? reinterpret_cast<char*>(krot_.data() + off) : rot_stage_.data();
+      char* vto = f32 ? reinterpret_cast<char*>(vrot_.data() + off) : rot_stage_.data() + n_all * row;
+      rot_dst_.clear(), rot_src_.clear();
+      for (int kind = 0; kind < 2; ++kind)
+        for (int g = 0; g < Hkv; ++g) {
+          const int32_t* pos = store_.positions(layer, seq, g);
+          order.resize(size_t(nmax));
+          std::iota(order.begin(), order.end(), 0);
+          if (!rt_.dry())  // a dry run's backend moves nothing, so the order it would move in is not needed
+            std::sort(order.begin(), order.end(), [&](int32_t a2, int32_t b2) { return pos[a2] < pos[b2]; });
+          const char* from = static_cast<const char*>(kind == 0 ? ks : vs) + kv_.bytes(g * store_.head_stride(seq));
+          char* to = (kind == 0 ? kto : vto) + int64_t(g) * nmax * row;
+          for (int32_t j = 0; j < nmax; ++j)
+            rot_dst_.push_back(to + int64_t(j) * row), rot_src_.push_back(from + int64_t(order[size_t(j)]) * row);
         }
-        be_.rope(krot_.data() + dst, nmax, 1, D, ranks_.data(), *shape_.rope);
+      be_.copy_rows(rot_dst_.data(), rot_src_.data(), row, int64_t(rot_dst_.size()));
+      if (!f32) {
+        be_.convert_to_f32(kto, kv_.dtype(), n_all * D, krot_.data() + off);
+        be_.convert_to_f32(vto, kv_.dtype(), n_all * D, vrot_.data() + off);
       }
+      if (n_all > 0) be_.rope(krot_.data() + off, n_all, 1, D, ranks_.data(), *shape_.rope);
     }
     const size_t qn = rows.size() * size_t(H) * size_t(D);
     if (qrot_.size() < qn) qrot_ = BackendArray<float>(be_, qn);
     be_.copy(qrot_.data(), q, qn * 4);
     qa = qrot_.data();
   }
+  q_delta_.assign(rows.size(), 0);
+  bool any_delta = false;
   for (size_t i = 0; i < rows.size(); ++i) {
     const TokenRow r = rows[i];
     // Slots are in position order during prefill (nothing evicted yet): row at pos p sees p + 1.
     const int32_t n = r.pos < prompt_len(r.seq) ? r.pos + 1 : store_.count(layer, r.seq, 0);
     AttnRow ar{kv.at(r.seq).first, kv.at(r.seq).second, store_.head_stride(r.seq), n};
     if (rerotate) {
-      const int32_t delta = (n - 1) - r.pos;  // current token's cache position minus its position
-      if (delta != 0) be_.rope(qrot_.data() + i * size_t(H) * size_t(D), 1, H, D, &delta, *shape_.rope);
+      q_delta_[i] = (n - 1) - r.pos;  // current token's cache position minus its position
+      any_delta = any_delta || q_delta_[i] != 0;
       const size_t off = rotated_.at(r.seq);
-      ar = AttnRow{krot_.data() + off, vrot_.data() + off, ld * D, n};
+      ar = AttnRow{krot_.data() + off, vrot_.data() + off, rot_stride_.at(r.seq) * D, n};
     }
     attn_rows_[i] = ar;
   }
+  // Every row's query to its cache position in one rotation (a row at delta 0 is left as it is).
+  if (any_delta) be_.rope(qrot_.data(), int64_t(rows.size()), H, D, q_delta_.data(), *shape_.rope);
   for (size_t b0 = 0; b0 < rows.size(); b0 += block) {
     const size_t nb = std::min(block, rows.size() - b0);
     const size_t qoff = b0 * size_t(H) * size_t(D);

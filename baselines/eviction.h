@@ -145,8 +145,12 @@ class EvictingStrategy : public KvStrategy {
   // Re-rotating policies: each sequence's keys (rotated at their rank) and values in position
   // order, the queries, and the new keys rotated back to position 0; all in the accelerator's memory.
   BackendArray<float> krot_, vrot_, qrot_, kin_;
-  BackendArray<char> rot_stage_;  // one head's 16-bit rows in rank order, before conversion
-  std::vector<int32_t> ranks_;            // 0, 1, 2, …
+  BackendArray<char> rot_stage_;  // a sequence's 16-bit K and V rows in rank order, before conversion
+  std::vector<int32_t> ranks_;    // each row's rank: 0 … nmax − 1 for every head
+  std::vector<void*> rot_dst_;    // copy_rows' lists for the rank-ordered copy
+  std::vector<const void*> rot_src_;
+  std::map<int32_t, int64_t> rot_stride_;  // seq → rows per head of its rotated copy
+  std::vector<int32_t> q_delta_;           // per query row: cache position − position
   std::map<int32_t, size_t> rotated_;     // seq → offset of its rotated K/V copy in this call
   std::string kv_home_;                   // the parameter: auto, dram or gpu
   int gpu_layers_ = 0;  // this run's: layers [0, gpu_layers_) keep their KV on the accelerator
