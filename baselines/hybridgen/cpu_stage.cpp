@@ -268,24 +268,20 @@ std::vector<Event> CpuStage::send_results(int layer, const std::vector<Row>& row
           const auto t = Clock::now();
           // Each head's rows of this tier go to their places in res.v (position order): every
           // row of every head and sequence in one copy_rows launch.
-          thread_local std::vector<void*> dst;
-          thread_local std::vector<const void*> src;
-          dst.clear(), src.clear();
-          const int64_t row = kv_.bytes(D);
+          thread_local PagedKvStore::RowCopies copies;
+          copies.clear();
+          PagedKvStore& store = ring_.offloaded_kv();
           for (const Row& s : rows) {
             const CpuResult& res = *s.res;
             for (int g = 0; g < Hkv; ++g) {
               const auto& sel = res.sel[size_t(g)];
               tier_segments(layer, s.r.seq, sel, tier, [&](int32_t b, int32_t e) {
-                char* to = static_cast<char*>(kv_.at(res.v, (int64_t(g) * res.k + b) * D));
-                for (int32_t i = b; i < e; ++i) {
-                  dst.push_back(to + int64_t(i - b) * row);
-                  src.push_back(ring_.offloaded_kv().value(layer, s.r.seq, g, sel[size_t(i)]));
-                }
+                store.value_rows(layer, s.r.seq, g, sel.data() + b, e - b,
+                                 kv_.at(res.v, (int64_t(g) * res.k + b) * D), copies);
               });
             }
           }
-          be_.copy_rows(dst.data(), src.data(), row, int64_t(dst.size()));
+          copies.run(be_, store.row_bytes());
           be_.synchronize();  // the attention reading res.v runs on another thread's stream
           add_tx(transfer_seconds(tier, bytes, runs, since(t)));
         },

@@ -24,7 +24,7 @@ inline double since(Clock::time_point t) { return std::chrono::duration<double>(
 // What the CPU stage hands the accelerator for one (layer, sequence).
 // Per head, the selected positions are in position order, and so are their logits and V rows:
 // the value sum adds them in the oracle's order whatever tiers their pages lie on. Each tier's rows
-// reach res.v in one gather per run of positions within a page.
+// reach res.v in one copy_rows per layer and tier.
 struct CpuResult {
   int32_t k = 0;                               // tokens selected per KV head
   std::vector<std::vector<int32_t>> sel;       // [H_kv] positions, increasing

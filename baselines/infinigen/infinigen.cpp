@@ -230,13 +230,17 @@ class InfiniGen final : public KvStrategy {
         n_rows += gathered_runs(sel) + store_.value_runs(sel);  // K rows are one block
     }
     auto fetch = [this, gathers, layer, Hkv, D] {
+      // Every row's selected K and V of every head in one copy_rows.
+      thread_local PagedKvStore::RowCopies copies;
+      copies.clear();
       for (const Gather& gt : gathers)
         for (int g = 0; g < Hkv; ++g) {
           const int32_t n = int32_t(gt.sel[size_t(g)].size());
           const int64_t dst = kv_.bytes(int64_t(g) * gt.f->n * D);
-          store_.gather_keys(be_, layer, gt.seq, g, gt.sel[size_t(g)].data(), n, gt.f->k + dst);
-          store_.gather_values(be_, layer, gt.seq, g, gt.sel[size_t(g)].data(), n, gt.f->v + dst);
+          store_.key_rows(layer, gt.seq, g, gt.sel[size_t(g)].data(), n, gt.f->k + dst, copies);
+          store_.value_rows(layer, gt.seq, g, gt.sel[size_t(g)].data(), n, gt.f->v + dst, copies);
         }
+      copies.run(be_, store_.row_bytes());
       be_.synchronize();  // the attention reading them runs on another thread's stream
     };
     const Event done =

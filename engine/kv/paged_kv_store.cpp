@@ -145,48 +145,45 @@ void PagedKvStore::copy_tokens(int layer, int src, int dst, int32_t n) {
     }
 }
 
-void PagedKvStore::gather_keys(Backend& be, int layer, int seq, int g, const int32_t* pos, int32_t n,
-                               char* dst) {
-  const int64_t row = shape_.D * es_;
-  thread_local std::vector<int32_t> rows;  // one run's tier rows; kept: gathers run per head and step
+void PagedKvStore::key_rows(int layer, int seq, int g, const int32_t* pos, int32_t n, char* dst, RowCopies& out) {
+  const int64_t row = row_bytes();
   // Each page's tier and first tier row, looked up once per page the positions enter.
   int32_t page_begin = 0, page_end = 0, base = 0;
-  Tier pt = Tier::kDram;
-  const auto enter = [&](int32_t p) {
-    if (p >= page_begin && p < page_end) return;
-    page_begin = p / page_ * page_, page_end = page_begin + page_;
-    pt = key_tier(layer, seq, page_begin);
-    base = row_of(pt, layer, seq, page_begin);
-  };
-  for (int32_t i = 0; i < n;) {
-    enter(pos[i]);
-    const Tier t = pt;
-    int32_t j = i;
-    rows.clear();
-    for (; j < n; ++j) {
-      enter(pos[j]);
-      if (pt != t) break;
-      rows.push_back(base + (pos[j] - page_begin));
+  const char* from = nullptr;
+  for (int32_t i = 0; i < n; ++i) {
+    if (i == 0 || pos[i] < page_begin || pos[i] >= page_end) {
+      page_begin = pos[i] / page_ * page_, page_end = page_begin + page_;
+      const Tier t = key_tier(layer, seq, page_begin);
+      base = row_of(t, layer, seq, page_begin);
+      from = keys(t, layer, seq, g);
     }
-    be.gather_rows(dst + int64_t(i) * row, keys(t, layer, seq, g), row, row, rows.data(), j - i);
-    i = j;
+    out.dst.push_back(dst + int64_t(i) * row);
+    out.src.push_back(from + int64_t(base + (pos[i] - page_begin)) * row);
   }
+}
+
+void PagedKvStore::value_rows(int layer, int seq, int g, const int32_t* pos, int32_t n, char* dst,
+                              RowCopies& out) {
+  const int64_t row = row_bytes();
+  for (int32_t i = 0; i < n; ++i) {
+    out.dst.push_back(dst + int64_t(i) * row);
+    out.src.push_back(value(layer, seq, g, pos[i]));
+  }
+}
+
+void PagedKvStore::gather_keys(Backend& be, int layer, int seq, int g, const int32_t* pos, int32_t n, char* dst) {
+  thread_local RowCopies rows;  // kept: gathers run per head and step
+  rows.clear();
+  key_rows(layer, seq, g, pos, n, dst, rows);
+  rows.run(be, row_bytes());
 }
 
 void PagedKvStore::gather_values(Backend& be, int layer, int seq, int g, const int32_t* pos, int32_t n,
                                  char* dst) {
-  const int64_t row = shape_.D * es_;
-  thread_local std::vector<int32_t> in_page;  // one run's rows within its page; kept, as gather_keys'
-
-  for (int32_t i = 0; i < n;) {
-    const int32_t page = pos[i] / page_, first = page * page_;
-    int32_t j = i;
-    in_page.clear();
-    for (; j < n && pos[j] >= first && pos[j] < first + page_; ++j) in_page.push_back(pos[j] - first);
-    be.gather_rows(dst + int64_t(i) * row, value(layer, seq, g, page * page_), row, row, in_page.data(),
-                   j - i);
-    i = j;
-  }
+  thread_local RowCopies rows;
+  rows.clear();
+  value_rows(layer, seq, g, pos, n, dst, rows);
+  rows.run(be, row_bytes());
 }
 
 void PagedKvStore::upload_keys(Backend& be, Tier t, int layer, int seq, int32_t n, char* dst,

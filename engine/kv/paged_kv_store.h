@@ -74,10 +74,20 @@ class PagedKvStore {
   // caller moves rows whose tiers differ between the two sequences through the transfer engine.
   void copy_tokens(int layer, int src, int dst, int32_t n);
   // The rows of KV head g at sorted positions pos[0, n) into dst (n rows of D elements), through
-  // be.gather_rows (the backend reads host tiers by DMA on a device): keys one call per run of
-  // one tier, values one per run within a page.
+  // one Backend::copy_rows each (the backend reads host tiers by DMA on a device).
   void gather_keys(Backend& be, int layer, int seq, int g, const int32_t* pos, int32_t n, char* dst);
   void gather_values(Backend& be, int layer, int seq, int g, const int32_t* pos, int32_t n, char* dst);
+  // The same rows as (destination, source) pairs added to `out`, for one Backend::copy_rows over
+  // many heads, sequences and both K and V.
+  struct RowCopies {
+    std::vector<void*> dst;
+    std::vector<const void*> src;
+    void clear() { dst.clear(), src.clear(); }
+    void run(Backend& be, int64_t row_bytes) const { be.copy_rows(dst.data(), src.data(), row_bytes, int64_t(dst.size())); }
+  };
+  void key_rows(int layer, int seq, int g, const int32_t* pos, int32_t n, char* dst, RowCopies& out);
+  void value_rows(int layer, int seq, int g, const int32_t* pos, int32_t n, char* dst, RowCopies& out);
+  int64_t row_bytes() const { return shape_.D * es_; }
   // The gather_rows calls gather_values makes for these positions: runs of consecutive positions
   // within one page (what a transfer's per-row cost counts).
   int64_t value_runs(std::span<const int32_t> pos) const {

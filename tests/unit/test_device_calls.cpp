@@ -160,7 +160,8 @@ StepCalls step_calls(const std::string& name, const std::map<std::string, std::s
 // never grow with the context or the KV head count, and launches and copy calls grow per KV head
 // by exactly the amounts below (0: a constant per layer). A non-zero entry is a CUDA path that
 // works per head today — the eviction strategies' (H2O, Keyformer, StreamingLLM) per-head writes
-// and score launches, InfiniGen's per-head speculation and fetch — and changes to
+// and score launches, InfiniGen's per-head speculation (its skew projection and partial-key
+// logits) — and changes to
 // 0 when that path is batched; H2O and Keyformer also send every step's attention scores, and
 // InfiniGen its speculated scores, to the host for their policy. HybridGen's copies are one
 // transfer per layer and tier and its selected V rows one copy_rows launch; the logits of its ring
@@ -175,7 +176,7 @@ TEST(DeviceCallBudgets, LaunchesCopiesAndSyncsPerDecodeStepAndLayer) {
     const double home_gpu = p.count("kv_home") && p.at("kv_home") == "gpu" ? 2 : 0;
     if (name == "h2o" || name == "keyformer") return {2, home_gpu, true};
     if (name == "streamingllm") return {2, home_gpu};
-    if (name == "infinigen") return {3, 1, true};
+    if (name == "infinigen") return {2, 1, true};
     if (name == "hybridgen") return {1, 0};
     return {};  // full, flexgen, moe_lightning
   };
