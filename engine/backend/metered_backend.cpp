@@ -22,6 +22,11 @@ DeviceCounts& DeviceCounts::operator+=(const DeviceCounts& o) {
 
 void DeviceCounters::add(int64_t DeviceCounts::*field, int64_t n) {
   const int64_t step = step_fn_ ? step_fn_() : -1;
+  if (call_fn_) {
+    if (field == &DeviceCounts::launches) call_fn_(n, 0);
+    else if (field == &DeviceCounts::copies_h2d || field == &DeviceCounts::copies_d2h || field == &DeviceCounts::copies_d2d)
+      call_fn_(0, n);
+  }
   std::lock_guard<std::mutex> l(mu_);
   by_step_[step].*field += n;
 }

@@ -40,12 +40,15 @@ class DeviceCounters {
  public:
   void add(int64_t DeviceCounts::*field, int64_t n);
   void set_step_fn(std::function<int64_t()> f) { step_fn_ = std::move(f); }
+  // Called with each call's launches and copy calls (the runtime charges them to the running stage).
+  void set_call_fn(std::function<void(int64_t launches, int64_t copy_calls)> f) { call_fn_ = std::move(f); }
   DeviceCounts snapshot() const;              // every step's
   DeviceCounts of_step(int64_t step) const;  // one step's
   void reset();
 
  private:
   std::function<int64_t()> step_fn_;
+  std::function<void(int64_t, int64_t)> call_fn_;
   mutable std::mutex mu_;
   std::map<int64_t, DeviceCounts> by_step_;
 };

@@ -102,9 +102,10 @@ GenerateResult generate(const Model& model, Backend& backend, KvStrategy& kv,
   Runtime* rt = opts.runtime && opts.runtime->device() != DeviceKind::kCpu ? opts.runtime : nullptr;
   int64_t step = 0;
   // Runs fn as the step's stage on the accelerator queue when there is one (step 0: the prompt).
-  auto on_accel = [&](const char* name, const StageWork& w, const std::function<void()>& fn) {
+  auto on_accel = [&](const char* name, StageWork w, const std::function<void()>& fn) {
     if (!rt) return fn();
     rt->log().set_step(step);
+    w.launches = 0;  // the runtime's meter adds the launches the forward makes
     rt->accel().submit(name, w, {}, fn).wait();
   };
   auto forward = [&](std::span<const int32_t> t, std::span<const TokenRow> r, std::span<const int32_t> w, float* lg) {

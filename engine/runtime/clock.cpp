@@ -295,8 +295,8 @@ double work_seconds(const StageRecord& r, const PlatformProfile& p) {
 double modeled_stage_seconds(const StageRecord& r, const PlatformProfile& p) {
   const auto& w = r.work;
   double fixed = p.stage_us;
-  if (r.kind == StageKind::kAccelCompute) fixed += p.launch_us * double(w.launches);
-  if (r.kind == StageKind::kTransfer) fixed += p.copy_us;
+  fixed += p.launch_us * double(w.launches);
+  fixed += p.copy_us * double(r.kind == StageKind::kTransfer ? std::max<int64_t>(1, w.copy_calls) : w.copy_calls);
   return work_seconds(r, p) + 1e-6 * fixed;
 }
 

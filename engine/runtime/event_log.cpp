@@ -12,6 +12,7 @@ StageWork& StageWork::operator+=(const StageWork& o) {
   attn_flops += o.attn_flops;
   attn_head_dim = std::max(attn_head_dim, o.attn_head_dim);
   launches += o.launches;
+  copy_calls += o.copy_calls;
   elems += o.elems;
   for (size_t i = 0; i < bytes.size(); ++i) {
     bytes[i] += o.bytes[i];
@@ -26,6 +27,7 @@ StageWork StageWork::scaled(double f) const {
   w.attn_flops = attn_flops * f;
   w.elems = elems * f;
   w.launches = int64_t(std::lround(double(launches) * f));
+  w.copy_calls = int64_t(std::lround(double(copy_calls) * f));
   for (size_t i = 0; i < bytes.size(); ++i) {
     w.bytes[i] = int64_t(double(bytes[i]) * f);
     w.rows[i] = int64_t(double(rows[i]) * f);

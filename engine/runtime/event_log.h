@@ -29,8 +29,10 @@ struct StageWork {
   // Separately addressed rows read per tier (gathers of selected K/V rows), counted on top of their
   // bytes: the modeled clock charges each one the profile's row cost for that tier. 0 for streams.
   std::array<int64_t, kNumTiers> rows{};
-  // Kernel launches an accelerator stage issues (the profile's per-launch cost; 0: not counted).
+  // Kernel launches and device copy calls a stage issues, as the runtime's meter counted them on its
+  // thread (the profile's launch and copy-call costs; a transfer stage pays at least one copy call).
   int64_t launches = 0;
+  int64_t copy_calls = 0;
   // Elementwise policy work of an accelerator stage (eviction scores), in elements of the host
   // backend's exp_shift_sum: charged at the profile's gpu.elem_gops, after the roofline part.
   double elems = 0;

@@ -4,6 +4,7 @@
 #include <omp.h>
 
 #include <algorithm>
+#include <cmath>
 
 namespace hg {
 
@@ -101,7 +102,12 @@ namespace {
 // the segment and the moment instead (StageRecord::within).
 thread_local int64_t tl_running_stage = -1;
 thread_local int64_t tl_task_step = kNoTaskStep;
+thread_local StageWork* tl_task_calls = nullptr;  // where the running stage's device calls go
 }  // namespace
+
+void add_task_calls(int64_t launches, int64_t copy_calls) {
+  if (StageWork* w = tl_task_calls) w->launches += launches, w->copy_calls += copy_calls;
+}
 
 int64_t running_task_step() { return tl_task_step; }
 
@@ -160,6 +166,7 @@ void Queue::run() {
     rec.submit_progress = t.submit_progress;
     rec.start_s = log_->now();
     AccelSegments segments;
+    StageWork calls;  // a non-accelerator stage's device calls
     if (!err) {
       tl_running_stage = kind_ == StageKind::kCpuCompute ? t.ev.stage_id() : -1;
       if (kind_ == StageKind::kAccelCompute) {
@@ -171,11 +178,13 @@ void Queue::run() {
         tl_accel = &segments;
       }
       tl_task_step = t.step;
+      tl_task_calls = kind_ == StageKind::kAccelCompute ? &segments.extra : &calls;
       try {
         t.fn();
       } catch (...) {
         err = std::current_exception();
       }
+      tl_task_calls = nullptr;
       tl_task_step = kNoTaskStep;
       tl_running_stage = -1;
       tl_accel = nullptr;
@@ -188,6 +197,7 @@ void Queue::run() {
     rec.step = t.step;
     rec.work = t.work;
     rec.work += segments.extra;
+    rec.work.launches += calls.launches, rec.work.copy_calls += calls.copy_calls;
     const bool progress = segments.progress >= 0 && !segments.progress_broken;
     if (segments.done.empty()) {
       if (progress) rec.progress0 = 0, rec.progress1 = 1;
@@ -199,6 +209,8 @@ void Queue::run() {
       double busy = 0;
       for (auto& g : segments.done) busy += g.end_s - g.start_s;
       const double n = double(segments.done.size());
+      int64_t launches_given = 0, copies_given = 0;
+      double share = 0;
       for (size_t k = 0; k < segments.done.size(); ++k) {
         const auto& g = segments.done[k];
         const double f = progress ? std::max(0.0, g.p1 - std::max(0.0, g.p0))
@@ -215,6 +227,12 @@ void Queue::run() {
         part.end_s = g.end_s;
         if (progress) part.progress0 = std::max(0.0, g.p0), part.progress1 = g.p1;
         part.work = rec.work.scaled(f);
+        // Counts split by the running share, rounded, so that the segments add up to the task's.
+        share += f;
+        const double upto = k + 1 == segments.done.size() ? 1.0 : std::min(1.0, share);
+        const int64_t l = std::llround(upto * double(rec.work.launches)), c = std::llround(upto * double(rec.work.copy_calls));
+        part.work.launches = l - launches_given, part.work.copy_calls = c - copies_given;
+        launches_given = l, copies_given = c;
         log_->record(std::move(part));
       }
     }

@@ -105,6 +105,9 @@ class Queue {
 // (HybridGen projecting its speculative queries there), so that the modeled clock charges it.
 // No effect on any other thread.
 void add_accel_work(const StageWork& w);
+// Adds device calls (the runtime's meter) to the stage this thread is running, of any queue; none
+// outside a stage.
+void add_task_calls(int64_t launches, int64_t copy_calls);
 // The share (0..1) of its work that the accelerator-compute task the calling thread runs has done,
 // reported by a body that knows it (the decoder: per chunk and layer). Once reported, the task's
 // segments share its work by progress instead of by measured time, and stages its body submits

@@ -11,6 +11,7 @@
 #include "contract_backend.h"
 #include "strategy_test_util.h"
 #include "engine/backend/metered_backend.h"
+#include "engine/decoder/decoder.h"
 #include "engine/decoder/generate.h"
 #include "engine/formats/formats.h"
 #include "engine/runtime/runtime.h"
@@ -130,6 +131,41 @@ TEST(DeviceCalls, MeasurementsCarryThePromptsAndEachStepsCalls) {
   EXPECT_GT(ms.step_device[0].launches, 0);
   const auto j = device_counts_json(ms.step_device[0], 2);
   EXPECT_DOUBLE_EQ(j["launches"].get<double>(), double(ms.step_device[0].launches) / 2);
+}
+
+// The launches and copy calls the modeled clock charges are the ones the meter counted, stage by
+// stage: per decode step, the stage log's sums equal the meter's counts for every strategy, and for
+// `full` they equal the decoder's own count of its ops (forward_launches).
+TEST(DeviceCalls, TheClockChargesTheCallsTheMeterCounted) {
+  Model m = load_model("synthetic:tiny-llama");
+  auto cases = test::offloading_cases("3");
+  cases.insert(cases.begin(), {"full", {}});
+  for (const auto& [name, params] : cases) {
+    const std::string what = test::case_label(name, params);
+    RuntimeConfig rc;
+    rc.device = "emulated";
+    rc.device_backend = [] { return std::make_unique<test::ContractBackend>(); };
+    Runtime rt(rc);
+    auto kv = make_strategy(name, StrategyContext{rt.accel_backend(), &rt, &m}, params);
+    std::vector<int32_t> toks = test::token_stream(24, int(m.hp.n_vocab), 7);
+    toks[0] = 1;
+    const Measurement ms = measure_generation(&rt, m, rt.accel_backend(), *kv, {toks}, greedy_on(rt, 4), 0);
+    ASSERT_EQ(ms.step_device.size(), 3u) << what;
+    for (int64_t step = 1; step <= 3; ++step) {
+      int64_t launches = 0, copies = 0;
+      for (const StageRecord& r : ms.log)
+        if (r.step == step) launches += r.work.launches, copies += r.work.copy_calls;
+      const DeviceCounts& c = ms.step_device[size_t(step - 1)];
+      EXPECT_EQ(launches, c.launches) << what << " step " << step;
+      EXPECT_EQ(copies, c.copies_h2d + c.copies_d2h + c.copies_d2d) << what << " step " << step;
+      // The decoder's count has the logits row's device copy as a launch, and not the strategy's
+      // K and V writes (one each per layer for `full`) nor the logits' download for the sampler.
+      if (name == "full") {
+        EXPECT_EQ(launches + copies, forward_launches(m, 1, 1, 512) + 2 * m.hp.n_layers + 1) << "step " << step;
+        EXPECT_EQ(c.copies_d2h, 1) << "step " << step;
+      }
+    }
+  }
 }
 
 // One decode step's calls per layer for a strategy on a device-memory accelerator (copies through
