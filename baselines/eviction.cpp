@@ -114,10 +114,9 @@ void EvictingStrategy::append(int layer, std::span<const TokenRow> rows, const f
   if (cache_positions() && shape_.rope) {
     if (kin_.size() < n) kin_ = BackendArray<float>(be_, n);
     be_.copy(kin_.data(), k, n * 4);
-    for (size_t i = 0; i < rows.size(); ++i) {
-      const int32_t neg = -rows[i].pos;
-      be_.rope(kin_.data() + int64_t(i) * Hkv * D, 1, Hkv, D, &neg, *shape_.rope);
-    }
+    q_delta_.resize(rows.size());
+    for (size_t i = 0; i < rows.size(); ++i) q_delta_[i] = -rows[i].pos;
+    be_.rope(kin_.data(), int64_t(rows.size()), Hkv, D, q_delta_.data(), *shape_.rope);  // every row at once
     ks = kin_.data();
   }
   new_k_ = ks, new_v_ = v;  // as stored: what an overlapped load adds to its staged copy

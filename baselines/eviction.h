@@ -150,7 +150,7 @@ class EvictingStrategy : public KvStrategy {
   std::vector<void*> rot_dst_;    // copy_rows' lists for the rank-ordered copy
   std::vector<const void*> rot_src_;
   std::map<int32_t, int64_t> rot_stride_;  // seq → rows per head of its rotated copy
-  std::vector<int32_t> q_delta_;           // per query row: cache position − position
+  std::vector<int32_t> q_delta_;           // per row: a rotation (query: cache position − position)
   std::map<int32_t, size_t> rotated_;     // seq → offset of its rotated K/V copy in this call
   std::string kv_home_;                   // the parameter: auto, dram or gpu
   int gpu_layers_ = 0;  // this run's: layers [0, gpu_layers_) keep their KV on the accelerator

@@ -276,13 +276,18 @@ int32_t ResidentRing::attend_exact(int layer, const std::vector<TokenRow>& rows,
         ar.push_back(AttnRow{kb.as<char>(), vb.as<char>(), int64_t(n) * D, rows[i].pos + 1});
         where.push_back(out_row[i]);
       }
-    // This sequence's query rows gathered, attended, and scattered back (accelerator memory).
+    // This sequence's query rows gathered, attended, and scattered back (accelerator memory), one
+    // copy_rows each way.
     BackendArray<float> qs(be_, where.size() * size_t(hd)), os(be_, where.size() * size_t(hd));
+    std::vector<void*> to(where.size());
+    std::vector<const void*> from(where.size());
     for (size_t j = 0; j < where.size(); ++j)
-      be_.copy(qs.data() + int64_t(j) * hd, q + int64_t(where[j]) * hd, size_t(hd) * 4);
+      to[j] = qs.data() + int64_t(j) * hd, from[j] = q + int64_t(where[j]) * hd;
+    be_.copy_rows(to.data(), from.data(), hd * 4, int64_t(where.size()));
     be_.attention(attention_args(shape_, ar, qs.data(), scale, os.data(), kv_.dtype()));
     for (size_t j = 0; j < where.size(); ++j)
-      be_.copy(out + int64_t(where[j]) * hd, os.data() + int64_t(j) * hd, size_t(hd) * 4);
+      to[j] = out + int64_t(where[j]) * hd, from[j] = os.data() + int64_t(j) * hd;
+    be_.copy_rows(to.data(), from.data(), hd * 4, int64_t(where.size()));
     be_.synchronize();  // kb, vb, qs and os are freed at the end of this scope
   }
   return last.rbegin()->second;
