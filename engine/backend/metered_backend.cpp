@@ -1,6 +1,7 @@
 // The metered backend (metered_backend.h): forwards every op to the wrapped backend.
 #include "engine/backend/metered_backend.h"
 
+#include <algorithm>
 #include <chrono>
 
 namespace hg {
@@ -27,21 +28,23 @@ void DeviceCounters::add(int64_t DeviceCounts::*field, int64_t n) {
     else if (field == &DeviceCounts::copies_h2d || field == &DeviceCounts::copies_d2h || field == &DeviceCounts::copies_d2d)
       call_fn_(0, n);
   }
+  const size_t i = size_t(std::max<int64_t>(step, -1) + 1);
   std::lock_guard<std::mutex> l(mu_);
-  by_step_[step].*field += n;
+  if (i >= by_step_.size()) by_step_.resize(i + 1);
+  by_step_[i].*field += n;
 }
 
 DeviceCounts DeviceCounters::snapshot() const {
   std::lock_guard<std::mutex> l(mu_);
   DeviceCounts c;
-  for (const auto& [step, s] : by_step_) c += s;
+  for (const auto& s : by_step_) c += s;
   return c;
 }
 
 DeviceCounts DeviceCounters::of_step(int64_t step) const {
   std::lock_guard<std::mutex> l(mu_);
-  auto it = by_step_.find(step);
-  return it == by_step_.end() ? DeviceCounts{} : it->second;
+  const int64_t i = step + 1;
+  return i < 0 || i >= int64_t(by_step_.size()) ? DeviceCounts{} : by_step_[size_t(i)];
 }
 
 void DeviceCounters::reset() {

@@ -10,6 +10,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <vector>
 
 #include "engine/backend/backend.h"
 
@@ -50,7 +51,7 @@ class DeviceCounters {
   std::function<int64_t()> step_fn_;
   std::function<void(int64_t, int64_t)> call_fn_;
   mutable std::mutex mu_;
-  std::map<int64_t, DeviceCounts> by_step_;
+  std::vector<DeviceCounts> by_step_;  // index step + 1 (-1: outside steps)
 };
 
 // Spends `us` microseconds of real time on this thread (a spin: a driver's call is CPU time).
