@@ -339,7 +339,7 @@ void EvictingStrategy::attend(int layer, std::span<const TokenRow> rows, const f
       const auto [ks, vs] = kv.at(seq);
       char* kto = f32 ? reinterpret_cast<char*>(krot_.data() + off) : rot_stage_.data();
       char* vto = f32 ? reinterpret_cast<char*>(vrot_.data() + off) : rot_stage_.data() + n_all * row;
-      rot_dst_.clear(), rot_src_.clear();
+      rot_rows_.clear();
       for (int kind = 0; kind < 2; ++kind)
         for (int g = 0; g < Hkv; ++g) {
           const int32_t* pos = store_.positions(layer, seq, g);
@@ -349,10 +349,9 @@ void EvictingStrategy::attend(int layer, std::span<const TokenRow> rows, const f
             std::sort(order.begin(), order.end(), [&](int32_t a2, int32_t b2) { return pos[a2] < pos[b2]; });
           const char* from = static_cast<const char*>(kind == 0 ? ks : vs) + kv_.bytes(g * store_.head_stride(seq));
           char* to = (kind == 0 ? kto : vto) + int64_t(g) * nmax * row;
-          for (int32_t j = 0; j < nmax; ++j)
-            rot_dst_.push_back(to + int64_t(j) * row), rot_src_.push_back(from + int64_t(order[size_t(j)]) * row);
+          for (int32_t j = 0; j < nmax; ++j) rot_rows_.add(to + int64_t(j) * row, from + int64_t(order[size_t(j)]) * row);
         }
-      be_.copy_rows(rot_dst_.data(), rot_src_.data(), row, int64_t(rot_dst_.size()));
+      rot_rows_.run(be_, row);
       if (!f32) {
         be_.convert_to_f32(kto, kv_.dtype(), n_all * D, krot_.data() + off);
         be_.convert_to_f32(vto, kv_.dtype(), n_all * D, vrot_.data() + off);

@@ -147,8 +147,7 @@ class EvictingStrategy : public KvStrategy {
   BackendArray<float> krot_, vrot_, qrot_, kin_;
   BackendArray<char> rot_stage_;  // a sequence's 16-bit K and V rows in rank order, before conversion
   std::vector<int32_t> ranks_;    // each row's rank: 0 … nmax − 1 for every head
-  std::vector<void*> rot_dst_;    // copy_rows' lists for the rank-ordered copy
-  std::vector<const void*> rot_src_;
+  RowCopies rot_rows_;            // the rank-ordered copy's rows
   std::map<int32_t, int64_t> rot_stride_;  // seq → rows per head of its rotated copy
   std::vector<int32_t> q_delta_;           // per row: a rotation (query: cache position − position)
   std::map<int32_t, size_t> rotated_;     // seq → offset of its rotated K/V copy in this call

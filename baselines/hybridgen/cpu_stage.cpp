@@ -268,7 +268,7 @@ std::vector<Event> CpuStage::send_results(int layer, const std::vector<Row>& row
           const auto t = Clock::now();
           // Each head's rows of this tier go to their places in res.v (position order): every
           // row of every head and sequence in one copy_rows launch.
-          thread_local PagedKvStore::RowCopies copies;
+          thread_local RowCopies copies;
           copies.clear();
           PagedKvStore& store = ring_.offloaded_kv();
           for (const Row& s : rows) {

@@ -279,15 +279,14 @@ int32_t ResidentRing::attend_exact(int layer, const std::vector<TokenRow>& rows,
     // This sequence's query rows gathered, attended, and scattered back (accelerator memory), one
     // copy_rows each way.
     BackendArray<float> qs(be_, where.size() * size_t(hd)), os(be_, where.size() * size_t(hd));
-    std::vector<void*> to(where.size());
-    std::vector<const void*> from(where.size());
-    for (size_t j = 0; j < where.size(); ++j)
-      to[j] = qs.data() + int64_t(j) * hd, from[j] = q + int64_t(where[j]) * hd;
-    be_.copy_rows(to.data(), from.data(), hd * 4, int64_t(where.size()));
+    RowCopies in, back;
+    for (size_t j = 0; j < where.size(); ++j) {
+      in.add(qs.data() + int64_t(j) * hd, q + int64_t(where[j]) * hd);
+      back.add(out + int64_t(where[j]) * hd, os.data() + int64_t(j) * hd);
+    }
+    in.run(be_, hd * 4);
     be_.attention(attention_args(shape_, ar, qs.data(), scale, os.data(), kv_.dtype()));
-    for (size_t j = 0; j < where.size(); ++j)
-      to[j] = out + int64_t(where[j]) * hd, from[j] = os.data() + int64_t(j) * hd;
-    be_.copy_rows(to.data(), from.data(), hd * 4, int64_t(where.size()));
+    back.run(be_, hd * 4);
     be_.synchronize();  // kb, vb, qs and os are freed at the end of this scope
   }
   return last.rbegin()->second;

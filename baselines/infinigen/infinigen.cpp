@@ -231,7 +231,7 @@ class InfiniGen final : public KvStrategy {
     }
     auto fetch = [this, gathers, layer, Hkv, D] {
       // Every row's selected K and V of every head in one copy_rows.
-      thread_local PagedKvStore::RowCopies copies;
+      thread_local RowCopies copies;
       copies.clear();
       for (const Gather& gt : gathers)
         for (int g = 0; g < Hkv; ++g) {

@@ -151,6 +151,15 @@ class BackendArray {
   T* p_ = nullptr;
 };
 
+// Rows gathered from many places as (destination, source) pairs, moved by one Backend::copy_rows.
+struct RowCopies {
+  std::vector<void*> dst;
+  std::vector<const void*> src;
+  void clear() { dst.clear(), src.clear(); }
+  void add(void* to, const void* from) { dst.push_back(to), src.push_back(from); }
+  void run(Backend& be, int64_t row_bytes) const { be.copy_rows(dst.data(), src.data(), row_bytes, int64_t(dst.size())); }
+};
+
 // The host implementation of Backend::write_kv (also used by KvStore without a backend).
 void write_kv_host(const float* src, int64_t n, int H_kv, int D, const int32_t* pos, void* dst, int64_t head_stride,
                    DType dt);

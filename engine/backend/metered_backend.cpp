@@ -6,32 +6,37 @@
 
 namespace hg {
 
+const std::array<DeviceCounts::Field, 9>& DeviceCounts::fields() {
+  static const std::array<Field, 9> f = {{{&DeviceCounts::launches, "launches"},
+                                          {&DeviceCounts::copies_h2d, "copies_h2d"},
+                                          {&DeviceCounts::copies_d2h, "copies_d2h"},
+                                          {&DeviceCounts::copies_d2d, "copies_d2d"},
+                                          {&DeviceCounts::bytes_h2d, "bytes_h2d"},
+                                          {&DeviceCounts::bytes_d2h, "bytes_d2h"},
+                                          {&DeviceCounts::syncs, "syncs"},
+                                          {&DeviceCounts::waits, "waits"},
+                                          {&DeviceCounts::host_policy_elems, "host_policy_elems"}}};
+  return f;
+}
+
 DeviceCounts DeviceCounts::operator-(const DeviceCounts& o) const {
   DeviceCounts d = *this;
-  d.launches -= o.launches, d.copies_h2d -= o.copies_h2d, d.copies_d2h -= o.copies_d2h;
-  d.copies_d2d -= o.copies_d2d, d.bytes_h2d -= o.bytes_h2d, d.bytes_d2h -= o.bytes_d2h;
-  d.syncs -= o.syncs, d.waits -= o.waits, d.host_policy_elems -= o.host_policy_elems;
+  for (const Field& f : fields()) d.*f.member -= o.*f.member;
   return d;
 }
 
 DeviceCounts& DeviceCounts::operator+=(const DeviceCounts& o) {
-  launches += o.launches, copies_h2d += o.copies_h2d, copies_d2h += o.copies_d2h;
-  copies_d2d += o.copies_d2d, bytes_h2d += o.bytes_h2d, bytes_d2h += o.bytes_d2h;
-  syncs += o.syncs, waits += o.waits, host_policy_elems += o.host_policy_elems;
+  for (const Field& f : fields()) this->*f.member += o.*f.member;
   return *this;
 }
 
-void DeviceCounters::add(int64_t DeviceCounts::*field, int64_t n) {
+void DeviceCounters::add(const DeviceCounts& calls) {
   const int64_t step = step_fn_ ? step_fn_() : -1;
-  if (call_fn_) {
-    if (field == &DeviceCounts::launches) call_fn_(n, 0);
-    else if (field == &DeviceCounts::copies_h2d || field == &DeviceCounts::copies_d2h || field == &DeviceCounts::copies_d2d)
-      call_fn_(0, n);
-  }
+  if (call_fn_ && (calls.launches || calls.copies())) call_fn_(calls.launches, calls.copies());
   const size_t i = size_t(std::max<int64_t>(step, -1) + 1);
   std::lock_guard<std::mutex> l(mu_);
   if (i >= by_step_.size()) by_step_.resize(i + 1);
-  by_step_[i].*field += n;
+  by_step_[i] += calls;
 }
 
 DeviceCounts DeviceCounters::snapshot() const {
@@ -109,7 +114,7 @@ class MeteredBackend final : public Backend {
     d2h(bytes), in_->download(dst, src, bytes), sync();
   }
   void copy(void* dst, const void* src, size_t bytes) override {
-    c_.add(&DeviceCounts::copies_d2d, 1), spend_microseconds(costs_.copy_us), in_->copy(dst, src, bytes);
+    c_.add({.copies_d2d = 1}), spend_microseconds(costs_.copy_us), in_->copy(dst, src, bytes);
   }
   void upload_2d(void* dst, size_t dst_pitch, const void* src, size_t src_pitch, size_t width,
                  size_t rows) override {
@@ -160,24 +165,18 @@ class MeteredBackend final : public Backend {
   }
   // Host arrays: policy work done on the host.
   void gumbel_noise(uint64_t stream, const int32_t* pos, int64_t n, double* out) override {
-    c_.add(&DeviceCounts::host_policy_elems, n), in_->gumbel_noise(stream, pos, n, out);
+    c_.add({.host_policy_elems = n}), in_->gumbel_noise(stream, pos, n, out);
   }
   int32_t logit_top_k(const float* logits, int G, int64_t ld, int32_t n, int32_t K, int32_t* out) override {
-    c_.add(&DeviceCounts::host_policy_elems, int64_t(G) * n);
+    c_.add({.host_policy_elems = int64_t(G) * n});
     return in_->logit_top_k(logits, G, ld, n, K, out);
   }
 
  private:
-  void launch() { c_.add(&DeviceCounts::launches, 1), spend_microseconds(costs_.launch_us); }
-  void h2d(size_t bytes) {
-    c_.add(&DeviceCounts::copies_h2d, 1), c_.add(&DeviceCounts::bytes_h2d, int64_t(bytes));
-    spend_microseconds(costs_.copy_us);
-  }
-  void d2h(size_t bytes) {
-    c_.add(&DeviceCounts::copies_d2h, 1), c_.add(&DeviceCounts::bytes_d2h, int64_t(bytes));
-    spend_microseconds(costs_.copy_us);
-  }
-  void sync() { c_.add(&DeviceCounts::syncs, 1), spend_microseconds(costs_.sync_us); }
+  void launch() { c_.add({.launches = 1}), spend_microseconds(costs_.launch_us); }
+  void h2d(size_t bytes) { c_.add({.copies_h2d = 1, .bytes_h2d = int64_t(bytes)}), spend_microseconds(costs_.copy_us); }
+  void d2h(size_t bytes) { c_.add({.copies_d2h = 1, .bytes_d2h = int64_t(bytes)}), spend_microseconds(costs_.copy_us); }
+  void sync() { c_.add({.syncs = 1}), spend_microseconds(costs_.sync_us); }
 
   std::unique_ptr<Backend> in_;
   DeviceCounters& c_;

@@ -5,6 +5,7 @@
 // work. With costs set it also spends each event's fixed cost as real time on the calling thread,
 // as a GPU's driver does, so that a run on the emulated accelerator pays what a GPU pays.
 #pragma once
+#include <array>
 #include <cstdint>
 #include <functional>
 #include <map>
@@ -31,15 +32,22 @@ struct DeviceCounts {
   int64_t syncs = 0;   // host waits on the device: downloads, synchronize(), scalar results
   int64_t waits = 0;   // an accelerator stage waiting for another queue's stage (CPU, copy)
   int64_t host_policy_elems = 0;  // elements a policy op reads on the host for the device
+  int64_t copies() const { return copies_h2d + copies_d2h + copies_d2d; }
   DeviceCounts operator-(const DeviceCounts& o) const;
   DeviceCounts& operator+=(const DeviceCounts& o);
+  // Every field with its name (rows' JSON keys), in declaration order.
+  struct Field {
+    int64_t DeviceCounts::*member;
+    const char* name;
+  };
+  static const std::array<Field, 9>& fields();
 };
 
 // The counters, kept per step: a call counts toward the step of the stage it runs in (a prefetch
 // queued in step k counts in step k wherever it runs), given by step_fn (-1 without one).
 class DeviceCounters {
  public:
-  void add(int64_t DeviceCounts::*field, int64_t n);
+  void add(const DeviceCounts& calls);
   void set_step_fn(std::function<int64_t()> f) { step_fn_ = std::move(f); }
   // Called with each call's launches and copy calls (the runtime charges them to the running stage).
   void set_call_fn(std::function<void(int64_t launches, int64_t copy_calls)> f) { call_fn_ = std::move(f); }

@@ -157,8 +157,7 @@ void PagedKvStore::key_rows(int layer, int seq, int g, const int32_t* pos, int32
       base = row_of(t, layer, seq, page_begin);
       from = keys(t, layer, seq, g);
     }
-    out.dst.push_back(dst + int64_t(i) * row);
-    out.src.push_back(from + int64_t(base + (pos[i] - page_begin)) * row);
+    out.add(dst + int64_t(i) * row, from + int64_t(base + (pos[i] - page_begin)) * row);
   }
 }
 
@@ -166,8 +165,7 @@ void PagedKvStore::value_rows(int layer, int seq, int g, const int32_t* pos, int
                               RowCopies& out) {
   const int64_t row = row_bytes();
   for (int32_t i = 0; i < n; ++i) {
-    out.dst.push_back(dst + int64_t(i) * row);
-    out.src.push_back(value(layer, seq, g, pos[i]));
+    out.add(dst + int64_t(i) * row, value(layer, seq, g, pos[i]));
   }
 }
 

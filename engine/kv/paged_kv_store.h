@@ -79,12 +79,6 @@ class PagedKvStore {
   void gather_values(Backend& be, int layer, int seq, int g, const int32_t* pos, int32_t n, char* dst);
   // The same rows as (destination, source) pairs added to `out`, for one Backend::copy_rows over
   // many heads, sequences and both K and V.
-  struct RowCopies {
-    std::vector<void*> dst;
-    std::vector<const void*> src;
-    void clear() { dst.clear(), src.clear(); }
-    void run(Backend& be, int64_t row_bytes) const { be.copy_rows(dst.data(), src.data(), row_bytes, int64_t(dst.size())); }
-  };
   void key_rows(int layer, int seq, int g, const int32_t* pos, int32_t n, char* dst, RowCopies& out);
   void value_rows(int layer, int seq, int g, const int32_t* pos, int32_t n, char* dst, RowCopies& out);
   int64_t row_bytes() const { return shape_.D * es_; }

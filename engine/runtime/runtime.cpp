@@ -100,7 +100,7 @@ Runtime::Runtime(const RuntimeConfig& cfg) {
     };
     before_submit = [this, be] {
       be->synchronize();
-      counters_.add(&DeviceCounts::syncs, 1), spend_microseconds(costs_.sync_us);
+      counters_.add({.syncs = 1}), spend_microseconds(costs_.sync_us);
     };
   }
   mem_ = std::make_unique<MemorySystem>(tiers, std::move(device_memory));
@@ -117,7 +117,7 @@ Runtime::Runtime(const RuntimeConfig& cfg) {
   accel_inner_ = accel_be_.get();
   accel_be_ = make_metered_backend(std::move(accel_be_), &counters_, costs_);
   xfer_->set_meter(&counters_, costs_.copy_us);
-  accel_->set_wait_hook([this] { counters_.add(&DeviceCounts::waits, 1), spend_microseconds(costs_.sync_us); });
+  accel_->set_wait_hook([this] { counters_.add({.waits = 1}), spend_microseconds(costs_.sync_us); });
   counters_.set_call_fn([](int64_t launches, int64_t copies) { add_task_calls(launches, copies); });
   counters_.set_step_fn([this] {
     const int64_t s = running_task_step();

@@ -83,13 +83,9 @@ Event TransferEngine::run_gather(Tier src_tier, Tier dst_tier, int64_t bytes, in
 
 void TransferEngine::meter(Tier src, Tier dst, int64_t calls, int64_t bytes) const {
   if (!meter_ || (src != Tier::kGpu && dst != Tier::kGpu)) return;  // between host tiers
-  if (src == Tier::kGpu && dst == Tier::kGpu) {
-    meter_->add(&DeviceCounts::copies_d2d, calls);
-  } else if (dst == Tier::kGpu) {
-    meter_->add(&DeviceCounts::copies_h2d, calls), meter_->add(&DeviceCounts::bytes_h2d, bytes);
-  } else {
-    meter_->add(&DeviceCounts::copies_d2h, calls), meter_->add(&DeviceCounts::bytes_d2h, bytes);
-  }
+  if (src == Tier::kGpu && dst == Tier::kGpu) meter_->add({.copies_d2d = calls});
+  else if (dst == Tier::kGpu) meter_->add({.copies_h2d = calls, .bytes_h2d = bytes});
+  else meter_->add({.copies_d2h = calls, .bytes_d2h = bytes});
   spend_microseconds(copy_us_ * double(calls));
 }
 

@@ -131,10 +131,12 @@ Measurement measure_generation(Runtime* rt, const Model& model, Backend& backend
 }
 
 nlohmann::ordered_json device_counts_json(const DeviceCounts& c, double per) {
-  const auto v = [per](int64_t x) { return per == 1 ? nlohmann::ordered_json(x) : nlohmann::ordered_json(double(x) / per); };
-  return {{"launches", v(c.launches)},     {"copies_h2d", v(c.copies_h2d)}, {"copies_d2h", v(c.copies_d2h)},
-          {"copies_d2d", v(c.copies_d2d)}, {"bytes_h2d", v(c.bytes_h2d)},   {"bytes_d2h", v(c.bytes_d2h)},
-          {"syncs", v(c.syncs)},           {"waits", v(c.waits)},           {"host_policy_elems", v(c.host_policy_elems)}};
+  nlohmann::ordered_json j;
+  for (const auto& f : DeviceCounts::fields()) {
+    const int64_t x = c.*f.member;
+    j[f.name] = per == 1 ? nlohmann::ordered_json(x) : nlohmann::ordered_json(double(x) / per);
+  }
+  return j;
 }
 
 std::string device_counts_line(const DeviceCounts& c) {

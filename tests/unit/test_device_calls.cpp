@@ -157,7 +157,7 @@ TEST(DeviceCalls, TheClockChargesTheCallsTheMeterCounted) {
         if (r.step == step) launches += r.work.launches, copies += r.work.copy_calls;
       const DeviceCounts& c = ms.step_device[size_t(step - 1)];
       EXPECT_EQ(launches, c.launches) << what << " step " << step;
-      EXPECT_EQ(copies, c.copies_h2d + c.copies_d2h + c.copies_d2d) << what << " step " << step;
+      EXPECT_EQ(copies, c.copies()) << what << " step " << step;
       // The decoder's count has the logits row's device copy as a launch, and not the strategy's
       // K and V writes (one each per layer for `full`) nor the logits' download for the sampler.
       if (name == "full") {
@@ -188,7 +188,7 @@ StepCalls step_calls(const std::string& name, const std::map<std::string, std::s
   DeviceCounts sum;
   for (const auto& s : ms.step_device) sum += s;
   const double per = double(ms.step_device.size()) * double(m.hp.n_layers);
-  return {double(sum.launches) / per, double(sum.copies_h2d + sum.copies_d2h + sum.copies_d2d) / per,
+  return {double(sum.launches) / per, double(sum.copies()) / per,
           double(sum.syncs) / per, double(sum.bytes_d2h) / per};
 }
 
