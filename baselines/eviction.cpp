@@ -155,7 +155,9 @@ Event EvictingStrategy::load_retained(int layer, std::map<int32_t, std::vector<i
   return rt_.transfers().run(
       Tier::kDram, Tier::kGpu, bytes,
       [this, layer, par, counts, D, Hkv] {
-        for (auto& [seq, n] : counts) {
+        for (const auto& entry : counts) {
+          const int seq = entry.first;
+          const auto& n = entry.second;
           const int64_t stride = kv_.bytes(store_.head_stride(seq));
           const char* K = static_cast<const char*>(store_.k_raw(layer, seq));
           const char* V = static_cast<const char*>(store_.v_raw(layer, seq));
