@@ -134,6 +134,14 @@ DeviceCosts device_costs_of(const PlatformProfile& p) {
   return c;
 }
 
+void add_fixed_costs(PlatformProfile& p, const DeviceCosts& c) {
+  p.launch_us += c.launch_us, p.copy_us += c.copy_us, p.stage_us += c.sync_us;
+  auto& a = p.achieved;
+  if (a.launch_us >= 0) a.launch_us += c.launch_us;
+  if (a.copy_us >= 0) a.copy_us += c.copy_us;
+  if (a.stage_us >= 0) a.stage_us += c.sync_us;
+}
+
 double Runtime::stage_seconds(StageKind kind, const StageWork& work, double measured_s) const {
   if (!stage_clock_) return measured_s;
   StageRecord r;

@@ -45,6 +45,9 @@ struct RuntimeConfig {
 // A platform profile's fixed costs as the emulated accelerator's: its achieved (measured) launch,
 // copy-call and stage hand-off costs where it has them, else its `fixed:` ones.
 DeviceCosts device_costs_of(const PlatformProfile& p);
+// Adds c to p's fixed costs (peak and achieved): a profile measured on the bare emulated device
+// then replays a run that spent c as real time.
+void add_fixed_costs(PlatformProfile& p, const DeviceCosts& c);
 
 // The emulated accelerator's default thread count: half the machine, at least 1.
 int emulated_accel_threads();

@@ -808,6 +808,7 @@ std::string write_summary(const std::string& dir, const std::vector<ResultRow>& 
                });
   block("modeled ÷ measured end-to-end latency (the modeled clock checked against the same run)",
         "modeled_over_measured", "end_to_end", 2, false);
+  block("modeled ÷ measured per decode token (median step)", "modeled_over_measured", "decode_token", 2, false);
   // The same over the baseline's: the profile's absolute rates drift with the machine between
   // calibration and run, a factor every strategy shares; what is left is the clock's error in
   // the ratios the tables report.

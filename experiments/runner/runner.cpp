@@ -808,6 +808,9 @@ Json Runner::run_once(const Point& p, const StrategyEntry& entry, int repeat, bo
     if (record || dry) {
       prof = calibrate(CalibrateOptions{kRunCalibrationSeconds, kRunCalibrationBytes}, nullptr);
       prof->name = kCalibratePlatform;
+      // The calibration measures the bare emulated device; the run also spends device_costs on
+      // every launch, copy call and synchronisation, so the profile that replays it carries them.
+      add_fixed_costs(*prof, device_costs());
     }
   } else if (!p.platform.empty()) {
     auto it = profiles_.find(p.platform);
