@@ -87,16 +87,20 @@ void EvictingStrategy::evict_to(int layer, int seq, int32_t keep) {
     pending_.assign(size_t(n), -1);
     for (size_t i = 0; i < victims_.size(); ++i) pending_[size_t(victims_[i])] = int32_t(i);
     auto& sc = scores(layer, seq, g);
+    // The i-th removal moves slot n-1-i (the last live one); the slots followed first, then removed
+    // from the store in that order, its rows moved once after every head (flush_removals).
     for (size_t i = 0; i < victims_.size(); ++i) {
       const int32_t s = victims_[i];
-      const int32_t moved = store_.remove(layer, seq, g, s);
+      const int32_t moved = n - 1 - int32_t(i);
       if (!sc.empty()) sc[size_t(s)] = sc[size_t(moved)], sc[size_t(moved)] = 0.0;
       pending_[size_t(s)] = pending_[size_t(moved)];
       if (pending_[size_t(s)] >= 0 && moved != s) victims_[size_t(pending_[size_t(s)])] = s;
       pending_[size_t(moved)] = -1;
       ++evicted_;
     }
+    store_.remove_deferred(layer, seq, g, victims_, moved_);
   }
+  store_.flush_removals(layer);
 }
 
 void EvictingStrategy::append(int layer, std::span<const TokenRow> rows, const float* k, const float* v) {
@@ -122,12 +126,13 @@ void EvictingStrategy::append(int layer, std::span<const TokenRow> rows, const f
   new_k_ = ks, new_v_ = v;  // as stored: what an overlapped load adds to its staged copy
   // Rows in the store's memory: the accelerator's (kv_home gpu) or dram.
   auto insert = [&](const float* kr, const float* vr) {
-    for (size_t i = 0; i < rows.size(); ++i)
-      for (int g = 0; g < Hkv; ++g) {
-        const int64_t at = (int64_t(i) * Hkv + g) * D;
-        const int32_t s = store_.insert(layer, rows[i].seq, g, rows[i].pos, kr + at, vr + at);
-        if (auto& sc = scores(layer, rows[i].seq, g); !sc.empty()) sc[size_t(s)] = 0.0;
-      }
+    slots_.resize(size_t(Hkv));
+    for (size_t i = 0; i < rows.size(); ++i) {
+      const int64_t at = int64_t(i) * Hkv * D;
+      store_.insert_heads(layer, rows[i].seq, rows[i].pos, kr + at, vr + at, slots_.data());
+      for (int g = 0; g < Hkv; ++g)
+        if (auto& sc = scores(layer, rows[i].seq, g); !sc.empty()) sc[size_t(slots_[size_t(g)])] = 0.0;
+    }
   };
   if (!home_dram(layer)) return insert(ks, v);
   // The new tokens' K and V, computed on the accelerator, go to their home in dram.
@@ -267,12 +272,13 @@ std::map<int32_t, std::pair<const void*, const void*>> EvictingStrategy::kv_on_a
       const TokenRow r = rows[i];
       const int64_t stride = store_.head_stride(r.seq);
       char* dst = staged_[par].at(r.seq).as<char>();
-      for (int g = 0; g < Hkv; ++g) {
-        const int32_t slot = counts.at(r.seq)[size_t(g)] - 1;
-        const int64_t at_row = (int64_t(i) * Hkv + g) * D;
-        be_.write_kv(new_k_ + at_row, 1, 1, D, &slot, dst + kv_.bytes(g * stride), 0, kv_.dtype());
-        be_.write_kv(new_v_ + at_row, 1, 1, D, &slot, dst + kv_.bytes((Hkv + g) * stride), 0, kv_.dtype());
-      }
+      // Head g's slot as row g·C + slot of the [H_kv, C, D] block: one write each for K and V.
+      slots_.resize(size_t(Hkv));
+      for (int g = 0; g < Hkv; ++g)
+        slots_[size_t(g)] = int32_t(g * (stride / D)) + counts.at(r.seq)[size_t(g)] - 1;
+      const int64_t at_row = int64_t(i) * Hkv * D;
+      be_.write_kv(new_k_ + at_row, Hkv, 1, D, slots_.data(), dst, 0, kv_.dtype());
+      be_.write_kv(new_v_ + at_row, Hkv, 1, D, slots_.data(), dst + kv_.bytes(Hkv * stride), 0, kv_.dtype());
     }
   } else {
     ++exposed_;  // a load the step waits for

@@ -244,7 +244,7 @@ void HybridGen::submit_deferred(int layer) {
 
 void HybridGen::attend_decode(int layer, const std::vector<TokenRow>& rows, const std::vector<size_t>& idx,
                               const float* q, float scale, float* out) {
-  const int Hkv = shape_.H_kv, D = shape_.D, G = shape_.H / Hkv;
+  const int Hkv = shape_.H_kv, D = shape_.D;
   const int64_t hd = int64_t(shape_.H) * D;
   const int32_t ring_slots = ring_.slots();
   submit_deferred(layer);  // normally queued already, after the previous layer's stage
@@ -287,11 +287,8 @@ void HybridGen::attend_decode(int layer, const std::vector<TokenRow>& rows, cons
     // R trimmed by the last end_step plus this step's token.
     HG_CHECK(n - ring_.offloaded(layer, r.seq) == used);
     float* lb = resident_logits_.data() + j * per_row;
-    const auto* ring_k = static_cast<const char*>(ring_.ring_k(layer, r.seq));
-    for (int g = 0; g < Hkv; ++g)
-      be_.group_logits(q + int64_t(idx[j]) * hd + int64_t(g) * G * D, G,
-                       kv_.at(ring_k, g * ring_.head_stride(r.seq)), used, D, scale,
-                       lb + int64_t(g) * G * used, kv_.dtype());
+    be_.heads_logits(q + int64_t(idx[j]) * hd, shape_.H, Hkv, ring_.ring_k(layer, r.seq), ring_.head_stride(r.seq) / D,
+                     used, D, scale, lb, kv_.dtype());
   }
   const auto t0 = Clock::now();
   for (const auto& r : res)

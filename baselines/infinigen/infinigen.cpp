@@ -537,10 +537,9 @@ class InfiniGen final : public KvStrategy {
       // (weight_bias_concat(..., head_dim) on the speedup path, / sqrt(head_dim) on the accuracy path).
       be_.matmul(q + int64_t(g) * G * D, G, skew_[size_t(layer) * size_t(Hkv) + size_t(g)], nullptr,
                  qp + int64_t(g) * G * dp_);
-      be_.group_logits(qp + int64_t(g) * G * dp_, G,
-                       partial_.k(layer, r.seq) + g * partial_.head_stride(r.seq), n, dp_,
-                       1.0f / std::sqrt(float(D)), dl + int64_t(g) * G * n);
     }
+    be_.heads_logits(qp, H, Hkv, partial_.k(layer, r.seq), partial_.head_stride(r.seq) / dp_, n, dp_,
+                     1.0f / std::sqrt(float(D)), dl);
     // The count and the selection run on the host: the logits come back when they are elsewhere.
     const float* logits = dl;
     if (!be_.host_memory() && !rt_.dry()) {

@@ -134,6 +134,10 @@ class MeteredBackend final : public Backend {
                     DType kt) override {
     launch(), in_->group_logits(q, G, K, n, D, scale, logits, kt);
   }
+  void heads_logits(const float* q, int H, int H_kv, const void* K, int64_t k_ld, int64_t n, int D, float scale,
+                    float* logits, DType kt) override {
+    launch(), in_->heads_logits(q, H, H_kv, K, k_ld, n, D, scale, logits, kt);
+  }
   void group_logit_max(const float* q, int G, const void* K, int64_t n, int D, float scale, float* score,
                        DType kt) override {
     launch(), in_->group_logit_max(q, G, K, n, D, scale, score, kt);

@@ -23,6 +23,16 @@ void PolicyOps::group_logits(const float* q, int G, const void* K, int64_t n, in
     }
 }
 
+void PolicyOps::heads_logits(const float* q, int H, int H_kv, const void* K, int64_t k_ld, int64_t n, int D,
+                             float scale, float* logits, DType kt) {
+  HG_CHECK(host_memory() && H_kv > 0 && H % H_kv == 0);
+  const int G = H / H_kv;
+  const auto* k = static_cast<const char*>(K);
+  for (int g = 0; g < H_kv; ++g)
+    PolicyOps::group_logits(q + int64_t(g) * G * D, G, k + g * k_ld * D * int64_t(dtype_size(kt)), n, D, scale,
+                            logits + int64_t(g) * G * n, kt);
+}
+
 void PolicyOps::softmax_rows(float* x, int64_t rows, int64_t n) {
   HG_CHECK(host_memory());
   for (int64_t r = 0; r < rows; ++r) {

@@ -25,6 +25,11 @@ class PolicyOps {
   // logits[h, t] = scale · q[h] · K[t]   (q [G, D], K [n, D], logits [G, n])
   virtual void group_logits(const float* q, int G, const void* K, int64_t n, int D, float scale, float* logits,
                             DType kt = DType::kF32);
+  // group_logits for every KV group at once: logits[h, t] = scale · q[h] · K_g[t] for the H query
+  // heads (q [H, D], head h in group g = h / (H / H_kv)), K_g = K + g · k_ld · D elements (k_ld
+  // rows apart), logits [H, n]. One launch for the whole layer.
+  virtual void heads_logits(const float* q, int H, int H_kv, const void* K, int64_t k_ld, int64_t n, int D,
+                            float scale, float* logits, DType kt = DType::kF32);
   // score[t] = max over h < G of logits[h, t] (NaN logits skipped; -inf when all are): HybridGen's
   // `post` selection score. The CPU backend reduces each block of logits before storing it (one
   // float written per key instead of G); the reference computes group_logits into a scratch.

@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <numeric>
 
 #include "engine/core/error.h"
 
@@ -45,6 +46,73 @@ int32_t SlotStore::insert(int layer, int seq, int g, int32_t pos, const float* k
   put_row(layer, static_cast<char*>(v_raw(layer, seq)) + head, s, v_row);
   pos_[i][size_t(s)] = pos;
   return s;
+}
+
+void SlotStore::insert_heads(int layer, int seq, int32_t pos, const float* k_row, const float* v_row,
+                             int32_t* slots) {
+  const int Hkv = shape_.H_kv;
+  const int32_t cap = cap_[size_t(seq)];
+  // Head g's row lands at row g·C + slot of the [H_kv, C, D] block: one write of H_kv one-head rows.
+  heads_pos_.resize(size_t(Hkv));
+  for (int g = 0; g < Hkv; ++g) {
+    const size_t i = idx(layer, seq, g);
+    if (count_[i] >= cap)
+      throw OutOfMemoryError(fmt::format("slot store: head {} of layer {} of sequence {} is full ({} slots)", g,
+                                         layer, seq, cap));
+    slots[g] = count_[i]++;
+    pos_[i][size_t(slots[g])] = pos;
+    heads_pos_[size_t(g)] = g * cap + slots[g];
+  }
+  if (phantom_) return;
+  const int D = shape_.D;
+  if (Backend* d = device(layer)) {
+    d->write_kv(k_row, Hkv, 1, D, heads_pos_.data(), k_raw(layer, seq), 0, dtype_);
+    d->write_kv(v_row, Hkv, 1, D, heads_pos_.data(), v_raw(layer, seq), 0, dtype_);
+  } else {
+    write_kv_host(k_row, Hkv, 1, D, heads_pos_.data(), k_raw(layer, seq), 0, dtype_);
+    write_kv_host(v_row, Hkv, 1, D, heads_pos_.data(), v_raw(layer, seq), 0, dtype_);
+  }
+}
+
+void SlotStore::remove_deferred(int layer, int seq, int g, std::span<const int32_t> victims,
+                                std::vector<int32_t>& moved) {
+  const size_t i = idx(layer, seq, g);
+  const int32_t n0 = count_[i];
+  origin_.resize(size_t(n0));
+  std::iota(origin_.begin(), origin_.end(), 0);
+  moved.resize(victims.size());
+  for (size_t v = 0; v < victims.size(); ++v) {
+    const int32_t slot = victims[v];
+    HG_CHECK(slot >= 0 && slot < count_[i]);
+    const int32_t last = --count_[i];
+    if (slot != last) {
+      origin_[size_t(slot)] = origin_[size_t(last)];
+      pos_[i][size_t(slot)] = pos_[i][size_t(last)];
+    }
+    pos_[i][size_t(last)] = -1;
+    moved[v] = last;
+  }
+  if (phantom_) return;
+  // A row's data only moves from the last live slot, which is then past the final count: every
+  // origin read is at or past it, every destination before it, so the moves commute.
+  const int64_t es = elem_bytes(), row = int64_t(shape_.D) * es, head = g * head_stride(seq) * es;
+  char* K = static_cast<char*>(k_raw(layer, seq)) + head;
+  char* V = static_cast<char*>(v_raw(layer, seq)) + head;
+  for (int32_t s = 0; s < count_[i]; ++s)
+    if (const int32_t o = origin_[size_t(s)]; o != s) {
+      pending_.add(K + s * row, K + o * row);
+      pending_.add(V + s * row, V + o * row);
+    }
+}
+
+void SlotStore::flush_removals(int layer) {
+  if (pending_.dst.empty()) return;
+  const int64_t row = int64_t(shape_.D) * elem_bytes();
+  if (Backend* d = device(layer))
+    pending_.run(*d, row);
+  else
+    for (size_t j = 0; j < pending_.dst.size(); ++j) std::memcpy(pending_.dst[j], pending_.src[j], size_t(row));
+  pending_.clear();
 }
 
 int32_t SlotStore::remove(int layer, int seq, int g, int32_t slot) {

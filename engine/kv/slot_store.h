@@ -40,9 +40,18 @@ class SlotStore {
   // Appends a token to head g; returns its slot. Throws OutOfMemoryError when the head is full.
   // k_row and v_row are in the store's memory kind (the device's, when it has one).
   int32_t insert(int layer, int seq, int g, int32_t pos, const float* k_row, const float* v_row);
+  // Appends a token to every head at once: k_row and v_row are [H_kv, D]; slots[g] gets head g's
+  // slot. One write (one device launch) each for K and V, whatever the head count.
+  void insert_heads(int layer, int seq, int32_t pos, const float* k_row, const float* v_row, int32_t* slots);
   // Frees `slot`; the last live slot moves into it. Returns the index that moved (or slot itself
   // when it was the last), so callers can mirror per-slot metadata.
   int32_t remove(int layer, int seq, int g, int32_t slot);
+  // The same for `victims` of head g in order (moved[i]: what remove() would return for the i-th),
+  // with the row moves deferred: each live slot's final content is read from the slot that held it
+  // at the start, so flush_removals() moves them all at once, every head's K and V rows in one
+  // copy_rows. The rows of (layer, seq) must not be read or written between the two.
+  void remove_deferred(int layer, int seq, int g, std::span<const int32_t> victims, std::vector<int32_t>& moved);
+  void flush_removals(int layer);
   // Makes (layer, dst) a copy of (layer, src): every head's live slots, their rows and positions.
   void copy_sequence(int layer, int src, int dst);
   const KvShape& shape() const { return shape_; }
@@ -71,6 +80,8 @@ class SlotStore {
   std::vector<std::vector<int32_t>> pos_;
   std::vector<int32_t> count_;
   int64_t bytes_ = 0;
+  std::vector<int32_t> origin_, heads_pos_;  // remove_deferred's slot origins; insert_heads' slots
+  RowCopies pending_;                         // row moves remove_deferred left to flush_removals
 };
 
 }  // namespace hg

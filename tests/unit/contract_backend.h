@@ -132,6 +132,11 @@ class ContractBackend final : public Backend {
     dev(q, 4, "group_logits q"), dev(K, 2, "group_logits K"), dev(logits, 4, "group_logits out");
     cpu_->group_logits(q, G, K, n, D, scale, logits, kt);
   }
+  void heads_logits(const float* q, int H, int H_kv, const void* K, int64_t k_ld, int64_t n, int D, float scale,
+                    float* logits, DType kt) override {
+    dev(q, 4, "heads_logits q"), dev(K, 2, "heads_logits K"), dev(logits, 4, "heads_logits out");
+    cpu_->heads_logits(q, H, H_kv, K, k_ld, n, D, scale, logits, kt);
+  }
   void softmax_rows(float* x, int64_t rows, int64_t n) override {
     dev(x, rows * n * 4, "softmax x");
     cpu_->softmax_rows(x, rows, n);

@@ -345,6 +345,21 @@ TEST_F(Backends, GroupLogitsAndWeightedVMatchRef) {
           cpu->group_logits(q.data(), G, K.data(), n, D, 0.125f, lg.data(), dt);
           ref->group_logits(q.data(), G, K.data(), n, D, 0.125f, lgr.data(), dt);
           EXPECT_TRUE(test::all_close(lg.data(), lgr.data(), lg.size(), kTolAttention)) << what;
+          // Every group at once (3 KV heads, rows n + 2 apart), against the per-group reference.
+          if (n <= 17) {
+            const int Hkv = 3;
+            const int64_t ld = n + 2;
+            auto qh = test::random_vec(size_t(Hkv * G * D), 93);
+            auto Kh = test::random_vec(size_t(Hkv * ld * D), 94, -2, 2);
+            std::vector<char> Kt(Kh.size() * dtype_size(dt));
+            from_f32(dt, Kh.data(), Kt.data(), Kh.size());
+            std::vector<float> hl(size_t(Hkv * G * n), -7.0f), hr(hl.size(), 7.0f);
+            cpu->heads_logits(qh.data(), Hkv * G, Hkv, Kt.data(), ld, n, D, 0.125f, hl.data(), dt);
+            for (int g = 0; g < Hkv; ++g)
+              ref->group_logits(qh.data() + g * G * D, G, Kt.data() + g * ld * D * int64_t(dtype_size(dt)), n, D,
+                                0.125f, hr.data() + g * G * n, dt);
+            EXPECT_TRUE(test::all_close(hl.data(), hr.data(), hl.size(), kTolAttention)) << what << " heads_logits";
+          }
           cpu->softmax_rows(lg.data(), G, n);
           std::vector<float> o(size_t(G * D)), orf(o.size());
           cpu->group_weighted_v(lg.data(), G, K.data(), n, D, o.data(), dt);

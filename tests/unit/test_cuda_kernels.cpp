@@ -371,6 +371,17 @@ TEST(CudaBackend, PolicyOpsAndAttentionTapsMatchCpu) {
     cpu->copy_rows(hd.data(), hs.data(), 12, int64_t(hd.size()));
     EXPECT_EQ(dc.host(), wc);
   }
+  // heads_logits: every KV group's logits in one launch, keys ld rows apart, against the CPU's.
+  for (auto [H, Hkv, D, n] : {std::tuple{8, 2, 128, 300}, std::tuple{6, 3, 40, 17}}) {
+    const int64_t ld = n + 3;
+    auto q = test::random_vec(size_t(H * D), 97);
+    auto K = test::random_vec(size_t(Hkv * ld * D), 98, -3, 3);
+    Dev<float> dq(q), dK(K), dl(size_t(H * n));
+    std::vector<float> lg(size_t(H * n));
+    cpu->heads_logits(q.data(), H, Hkv, K.data(), ld, n, D, 0.125f, lg.data(), DType::kF32);
+    cuda->heads_logits(dq.p, H, Hkv, dK.p, ld, n, D, 0.125f, dl.p, DType::kF32);
+    EXPECT_TRUE(test::all_close(dl.host().data(), lg.data(), lg.size(), kTolF32)) << "heads_logits H " << H;
+  }
   for (auto [H, Hkv, D, n] : {std::tuple{8, 2, 128, 300}, std::tuple{4, 4, 64, 33}}) {
     const int64_t ld = n + 5;  // rows of the cache and of the taps wider than the keys attended
     auto q = test::random_vec(size_t(2 * H * D), 94);

@@ -347,6 +347,17 @@ class CpuBackend final : public Backend {
     parallel_for(nb,
                  [&](int64_t b) { cpu::group_logits(q, G, K, kt, n, n * b / nb, n * (b + 1) / nb, D, scale, logits); });
   }
+  void heads_logits(const float* q, int H, int H_kv, const void* K, int64_t k_ld, int64_t n, int D, float scale,
+                    float* logits, DType kt) override {
+    HG_CHECK(H_kv > 0 && H % H_kv == 0);
+    const int G = H / H_kv;
+    const int64_t nb = key_blocks(n), es = int64_t(dtype_size(kt));
+    parallel_for(int64_t(H_kv) * nb, [&](int64_t i) {
+      const int64_t g = i / nb, b = i % nb;
+      cpu::group_logits(q + g * G * D, G, static_cast<const char*>(K) + g * k_ld * D * es, kt, n, n * b / nb,
+                        n * (b + 1) / nb, D, scale, logits + g * G * n);
+    });
+  }
   void group_logit_max(const float* q, int G, const void* K, int64_t n, int D, float scale, float* score,
                        DType kt) override {
     const int64_t nb = key_blocks(n);

@@ -110,6 +110,10 @@ class CudaBackend final : public Backend {
                     DType kt) override {
     cuda::attention_logits(q, K, kt, n, n, G, 1, D, scale, logits);
   }
+  void heads_logits(const float* q, int H, int H_kv, const void* K, int64_t k_ld, int64_t n, int D, float scale,
+                    float* logits, DType kt) override {
+    cuda::attention_logits(q, K, kt, k_ld, n, H, H_kv, D, scale, logits, n);
+  }
   void softmax_rows(float* x, int64_t rows, int64_t n) override { cuda::softmax_rows(x, rows, n); }
   // These three keep their scratch per thread (the copy queue's thread gathers too).
   float max_value(const float* x, int64_t n) override { return cuda::max_value(x, n); }

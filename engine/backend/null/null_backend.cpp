@@ -26,6 +26,7 @@ class NullBackend final : public Backend {
   }
   void attention(const AttentionArgs&) override {}
   void group_logits(const float*, int, const void*, int64_t, int, float, float*, DType) override {}
+  void heads_logits(const float*, int, int, const void*, int64_t, int64_t, int, float, float*, DType) override {}
   void softmax_rows(float*, int64_t, int64_t) override {}
   void group_weighted_v(const float*, int, const void*, int64_t, int, float*, DType) override {}
   void group_logit_max(const float*, int, const void*, int64_t, int, float, float*, DType) override {}
