@@ -135,6 +135,7 @@ void Scorer::forward(std::span<const int32_t> t, std::span<const TokenRow> rows,
                      float* lg) {
   if (!rt_) {
     dec_.forward(t, rows, want, lg);
+    if (on_step_) on_step_();
     return;
   }
   rt_->log().set_step(step_);
@@ -145,6 +146,7 @@ void Scorer::forward(std::span<const int32_t> t, std::span<const TokenRow> rows,
   // Scoring is timed on the wall clock; kept, the event log would hold every stage of the run
   // (millions for HybridGen over a task).
   rt_->log().clear();
+  if (on_step_) on_step_();
 }
 
 ItemScore Scorer::score(const Request& r, ChoiceLogprobs* logprobs) {

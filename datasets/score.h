@@ -82,6 +82,8 @@ class Scorer {
   // Called after each batch with its number of items (the strategy's step_stats() are then its last step's).
   using BatchDone = std::function<void(int items)>;
   void on_batch(BatchDone f) { on_batch_ = std::move(f); }
+  // Called after each forward (a step of the strategy: its step_stats() are then that step's).
+  void on_step(std::function<void()> f) { on_step_ = std::move(f); }
 
  private:
   void forward(std::span<const int32_t> t, std::span<const TokenRow> rows, std::span<const int32_t> want, float* lg);
@@ -99,6 +101,7 @@ class Scorer {
   int64_t step_ = 0;
   bool calibrated_ = false;
   BatchDone on_batch_;
+  std::function<void()> on_step_;
 };
 
 struct TaskMetrics {

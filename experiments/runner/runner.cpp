@@ -37,6 +37,25 @@ using Json = nlohmann::ordered_json;
 constexpr double kRunCalibrationSeconds = 0.2;
 constexpr int64_t kRunCalibrationBytes = int64_t(512) << 20;
 
+// A scheduler's decisions over the steps, as runs of equal values per key (K, mode_pre).
+using Trajectory = std::map<std::string, std::vector<std::pair<double, int>>>;
+void add_trajectory(Trajectory& t, const std::map<std::string, double>& step) {
+  for (const char* key : {"K", "mode_pre"})
+    if (auto it = step.find(key); it != step.end()) {
+      auto& runs = t[key];
+      if (!runs.empty() && runs.back().first == it->second) ++runs.back().second;
+      else runs.emplace_back(it->second, 1);
+    }
+}
+Json trajectory_json(const Trajectory& t) {
+  Json tr = Json::object();
+  for (auto& [k, runs] : t) {
+    tr[k] = Json::array();
+    for (auto& [v, steps] : runs) tr[k].push_back(Json::array({v, steps}));
+  }
+  return tr;
+}
+
 // A profile's rates in a row (a per-run calibration has no file to point to).
 Json profile_json(const PlatformProfile& p) {
   Json by = Json::object();
@@ -258,13 +277,7 @@ Figures figures(const Measurement& m, const PlatformProfile* profile) {
     for (auto& s : m.step_stats)
       for (auto& [k, v] : s) f.stats_mean[k] += v, n[k]++;
     for (auto& [k, v] : f.stats_mean) v /= n[k];
-    for (const char* key : {"K", "mode_pre"})
-      for (auto& st : m.step_stats)
-        if (auto it = st.find(key); it != st.end()) {
-          auto& runs = f.trajectory[key];
-          if (!runs.empty() && runs.back().first == it->second) ++runs.back().second;
-          else runs.emplace_back(it->second, 1);
-        }
+    for (auto& st : m.step_stats) add_trajectory(f.trajectory, st);
   }
   return f;
 }
@@ -488,6 +501,14 @@ const Model& Runner::model_for(const std::string& spec) {
   return *model_;
 }
 
+const PlatformProfile& Runner::steering_profile(const Point& p) {
+  const std::string name = !p.platform.empty() && !calibrates_each_run(p.platform) ? p.platform : kSteeringPlatform;
+  auto it = profiles_.find(name);
+  if (it == profiles_.end())
+    it = profiles_.emplace(name, load_platform(name, std::string(HG_SOURCE_DIR) + "/experiments/platforms")).first;
+  return it->second;
+}
+
 DeviceCosts Runner::device_costs() {
   if (spec_.device_costs == "off") return {};
   auto it = profiles_.find(spec_.device_costs);
@@ -507,6 +528,7 @@ Json Runner::run_eval_once(const Point& p, const StrategyEntry& entry, int repea
   RuntimeConfig rc;
   rc.device = spec_.device;
   rc.device_costs = device_costs();
+  rc.stage_clock = steering_profile(p);
   Runtime rt(rc);
   const Model& model = model_for(p.model);
   reserve_weights(rt, model);
@@ -575,6 +597,9 @@ Json Runner::run_eval_once(const Point& p, const StrategyEntry& entry, int repea
   if (kept) kept_dists.resize(reqs.size());
   FidelityAccumulator fid;
   std::map<std::string, double> stats_sum;
+  // The scheduler's K and mode at every step, as runs of equal values (a timing row's format).
+  Trajectory trajectory;
+  scorer.on_step([&] { add_trajectory(trajectory, kv->step_stats()); });
   int64_t ctx_tokens = 0;
   int truncated_items = 0, scored = 0;
   const auto t0 = std::chrono::steady_clock::now();
@@ -620,6 +645,8 @@ Json Runner::run_eval_once(const Point& p, const StrategyEntry& entry, int repea
   }
 
   Json r = accuracy_row(spec_, p, entry, repeat, effective);
+  // What steered the strategy's own timing decisions: a profile's modeled stage times.
+  r["steering_clock"] = "modeled:" + rc.stage_clock->name;
   Json acc = m.json();
   acc["task"] = p.task;
   acc["shots"] = p.shots;
@@ -652,6 +679,7 @@ Json Runner::run_eval_once(const Point& p, const StrategyEntry& entry, int repea
   Json st = Json::object();
   for (auto& [k, v] : stats_sum) st[k] = scores.empty() ? 0.0 : v / double(scores.size());
   r["strategy_stats"] = {{"mean_last_step", st}};
+  if (!trajectory.empty()) r["strategy_stats"]["trajectory"] = trajectory_json(trajectory);
   r["runtime"] = {{"device", rt.device_description()}};
   r["weights"] = weights_record(model);
   r["provenance"] = run_provenance(p);
@@ -680,6 +708,7 @@ Json Runner::run_needle_once(const Point& p, const StrategyEntry& entry, int rep
   RuntimeConfig rc;
   rc.device = spec_.device;
   rc.device_costs = device_costs();
+  rc.stage_clock = steering_profile(p);
   // Greedy outputs of `name` (with `params`) on every item, on a fresh runtime.
   auto outputs_of = [&](const std::string& name, const std::map<std::string, std::string>& params, double* seconds,
                         std::map<std::string, double>* stats) {
@@ -746,6 +775,8 @@ Json Runner::run_needle_once(const Point& p, const StrategyEntry& entry, int rep
   for (auto& it : items) tokens += double(it.tokens) / double(items.size());
 
   Json r = accuracy_row(spec_, p, entry, repeat, effective);
+  // What steered the strategy's own timing decisions: a profile's modeled stage times.
+  r["steering_clock"] = "modeled:" + rc.stage_clock->name;
   Json acc = {{"n", n}, {"acc", mean}, {"acc_stderr", mean_stderr(match)}, {"metric", "string_match_all"},
               {"task", p.task}, {"needle_tokens", p.needle_tokens}, {"depth", p.depth},
               {"mean_context_tokens", tokens}, {"fewshot_seed", ev.fewshot_seed}};
@@ -970,14 +1001,7 @@ Json Runner::run_once(const Point& p, const StrategyEntry& entry, int repeat, bo
                          {"copy", rt.device_costs().copy_us},
                          {"sync", rt.device_costs().sync_us}}}};
   r["strategy_stats"] = {{"last", f.stats_last}, {"mean", f.stats_mean}};
-  if (!f.trajectory.empty()) {
-    Json tr = Json::object();
-    for (auto& [k, runs] : f.trajectory) {
-      tr[k] = Json::array();
-      for (auto& [v, steps] : runs) tr[k].push_back(Json::array({v, steps}));
-    }
-    r["strategy_stats"]["trajectory"] = tr;
-  }
+  if (!f.trajectory.empty()) r["strategy_stats"]["trajectory"] = trajectory_json(f.trajectory);
   // What the strategy ran with where it differs from, or is derived from, its parameters.
   Json rve = Json::object();
   for (auto& [k, v] : kv->effective_params()) rve[k] = v;

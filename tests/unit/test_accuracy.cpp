@@ -7,10 +7,12 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <thread>
 
 #include "baselines/registry.h"
 #include "datasets/pyrandom.h"
@@ -540,6 +542,42 @@ TEST(Experiments, TheReferenceIsScoredOncePerKey) {
     // full first: it is the reference, nothing else scores one; h2o first: it scores the one.
     EXPECT_EQ(fresh, std::string(order).rfind("[full", 0) == 0 ? 0 : 1) << order;
   }
+}
+
+// HybridGen's scheduler decides K and the mode from stage times; in an accuracy run those are the
+// steering profile's modeled times, so that a second run beside a busy neighbour (two threads
+// spinning on this machine's cores) gives the same scores, fidelity and K trajectory, bit for bit.
+TEST(Experiments, AccuracyRunsAreDeterministicUnderLoad) {
+  const std::string data = four_copa_items("copa_determinism");
+  ExperimentSpec spec = parse_experiment(
+      fmt::format("name: d\nmodels: [synthetic:tiny-llama]\nstrategies: [{{name: hybridgen, params: "
+                  "{{gpu_kv_tokens: 8, k_min: 2, k_max: 64}}}}]\neval: {{tasks: [copa], shots: 3, context: stream, "
+                  "limit: 4, data_dir: \"{}\"}}\n", data),
+      "d.yaml");
+  auto run = [&] {
+    Runner runner(spec);
+    nlohmann::ordered_json row;
+    for (auto& p : expand(spec)) runner.run(p, spec.strategies[0], {}, [&](nlohmann::ordered_json r) { row = r; });
+    return row;
+  };
+  const auto quiet = run();
+  ASSERT_EQ(quiet["status"], "ok") << quiet.dump();
+  EXPECT_EQ(quiet["steering_clock"], std::string("modeled:") + kSteeringPlatform);
+  ASSERT_TRUE(quiet["strategy_stats"].contains("trajectory")) << quiet["strategy_stats"].dump();
+  std::atomic<bool> stop{false};
+  std::vector<std::thread> busy;
+  for (int i = 0; i < 2; ++i)
+    busy.emplace_back([&] {
+      volatile double x = 1;
+      while (!stop.load(std::memory_order_relaxed)) x = x * 1.0000001 + 1e-9;
+    });
+  const auto loaded = run();
+  stop = true;
+  for (auto& t : busy) t.join();
+  ASSERT_EQ(loaded["status"], "ok") << loaded.dump();
+  EXPECT_EQ(loaded["accuracy"].dump(), quiet["accuracy"].dump());
+  EXPECT_EQ(loaded["fidelity"]["mean_kl"], quiet["fidelity"]["mean_kl"]);
+  EXPECT_EQ(loaded["strategy_stats"]["trajectory"].dump(), quiet["strategy_stats"]["trajectory"].dump());
 }
 
 // The reference is kept in the result directory: a second runner over it (a resumed run) reads it
