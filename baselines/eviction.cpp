@@ -14,7 +14,8 @@ EvictingStrategy::EvictingStrategy(const StrategyContext& ctx, const char* name,
       rt_(require_runtime(ctx, name)),
       kv_(ctx, p),
       kv_home_(p.get("kv_home")),
-      overlap_(p.get_bool("overlap")) {
+      overlap_(p.get_bool("overlap")),
+      sequence_basis_(p.get("budget_basis") == "sequence") {
   if (const double b = p.get_float("budget"); b > 0) budget_ = b;
 }
 
@@ -24,6 +25,16 @@ std::map<std::string, std::string> EvictingStrategy::effective_params() const {
     e["kv_home"] = gpu_layers_ == shape_.n_layers ? "gpu" : gpu_layers_ == 0 ? "dram" : "split";
   e["gpu_kv_layers"] = std::to_string(gpu_layers_);
   return e;
+}
+
+ParamSpec budget_basis_param() {
+  return {"budget_basis",
+          ParamSpec::Type::kEnum,
+          "context",
+          "",
+          "what a ratio budget is a fraction of: the context so far (decode-time eviction), or the sequence's "
+          "whole length (prompt and tokens to come, as the authors' attention masks size it)",
+          {"context", "sequence"}};
 }
 
 ParamSpec kv_home_param() {
@@ -109,7 +120,7 @@ void EvictingStrategy::append(int layer, std::span<const TokenRow> rows, const f
   for (auto& r : rows)
     if (r.pos == prompt_len(r.seq) && r.pos > 0) {
       context_[size_t(r.seq)] = r.pos;
-      evict_to(layer, r.seq, budget(r.seq, r.pos));
+      evict_to(layer, r.seq, keep(r.seq, r.pos));
     }
   // Keys stored pre-RoPE (rotated back by their original position) where the policy re-rotates;
   // rotated on the accelerator, in its memory.
@@ -426,11 +437,12 @@ void EvictingStrategy::attend(int layer, std::span<const TokenRow> rows, const f
                    r.pos);
     }
   }
-  // Decode rows: back to the budget.
+  // Decode rows: back to the budget of the context the next row comes after (this row included),
+  // so that a budget of the whole context keeps every token.
   for (auto& r : rows)
     if (r.pos >= prompt_len(r.seq)) {
-      context_[size_t(r.seq)] = r.pos;
-      evict_to(layer, r.seq, budget(r.seq, r.pos));
+      context_[size_t(r.seq)] = r.pos + 1;
+      evict_to(layer, r.seq, keep(r.seq, r.pos + 1));
     }
   // The next layer's retained set is fixed now (its evictions ran last step): load it while this
   // layer's FFN and the next one's projections run; after the last layer, the next step's layer 0.

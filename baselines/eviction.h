@@ -20,6 +20,8 @@ namespace hg {
 
 // The `kv_home` parameter every evicting strategy declares.
 ParamSpec kv_home_param();
+// The `budget_basis` parameter: what a ratio budget is a fraction of (context | sequence).
+ParamSpec budget_basis_param();
 
 class EvictingStrategy : public KvStrategy {
  public:
@@ -81,14 +83,17 @@ class EvictingStrategy : public KvStrategy {
   // The shared `budget` (attended fraction of the context) when set, else 0: the policy's own
   // parameters size it.
   double shared_budget() const { return budget_; }
-  // The context the current eviction of `seq` is sized for (tokens before the decode row).
-  int32_t context(int seq) const { return context_[size_t(seq)]; }
+  // The context the current eviction of `seq` is sized for: the tokens before the decode row, or
+  // with budget_basis=sequence the sequence's whole length (its capacity).
+  int32_t context(int seq) const { return sequence_basis_ ? capacity_[size_t(seq)] : context_[size_t(seq)]; }
+  // The tokens retained once `seq` holds `n` (budget() of the basis: n, or the whole sequence).
+  int32_t keep(int seq, int32_t n) const { return budget(seq, sequence_basis_ ? capacity_[size_t(seq)] : n); }
 
  public:
   // Prefill attends every visible key; a decode row the budget plus itself.
   int64_t accel_attention_keys(const TokenRow& r) const override {
     return r.pos < prompt_len(r.seq) ? int64_t(r.pos) + 1
-                                     : std::min<int64_t>(r.pos + 1, int64_t(budget(r.seq, r.pos)) + 1);
+                                     : std::min<int64_t>(r.pos + 1, int64_t(keep(r.seq, r.pos)) + 1);
   }
 
  protected:
@@ -158,6 +163,7 @@ class EvictingStrategy : public KvStrategy {
     return layer >= gpu_layers_;
   }  // the layer's retained KV on dram between steps
   bool overlap_ = true;
+  bool sequence_basis_ = false;  // budget_basis=sequence
   std::array<std::map<int32_t, Allocation>, 2> staged_;  // kv_home dram, per layer parity: seq → retained K|V on the gpu tier
   int64_t evicted_ = 0;
   double budget_ = 0;

@@ -97,7 +97,7 @@ StrategyInfo keyformer_info() {
            {"tau_init", ParamSpec::Type::kFloat, "1.0", "", "Gumbel-softmax temperature at the prompt", {}},
            {"tau_end", ParamSpec::Type::kFloat, "2.0", "", "temperature at the last generated token", {}},
            {"seed", ParamSpec::Type::kInt, "0", "", "Gumbel noise seed", {}},
-           kv_home_param(), overlap_param()},
+           kv_home_param(), overlap_param(), budget_basis_param()},
           [](const StrategyContext& c, const StrategyParams& p) { return std::make_unique<Keyformer>(c, p); },
           /*runs_on_cuda=*/true, /*budgeted=*/true, /*native_16bit_kv=*/true};
 }

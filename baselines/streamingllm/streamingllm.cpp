@@ -61,7 +61,7 @@ StrategyInfo streamingllm_info() {
            {"kv_ratio", ParamSpec::Type::kFloat, "0", "ratio",
             "instead of window: sinks + window = this fraction of the current context (0: window)", {}, 0, 1},
            {"positions", ParamSpec::Type::kEnum, "cache", "", "RoPE positions of kept keys", {"cache", "original"}},
-           kv_home_param(), overlap_param()},
+           kv_home_param(), overlap_param(), budget_basis_param()},
           [](const StrategyContext& c, const StrategyParams& p) { return std::make_unique<StreamingLlm>(c, p); },
           /*runs_on_cuda=*/true, /*budgeted=*/true, /*native_16bit_kv=*/true};
 }

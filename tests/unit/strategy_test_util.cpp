@@ -210,6 +210,8 @@ void brute_force_check(const std::string& name, const std::map<std::string, std:
     kv->append(0, std::span<const TokenRow>(&r, 1), &K[size_t(t * Hkv * D)], &V[size_t(t * Hkv * D)]);
     kv->attend(0, std::span<const TokenRow>(&r, 1), &Q[size_t(t * H * D)], scale, &out[size_t(t * H * D)]);
     const int step = std::max(0, t - P + 1);
+    // After a decode row, back to the budget of the context the next row comes after (t + 1).
+    budget = budget_of(t + 1), heavy_recent = recent_of(t + 1);
     for (int g = 0; g < Hkv; ++g) {
       std::vector<int32_t> pos(keep[size_t(g)].begin(), keep[size_t(g)].end());
       for (int hh = 0; hh < G; ++hh) {

@@ -580,6 +580,38 @@ TEST(Experiments, AccuracyRunsAreDeterministicUnderLoad) {
   EXPECT_EQ(loaded["strategy_stats"]["trajectory"].dump(), quiet["strategy_stats"]["trajectory"].dump());
 }
 
+// A budget of the whole context compresses nothing: at kv_ratio / budget 1.0 every strategy's
+// next-token distributions equal full attention's (mean KL < 1e-6) in both context modes, stream
+// mode's decode-time eviction included. InfiniGen's budget caps a count its alpha threshold
+// decides, so it is exact at 1.0 with every token within alpha; HybridGen's CPU logits come from
+// its speculative query (layer i's input through layer i+1's W_q), an approximation no budget
+// removes, so it is exact at 1.0 with the true query (docs/accuracy.md has both errors).
+TEST(Experiments, BudgetsOfTheWholeContextAreExact) {
+  const std::string data = four_copa_items("copa_budget_one");
+  for (const char* mode : {"stream", "prefill"}) {
+    ExperimentSpec spec = parse_experiment(
+        fmt::format("name: b\nmodels: [synthetic:tiny-llama]\nstrategies: [full, {{name: h2o, params: {{kv_ratio: 1.0}}}}, "
+                    "{{name: h2o, label: h2o_budget, params: {{budget: 1.0}}}}, {{name: keyformer, params: {{kv_ratio: 1.0}}}}, "
+                    "{{name: streamingllm, params: {{kv_ratio: 1.0}}}}, {{name: infinigen, params: {{budget: 1.0, alpha: 1e9}}}}, "
+                    "{{name: hybridgen, params: {{budget: 1.0, mode: post, speculative_query: false}}}}, "
+                    "{{name: hybridgen, label: hybridgen_pre, params: {{budget: 1.0, mode: pre, speculative_query: false}}}}, "
+                    "{{name: hybridgen, label: hybridgen_adaptive, params: {{kv_ratio: 1.0, gpu_kv_tokens: 16, "
+                    "speculative_query: false}}}}]\n"
+                    "eval: {{tasks: [copa], shots: 3, context: {}, limit: 4, data_dir: \"{}\"}}\n",
+                    mode, data),
+        "b.yaml");
+    Runner runner(spec);
+    for (auto& p : expand(spec))
+      for (auto& e : spec.strategies)
+        runner.run(p, e, {}, [&](nlohmann::ordered_json r) {
+          ASSERT_EQ(r["status"], "ok") << r.dump();
+          if (e.name == "full") return;
+          EXPECT_LT(r["fidelity"]["mean_kl"].get<double>(), 1e-6) << e.label << " " << mode;
+          EXPECT_EQ(r["fidelity"]["agreement"], 1.0) << e.label << " " << mode;
+        });
+  }
+}
+
 // The reference is kept in the result directory: a second runner over it (a resumed run) reads it
 // instead of scoring it again, with the same fidelity; a torn file is named, not used.
 TEST(Experiments, AResumedRunReadsTheKeptReference) {

@@ -74,10 +74,10 @@ TEST_P(BudgetedStrategies, HoldExactlyTheirBudgetEveryStep) {
         for (int g = 0; g < m.hp.n_kv_heads; ++g) {
           const int32_t n = ev->store().count(l, 0, g);
           // After the prefill all prompt tokens are held; after each decode step, exactly the budget
-          // for the context that step's row saw (tokens − 1 before it).
+          // for the context the next row comes after (the `tokens` so far, this step's included).
           // Evicted tokens never return: a budget that grows by more than one token per step is
           // reached one token per step.
-          const int32_t budget = c.budget(tokens - 1);
+          const int32_t budget = c.budget(tokens);
           int32_t& want_n = expect[size_t(l * m.hp.n_kv_heads + g)];
           want_n = step == 0 ? tokens : std::min(budget, want_n + 1);
           EXPECT_EQ(n, want_n) << c.strategy << " step " << step;
