@@ -131,10 +131,34 @@ Scorer::Scorer(const Model& model, Backend& backend, KvStrategy& kv, Runtime* rt
     : model_(model), be_(backend), kv_(kv), rt_(rt && rt->device() != DeviceKind::kCpu ? rt : nullptr), mode_(mode),
       add_bos_(add_bos), batch_seqs_(std::max(1, batch_seqs)), dec_(model, backend, kv) {}
 
+// Decode rows' attended keys: from attended_keys() before the forward, or the strategy's own count
+// of the forward that ended (last_attended(), summed over its decode rows).
+void Scorer::count_attended(std::span<const TokenRow> rows, bool before) {
+  double ctx = 0, att = 0;
+  for (const TokenRow& r : rows) {
+    if (size_t(r.seq) >= prompt_.size() || r.pos < prompt_[size_t(r.seq)]) continue;
+    ctx += double(r.pos) + 1;
+    if (before) {
+      const KvStrategy::AttendedKeys a = kv_.attended_keys(r);
+      att += double(std::min<int64_t>(a.accel + a.cpu, int64_t(r.pos) + 1));
+    }
+  }
+  if (ctx == 0) return;
+  if (before) {
+    pending_attended_ = att, pending_context_ = ctx;
+    return;
+  }
+  if (const auto a = kv_.last_attended()) pending_attended_ = std::min(ctx, double(a->accel + a->cpu));
+  attended_keys_ += pending_attended_, context_keys_ += pending_context_;
+  pending_attended_ = pending_context_ = 0;
+}
+
 void Scorer::forward(std::span<const int32_t> t, std::span<const TokenRow> rows, std::span<const int32_t> want,
                      float* lg) {
+  count_attended(rows, true);
   if (!rt_) {
     dec_.forward(t, rows, want, lg);
+    count_attended(rows, false);
     if (on_step_) on_step_();
     return;
   }
@@ -146,6 +170,7 @@ void Scorer::forward(std::span<const int32_t> t, std::span<const TokenRow> rows,
   // Scoring is timed on the wall clock; kept, the event log would hold every stage of the run
   // (millions for HybridGen over a task).
   rt_->log().clear();
+  count_attended(rows, false);
   if (on_step_) on_step_();
 }
 
@@ -196,6 +221,7 @@ void Scorer::calibrate(std::span<const EncodedRequest> enc) {
   for (int32_t p = 0; p < n; ++p) rows.push_back({0, p});
   const int32_t cap[1] = {n}, prompt[1] = {n};
   step_ = 0;
+  prompt_.clear();  // a calibration is not scored
   kv_.begin(dec_.kv_shape(), cap, prompt);
   forward(longest, rows, {}, nullptr);
   calibrated_ = true;
@@ -246,6 +272,7 @@ void Scorer::score_batch(std::span<const Request> reqs, std::span<const EncodedR
     if (logprobs) it.lp.assign(size_t(it.C), {});
   }
   step_ = 0;
+  prompt_ = prompt_len;
   kv_.begin(dec_.kv_shape(), capacity, prompt_len);
 
   std::vector<int32_t> toks, want;

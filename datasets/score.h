@@ -3,6 +3,7 @@
 // acc_norm (log-likelihood over the choice's length in characters), each with its standard error;
 // and the fidelity of a strategy against a reference (`full`) on the same items.
 #pragma once
+#include <cmath>
 #include <functional>
 #include <optional>
 #include <span>
@@ -84,6 +85,10 @@ class Scorer {
   void on_batch(BatchDone f) { on_batch_ = std::move(f); }
   // Called after each forward (a step of the strategy: its step_stats() are then that step's).
   void on_step(std::function<void()> f) { on_step_ = std::move(f); }
+  // The attended fraction of the context over every decode row scored so far (keys attended, on the
+  // accelerator and the CPU, over the row's tokens, itself included); NaN before any. 1.0: the
+  // strategy compressed nothing these items reached.
+  double attended_fraction() const { return context_keys_ > 0 ? attended_keys_ / context_keys_ : NAN; }
 
  private:
   void forward(std::span<const int32_t> t, std::span<const TokenRow> rows, std::span<const int32_t> want, float* lg);
@@ -102,6 +107,9 @@ class Scorer {
   bool calibrated_ = false;
   BatchDone on_batch_;
   std::function<void()> on_step_;
+  std::vector<int32_t> prompt_;  // the batch's prompt length per sequence
+  double attended_keys_ = 0, context_keys_ = 0, pending_attended_ = 0, pending_context_ = 0;
+  void count_attended(std::span<const TokenRow> rows, bool before);
 };
 
 struct TaskMetrics {

@@ -85,9 +85,14 @@ class HybridGen final : public KvStrategy {
   void submit_deferred(int layer);
   size_t pidx(int layer, int seq) const { return size_t(layer) * size_t(B_) + size_t(seq); }
   // K for row r: the scheduler's (one for the batch), raised to r's own K_min where the batch's
-  // contexts differ (the scheduler's K_min is its shortest context's).
-  // The context is the row's tokens, itself included: a budget of 1.0 attends every one.
-  int64_t k_for(const TokenRow& r) const { return std::max<int64_t>(sched_.k(), k_min_for(int64_t(r.pos) + 1)); }
+  // contexts differ (the scheduler's K_min is its shortest context's); under the shared budget
+  // exactly what the ring leaves of it, so that the attended fraction is the budget (the scheduler
+  // then chooses the mode). The context is the row's tokens, itself included: a budget of 1.0
+  // attends every one.
+  int64_t k_for(const TokenRow& r) const {
+    const int64_t k_min = k_min_for(int64_t(r.pos) + 1);
+    return budget_ > 0 ? k_min : std::max<int64_t>(sched_.k(), k_min);
+  }
   int32_t current_k(const TokenRow& r) const {
     return int32_t(std::min<int64_t>(k_for(r), ring_.offloaded(0, r.seq)));
   }

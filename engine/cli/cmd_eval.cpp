@@ -11,6 +11,7 @@
 #include <fmt/format.h>
 #include <yaml-cpp/yaml.h>
 
+#include "baselines/registry.h"
 #include "datasets/tasks.h"
 #include "engine/cli/cli.h"
 #include "experiments/runner/sweep.h"
@@ -47,6 +48,7 @@ int cmd_eval(const std::vector<std::string>& args) {
                      lm_eval = "0.4.9";
   std::vector<std::string> sets;
   int shots = 3, limit = 0, threads = hardware_threads();
+  double budget = 0.2;
   uint64_t seed = 1234;
   bool add_bos = false, force = false;
   app.add_option("-m,--model", model,
@@ -56,6 +58,10 @@ int cmd_eval(const std::vector<std::string>& args) {
   app.add_option("--limit", limit, "first N items of each task (0: all)")->capture_default_str();
   app.add_option("--strategy", strategies, "comma-separated KV strategies (see `hgbench strategies`)")->capture_default_str();
   app.add_option("--set", sets, "strategy parameter S.P=V (repeatable), e.g. h2o.heavy_ratio=0.05");
+  app.add_option("--budget", budget,
+                 "attended fraction of the context for every budgeted strategy given no --set (its `budget`; 0: each "
+                 "strategy's own defaults, which may not compress a few-shot prompt)")
+      ->capture_default_str();
   app.add_option("--context", context,
                  "prefill: prefill the context, score the choices as decode steps; stream: every token a decode step")
       ->capture_default_str();
@@ -99,7 +105,17 @@ int cmd_eval(const std::vector<std::string>& args) {
   y["name"] = "eval";
   y["description"] = "hgbench eval " + tasks;
   y["models"].push_back(model);
-  for (auto& s : strat_list) y["strategies"].push_back(s);
+  if (!(budget >= 0 && budget <= 1)) input_error("eval: --budget {} (expected a fraction in [0, 1])", budget);
+  for (auto& s : strat_list) {
+    if (budget > 0 && strategy_info(s).budgeted) {
+      YAML::Node e;
+      e["name"] = s;
+      e["params"]["budget"] = budget;
+      y["strategies"].push_back(e);
+    } else {
+      y["strategies"].push_back(s);
+    }
+  }
   for (auto& [st, kv] : strategy_sets(sets, cmd, strat_list))
     for (size_t i = 0; i < strat_list.size(); ++i)
       if (strat_list[i] == st) {

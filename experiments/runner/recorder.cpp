@@ -300,6 +300,22 @@ std::string write_accuracy_summary(const std::string& dir, const std::vector<Res
           [&](const Json& r) { return fid(r, "mean_kl"); });
     }
   }
+  // What the budgets compressed: a strategy at 1.000 attended every key of the steps scored.
+  auto attended = [](const Json& r) {
+    const auto a = r.find("accuracy");
+    if (a == r.end() || !a->is_object()) return double(NAN);
+    const auto v = a->find("attended_fraction");
+    return v != a->end() && v->is_number() ? v->get<double>() : double(NAN);
+  };
+  bool any_att = false;
+  for (auto& [k, r] : cell) any_att = any_att || std::isfinite(attended(*r));
+  if (any_att) {
+    out += "\n";
+    out += table(
+        "attended fraction of the context on the scored decode steps",
+        [&](const Json& r) { const double v = attended(r); return std::isfinite(v) ? fmt::format("{:.3f}", v) : std::string("-"); },
+        attended);
+  }
   write_checked(dir + "/table.txt", out);
   return out;
 }

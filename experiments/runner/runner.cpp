@@ -659,6 +659,15 @@ Json Runner::run_eval_once(const Point& p, const StrategyEntry& entry, int repea
   acc["max_length"] = model.hp.max_pos;
   acc["fewshot_seed"] = ev.fewshot_seed;
   acc["mean_context_tokens"] = scores.empty() ? 0.0 : double(ctx_tokens) / double(scores.size());
+  const double attended = scorer.attended_fraction();
+  acc["attended_fraction"] = std::isfinite(attended) ? Json(attended) : Json(nullptr);
+  // A budget that compresses nothing these items reach: the row equals full attention by design.
+  if (strategy_info(entry.name).budgeted && attended >= 0.999) {
+    static std::set<std::string> warned_budget;
+    if (warned_budget.insert(entry.label + "|" + p.task + "|" + p.id).second)
+      fmt::print(stderr, "hgbench: warning: {} attended {:.1f}% of the context on {}'s scored steps: its budget does not "
+                 "compress these prompts (accuracy.attended_fraction)\n", entry.label, 100 * attended, p.task);
+  }
   r["accuracy"] = acc;
   if (with_ref) {
     Json f = fid.result().json();
