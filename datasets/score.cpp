@@ -213,9 +213,10 @@ void Scorer::score_all(std::span<const Request> reqs, bool logprobs, const ItemD
 }
 
 void Scorer::calibrate(std::span<const EncodedRequest> enc) {
-  std::vector<int32_t> longest;
-  for (const EncodedRequest& e : enc)
-    if (e.context.size() > longest.size()) longest = e.context;
+  std::vector<int32_t> longest = calibration_;
+  if (longest.empty())
+    for (const EncodedRequest& e : enc)
+      if (e.context.size() > longest.size()) longest = e.context;
   const int32_t n = int32_t(longest.size());
   std::vector<TokenRow> rows;
   for (int32_t p = 0; p < n; ++p) rows.push_back({0, p});

@@ -83,6 +83,9 @@ class Scorer {
   // Called after each batch with its number of items (the strategy's step_stats() are then its last step's).
   using BatchDone = std::function<void(int items)>;
   void on_batch(BatchDone f) { on_batch_ = std::move(f); }
+  // The prompt a strategy that calibrates on one (needs_prompt_attention()) is shown, as an exact
+  // prefill, before the first item; without it, the longest context of the items scored.
+  void set_calibration(std::vector<int32_t> tokens) { calibration_ = std::move(tokens); }
   // Called after each forward (a step of the strategy: its step_stats() are then that step's).
   void on_step(std::function<void()> f) { on_step_ = std::move(f); }
   // The attended fraction of the context over every decode row scored so far (keys attended, on the
@@ -108,6 +111,7 @@ class Scorer {
   BatchDone on_batch_;
   std::function<void()> on_step_;
   std::vector<int32_t> prompt_;  // the batch's prompt length per sequence
+  std::vector<int32_t> calibration_;
   double attended_keys_ = 0, context_keys_ = 0, pending_attended_ = 0, pending_context_ = 0;
   void count_attended(std::span<const TokenRow> rows, bool before);
 };

@@ -274,6 +274,16 @@ std::vector<Request> build_requests(const TaskData& t, int shots, int limit, uin
   return out;
 }
 
+std::string calibration_text(const TaskData& t, size_t max_chars) {
+  std::string out;
+  for (const Doc& d : t.fewshot) {
+    if (out.size() >= max_chars) break;
+    out += d.text + " " + d.target + "\n\n";
+  }
+  if (out.size() > max_chars) out.resize(max_chars);
+  return out;
+}
+
 nlohmann::ordered_json request_json(const Request& r) {
   nlohmann::ordered_json j;
   j["task"] = r.task;

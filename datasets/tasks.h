@@ -71,5 +71,9 @@ std::vector<Request> build_requests(const TaskData& task, int shots, int limit, 
                                     const LmEvalRules& rules = {});
 // {"task","index","context","choices" (the continuations, with their leading delimiter),"gold"}.
 nlohmann::ordered_json request_json(const Request& r);
+// Held-out text in the task's own format: the few-shot split's documents in file order, each as a
+// few-shot example ("text target", separated by blank lines), until max_chars. What a strategy that
+// calibrates on a prompt (InfiniGen's skew) is shown instead of the items it is scored on.
+std::string calibration_text(const TaskData& task, size_t max_chars);
 
 }  // namespace hg

@@ -35,6 +35,9 @@ using Json = nlohmann::ordered_json;
 // clock: modeled:calibrate measures the machine before each recorded run: each measurement's
 // median pass over 0.2 s and 512 MiB buffers (about 5 s in all on 2 cores).
 constexpr double kRunCalibrationSeconds = 0.2;
+// Tokens of held-out text a strategy that calibrates on a prompt sees in accuracy runs (InfiniGen's
+// authors calibrate their skew on 2048).
+constexpr int32_t kCalibrationTokens = 2048;
 constexpr int64_t kRunCalibrationBytes = int64_t(512) << 20;
 
 // A scheduler's decisions over the steps, as runs of equal values per key (K, mode_pre).
@@ -539,6 +542,26 @@ Json Runner::run_eval_once(const Point& p, const StrategyEntry& entry, int repea
   const ContextMode mode = parse_context_mode(p.context, spec_.file);
   const bool add_bos = ev.lm_eval.bos == BosRule::kAlways || (ev.lm_eval.bos == BosRule::kTokenizer && model.tokenizer->add_bos);
   Scorer scorer(model, rt.accel_backend(), *kv, &rt, mode, add_bos);
+  // A strategy that calibrates on a prompt (InfiniGen's skew) sees held-out text of the task, the
+  // same whatever items and limit are scored: its few-shot split in file order, as many tokens as
+  // its authors calibrate on (2048) or the model's positions allow.
+  Json calibration = nullptr;
+  if (kv->needs_prompt_attention()) {
+    const int32_t n = std::min<int32_t>(kCalibrationTokens, model.hp.max_pos - 1);
+    std::vector<int32_t> toks;
+    if (add_bos && model.tokenizer->bos_id >= 0) toks.push_back(model.tokenizer->bos_id);
+    const std::vector<int32_t> body = model.tokenizer->encode(calibration_text(t_it->second, size_t(n) * 16));
+    toks.insert(toks.end(), body.begin(), body.begin() + std::min<int64_t>(int64_t(body.size()), n - int64_t(toks.size())));
+    if (toks.empty()) input_error("{}: {} has no few-shot documents to calibrate {} on", p.task, t_it->second.fewshot_file, entry.label);
+    uint64_t h = 1469598103934665603ull;
+    for (int32_t id : toks)
+      for (int b = 0; b < 4; ++b) h = (h ^ ((uint32_t(id) >> (8 * b)) & 0xff)) * 1099511628211ull;
+    calibration = {{"source", fmt::format("{} few-shot split ({}), documents in file order",
+                                          p.task, std::filesystem::path(t_it->second.fewshot_file).filename().string())},
+                   {"tokens", toks.size()},
+                   {"fnv1a64", fmt::format("{:016x}", h)}};
+    scorer.set_calibration(std::move(toks));
+  }
   // The reference: scored once per key below and reused by every strategy (its time is not in
   // theirs); the reference strategy itself, at its defaults, is the reference when it runs first.
   const bool is_ref = entry.name == ev.reference && params.empty();
@@ -659,6 +682,7 @@ Json Runner::run_eval_once(const Point& p, const StrategyEntry& entry, int repea
   acc["max_length"] = model.hp.max_pos;
   acc["fewshot_seed"] = ev.fewshot_seed;
   acc["mean_context_tokens"] = scores.empty() ? 0.0 : double(ctx_tokens) / double(scores.size());
+  if (!calibration.is_null()) acc["calibration"] = calibration;
   const double attended = scorer.attended_fraction();
   acc["attended_fraction"] = std::isfinite(attended) ? Json(attended) : Json(nullptr);
   // A budget that compresses nothing these items reach: the row equals full attention by design.

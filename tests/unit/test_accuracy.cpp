@@ -612,6 +612,51 @@ TEST(Experiments, BudgetsOfTheWholeContextAreExact) {
   }
 }
 
+// InfiniGen calibrates its skew on held-out text (the task's few-shot split), not on the items it
+// scores: the first two items score the same whether two or four are scored (to the float noise of
+// a larger batch's kernels, 1e-6: a calibration on the scored items moved them by nats), and the
+// row names the calibration and its hash.
+TEST(Experiments, InfiniGenCalibratesOnHeldOutTextWhateverTheLimit) {
+  // Items 2 and 3 are the longest: a calibration on the longest scored context would change with the limit.
+  std::string val;
+  for (int i = 0; i < 4; ++i)
+    val += fmt::format(R"({{"premise": "The child dropped cup {}{}.", "choice1": "It broke.", "choice2": "It sang.", )"
+                       R"("question": "effect", "label": {}, "idx": {}}})" "\n",
+                       i, std::string(i >= 2 ? 40 * i : 0, 'x'), i % 2, i);
+  const std::string data = write_copa_dir("copa_calibration", val);
+  const std::string items = test::temp_path("hg_calibration_items");
+  auto first_two = [&](int limit) {
+    fs::remove_all(items);
+    ExperimentSpec spec = parse_experiment(
+        fmt::format("name: c\nmodels: [synthetic:tiny-llama]\nstrategies: [{{name: infinigen, params: {{calib_tokens: 0, full_layers: 1, alpha: 1.0}}}}]\n"
+                    "eval: {{tasks: [copa], shots: 1, context: prefill, limit: {}, reference: none, data_dir: \"{}\"}}\n",
+                    limit, data),
+        "c.yaml");
+    Runner runner(spec);
+    runner.items_dir = items;
+    nlohmann::ordered_json row;
+    for (auto& p : expand(spec)) runner.run(p, spec.strategies[0], {}, [&](nlohmann::ordered_json r) { row = r; });
+    EXPECT_EQ(row["status"], "ok") << row.dump();
+    EXPECT_GT(row["accuracy"]["calibration"]["tokens"].get<int>(), 0) << row.dump();
+    std::vector<std::string> lines;
+    std::ifstream in(items + "/" + fs::path(row["items_file"].get<std::string>()).filename().string());
+    for (std::string l; std::getline(in, l) && lines.size() < 2;) lines.push_back(l);
+    return std::make_pair(lines, row["accuracy"]["calibration"].dump());
+  };
+  const auto two = first_two(2), four = first_two(4);
+  ASSERT_EQ(two.first.size(), 2u);
+  ASSERT_EQ(four.first.size(), 2u);
+  for (size_t i = 0; i < 2; ++i) {
+    const auto a = nlohmann::json::parse(two.first[i]), b = nlohmann::json::parse(four.first[i]);
+    EXPECT_EQ(a["pred"], b["pred"]) << i;
+    for (size_t c = 0; c < a["ll"].size(); ++c)
+      EXPECT_NEAR(a["ll"][c].get<double>(), b["ll"][c].get<double>(), 1e-6 * std::abs(b["ll"][c].get<double>()))
+          << "item " << i << " choice " << c;
+  }
+  EXPECT_EQ(two.second, four.second);
+  fs::remove_all(items);
+}
+
 // The reference is kept in the result directory: a second runner over it (a resumed run) reads it
 // instead of scoring it again, with the same fidelity; a torn file is named, not used.
 TEST(Experiments, AResumedRunReadsTheKeptReference) {
