@@ -6,6 +6,7 @@
 #include <cstring>
 #include <fstream>
 #include <iterator>
+#include <random>
 
 #include "engine/core/atomic_file.h"
 #include "engine/core/error.h"
@@ -41,6 +42,46 @@ int argmax(const std::vector<T>& v) {
 }
 
 }  // namespace
+
+nlohmann::ordered_json PairedComparison::json() const {
+  return {{"n", n},          {"diff", diff}, {"ci95", {ci_lo, ci_hi}}, {"mcnemar_p", mcnemar_p},
+          {"only_strategy_right", b}, {"only_reference_right", c}};
+}
+
+PairedComparison paired_compare(const std::vector<int>& s, const std::vector<int>& r, int resamples, uint64_t seed) {
+  HG_CHECK(s.size() == r.size());
+  PairedComparison p;
+  p.n = int(s.size());
+  if (p.n == 0) return p;
+  std::vector<int> d(s.size());
+  long sum = 0;
+  for (size_t i = 0; i < s.size(); ++i) {
+    d[i] = s[i] - r[i];
+    sum += d[i];
+    p.b += d[i] > 0, p.c += d[i] < 0;
+  }
+  p.diff = double(sum) / p.n;
+  std::mt19937_64 rng(seed);
+  std::uniform_int_distribution<size_t> pick(0, s.size() - 1);
+  std::vector<double> means(size_t(std::max(1, resamples)));
+  for (double& m : means) {
+    long t = 0;
+    for (size_t i = 0; i < s.size(); ++i) t += d[pick(rng)];
+    m = double(t) / p.n;
+  }
+  std::sort(means.begin(), means.end());
+  const auto at = [&](double q) { return means[std::min(means.size() - 1, size_t(q * double(means.size() - 1) + 0.5))]; };
+  p.ci_lo = at(0.025), p.ci_hi = at(0.975);
+  // Exact binomial: P(X <= min(b, c)) for X ~ Bin(b + c, 1/2), doubled, in logs (n up to thousands).
+  const int nd = p.b + p.c, k = std::min(p.b, p.c);
+  if (nd > 0) {
+    double tail = 0;
+    for (int i = 0; i <= k; ++i)
+      tail += std::exp(std::lgamma(nd + 1.0) - std::lgamma(i + 1.0) - std::lgamma(nd - i + 1.0) - nd * std::log(2.0));
+    p.mcnemar_p = std::min(1.0, 2 * tail);
+  }
+  return p;
+}
 
 double mean_stderr(const std::vector<double>& v) {
   const size_t n = v.size();

@@ -126,6 +126,18 @@ double mean_stderr(const std::vector<double>& v);
 // lm-eval's acc / acc_norm with the sample standard error of the mean.
 TaskMetrics task_metrics(const std::vector<ItemScore>& items, const std::vector<Request>& reqs);
 
+// A strategy against a reference on the same items (1: correct, 0: not, per item, same order):
+// the accuracy difference, its paired bootstrap 95 % interval (resampled items, fixed seed) and
+// McNemar's exact two-sided p over the discordant items (b: only the strategy right, c: only the
+// reference). An unpaired standard error cannot see a difference smaller than itself; these can.
+struct PairedComparison {
+  int n = 0, b = 0, c = 0;
+  double diff = 0, ci_lo = 0, ci_hi = 0, mcnemar_p = 1;
+  nlohmann::ordered_json json() const;
+};
+PairedComparison paired_compare(const std::vector<int>& strategy, const std::vector<int>& reference,
+                                int resamples = 10000, uint64_t seed = 1);
+
 // A reference's next-token distribution at one scored position, as kept for KL: the whole
 // log-softmax for vocabularies of up to kRefFullVocab tokens, else its kRefTopK most likely tokens
 // with the rest as one lumped outcome — KL against the lumped distribution is a lower bound of the

@@ -300,6 +300,32 @@ std::string write_accuracy_summary(const std::string& dir, const std::vector<Res
           [&](const Json& r) { return fid(r, "mean_kl"); });
     }
   }
+  // Each strategy against the reference on the same items: what an unpaired ± hides.
+  {
+    std::string lines;
+    for (auto& label : labels) {
+      size_t i = 0;
+      for (auto it = points.begin(); it != points.end(); ++it, ++i) {
+        const auto key = std::make_pair(it->first, label);
+        if (!cell.count(key)) continue;
+        const Json& r = *cell[key];
+        const auto pc = r.find("paired");
+        if (pc == r.end() || !pc->is_object()) continue;
+        const auto ci = (*pc)["ci95"];
+        lines += fmt::format("{:<{}}{:<{}}{:>+8.3f}  [{:+.3f}, {:+.3f}]  McNemar p {:.3g}  ({} vs {} discordant)\n", label,
+                             w0, names[i], widths[i] + 2, (*pc)["diff"].get<double>(),
+                             ci[0].get<double>(), ci[1].get<double>(), (*pc)["mcnemar_p"].get<double>(),
+                             (*pc)["only_strategy_right"].get<int>(), (*pc)["only_reference_right"].get<int>());
+      }
+    }
+    if (!lines.empty()) {
+      std::string ref;
+      for (auto& [k, r] : cell)
+        if (r->contains("paired") && (*r)["paired"].is_object()) ref = (*r)["paired"].value("reference", "");
+      out += "\naccuracy − " + ref + "'s on the same items: difference [paired bootstrap 95% interval], McNemar's exact p "
+             "(items only the strategy got right vs only " + ref + ")\n" + lines;
+    }
+  }
   // What the budgets compressed: a strategy at 1.000 attended every key of the steps scored.
   auto attended = [](const Json& r) {
     const auto a = r.find("accuracy");

@@ -703,6 +703,13 @@ Json Runner::run_eval_once(const Point& p, const StrategyEntry& entry, int repea
     f["kl_over"] = model.hp.n_vocab <= kRefFullVocab ? "vocabulary"
                                                       : fmt::format("reference top {} + rest lumped", kRefTopK);
     r["fidelity"] = f;
+    // Accuracy against the reference's on the same items, paired.
+    std::vector<int> mine(scores.size()), theirs(scores.size());
+    for (size_t i = 0; i < scores.size(); ++i)
+      mine[i] = scores[i].pred == scores[i].gold, theirs[i] = ref->items[i].pred == ref->items[i].gold;
+    Json pc = paired_compare(mine, theirs).json();
+    pc["reference"] = ev.reference;
+    r["paired"] = pc;
   } else {
     r["fidelity"] = nullptr;
   }

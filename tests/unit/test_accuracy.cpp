@@ -434,6 +434,34 @@ TEST(Metrics, AccAccNormAndStandardErrors) {
   EXPECT_NEAR(t.acc_stderr, std::sqrt(1.0 / 3.0) / 2.0, 1e-12);
 }
 
+// Paired comparison against exact values: McNemar's two-sided binomial p over the discordant
+// items (2 vs 8 of 10: 2 · 56/1024), the difference, and a bootstrap interval that holds it (a
+// point for identical answers).
+TEST(Metrics, PairedComparisonAgainstExactValues) {
+  std::vector<int> s, r;
+  for (int i = 0; i < 30; ++i) s.push_back(i % 3 == 0), r.push_back(i % 3 == 0);
+  for (int i = 0; i < 2; ++i) s.push_back(1), r.push_back(0);
+  for (int i = 0; i < 8; ++i) s.push_back(0), r.push_back(1);
+  const PairedComparison p = paired_compare(s, r);
+  EXPECT_EQ(p.n, 40);
+  EXPECT_EQ(p.b, 2);
+  EXPECT_EQ(p.c, 8);
+  EXPECT_DOUBLE_EQ(p.diff, -6.0 / 40);
+  EXPECT_NEAR(p.mcnemar_p, 2 * 56.0 / 1024, 1e-12);
+  EXPECT_LE(p.ci_lo, p.diff);
+  EXPECT_GE(p.ci_hi, p.diff);
+  EXPECT_LE(p.ci_hi, 0.0);  // p 0.11: the interval reaches 0, no further
+  const PairedComparison same = paired_compare(r, r);
+  EXPECT_EQ(same.diff, 0.0);
+  EXPECT_EQ(same.ci_lo, 0.0);
+  EXPECT_EQ(same.ci_hi, 0.0);
+  EXPECT_EQ(same.mcnemar_p, 1.0);
+  // 0 vs 10 discordant: 2 / 2^10, and an interval below 0.
+  const PairedComparison all = paired_compare(std::vector<int>(10, 0), std::vector<int>(10, 1));
+  EXPECT_NEAR(all.mcnemar_p, 2.0 / 1024, 1e-15);
+  EXPECT_LT(all.ci_hi, 0.0);
+}
+
 TEST(Metrics, AccNormDividesByCharacters) {
   Model m = load_model("synthetic:tiny-llama");
   RuntimeConfig rc;
