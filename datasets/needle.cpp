@@ -152,6 +152,7 @@ NeedleItem make_needle_item(const std::string& task, const Tokenizer& tok, int t
   item.tokens = int(tok.encode(item.prompt).size());
   item.answers = p.answers;
   item.max_new = p.max_new;
+  item.question = p.suffix;
   return item;
 }
 

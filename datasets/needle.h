@@ -23,6 +23,9 @@ struct NeedleItem {
   int depth = 0;                     // percent of the haystack before the needle
   size_t needle_at = 0;              // byte offset of the (queried) needle in the prompt
   int max_new = 0;                   // tokens to generate
+  std::string question;              // the prompt's last part, the question and answer prefix
+  // The prompt without its question: what a query-agnostic protocol prefills.
+  std::string context() const { return prompt.substr(0, prompt.size() - question.size()); }
 };
 
 // passkey, niah_single, niah_multikey, variable_tracking.

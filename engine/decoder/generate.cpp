@@ -80,6 +80,9 @@ GenerateResult generate(const Model& model, Backend& backend, KvStrategy& kv,
   const int B = int(prompts.size());
   if (B == 0) input_error("generate: no prompts");
   if (opts.n_new < 0) input_error("generate: -n must be non-negative");
+  if (!opts.forced.empty() && opts.forced.size() != prompts.size())
+    input_error("generate: {} forced token lists for {} prompts", opts.forced.size(), prompts.size());
+  auto forced_of = [&](int b) { return opts.forced.empty() ? int32_t(0) : int32_t(opts.forced[size_t(b)].size()); };
   const bool seeded = opts.fill == PromptFill::kSeeded;
   if (seeded && kv.needs_prompt_attention())
     input_error("generate: strategy {} needs the prompt's attention; it cannot start from seeded rows", kv.name());
@@ -87,7 +90,7 @@ GenerateResult generate(const Model& model, Backend& backend, KvStrategy& kv,
   std::vector<int32_t> capacity(static_cast<size_t>(B)), prompt_len(static_cast<size_t>(B));
   for (int b = 0; b < B; ++b) {
     if (prompts[size_t(b)].empty()) input_error("generate: prompt {} is empty (no BOS and no text)", b);
-    capacity[size_t(b)] = int32_t(prompts[size_t(b)].size()) + std::max(opts.n_new, 1);
+    capacity[size_t(b)] = int32_t(prompts[size_t(b)].size()) + forced_of(b) + std::max(opts.n_new, 1);
     // Seeded rows stand for a prompt of len − 1 tokens; decode starts at its last token.
     prompt_len[size_t(b)] = int32_t(prompts[size_t(b)].size()) - (seeded ? 1 : 0);
     if (model.traits.pos == PosKind::kLearned && capacity[size_t(b)] > model.hp.max_pos)
@@ -121,7 +124,12 @@ GenerateResult generate(const Model& model, Backend& backend, KvStrategy& kv,
   for (int b = 0; b < B; ++b) samplers.emplace_back(opts.sampler, uint64_t(b));
   std::vector<bool> live(size_t(B), true);
   std::vector<int32_t> last(static_cast<size_t>(B));
+  std::vector<int32_t> fed(static_cast<size_t>(B), 0);  // forced tokens fed so far
   auto take = [&](int b, const float* lg) {
+    if (fed[size_t(b)] < forced_of(b)) {
+      last[size_t(b)] = opts.forced[size_t(b)][size_t(fed[size_t(b)]++)];
+      return;
+    }
     const int32_t id = samplers[size_t(b)].sample(std::span<const float>(lg, size_t(V)));
     res.tokens[size_t(b)].push_back(id);
     last[size_t(b)] = id;
@@ -130,7 +138,7 @@ GenerateResult generate(const Model& model, Backend& backend, KvStrategy& kv,
       live[size_t(b)] = false;
   };
   auto length = [&](int b) {  // tokens in sequence b so far
-    return int32_t(prompts[size_t(b)].size() + res.tokens[size_t(b)].size()) - (seeded ? 1 : 0);
+    return int32_t(prompts[size_t(b)].size() + size_t(fed[size_t(b)]) + res.tokens[size_t(b)].size()) - (seeded ? 1 : 0);
   };
 
   std::vector<int32_t> toks;

@@ -32,6 +32,9 @@ struct GenerateOptions {
   // A decoder over the same model, backend and strategy to reuse, so that its scratch is warm
   // between requests as a server's is (null: a fresh one per call).
   Decoder* decoder = nullptr;
+  // Per sequence (empty, or one list per prompt): tokens fed as decode steps after the prompt
+  // before generation starts, their logits not sampled (a question after a compressed context).
+  std::vector<std::vector<int32_t>> forced;
   // Runs after the prompt (step 0) and after each decode step (1, 2, …), outside their timing
   // (e.g. a paired bandwidth reference pass, a snapshot of the transfer totals).
   std::function<void(int64_t step)> after_step;

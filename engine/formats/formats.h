@@ -2,6 +2,7 @@
 // the same Model. A model spec is a path (format probed), "<format>:<path>", or
 // "synthetic:<preset>[?layers=N&dtype=bf16&seed=S]". Options after '?' are format-specific.
 #pragma once
+#include <functional>
 #include <map>
 #include <memory>
 #include <optional>
@@ -85,6 +86,9 @@ struct SyntheticPreset {
   std::string name;
   std::string arch;
   HParams hp;
+  // Set for a preset whose weights are written, not drawn: fills a model of hp's shapes whose
+  // weights are F32 and zero (norm weights one).
+  std::function<void(Model&)> write;
 };
 const std::vector<SyntheticPreset>& synthetic_presets();
 

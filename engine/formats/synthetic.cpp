@@ -2,6 +2,7 @@
 // small ones for tests), so that performance sweeps cost what the real model costs. Values are
 // uniform with variance 1/fan_in so activations stay O(1) through depth. Deterministic for a
 // given seed regardless of thread count.
+#include <algorithm>
 #include <charconv>
 #include <cmath>
 #include <vector>
@@ -10,6 +11,7 @@
 #include "engine/core/error.h"
 #include "engine/core/thread_pool.h"
 #include "engine/formats/formats.h"
+#include "engine/formats/induction.h"
 #include "engine/tokenizer/tokenizer.h"
 
 namespace hg {
@@ -48,7 +50,7 @@ HParams llama3(HParams hp, double factor) {
 
 std::vector<SyntheticPreset> make_presets() {
   std::vector<SyntheticPreset> p;
-  auto add = [&](const char* name, HParams hp) { p.push_back({name, hp.arch, hp}); };
+  auto add = [&](const char* name, HParams hp) { p.push_back({name, hp.arch, hp, {}}); };
   // Shapes from ../shared/MODELS.md (the models' published config.json).
   add("opt-1.3b", shape("opt", 2048, 24, 32, 32, 64, 8192, 50272, 2048, 0, true));
   add("opt-2.7b", shape("opt", 2560, 32, 32, 32, 80, 10240, 50272, 2048, 0, true));
@@ -71,6 +73,8 @@ std::vector<SyntheticPreset> make_presets() {
   }());
   add("tiny-qwen2", shape("qwen2", 48, 2, 4, 2, 12, 80, 300, 512, 1e6, true, 1e-6f));
   add("tiny-opt", shape("opt", 64, 2, 4, 4, 16, 128, 300, 512, 0, true));
+  // Written weights: previous-token and induction heads (induction.h), a model that retrieves.
+  p.push_back({"induction", "llama", induction_hparams(), write_induction_model});
   return p;
 }
 
@@ -141,11 +145,18 @@ Model synthetic_load(const ModelSpec& spec, const LoadOptions& opts) {
   m.weight_dtype = dt;
   m.source_dtype = std::string(dtype_name(dt));
   uint64_t id = 0;
+  const bool written = preset->write && !opts.phantom_weights;
   auto make = [&](auto slot, Weight& w) {
     const auto sh = slot_shape(slot, m.hp);
     const bool matrix = slot_is_matrix(slot);
-    w = make_weight(matrix ? dt : DType::kF32, sh, opts.phantom_weights);
+    w = make_weight(matrix && !written ? dt : DType::kF32, sh, opts.phantom_weights);
     if (opts.phantom_weights) return;
+    if (written) {  // zero, norm weights one; the preset writes the rest, then matrices take dt
+      const std::string_view name = slot_name(slot);
+      const bool norm = name.find("norm") != std::string_view::npos && name.find("bias") == std::string_view::npos;
+      std::fill_n(static_cast<float*>(w.buf.data()), w.numel(), norm ? 1.0f : 0.0f);
+      return;
+    }
     const std::string_view name = slot_name(slot);
     float scale = 0.1f, offset = 0.0f;
     if (name.find("norm") != std::string_view::npos && name.find("bias") == std::string_view::npos) offset = 1.0f;
@@ -159,6 +170,15 @@ Model synthetic_load(const ModelSpec& spec, const LoadOptions& opts) {
   m.layers.resize(size_t(m.hp.n_layers));
   for (auto& l : m.layers)
     for (auto s : layer_slots(m.traits)) make(s, l[s]);
+  if (written) {
+    preset->write(m);
+    auto to_dt = [&](auto slot, Weight& w) {
+      if (slot_is_matrix(slot) && dt != DType::kF32) w = convert_weight(DType::kF32, w.buf.data(), dt, w.shape);
+    };
+    for (auto s : global_slots(m.traits, m.hp.tie_embeddings)) to_dt(s, m[s]);
+    for (auto& l : m.layers)
+      for (auto s : layer_slots(m.traits)) to_dt(s, l[s]);
+  }
   m.tokenizer = make_byte_tokenizer(m.hp.n_vocab);
   m.source = "synthetic:" + spec.path;
   return m;

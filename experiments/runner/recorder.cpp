@@ -262,7 +262,8 @@ std::string write_accuracy_summary(const std::string& dir, const std::vector<Res
   };
   std::string caption = "model: " + shared("model");
   for (auto [title, key, acc_key] : {std::tuple{"context", "context", "context"}, {"shots", "shots", "shots"},
-                                     {"items per point", "n", "n"}, {"lm-eval", "lm_eval", "lm_eval"}})
+                                     {"items per point", "n", "n"}, {"lm-eval", "lm_eval", "lm_eval"},
+                                     {"protocol", "protocol", "protocol"}})
     if (const std::string v = shared(key, acc_key); !v.empty()) caption += fmt::format(" | {}: {}", title, v);
   std::string out = caption + "\n" + table(
       "accuracy (acc ± standard error) per point",

@@ -737,13 +737,19 @@ Json Runner::run_needle_once(const Point& p, const StrategyEntry& entry, int rep
   require_host_memory(point_host_estimate(model.hp, p, false),
                       "this point");  // before the haystacks are built
   std::vector<NeedleItem> items;
-  std::vector<std::vector<int32_t>> prompts;
+  std::vector<std::vector<int32_t>> prompts, questions;  // questions: fed as decode steps (query-agnostic)
+  const bool agnostic = ev.protocol == "query_agnostic";
   for (int i = 0; i < n; ++i) {
     items.push_back(make_needle_item(p.task, tok, p.needle_tokens, p.depth, ev.fewshot_seed, i));
-    prompts.push_back(tok.encode_prompt(items.back().prompt));
-    if (model.traits.pos == PosKind::kLearned && int(prompts.back().size()) + items.back().max_new > model.hp.max_pos)
-      input_error("{}: {} tokens and {} to generate, but {} has {} learned positions", p.task, prompts.back().size(),
-                  items.back().max_new, p.model, model.hp.max_pos);
+    const NeedleItem& it = items.back();
+    prompts.push_back(tok.encode_prompt(agnostic ? it.context() : it.prompt));
+    questions.push_back(agnostic ? tok.encode(it.question) : std::vector<int32_t>{});
+    // Beyond the positions a model was trained at its outputs mean nothing (learned positions have
+    // no row for them at all).
+    const size_t prompt_tokens = prompts.back().size() + questions.back().size();
+    if (int(prompt_tokens) + it.max_new > model.hp.max_pos)
+      input_error("{}: {} prompt tokens and {} to generate exceed {}'s {} positions", p.task, prompt_tokens, it.max_new,
+                  p.model, model.hp.max_pos);
   }
   RuntimeConfig rc;
   rc.device = spec_.device;
@@ -763,6 +769,8 @@ Json Runner::run_needle_once(const Point& p, const StrategyEntry& entry, int rep
     const auto t0 = std::chrono::steady_clock::now();
     for (size_t i = 0; i < items.size(); ++i) {
       go.n_new = items[i].max_new;
+      go.forced.clear();
+      if (agnostic) go.forced.push_back(questions[i]);
       out.push_back(generate(model, rt.accel_backend(), *kv, {prompts[i]}, go).tokens.at(0));
       if (stats)
         for (auto& [k, v] : kv->step_stats()) (*stats)[k] += v / double(items.size());
@@ -777,8 +785,8 @@ Json Runner::run_needle_once(const Point& p, const StrategyEntry& entry, int rep
   std::map<std::string, double> stats;
   const std::vector<std::vector<int32_t>> got = outputs_of(entry.name, params, &wall, &stats);
   const bool is_ref = entry.name == ev.reference && params.empty();
-  const std::string ref_key = fmt::format("{}|{}|{}|{}|{}|{}|{}|{}", p.model, p.task, p.needle_tokens, p.depth, n,
-                                          ev.fewshot_seed, ev.reference, spec_.device);
+  const std::string ref_key = fmt::format("{}|{}|{}|{}|{}|{}|{}|{}|{}", p.model, p.task, p.needle_tokens, p.depth, n,
+                                          ev.fewshot_seed, ev.reference, spec_.device, ev.protocol);
   if (is_ref) needle_refs_.emplace(ref_key, got);
   const bool with_ref = ev.reference != "none" && !is_ref;
   bool ref_reused = true;
@@ -819,7 +827,7 @@ Json Runner::run_needle_once(const Point& p, const StrategyEntry& entry, int rep
   r["steering_clock"] = "modeled:" + rc.stage_clock->name;
   Json acc = {{"n", n}, {"acc", mean}, {"acc_stderr", mean_stderr(match)}, {"metric", "string_match_all"},
               {"task", p.task}, {"needle_tokens", p.needle_tokens}, {"depth", p.depth},
-              {"mean_context_tokens", tokens}, {"fewshot_seed", ev.fewshot_seed}};
+              {"mean_context_tokens", tokens}, {"fewshot_seed", ev.fewshot_seed}, {"protocol", ev.protocol}};
   r["accuracy"] = acc;
   if (with_ref) {
     r["fidelity"] = {{"items", n},

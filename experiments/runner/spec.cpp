@@ -307,7 +307,7 @@ ExperimentSpec parse_node(YAML::Node y, const std::string& file) {
   if (const YAML::Node ev = y["eval"]) {
     if (!ev.IsMap()) fail(file, ev, "'eval' must be a mapping (tasks, shots, limit, context, data_dir, …)");
     check_keys(ev, {"tasks", "shots", "limit", "context", "data_dir", "fewshot_seed", "lm_eval", "copa_spacing", "add_bos",
-                    "reference"}, file, "eval");
+                    "reference", "protocol"}, file, "eval");
     EvalSpec& e = s.eval;
     e.enabled = true;
     const YAML::Node t = ev["tasks"];
@@ -330,6 +330,15 @@ ExperimentSpec parse_node(YAML::Node y, const std::string& file) {
       e.context = scalar(file, ev["context"], "context");
       if (e.context != "prefill" && e.context != "stream")
         fail(file, ev["context"], fmt::format("context '{}' (expected prefill or stream)", e.context));
+    }
+    if (ev["protocol"]) {
+      e.protocol = scalar(file, ev["protocol"], "protocol");
+      if (e.protocol != "query_aware" && e.protocol != "query_agnostic")
+        fail(file, ev["protocol"], fmt::format("protocol '{}' (expected query_aware or query_agnostic)", e.protocol));
+      for (auto& t : e.tasks)
+        if (!is_needle_task(t) && e.protocol != "query_aware")
+          fail(file, ev["protocol"], fmt::format("protocol applies to the retrieval tasks; '{}' is multiple choice (its "
+                                                 "context modes: eval.context)", t));
     }
     if (ev["data_dir"]) e.data_dir = scalar(file, ev["data_dir"], "data_dir");
     if (ev["fewshot_seed"]) e.fewshot_seed = uint64_t(integer(file, ev["fewshot_seed"], "fewshot_seed", 0));

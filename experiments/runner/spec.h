@@ -37,6 +37,10 @@ struct EvalSpec {
   uint64_t fewshot_seed = 1234;
   LmEvalRules lm_eval;             // the lm-eval version's request rules (eval.lm_eval, copa_spacing, add_bos)
   std::string reference = "full";  // fidelity against this strategy ("none": no fidelity)
+  // Retrieval tasks: query_aware prefills the whole prompt, question included; query_agnostic
+  // (kvpress's default) prefills the context and feeds the question as decode steps, so that a
+  // strategy compresses the context before it sees what will be asked.
+  std::string protocol = "query_aware";
 };
 
 // A retrieval task's point without needle_tokens / depth in its sweep.

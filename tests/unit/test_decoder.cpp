@@ -96,6 +96,23 @@ INSTANTIATE_TEST_SUITE_P(Models, BatchVsSingle,
                          ::testing::Values("synthetic:tiny-llama", "synthetic:tiny-qwen2", "synthetic:tiny-opt"),
                          [](const auto& i) { return i.param.substr(15); });
 
+// Forced tokens are fed as decode steps after the prompt and not sampled: with exact attention the
+// tokens generated after them are those generated after a prompt that ends with them.
+TEST(Decoder, ForcedTokensContinueAsAPromptThatEndsWithThem) {
+  Model m = load_model("synthetic:tiny-llama");
+  auto cpu = make_cpu_backend();
+  const std::vector<int32_t> context = {1, 50, 60, 70, 80}, question = {90, 100, 110};
+  std::vector<int32_t> whole = context;
+  whole.insert(whole.end(), question.begin(), question.end());
+  FullStrategy a(*cpu), b(*cpu);
+  const auto prefilled = generate(m, *cpu, a, {whole}, greedy_opts(8));
+  GenerateOptions o = greedy_opts(8);
+  o.forced = {question};
+  const auto fed = generate(m, *cpu, b, {context}, o);
+  EXPECT_EQ(fed.tokens[0], prefilled.tokens[0]);
+  EXPECT_EQ(fed.decode_tokens, prefilled.decode_tokens + int64_t(question.size()));
+}
+
 TEST(Decoder, BatchMatchesSingleOnRealModel) {
   HG_REQUIRE_SHARED("models/stories260K/stories260K.gguf");
   Model m = load_model(test::shared_path("models/stories260K/stories260K.gguf"));

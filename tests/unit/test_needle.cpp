@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <map>
 
 #include "datasets/needle.h"
 #include "engine/core/error.h"
@@ -78,7 +79,7 @@ TEST(Needle, MatchIsTheShareOfAnswersFound) {
 // rate and the length in the row; FlexGen (exact attention) gives full's outputs item for item.
 TEST(Needle, ExperimentRunsThroughTheStrategies) {
   ExperimentSpec spec = load_experiment(std::string(HG_SOURCE_DIR) + "/experiments/needle.yaml",
-                                        {"models=[synthetic:tiny-llama]", "strategies=[full, flexgen, h2o]",
+                                        {"models=[synthetic:induction]", "strategies=[full, flexgen, h2o]",
                                          "eval.tasks=[passkey]", "sweep.needle_tokens=[600]", "sweep.depth=[0, 100]",
                                          "limit=2", "device=emulated"});
   const auto points = expand(spec);
@@ -101,6 +102,66 @@ TEST(Needle, ExperimentRunsThroughTheStrategies) {
         }
       });
   EXPECT_EQ(rows, 6);
+}
+
+// The induction model retrieves: full finds every passkey at both ends of the haystack. StreamingLLM
+// at a 20 % budget keeps the start (4 sinks) and the newest tokens: the needle at depth 0 is gone
+// (0), at depth 100 it sits just before the question, in its window (1.0).
+TEST(Needle, TheInductionModelRetrievesAndADroppedNeedleScoresZero) {
+  ExperimentSpec spec = load_experiment(
+      std::string(HG_SOURCE_DIR) + "/experiments/needle.yaml",
+      {"models=[synthetic:induction]", "strategies=[full, {name: streamingllm, params: {kv_ratio: 0.2}}]",
+       "eval.tasks=[passkey]", "sweep.needle_tokens=[1024]", "sweep.depth=[0, 100]", "limit=3", "device=emulated"});
+  Runner runner(spec);
+  std::map<std::pair<std::string, int>, double> acc;
+  for (auto& p : expand(spec))
+    for (auto& e : spec.strategies)
+      runner.run(p, e, {}, [&](nlohmann::ordered_json r) {
+        ASSERT_EQ(r["status"], "ok") << r.dump();
+        acc[{e.name, p.values["depth"].get<int>()}] = r["accuracy"]["acc"].get<double>();
+      });
+  const auto at = [&](const std::string& s, int depth) { return acc[std::make_pair(s, depth)]; };
+  EXPECT_EQ(at("full", 0), 1.0);
+  EXPECT_EQ(at("full", 100), 1.0);
+  EXPECT_EQ(at("streamingllm", 0), 0.0);
+  EXPECT_EQ(at("streamingllm", 100), 1.0);
+}
+
+// The query-agnostic protocol prefills the context and feeds the question as decode steps: full
+// attention finds the passkey as it does with the question prefilled, and rows name the protocol.
+TEST(Needle, TheQueryAgnosticProtocolFeedsTheQuestionAsDecodeSteps) {
+  ExperimentSpec spec = load_experiment(
+      std::string(HG_SOURCE_DIR) + "/experiments/needle.yaml",
+      {"models=[synthetic:induction]", "strategies=[full, h2o]", "eval.tasks=[passkey]", "eval.protocol=query_agnostic",
+       "sweep.needle_tokens=[1024]", "sweep.depth=[50]", "limit=2", "device=emulated"});
+  Runner runner(spec);
+  for (auto& p : expand(spec))
+    for (auto& e : spec.strategies)
+      runner.run(p, e, {}, [&](nlohmann::ordered_json r) {
+        ASSERT_EQ(r["status"], "ok") << r.dump();
+        EXPECT_EQ(r["accuracy"]["protocol"], "query_agnostic");
+        if (e.name == "full") {
+          EXPECT_EQ(r["accuracy"]["acc"].get<double>(), 1.0) << r.dump();
+        }
+      });
+  EXPECT_NE(test::input_error_of([&] {
+              load_experiment(std::string(HG_SOURCE_DIR) + "/experiments/needle.yaml", {"eval.protocol=agnostic"});
+            }).find("expected query_aware or query_agnostic"),
+            std::string::npos);
+}
+
+// A prompt and its tokens to generate beyond the model's positions fail the row, naming both.
+TEST(Needle, PromptsBeyondTheModelsPositionsAreAnError) {
+  ExperimentSpec spec = load_experiment(std::string(HG_SOURCE_DIR) + "/experiments/needle.yaml",
+                                        {"models=[synthetic:tiny-llama]", "strategies=[full]", "eval.tasks=[passkey]",
+                                         "sweep.needle_tokens=[600]", "sweep.depth=[50]", "limit=1", "device=emulated"});
+  Runner runner(spec);
+  nlohmann::ordered_json row;
+  for (auto& p : expand(spec)) runner.run(p, spec.strategies[0], {}, [&](nlohmann::ordered_json r) { row = r; });
+  ASSERT_EQ(row["status"], "failed") << row.dump();
+  const std::string why = row["reason"].get<std::string>();
+  EXPECT_NE(why.find("to generate exceed"), std::string::npos) << why;
+  EXPECT_NE(why.find("512 positions"), std::string::npos) << why;
 }
 
 }  // namespace
