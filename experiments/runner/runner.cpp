@@ -553,9 +553,7 @@ Json Runner::run_eval_once(const Point& p, const StrategyEntry& entry, int repea
     const std::vector<int32_t> body = model.tokenizer->encode(calibration_text(t_it->second, size_t(n) * 16));
     toks.insert(toks.end(), body.begin(), body.begin() + std::min<int64_t>(int64_t(body.size()), n - int64_t(toks.size())));
     if (toks.empty()) input_error("{}: {} has no few-shot documents to calibrate {} on", p.task, t_it->second.fewshot_file, entry.label);
-    uint64_t h = 1469598103934665603ull;
-    for (int32_t id : toks)
-      for (int b = 0; b < 4; ++b) h = (h ^ ((uint32_t(id) >> (8 * b)) & 0xff)) * 1099511628211ull;
+    const uint64_t h = fnv1a(std::string(reinterpret_cast<const char*>(toks.data()), toks.size() * sizeof(int32_t)));
     calibration = {{"source", fmt::format("{} few-shot split ({}), documents in file order",
                                           p.task, std::filesystem::path(t_it->second.fewshot_file).filename().string())},
                    {"tokens", toks.size()},
