@@ -283,13 +283,12 @@ std::map<int32_t, std::pair<const void*, const void*>> EvictingStrategy::kv_on_a
       const TokenRow r = rows[i];
       const int64_t stride = store_.head_stride(r.seq);
       char* dst = staged_[par].at(r.seq).as<char>();
-      // Head g's slot as row g·C + slot of the [H_kv, C, D] block: one write each for K and V.
+      // Each head's last slot (the counts include this row): one write each for K and V.
       slots_.resize(size_t(Hkv));
-      for (int g = 0; g < Hkv; ++g)
-        slots_[size_t(g)] = int32_t(g * (stride / D)) + counts.at(r.seq)[size_t(g)] - 1;
+      for (int g = 0; g < Hkv; ++g) slots_[size_t(g)] = counts.at(r.seq)[size_t(g)] - 1;
       const int64_t at_row = int64_t(i) * Hkv * D;
-      be_.write_kv(new_k_ + at_row, Hkv, 1, D, slots_.data(), dst, 0, kv_.dtype());
-      be_.write_kv(new_v_ + at_row, Hkv, 1, D, slots_.data(), dst + kv_.bytes(Hkv * stride), 0, kv_.dtype());
+      write_head_slots(&be_, new_k_ + at_row, new_v_ + at_row, Hkv, D, slots_.data(), int32_t(stride / D), dst,
+                       dst + kv_.bytes(Hkv * stride), kv_.dtype(), rows_);
     }
   } else {
     ++exposed_;  // a load the step waits for

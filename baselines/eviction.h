@@ -146,7 +146,7 @@ class EvictingStrategy : public KvStrategy {
   std::vector<float> host_logits_, host_probs_;  // read back for the policy when that is not the host's
   std::vector<AttnRow> attn_rows_;
   std::vector<int32_t> victims_, pending_, moved_;  // evict_to's scratch
-  std::vector<int32_t> slots_;                      // one row's slot per head
+  std::vector<int32_t> slots_, rows_;               // one row's slot per head; write_head_slots' scratch
   std::vector<int32_t> recent_scratch_;     // lowest_non_recent's
   // Re-rotating policies: each sequence's keys (rotated at their rank) and values in position
   // order, the queries, and the new keys rotated back to position 0; all in the accelerator's memory.

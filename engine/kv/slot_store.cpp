@@ -48,30 +48,33 @@ int32_t SlotStore::insert(int layer, int seq, int g, int32_t pos, const float* k
   return s;
 }
 
+void write_head_slots(Backend* device, const float* k_row, const float* v_row, int H_kv, int D, const int32_t* slots,
+                      int32_t cap, void* K, void* V, DType dt, std::vector<int32_t>& rows) {
+  rows.resize(size_t(H_kv));
+  for (int g = 0; g < H_kv; ++g) rows[size_t(g)] = g * cap + slots[g];
+  if (device) {
+    device->write_kv(k_row, H_kv, 1, D, rows.data(), K, 0, dt);
+    device->write_kv(v_row, H_kv, 1, D, rows.data(), V, 0, dt);
+  } else {
+    write_kv_host(k_row, H_kv, 1, D, rows.data(), K, 0, dt);
+    write_kv_host(v_row, H_kv, 1, D, rows.data(), V, 0, dt);
+  }
+}
+
 void SlotStore::insert_heads(int layer, int seq, int32_t pos, const float* k_row, const float* v_row,
                              int32_t* slots) {
-  const int Hkv = shape_.H_kv;
   const int32_t cap = cap_[size_t(seq)];
-  // Head g's row lands at row g·C + slot of the [H_kv, C, D] block: one write of H_kv one-head rows.
-  heads_pos_.resize(size_t(Hkv));
-  for (int g = 0; g < Hkv; ++g) {
+  for (int g = 0; g < shape_.H_kv; ++g) {
     const size_t i = idx(layer, seq, g);
     if (count_[i] >= cap)
       throw OutOfMemoryError(fmt::format("slot store: head {} of layer {} of sequence {} is full ({} slots)", g,
                                          layer, seq, cap));
     slots[g] = count_[i]++;
     pos_[i][size_t(slots[g])] = pos;
-    heads_pos_[size_t(g)] = g * cap + slots[g];
   }
-  if (phantom_) return;
-  const int D = shape_.D;
-  if (Backend* d = device(layer)) {
-    d->write_kv(k_row, Hkv, 1, D, heads_pos_.data(), k_raw(layer, seq), 0, dtype_);
-    d->write_kv(v_row, Hkv, 1, D, heads_pos_.data(), v_raw(layer, seq), 0, dtype_);
-  } else {
-    write_kv_host(k_row, Hkv, 1, D, heads_pos_.data(), k_raw(layer, seq), 0, dtype_);
-    write_kv_host(v_row, Hkv, 1, D, heads_pos_.data(), v_raw(layer, seq), 0, dtype_);
-  }
+  if (!phantom_)
+    write_head_slots(device(layer), k_row, v_row, shape_.H_kv, shape_.D, slots, cap, k_raw(layer, seq),
+                     v_raw(layer, seq), dtype_, heads_pos_);
 }
 
 void SlotStore::remove_deferred(int layer, int seq, int g, std::span<const int32_t> victims,

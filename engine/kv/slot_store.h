@@ -14,6 +14,12 @@
 
 namespace hg {
 
+// Row g of k_row and v_row [H_kv, D] into slot slots[g] of head g of the [H_kv, cap, D] blocks K and
+// V: one write each (row g·cap + slot of H_kv one-head rows), through `device` or on the host (null).
+// rows: scratch for the row indices.
+void write_head_slots(Backend* device, const float* k_row, const float* v_row, int H_kv, int D, const int32_t* slots,
+                      int32_t cap, void* K, void* V, DType dt, std::vector<int32_t>& rows);
+
 class SlotStore {
  public:
   // slots[b]: capacity C_b of sequence b (per layer and KV head). Allocated on `tier` of `mem`.
@@ -80,7 +86,7 @@ class SlotStore {
   std::vector<std::vector<int32_t>> pos_;
   std::vector<int32_t> count_;
   int64_t bytes_ = 0;
-  std::vector<int32_t> origin_, heads_pos_;  // remove_deferred's slot origins; insert_heads' slots
+  std::vector<int32_t> origin_, heads_pos_;  // remove_deferred's slot origins; insert_heads' row indices
   RowCopies pending_;                         // row moves remove_deferred left to flush_removals
 };
 

@@ -76,8 +76,9 @@ PlatformProfile achieved_profile(const PlatformProfile& p);
 // moves within minutes, a profile measured earlier cannot tell the clock's error from the drift.
 inline constexpr const char* kCalibratePlatform = "calibrate";
 inline bool calibrates_each_run(const std::string& platform) { return platform == kCalibratePlatform; }
-// The profile accuracy and retrieval runs steer on when their clock names none: the HybridGen
-// paper's machine A (a strategy that times its stages decides on modeled times, not wall time).
+// The profile accuracy and retrieval runs steer on (RuntimeConfig::stage_clock): the HybridGen
+// paper's machine A. A strategy that times its stages to decide (HybridGen's scheduler) then
+// decides on modeled times, never wall time, and the same on every run whatever the load.
 inline constexpr const char* kSteeringPlatform = "machine-a";
 
 // Loads experiments/platforms/<name>.yaml or a path; strict keys (InputError names file:line and

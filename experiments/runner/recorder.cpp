@@ -270,6 +270,13 @@ std::string write_accuracy_summary(const std::string& dir, const std::vector<Res
       [](const Json& r) { return fmt::format("{:.3f}±{:.3f}", r["accuracy"]["acc"].get<double>(),
                                              r["accuracy"]["acc_stderr"].get<double>()); },
       [](const Json& r) { return r["accuracy"]["acc"].get<double>(); });
+  // r[block][key] when it is a number, else NaN.
+  const auto number_in = [](const Json& r, const char* block, const char* key) {
+    const auto b = r.find(block);
+    if (b == r.end() || !b->is_object()) return double(NAN);
+    const auto v = b->find(key);
+    return v != b->end() && v->is_number() ? v->get<double>() : double(NAN);
+  };
   bool any_fid = false;
   for (auto& [k, r] : cell) any_fid = any_fid || (*r)["fidelity"].is_object();
   if (any_fid) {
@@ -280,12 +287,8 @@ std::string write_accuracy_summary(const std::string& dir, const std::vector<Res
       auto f = r.find("fidelity");
       return std::string(f == r.end() || !f->is_object() ? "ref" : "-");
     };
-    auto fid = [](const Json& r, const char* k) {  // NaN where a row has no such figure (retrieval tasks: no KL)
-      auto f = r.find("fidelity");
-      if (f == r.end() || !f->is_object()) return double(NAN);
-      auto v = f->find(k);
-      return v != f->end() && v->is_number() ? v->get<double>() : double(NAN);
-    };
+    // NaN where a row has no such figure (retrieval tasks: no KL)
+    auto fid = [&](const Json& r, const char* k) { return number_in(r, "fidelity", k); };
     out += "\n";
     out += table(
         "agreement with " + ref + " (fraction of items with the same answer)",
@@ -328,12 +331,7 @@ std::string write_accuracy_summary(const std::string& dir, const std::vector<Res
     }
   }
   // What the budgets compressed: a strategy at 1.000 attended every key of the steps scored.
-  auto attended = [](const Json& r) {
-    const auto a = r.find("accuracy");
-    if (a == r.end() || !a->is_object()) return double(NAN);
-    const auto v = a->find("attended_fraction");
-    return v != a->end() && v->is_number() ? v->get<double>() : double(NAN);
-  };
+  auto attended = [&](const Json& r) { return number_in(r, "accuracy", "attended_fraction"); };
   bool any_att = false;
   for (auto& [k, r] : cell) any_att = any_att || std::isfinite(attended(*r));
   if (any_att) {

@@ -504,8 +504,7 @@ const Model& Runner::model_for(const std::string& spec) {
   return *model_;
 }
 
-const PlatformProfile& Runner::steering_profile(const Point& p) {
-  const std::string name = !p.platform.empty() && !calibrates_each_run(p.platform) ? p.platform : kSteeringPlatform;
+const PlatformProfile& Runner::profile(const std::string& name) {
   auto it = profiles_.find(name);
   if (it == profiles_.end())
     it = profiles_.emplace(name, load_platform(name, std::string(HG_SOURCE_DIR) + "/experiments/platforms")).first;
@@ -513,14 +512,7 @@ const PlatformProfile& Runner::steering_profile(const Point& p) {
 }
 
 DeviceCosts Runner::device_costs() {
-  if (spec_.device_costs == "off") return {};
-  auto it = profiles_.find(spec_.device_costs);
-  if (it == profiles_.end())
-    it = profiles_
-             .emplace(spec_.device_costs,
-                      load_platform(spec_.device_costs, std::string(HG_SOURCE_DIR) + "/experiments/platforms"))
-             .first;
-  return device_costs_of(it->second);
+  return spec_.device_costs == "off" ? DeviceCosts{} : device_costs_of(profile(spec_.device_costs));
 }
 
 Json Runner::run_eval_once(const Point& p, const StrategyEntry& entry, int repeat) {
@@ -531,7 +523,7 @@ Json Runner::run_eval_once(const Point& p, const StrategyEntry& entry, int repea
   RuntimeConfig rc;
   rc.device = spec_.device;
   rc.device_costs = device_costs();
-  rc.stage_clock = steering_profile(p);
+  rc.stage_clock = profile(kSteeringPlatform);
   Runtime rt(rc);
   const Model& model = model_for(p.model);
   reserve_weights(rt, model);
@@ -752,7 +744,7 @@ Json Runner::run_needle_once(const Point& p, const StrategyEntry& entry, int rep
   RuntimeConfig rc;
   rc.device = spec_.device;
   rc.device_costs = device_costs();
-  rc.stage_clock = steering_profile(p);
+  rc.stage_clock = profile(kSteeringPlatform);
   // Greedy outputs of `name` (with `params`) on every item, on a fresh runtime.
   auto outputs_of = [&](const std::string& name, const std::map<std::string, std::string>& params, double* seconds,
                         std::map<std::string, double>* stats) {
@@ -890,10 +882,7 @@ Json Runner::run_once(const Point& p, const StrategyEntry& entry, int repeat, bo
       add_fixed_costs(*prof, device_costs());
     }
   } else if (!p.platform.empty()) {
-    auto it = profiles_.find(p.platform);
-    if (it == profiles_.end())
-      it = profiles_.emplace(p.platform, load_platform(p.platform, std::string(HG_SOURCE_DIR) + "/experiments/platforms")).first;
-    prof = it->second;
+    prof = profile(p.platform);
   }
   RuntimeConfig rc;
   rc.device = spec_.device;

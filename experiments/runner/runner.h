@@ -139,11 +139,8 @@ class Runner {
 
  private:
   const Model& model_for(const std::string& spec);
+  const PlatformProfile& profile(const std::string& name);  // a stored platform, loaded once
   DeviceCosts device_costs();  // the spec's device_costs, its profile loaded once
-  // The profile accuracy and retrieval runs steer on (RuntimeConfig::stage_clock): the point's
-  // stored platform, else kSteeringPlatform. Never wall time, so that a strategy that times its
-  // stages to decide (HybridGen's scheduler) decides the same on every run, whatever the load.
-  const PlatformProfile& steering_profile(const Point& p);
   nlohmann::ordered_json run_once(const Point& p, const StrategyEntry& entry, int repeat, bool record);
   nlohmann::ordered_json run_eval_once(const Point& p, const StrategyEntry& entry, int repeat);
   nlohmann::ordered_json run_needle_once(const Point& p, const StrategyEntry& entry, int repeat);
