@@ -4,6 +4,9 @@
 #include <algorithm>
 #include <filesystem>
 #include <map>
+#include <sstream>
+
+#include <yaml-cpp/eventhandler.h>
 
 #include "engine/core/error.h"
 
@@ -76,6 +79,41 @@ std::string yaml_string(const YAML::Node& node, const std::string& key, const st
   if (!v) return dflt;
   if (!v.IsScalar()) input_error("{}:{}: '{}' must be a string", file, line_of(v), join(path, key));
   return v.as<std::string>();
+}
+
+namespace {
+// Records where each document starts and nothing else.
+struct DocumentStarts final : YAML::EventHandler {
+  std::vector<YAML::Mark> starts;
+  void OnDocumentStart(const YAML::Mark& m) override { starts.push_back(m); }
+  void OnDocumentEnd() override {}
+  void OnNull(const YAML::Mark&, YAML::anchor_t) override {}
+  void OnAlias(const YAML::Mark&, YAML::anchor_t) override {}
+  void OnScalar(const YAML::Mark&, const std::string&, YAML::anchor_t, const std::string&) override {}
+  void OnSequenceStart(const YAML::Mark&, const std::string&, YAML::anchor_t, YAML::EmitterStyle::value) override {}
+  void OnSequenceEnd() override {}
+  void OnMapStart(const YAML::Mark&, const std::string&, YAML::anchor_t, YAML::EmitterStyle::value) override {}
+  void OnMapEnd() override {}
+};
+}  // namespace
+
+YAML::Node yaml_load_one(const std::string& text, const std::string& file) {
+  try {
+    std::istringstream in(text);
+    YAML::Parser parser(in);
+    DocumentStarts h;
+    while (h.starts.size() < 2 && parser.HandleNextDocument(h)) {
+    }
+    // A document that starts where the one before it did consumed nothing: the parser is stuck on a token.
+    if (h.starts.size() > 1 && h.starts[1].pos == h.starts[0].pos)
+      input_error("{}:{}: YAML syntax error: no document can start here (a ',' outside [ ] or {{ }}?)", file,
+                  h.starts[1].line + 1);
+    if (h.starts.size() > 1)
+      input_error("{}:{}: a second YAML document; the file holds one", file, std::max(1, h.starts[1].line + 1));
+    return YAML::Load(text);
+  } catch (const YAML::ParserException& e) {
+    input_error("{}:{}: YAML syntax error: {}", file, e.mark.line + 1, e.msg);
+  }
 }
 
 YAML::Node yaml_load_file(const std::string& file) {

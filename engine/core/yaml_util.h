@@ -22,6 +22,10 @@ std::string yaml_string(const YAML::Node& node, const std::string& key, const st
                         const std::string& path);
 // Experiment files and platform profiles are small: a larger file is refused before it is read.
 inline constexpr uintmax_t kMaxYamlBytes = uintmax_t(16) << 20;
+// The one document of `text`: a syntax error or a second document is an InputError naming file:line.
+// Documents are counted by a bounded parser loop, not YAML::LoadAll, which never returns on some
+// malformed text (a lone ',') in yaml-cpp 0.7.
+YAML::Node yaml_load_one(const std::string& text, const std::string& file);
 // A regular file of at most kMaxYamlBytes, parsed; errors name the file (and the line).
 YAML::Node yaml_load_file(const std::string& file);
 

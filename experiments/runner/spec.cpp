@@ -671,16 +671,7 @@ ExperimentSpec parse_experiment(const std::string& yaml, const std::string& file
       shown += c >= 0x20 && c < 0x7f ? std::string(1, char(c)) : fmt::format("\\x{:02x}", c);
     check_text(set, "--set '" + shown + "'", false);
   }
-  YAML::Node y;
-  try {
-    const std::vector<YAML::Node> docs = YAML::LoadAll(yaml);
-    if (docs.size() > 1)
-      input_error("{}:{}: a second YAML document; an experiment file holds one", file,
-                  std::max(1, docs[1].Mark().line + 1));
-    if (!docs.empty()) y = docs[0];
-  } catch (const YAML::ParserException& e) {
-    input_error("{}:{}: YAML syntax error: {}", file, e.mark.line + 1, e.msg);
-  }
+  YAML::Node y = yaml_load_one(yaml, file);
   if (!y.IsMap()) input_error("{}: an experiment file is a mapping (name, models, strategies, sweep, …)", file);
   for (auto& set : sets) apply_set(y, file, set);
   // A conversion yaml-cpp refuses below (a node of an unexpected kind) is the file's error too.

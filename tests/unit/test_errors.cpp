@@ -462,7 +462,11 @@ TEST(FuzzRegressions, AnExperimentIsOneDocumentOfUtf8TextAndOutputIsAPath) {
          "b\"]\n",
          "byte 0xc0 is not UTF-8"},  // an overlong '/'
         {"name: u\nmodels: [\"synthetic:tiny-llama\"]\nstrategies: [full]\n---\nname: v\n",
-         "u.yaml:5: a second YAML document"},
+         "u.yaml:4: a second YAML document"},
+        // yaml-cpp's LoadAll never returns on a stray ',' (a fuzzer timeout): one line, promptly.
+        {",", "u.yaml:1: YAML syntax error: no document can start here"},
+        {"# an experiment\n\n, gpu_kv_tokens: 32}}\nname: u\n", "u.yaml:3: YAML syntax error"},
+        {"name: u\n...\n,\n", "u.yaml:3: a second YAML document"},
         {"name: u\nmodels: [\"synthetic:tiny-llama\"]\nstrategies: [full]\noutput: 5\n",
          "u.yaml:4: 'output' must be a path, got 5"},
         {"name: u\nmodels: [\"synthetic:tiny-llama\"]\nstrategies: [full]\noutput: true\n",
