@@ -10,6 +10,7 @@
 #include "engine/arch/arch.h"
 #include "engine/core/error.h"
 #include "engine/core/thread_pool.h"
+#include "engine/decoder/host_estimate.h"
 #include "engine/formats/formats.h"
 #include "engine/formats/induction.h"
 #include "engine/tokenizer/tokenizer.h"
@@ -144,8 +145,25 @@ Model synthetic_load(const ModelSpec& spec, const LoadOptions& opts) {
     input_error("synthetic:{}: dtype={} (expected f32, f16 or bf16)", spec.path, spec.options.at("dtype"));
   m.weight_dtype = dt;
   m.source_dtype = std::string(dtype_name(dt));
-  uint64_t id = 0;
+  // The maxima every file format obeys, then the weights' bytes against the machine, before any is made.
+  validate_hparams(m.hp, "synthetic:" + spec.path);
   const bool written = preset->write && !opts.phantom_weights;
+  if (!opts.phantom_weights) {
+    auto bytes_of = [&](auto slots) {
+      double b = 0;
+      for (auto slot : slots) {
+        double n = double(slot_is_matrix(slot) && !written ? dtype_size(dt) : 4);
+        for (int64_t d : slot_shape(slot, m.hp)) n *= double(d);
+        b += n;
+      }
+      return b;
+    };
+    const double bytes = bytes_of(global_slots(m.traits, m.hp.tie_embeddings)) +
+                         bytes_of(layer_slots(m.traits)) * double(m.hp.n_layers);
+    require_host_memory({int64_t(std::min(bytes, 9.0e18)), fmt::format("{} layers of weights", m.hp.n_layers)},
+                        "synthetic:" + spec.path);
+  }
+  uint64_t id = 0;
   auto make = [&](auto slot, Weight& w) {
     const auto sh = slot_shape(slot, m.hp);
     const bool matrix = slot_is_matrix(slot);

@@ -440,6 +440,27 @@ TEST(FuzzRegressions, TokenizerJsonWithWrongTypesIsAnError) {
   EXPECT_NO_THROW((void)load_hf_tokenizer_json(p));
 }
 
+// `synthetic:…?layers=100000` was not capped (files cap at 1024) and allocated its weights before any
+// check: the cap is the files' cap, and weights beyond the machine's memory are an out-of-memory error.
+TEST(FuzzRegressions, SyntheticLayersAreCappedAndTheirWeightsCheckedBeforeAllocation) {
+  EXPECT_NE(message_of([] { (void)load_model("synthetic:stories110m?layers=100000"); })
+                .find("synthetic:stories110m: layer count 100000 is above the supported maximum 1024"),
+            std::string::npos);
+  const int64_t avail = host_memory_available();
+  if (avail < 0 || avail > int64_t(800e9)) GTEST_SKIP() << "this machine may hold 1000 layers of Llama-3.1-8B";
+  try {
+    (void)load_model("synthetic:llama-3.1-8b?layers=1000");
+    ADD_FAILURE() << "1000 layers of Llama-3.1-8B loaded";
+  } catch (const OutOfMemoryError& e) {
+    EXPECT_NE(std::string(e.what()).find("needs an estimated 876.7 GB of host memory (1000 layers of weights)"),
+              std::string::npos)
+        << e.what();
+  }
+  LoadOptions phantom;  // a dry run's phantom weights take no memory: no check
+  phantom.phantom_weights = true;
+  EXPECT_NO_THROW((void)load_model("synthetic:llama-3.1-8b?layers=1000", phantom));
+}
+
 // A tiktoken file of one line with rank 16000000 built a vocabulary of 16M empty tokens (a 10 s
 // timeout under the fuzzer); ranks far beyond the file's entries are an error.
 TEST(FuzzRegressions, TiktokenRankFarBeyondTheEntriesIsAnError) {
