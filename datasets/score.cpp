@@ -197,6 +197,9 @@ void Scorer::count_attended(std::span<const TokenRow> rows, bool before) {
 void Scorer::forward(std::span<const int32_t> t, std::span<const TokenRow> rows, std::span<const int32_t> want,
                      float* lg) {
   count_attended(rows, true);
+  ++work_.forwards;
+  for (const TokenRow& r : rows)
+    ++(size_t(r.seq) < prompt_.size() && r.pos >= prompt_[size_t(r.seq)] ? work_.decode_rows : work_.prefill_rows);
   if (!rt_) {
     dec_.forward(t, rows, want, lg);
     count_attended(rows, false);

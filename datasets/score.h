@@ -92,6 +92,13 @@ class Scorer {
   // accelerator and the CPU, over the row's tokens, itself included); NaN before any. 1.0: the
   // strategy compressed nothing these items reached.
   double attended_fraction() const { return context_keys_ > 0 ? attended_keys_ / context_keys_ : NAN; }
+  // Token rows forwarded so far: prompt rows (prefilled) and decode rows (one token per step and
+  // sequence), and the forwards (steps) they took. Their sum over the wall time is the scoring's rate.
+  struct Work {
+    int64_t prefill_rows = 0, decode_rows = 0, forwards = 0;
+    int64_t rows() const { return prefill_rows + decode_rows; }
+  };
+  const Work& work() const { return work_; }
 
  private:
   void forward(std::span<const int32_t> t, std::span<const TokenRow> rows, std::span<const int32_t> want, float* lg);
@@ -112,6 +119,7 @@ class Scorer {
   std::function<void()> on_step_;
   std::vector<int32_t> prompt_;  // the batch's prompt length per sequence
   std::vector<int32_t> calibration_;
+  Work work_;
   double attended_keys_ = 0, context_keys_ = 0, pending_attended_ = 0, pending_context_ = 0;
   void count_attended(std::span<const TokenRow> rows, bool before);
 };

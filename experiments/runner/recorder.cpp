@@ -228,10 +228,10 @@ std::string write_accuracy_summary(const std::string& dir, const std::vector<Res
   for (auto& l : labels) w0 = std::max(w0, l.size() + 1);
   std::vector<size_t> widths;
   for (auto& n : names) widths.push_back(std::max<size_t>(13, n.size() + 1));
-  auto table = [&](const std::string& title, auto&& cell_text, auto&& value) {
+  auto table = [&](const std::string& title, auto&& cell_text, auto&& value, int mean_decimals = 3) {
     std::string out = title + "\n" + fmt::format("{:<{}}", "strategy", w0);
     for (size_t i = 0; i < names.size(); ++i) out += fmt::format("{:>{}}", names[i], widths[i]);
-    out += fmt::format("{:>9}\n", "mean");
+    out += fmt::format(" {:>9}\n", "mean");
     for (auto& label : labels) {
       out += fmt::format("{:<{}}", label, w0);
       size_t i = 0;
@@ -244,7 +244,7 @@ std::string write_accuracy_summary(const std::string& dir, const std::vector<Res
         const double v = r ? value(*r) : NAN;
         if (std::isfinite(v)) sum += v, ++n;
       }
-      out += fmt::format("{:>9}\n", n ? fmt::format("{:.3f}", sum / n) : "-");
+      out += fmt::format(" {:>9}\n", n ? fmt::format("{:.{}f}", sum / n, mean_decimals) : "-");
     }
     return out;
   };
@@ -340,6 +340,17 @@ std::string write_accuracy_summary(const std::string& dir, const std::vector<Res
         "attended fraction of the context on the scored decode steps",
         [&](const Json& r) { const double v = attended(r); return std::isfinite(v) ? fmt::format("{:.3f}", v) : std::string("-"); },
         attended);
+  }
+  // The scoring's throughput: token rows forwarded (prompt and decode) per second of wall clock.
+  auto rate = [&](const Json& r) { return number_in(r, "figures", "scored_tokens_per_s"); };
+  bool any_rate = false;
+  for (auto& [k, r] : cell) any_rate = any_rate || std::isfinite(rate(*r));
+  if (any_rate) {
+    out += "\n";
+    out += table(
+        "scored tokens per second (prompt and decode rows forwarded, wall clock on this machine)",
+        [&](const Json& r) { const double v = rate(r); return std::isfinite(v) ? fmt::format("{:.0f}", v) : std::string("-"); },
+        rate, 0);
   }
   write_checked(dir + "/table.txt", out);
   return out;

@@ -50,6 +50,19 @@ void add_trajectory(Trajectory& t, const std::map<std::string, double>& step) {
       else runs.emplace_back(it->second, 1);
     }
 }
+// A scoring run's wall time and rates: items, and token rows forwarded (prompt rows prefilled and
+// decode rows), the batched scorer's throughput.
+Json scoring_figures(double wall, size_t items, const Scorer::Work& w) {
+  const auto per_s = [&](double x) { return wall > 0 ? x / wall : 0.0; };
+  return {{"time_s", wall},
+          {"items_per_s", per_s(double(items))},
+          {"scored_tokens", w.rows()},
+          {"prefill_tokens", w.prefill_rows},
+          {"decode_tokens", w.decode_rows},
+          {"forwards", w.forwards},
+          {"scored_tokens_per_s", per_s(double(w.rows()))}};
+}
+
 Json trajectory_json(const Trajectory& t) {
   Json tr = Json::object();
   for (auto& [k, runs] : t) {
@@ -705,7 +718,7 @@ Json Runner::run_eval_once(const Point& p, const StrategyEntry& entry, int repea
   }
   if (!items_rel.empty()) r["items_file"] = items_rel;
   // The strategy's scoring wall time (the reference's is not in it).
-  r["figures"] = {{"time_s", wall}, {"items_per_s", wall > 0 ? double(scores.size()) / wall : 0.0}};
+  r["figures"] = scoring_figures(wall, scores.size(), scorer.work());
   Json st = Json::object();
   for (auto& [k, v] : stats_sum) st[k] = scores.empty() ? 0.0 : v / double(scores.size());
   r["strategy_stats"] = {{"mean_last_step", st}};
@@ -747,7 +760,7 @@ Json Runner::run_needle_once(const Point& p, const StrategyEntry& entry, int rep
   rc.stage_clock = profile(kSteeringPlatform);
   // Greedy outputs of `name` (with `params`) on every item, on a fresh runtime.
   auto outputs_of = [&](const std::string& name, const std::map<std::string, std::string>& params, double* seconds,
-                        std::map<std::string, double>* stats) {
+                        std::map<std::string, double>* stats, Scorer::Work* work) {
     Runtime rt(rc);
     reserve_weights(rt, model);
     auto kv = make_strategy(name, StrategyContext{rt.accel_backend(), &rt, &model}, params);
@@ -762,6 +775,12 @@ Json Runner::run_needle_once(const Point& p, const StrategyEntry& entry, int rep
       go.forced.clear();
       if (agnostic) go.forced.push_back(questions[i]);
       out.push_back(generate(model, rt.accel_backend(), *kv, {prompts[i]}, go).tokens.at(0));
+      if (work) {  // the prompt prefilled; the forced tokens and every generated one but the last decoded
+        const int64_t decoded = int64_t(questions[i].size()) + std::max<int64_t>(0, int64_t(out.back().size()) - 1);
+        work->prefill_rows += int64_t(prompts[i].size());
+        work->decode_rows += decoded;
+        work->forwards += 1 + decoded;
+      }
       if (stats)
         for (auto& [k, v] : kv->step_stats()) (*stats)[k] += v / double(items.size());
       if (on_items) on_items(int(i + 1), int(items.size()));
@@ -773,7 +792,8 @@ Json Runner::run_needle_once(const Point& p, const StrategyEntry& entry, int rep
   const StrategyParams effective(entry.name, strategy_info(entry.name).params, params);
   double wall = 0;
   std::map<std::string, double> stats;
-  const std::vector<std::vector<int32_t>> got = outputs_of(entry.name, params, &wall, &stats);
+  Scorer::Work work;
+  const std::vector<std::vector<int32_t>> got = outputs_of(entry.name, params, &wall, &stats, &work);
   const bool is_ref = entry.name == ev.reference && params.empty();
   const std::string ref_key = fmt::format("{}|{}|{}|{}|{}|{}|{}|{}|{}", p.model, p.task, p.needle_tokens, p.depth, n,
                                           ev.fewshot_seed, ev.reference, spec_.device, ev.protocol);
@@ -783,7 +803,7 @@ Json Runner::run_needle_once(const Point& p, const StrategyEntry& entry, int rep
   double ref_s = 0;
   if (with_ref && !needle_refs_.count(ref_key)) {
     ref_reused = false;
-    needle_refs_.emplace(ref_key, outputs_of(ev.reference, {}, &ref_s, nullptr));
+    needle_refs_.emplace(ref_key, outputs_of(ev.reference, {}, &ref_s, nullptr, nullptr));
   }
   std::vector<double> match;
   int agree = 0;
@@ -830,7 +850,7 @@ Json Runner::run_needle_once(const Point& p, const StrategyEntry& entry, int rep
     r["fidelity"] = nullptr;
   }
   if (!items_rel.empty()) r["items_file"] = items_rel;
-  r["figures"] = {{"time_s", wall}, {"items_per_s", wall > 0 ? double(n) / wall : 0.0}};
+  r["figures"] = scoring_figures(wall, size_t(n), work);
   Json st = Json::object();
   for (auto& [k, v] : stats) st[k] = v;
   r["strategy_stats"] = {{"mean_last_step", st}};

@@ -477,6 +477,28 @@ TEST(Metrics, AccNormDividesByCharacters) {
   EXPECT_EQ(x.pred, int(std::max_element(x.ll.begin(), x.ll.end()) - x.ll.begin()));
 }
 
+// The scorer's rate counts what it forwards: the context once, each choice's tokens in its own
+// sequence; prefill mode prefills all but the context's last token (the decode steps start from it),
+// stream mode only the first.
+TEST(Metrics, ScoredTokensAreTheRowsForwarded) {
+  Model m = load_model("synthetic:tiny-llama");
+  for (ContextMode mode : {ContextMode::kPrefill, ContextMode::kStream}) {
+    RuntimeConfig rc;
+    rc.device = "emulated";
+    Runtime rt(rc);
+    auto kv = make_strategy("full", StrategyContext{rt.accel_backend(), &rt, &m}, {});
+    Scorer s(m, rt.accel_backend(), *kv, &rt, mode, false);
+    const Request r = synthetic_requests()[2];
+    const ItemScore x = s.score(r);
+    int64_t choice_tokens = 0;
+    for (auto& c : r.choices) choice_tokens += int64_t(m.tokenizer->encode(c).size());
+    const Scorer::Work& w = s.work();
+    EXPECT_EQ(w.rows(), int64_t(x.context_tokens) + choice_tokens) << int(mode);
+    EXPECT_EQ(w.prefill_rows, mode == ContextMode::kPrefill ? int64_t(x.context_tokens) - 1 : 1) << int(mode);
+    EXPECT_GT(w.forwards, 1);
+  }
+}
+
 TEST(Fidelity, ZeroForTheSameScoresAndPositiveOtherwise) {
   ItemScore a, b;
   a.ll = {-1.0, -2.0}, b.ll = {-1.5, -1.0};
