@@ -102,17 +102,27 @@ ContextMode parse_context_mode(const std::string& s, const std::string& where) {
 
 const char* context_mode_name(ContextMode m) { return m == ContextMode::kPrefill ? "prefill" : "stream"; }
 
-EncodedRequest encode_request(const Tokenizer& tok, const Request& r, bool add_bos, int max_length) {
-  std::string ctx = r.context;
-  const size_t keep = ctx.find_last_not_of(" \t\n\r\f\v");
-  const std::string moved = keep == std::string::npos ? ctx : ctx.substr(keep + 1);
-  ctx.resize(ctx.size() - moved.size());
+EncodedRequest encode_request(const Tokenizer& tok, const Request& r, bool add_bos, int max_length,
+                              const ChatTemplate* chat) {
   EncodedRequest e;
-  e.context = tok.encode(ctx);
-  const size_t n_ctx = e.context.size();
-  for (auto& c : r.continuations) {
-    const std::vector<int32_t> whole = tok.encode(ctx + moved + c);
-    e.continuations.emplace_back(whole.begin() + int64_t(std::min(n_ctx, whole.size())), whole.end());
+  if (chat && chat->applied()) {
+    const ChatPrompt p = encode_chat(tok, *chat, r.context);
+    e.context = p.head;
+    e.context.insert(e.context.end(), p.user.begin(), p.user.end());
+    e.context.insert(e.context.end(), p.tail.begin(), p.tail.end());
+    for (auto& c : r.continuations) e.continuations.push_back(tok.encode(p.tail_text + c));
+    add_bos = add_bos && (e.context.empty() || e.context[0] != tok.bos_id);
+  } else {
+    std::string ctx = r.context;
+    const size_t keep = ctx.find_last_not_of(" \t\n\r\f\v");
+    const std::string moved = keep == std::string::npos ? ctx : ctx.substr(keep + 1);
+    ctx.resize(ctx.size() - moved.size());
+    e.context = tok.encode(ctx);
+    const size_t n_ctx = e.context.size();
+    for (auto& c : r.continuations) {
+      const std::vector<int32_t> whole = tok.encode(ctx + moved + c);
+      e.continuations.emplace_back(whole.begin() + int64_t(std::min(n_ctx, whole.size())), whole.end());
+    }
   }
   if (add_bos) {
     if (tok.bos_id < 0) input_error("{} item {}: the tokenizer has no BOS token to add", r.task, r.index);
@@ -232,7 +242,7 @@ void Scorer::score_all(std::span<const Request> reqs, bool logprobs, const ItemD
   std::vector<EncodedRequest> enc(reqs.size());
   std::vector<size_t> order(reqs.size()), len(reqs.size());
   for (size_t i = 0; i < reqs.size(); ++i) {
-    enc[i] = encode_request(*model_.tokenizer, reqs[i], add_bos_, model_.hp.max_pos);
+    enc[i] = encode_request(*model_.tokenizer, reqs[i], add_bos_, model_.hp.max_pos, &chat_);
     order[i] = i;
     size_t longest = 0;
     for (auto& c : enc[i].continuations) longest = std::max(longest, c.size());

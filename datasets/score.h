@@ -15,6 +15,7 @@
 #include "datasets/tasks.h"
 #include "engine/core/model.h"
 #include "engine/decoder/decoder.h"
+#include "engine/tokenizer/chat_template.h"
 
 namespace hg {
 
@@ -41,7 +42,11 @@ struct EncodedRequest {
   std::vector<std::vector<int32_t>> continuations;
   int truncated = 0;  // context tokens dropped from the front
 };
-EncodedRequest encode_request(const Tokenizer& tok, const Request& r, bool add_bos, int max_length = 0);
+// With a chat template, the context is the user's turn and the continuation follows the assistant's
+// header, the whitespace after it moved into the continuation (lm-eval's rule for a context's
+// trailing whitespace); add_bos adds none where the template writes BOS itself.
+EncodedRequest encode_request(const Tokenizer& tok, const Request& r, bool add_bos, int max_length = 0,
+                              const ChatTemplate* chat = nullptr);
 
 struct ItemScore {
   int index = 0, gold = 0;
@@ -86,6 +91,8 @@ class Scorer {
   // The prompt a strategy that calibrates on one (needs_prompt_attention()) is shown, as an exact
   // prefill, before the first item; without it, the longest context of the items scored.
   void set_calibration(std::vector<int32_t> tokens) { calibration_ = std::move(tokens); }
+  // Every request as one user turn of `t` (resolve_chat_template); none by default.
+  void set_chat_template(ChatTemplate t) { chat_ = std::move(t); }
   // Called after each forward (a step of the strategy: its step_stats() are then that step's).
   void on_step(std::function<void()> f) { on_step_ = std::move(f); }
   // The attended fraction of the context over every decode row scored so far (keys attended, on the
@@ -119,6 +126,7 @@ class Scorer {
   std::function<void()> on_step_;
   std::vector<int32_t> prompt_;  // the batch's prompt length per sequence
   std::vector<int32_t> calibration_;
+  ChatTemplate chat_;
   Work work_;
   double attended_keys_ = 0, context_keys_ = 0, pending_attended_ = 0, pending_context_ = 0;
   void count_attended(std::span<const TokenRow> rows, bool before);

@@ -45,7 +45,7 @@ int cmd_eval(const std::vector<std::string>& args) {
                cmd};
   std::string model, tasks = "piqa,openbookqa,copa,rte", strategies = "full", context = "prefill", data_dir, output,
                      device = "auto", write_requests, reference = "full",
-                     lm_eval = "0.4.9";
+                     lm_eval = "0.4.9", chat_template = "none";
   std::vector<std::string> sets;
   int shots = 3, limit = 0, threads = hardware_threads();
   double budget = 0.2;
@@ -71,6 +71,9 @@ int cmd_eval(const std::vector<std::string>& args) {
   app.add_option("--lm-eval", lm_eval, "the lm-eval version whose request rules to follow: 0.3, 0.4.9 or 0.4.10")
       ->capture_default_str();
   app.add_option("--reference", reference, "fidelity reference strategy, or none")->capture_default_str();
+  app.add_option("--chat-template", chat_template,
+                 "each context as one user turn of a chat template: none, auto (the model's own), llama3 or chatml")
+      ->capture_default_str();
   app.add_option("--device", device, "auto (cuda when a device is visible, else the emulated accelerator), emulated or cuda")
       ->capture_default_str();
   app.add_option("-t,--threads", threads, "CPU threads");
@@ -133,6 +136,7 @@ int cmd_eval(const std::vector<std::string>& args) {
   y["eval"]["lm_eval"] = lm_eval;
   if (add_bos) y["eval"]["add_bos"] = "always";
   y["eval"]["reference"] = reference;
+  y["eval"]["chat_template"] = chat_template;
   y["device"] = device;
   y["execute"] = "real";
   y["clock"] = "measured";

@@ -58,6 +58,7 @@ std::unique_ptr<Tokenizer> gguf_tokenizer(const GgufFile& f) {
   }
   t->bos_id = f.has("tokenizer.ggml.bos_token_id") ? int(f.get_uint("tokenizer.ggml.bos_token_id")) : -1;
   t->eos_id = f.has("tokenizer.ggml.eos_token_id") ? int(f.get_uint("tokenizer.ggml.eos_token_id")) : -1;
+  t->chat_template = f.get_string_or("tokenizer.chat_template", "");
   return t;
 }
 

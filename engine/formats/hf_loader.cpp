@@ -54,12 +54,21 @@ std::unique_ptr<Tokenizer> tokenizer_files(const fs::path& dir, const std::strin
   input_error("{}: no tokenizer (expected tokenizer.model, tokenizer.json, or vocab.json + merges.txt)", where);
 }
 
-// tokenizer_config.json's add_bos_token, when the directory has one.
+// tokenizer_config.json's add_bos_token and chat_template (a string, or a list of named templates of
+// which "default" or else the first), when the directory has one.
 void apply_tokenizer_config(const fs::path& dir, Tokenizer* tok) {
   if (!fs::exists(dir / "tokenizer_config.json")) return;
   const auto tc = read_json(dir / "tokenizer_config.json");
-  if (tc.is_object() && tc.contains("add_bos_token") && tc["add_bos_token"].is_boolean())
-    tok->add_bos = tc["add_bos_token"].get<bool>();
+  if (!tc.is_object()) return;
+  if (tc.contains("add_bos_token") && tc["add_bos_token"].is_boolean()) tok->add_bos = tc["add_bos_token"].get<bool>();
+  const auto ct = tc.find("chat_template");
+  if (ct == tc.end()) return;
+  if (ct->is_string()) tok->chat_template = ct->get<std::string>();
+  if (!ct->is_array()) return;
+  for (const auto& e : *ct) {
+    if (!e.is_object() || !e.contains("template") || !e["template"].is_string()) continue;
+    if (tok->chat_template.empty() || e.value("name", "") == "default") tok->chat_template = e["template"].get<std::string>();
+  }
 }
 
 Model hf_load(const ModelSpec& spec, const LoadOptions& opts) {

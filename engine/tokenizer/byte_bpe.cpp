@@ -236,8 +236,19 @@ class ByteBpeTokenizer final : public Tokenizer {
     }
   }
 
+  int32_t token_id(std::string_view text) const override {
+    for (size_t i = 0; i < spec_.tokens.size(); ++i)
+      if ((spec_.special[i] || spec_.user_defined[i]) && piece_text(int32_t(i)) == text) return int32_t(i);
+    return -1;
+  }
+
   std::string piece(int32_t id, int32_t /*prev*/) const override {
     if (id < 0 || id >= int32_t(spec_.tokens.size()) || spec_.special[size_t(id)]) return "";
+    return piece_text(id);
+  }
+
+  // A token's text, control tokens included.
+  std::string piece_text(int32_t id) const {
     const std::string& t = spec_.tokens[size_t(id)];
     if (spec_.rank_mode) return t;
     std::string out;

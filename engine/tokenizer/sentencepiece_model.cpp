@@ -19,6 +19,13 @@ class SentencePieceTokenizer final : public Tokenizer {
     eos_id = sp_.eos_id();
   }
   std::string kind() const override { return "sentencepiece (library)"; }
+  int32_t token_id(std::string_view text) const override {
+    const int id = sp_.PieceToId(text);
+    return id >= 0 && id < sp_.GetPieceSize() && sp_.IsControl(id) &&
+                   sp_.IdToPiece(id) == text
+               ? int32_t(id)
+               : -1;
+  }
   int n_vocab() const override { return sp_.GetPieceSize(); }
   std::vector<int32_t> encode(std::string_view text) const override {
     std::vector<int> ids;
@@ -54,6 +61,7 @@ class ByteTokenizer final : public Tokenizer {
     eos_id = 2;
   }
   std::string kind() const override { return "bytes (synthetic: id = 3 + byte)"; }
+  int32_t token_id(std::string_view) const override { return -1; }
   int n_vocab() const override { return n_vocab_; }
   std::vector<int32_t> encode(std::string_view text) const override {
     std::vector<int32_t> out;

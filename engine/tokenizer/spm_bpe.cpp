@@ -42,6 +42,11 @@ class SpmBpeTokenizer final : public Tokenizer {
   }
 
   std::string kind() const override { return "spm-bpe (SentencePiece-style BPE by score)"; }
+  int32_t token_id(std::string_view text) const override {  // control (3) and user-defined (4) pieces
+    for (size_t i = 0; i < pieces_.size(); ++i)
+      if ((types_[i] == 3 || types_[i] == 4) && pieces_[i] == text) return int32_t(i);
+    return -1;
+  }
   int n_vocab() const override { return int(pieces_.size()); }
 
   std::vector<int32_t> encode(std::string_view text) const override {

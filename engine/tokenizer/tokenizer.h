@@ -26,11 +26,18 @@ class Tokenizer {
   // Text of one token as it would appear when streamed after `prev`.
   virtual std::string piece(int32_t id, int32_t prev) const = 0;
 
+  // The id of the control or added token whose text is exactly `text` (a chat template's markers
+  // such as <|im_start|>, which encode() never produces from text); -1 when there is none.
+  virtual int32_t token_id(std::string_view text) const = 0;
+
   // BOS + encode(text) when add_bos.
   std::vector<int32_t> encode_prompt(std::string_view text) const;
   int bos_id = -1;
   int eos_id = -1;
   bool add_bos = true;
+  // The model's chat template as its files give it (tokenizer_config.json `chat_template`, GGUF
+  // `tokenizer.chat_template`); empty when they give none.
+  std::string chat_template;
 };
 
 // A loaded tokenizer has tokens and its BOS and EOS ids (-1: none) name tokens it has, else an

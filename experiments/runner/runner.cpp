@@ -50,6 +50,13 @@ void add_trajectory(Trajectory& t, const std::map<std::string, double>& step) {
       else runs.emplace_back(it->second, 1);
     }
 }
+// Which chat template a row's prompts went through, and why.
+Json chat_template_json(const ChatTemplate& t) {
+  Json j = {{"name", t.name}, {"source", t.source}};
+  if (!t.system.empty()) j["system"] = t.system;
+  return j;
+}
+
 // A scoring run's wall time and rates: items, and token rows forwarded (prompt rows prefilled and
 // decode rows), the batched scorer's throughput.
 Json scoring_figures(double wall, size_t items, const Scorer::Work& w) {
@@ -547,6 +554,8 @@ Json Runner::run_eval_once(const Point& p, const StrategyEntry& entry, int repea
   const ContextMode mode = parse_context_mode(p.context, spec_.file);
   const bool add_bos = ev.lm_eval.bos == BosRule::kAlways || (ev.lm_eval.bos == BosRule::kTokenizer && model.tokenizer->add_bos);
   Scorer scorer(model, rt.accel_backend(), *kv, &rt, mode, add_bos);
+  const ChatTemplate chat = resolve_chat_template(*model.tokenizer, ev.chat_template, p.model);
+  scorer.set_chat_template(chat);
   // A strategy that calibrates on a prompt (InfiniGen's skew) sees held-out text of the task, the
   // same whatever items and limit are scored: its few-shot split in file order, as many tokens as
   // its authors calibrate on (2048) or the model's positions allow.
@@ -571,7 +580,8 @@ Json Runner::run_eval_once(const Point& p, const StrategyEntry& entry, int repea
   const bool with_ref = ev.reference != "none" && !is_ref;
   const std::string ref_key = fmt::format("{}|{}|{}|{}|{}|{}|{}|{}|{}|{}|{}", p.model, p.task, p.shots, p.limit,
                                           ev.fewshot_seed, p.context, ev.lm_eval.version, ev.lm_eval.copa_double_space,
-                                          add_bos, ev.reference, spec_.device);
+                                          add_bos, ev.reference, spec_.device) +
+                              (chat.applied() ? "|" + chat.name + "|" + chat.system : "");
   const bool keep_ref = is_ref && ev.reference != "none" && !references_.count(ref_key);
   std::shared_ptr<const ReferenceScores> ref;
   bool ref_reused = true;
@@ -595,6 +605,7 @@ Json Runner::run_eval_once(const Point& p, const StrategyEntry& entry, int repea
       reserve_weights(ref_rt, model);
       auto ref_kv = make_strategy(ev.reference, StrategyContext{ref_rt.accel_backend(), &ref_rt, &model}, {});
       Scorer ref_scorer(model, ref_rt.accel_backend(), *ref_kv, &ref_rt, mode, add_bos);
+      ref_scorer.set_chat_template(chat);
       const auto r0 = std::chrono::steady_clock::now();
       made->items.resize(reqs.size());
       made->dists.resize(reqs.size());
@@ -685,6 +696,7 @@ Json Runner::run_eval_once(const Point& p, const StrategyEntry& entry, int repea
   acc["max_length"] = model.hp.max_pos;
   acc["fewshot_seed"] = ev.fewshot_seed;
   acc["mean_context_tokens"] = scores.empty() ? 0.0 : double(ctx_tokens) / double(scores.size());
+  acc["chat_template"] = chat_template_json(chat);
   if (!calibration.is_null()) acc["calibration"] = calibration;
   const double attended = scorer.attended_fraction();
   acc["attended_fraction"] = std::isfinite(attended) ? Json(attended) : Json(nullptr);
@@ -742,11 +754,24 @@ Json Runner::run_needle_once(const Point& p, const StrategyEntry& entry, int rep
   std::vector<NeedleItem> items;
   std::vector<std::vector<int32_t>> prompts, questions;  // questions: fed as decode steps (query-agnostic)
   const bool agnostic = ev.protocol == "query_agnostic";
+  const ChatTemplate chat = resolve_chat_template(tok, ev.chat_template, p.model);
   for (int i = 0; i < n; ++i) {
     items.push_back(make_needle_item(p.task, tok, p.needle_tokens, p.depth, ev.fewshot_seed, i));
     const NeedleItem& it = items.back();
-    prompts.push_back(tok.encode_prompt(agnostic ? it.context() : it.prompt));
-    questions.push_back(agnostic ? tok.encode(it.question) : std::vector<int32_t>{});
+    if (chat.applied() && agnostic) {  // the context in the user's turn; its question, the turn's end and
+                                       // the assistant's header fed as decode steps
+      ChatPrompt cp = encode_chat(tok, chat, it.context());
+      cp.head.insert(cp.head.end(), cp.user.begin(), cp.user.end());
+      prompts.push_back(std::move(cp.head));
+      std::vector<int32_t> q = tok.encode(it.question);
+      q.insert(q.end(), cp.tail.begin(), cp.tail.end());
+      const std::vector<int32_t> after = tok.encode(cp.tail_text);
+      q.insert(q.end(), after.begin(), after.end());
+      questions.push_back(std::move(q));
+    } else {
+      prompts.push_back(encode_chat_prompt(tok, chat, agnostic ? it.context() : it.prompt));
+      questions.push_back(agnostic ? tok.encode(it.question) : std::vector<int32_t>{});
+    }
     // Beyond the positions a model was trained at its outputs mean nothing (learned positions have
     // no row for them at all).
     const size_t prompt_tokens = prompts.back().size() + questions.back().size();
@@ -796,7 +821,8 @@ Json Runner::run_needle_once(const Point& p, const StrategyEntry& entry, int rep
   const std::vector<std::vector<int32_t>> got = outputs_of(entry.name, params, &wall, &stats, &work);
   const bool is_ref = entry.name == ev.reference && params.empty();
   const std::string ref_key = fmt::format("{}|{}|{}|{}|{}|{}|{}|{}|{}", p.model, p.task, p.needle_tokens, p.depth, n,
-                                          ev.fewshot_seed, ev.reference, spec_.device, ev.protocol);
+                                          ev.fewshot_seed, ev.reference, spec_.device, ev.protocol) +
+                              (chat.applied() ? "|" + chat.name + "|" + chat.system : "");
   if (is_ref) needle_refs_.emplace(ref_key, got);
   const bool with_ref = ev.reference != "none" && !is_ref;
   bool ref_reused = true;
@@ -837,7 +863,8 @@ Json Runner::run_needle_once(const Point& p, const StrategyEntry& entry, int rep
   r["steering_clock"] = "modeled:" + rc.stage_clock->name;
   Json acc = {{"n", n}, {"acc", mean}, {"acc_stderr", mean_stderr(match)}, {"metric", "string_match_all"},
               {"task", p.task}, {"needle_tokens", p.needle_tokens}, {"depth", p.depth},
-              {"mean_context_tokens", tokens}, {"fewshot_seed", ev.fewshot_seed}, {"protocol", ev.protocol}};
+              {"mean_context_tokens", tokens}, {"fewshot_seed", ev.fewshot_seed}, {"protocol", ev.protocol},
+              {"chat_template", chat_template_json(chat)}};
   r["accuracy"] = acc;
   if (with_ref) {
     r["fidelity"] = {{"items", n},

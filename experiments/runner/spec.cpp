@@ -17,6 +17,7 @@
 #include "engine/core/mapped_file.h"
 #include "engine/core/yaml_util.h"
 #include "engine/runtime/clock.h"
+#include "engine/tokenizer/chat_template.h"
 
 namespace hg {
 namespace {
@@ -307,7 +308,7 @@ ExperimentSpec parse_node(YAML::Node y, const std::string& file) {
   if (const YAML::Node ev = y["eval"]) {
     if (!ev.IsMap()) fail(file, ev, "'eval' must be a mapping (tasks, shots, limit, context, data_dir, …)");
     check_keys(ev, {"tasks", "shots", "limit", "context", "data_dir", "fewshot_seed", "lm_eval", "copa_spacing", "add_bos",
-                    "reference", "protocol"}, file, "eval");
+                    "reference", "protocol", "chat_template"}, file, "eval");
     EvalSpec& e = s.eval;
     e.enabled = true;
     const YAML::Node t = ev["tasks"];
@@ -339,6 +340,13 @@ ExperimentSpec parse_node(YAML::Node y, const std::string& file) {
         if (!is_needle_task(t) && e.protocol != "query_aware")
           fail(file, ev["protocol"], fmt::format("protocol applies to the retrieval tasks; '{}' is multiple choice (its "
                                                  "context modes: eval.context)", t));
+    }
+    if (ev["chat_template"]) {
+      e.chat_template = scalar(file, ev["chat_template"], "chat_template");
+      if (e.chat_template != "none" && e.chat_template != "auto" && e.chat_template != "llama3" &&
+          e.chat_template != "chatml")
+        fail(file, ev["chat_template"],
+             fmt::format("chat_template '{}' (expected {})", e.chat_template, kChatTemplateChoices));
     }
     if (ev["data_dir"]) e.data_dir = scalar(file, ev["data_dir"], "data_dir");
     if (ev["fewshot_seed"]) e.fewshot_seed = uint64_t(integer(file, ev["fewshot_seed"], "fewshot_seed", 0));

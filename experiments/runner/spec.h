@@ -41,6 +41,9 @@ struct EvalSpec {
   // (kvpress's default) prefills the context and feeds the question as decode steps, so that a
   // strategy compresses the context before it sees what will be asked.
   std::string protocol = "query_aware";
+  // none | auto (the model's own) | llama3 | chatml: each prompt as one user turn of the template
+  // and the assistant's generation prompt (engine/tokenizer/chat_template.h).
+  std::string chat_template = "none";
 };
 
 // A retrieval task's point without needle_tokens / depth in its sweep.

@@ -19,6 +19,7 @@
 #include "experiments/runner/recorder.h"
 #include "experiments/runner/runner.h"
 #include "experiments/runner/spec.h"
+#include "test_util.h"
 
 namespace hg {
 namespace {
@@ -164,6 +165,30 @@ TEST(ExperimentRun, MissingTaskDataIsOneLineAndExitTwo) {
   p = run_cli("validate " + std::string(HG_SOURCE_DIR) + "/experiments/accuracy.yaml --set eval.data_dir=/nonexistent --set 'models=[synthetic:tiny-llama]'");
   EXPECT_EQ(p.status, 2) << p.out;
   EXPECT_NE(p.out.find("/nonexistent/"), std::string::npos) << p.out;
+  fs::remove_all(d);
+}
+
+// Rows name the chat template their prompts went through and why; one the model's tokenizer cannot
+// render (no such markers) is that row's bad_input, and an unknown name is the file's error.
+TEST(ExperimentRun, RowsRecordTheChatTemplate) {
+  HG_REQUIRE_SHARED("datasets/copa/val.jsonl");
+  const std::string d = tmp_dir("chat");
+  Proc p = run_cli("eval --task copa --limit 2 --model synthetic:tiny-llama --chat-template auto -o " + d + "/auto");
+  ASSERT_EQ(p.status, 0) << p.out;
+  auto rows = read_rows(d + "/auto");
+  ASSERT_EQ(rows.size(), 1u);
+  EXPECT_EQ(rows[0].json["accuracy"]["chat_template"], (Json{{"name", "none"}, {"source", "the model has none"}}));
+  EXPECT_GT(rows[0].json["figures"]["scored_tokens"].get<int64_t>(), 0);
+  p = run_cli("eval --task copa --limit 2 --model synthetic:tiny-llama --chat-template chatml -o " + d + "/chatml");
+  EXPECT_EQ(p.status, 1) << p.out;
+  rows = read_rows(d + "/chatml");
+  ASSERT_EQ(rows.size(), 1u);
+  EXPECT_EQ(rows[0].json["error"], "bad_input");
+  EXPECT_NE(rows[0].reason.find("chat template chatml: the tokenizer has no <|im_start|> token"), std::string::npos)
+      << rows[0].reason;
+  p = run_cli("eval --task copa --limit 2 --model synthetic:tiny-llama --chat-template llama2 -o " + d + "/bad");
+  EXPECT_EQ(p.status, 2) << p.out;
+  EXPECT_NE(p.out.find("chat_template 'llama2' (expected none, auto, llama3 or chatml)"), std::string::npos) << p.out;
   fs::remove_all(d);
 }
 
