@@ -156,6 +156,8 @@ class InfiniGen final : public KvStrategy {
       forget_skew();
       skew_.clear();
       skew_.resize(size_t(shape.n_layers) * size_t(shape.H_kv));
+      skew_stacked_.clear();
+      skew_stacked_.resize(size_t(shape.n_layers));
       skew_shape_ = {shape.H_kv, shape.D, dp_};
     }
     calib_q_.assign(size_t(shape.n_layers), {});
@@ -236,7 +238,7 @@ class InfiniGen final : public KvStrategy {
       for (const Gather& gt : gathers)
         for (int g = 0; g < Hkv; ++g) {
           const int32_t n = int32_t(gt.sel[size_t(g)].size());
-          const int64_t dst = kv_.bytes(int64_t(g) * gt.f->n * D);
+          const int64_t dst = kv_.bytes(int64_t(g) * (gt.f->n + 1) * D);  // a row left per head for the current token
           store_.key_rows(layer, gt.seq, g, gt.sel[size_t(g)].data(), n, gt.f->k + dst, copies);
           store_.value_rows(layer, gt.seq, g, gt.sel[size_t(g)].data(), n, gt.f->v + dst, copies);
         }
@@ -314,16 +316,9 @@ class InfiniGen final : public KvStrategy {
       const bool spec = r.pos >= prompt_[size_t(r.seq)] && f;
       if (spec) {  // the speculatively fetched rows plus the current token
         f->done.wait();
+        // Each head's fetched rows, then the current token's in the row the fetch left after them.
         const int32_t n = f->n + 1;
-        grow(spec_.k, kv_.bytes(int64_t(Hkv) * n * D));  // rows attend one after another: one pair serves all
-        grow(spec_.v, kv_.bytes(int64_t(Hkv) * n * D));
-        char *kb = spec_.k.as<char>(), *vb = spec_.v.as<char>();
-        // Within the accelerator's memory: each head's fetched rows, then the current token's.
-        const size_t fetched = size_t(kv_.bytes(int64_t(f->n) * D));
-        for (int g = 0; g < Hkv; ++g) {
-          be_.copy(kb + kv_.bytes(int64_t(g) * n * D), f->k + kv_.bytes(int64_t(g) * f->n * D), fetched);
-          be_.copy(vb + kv_.bytes(int64_t(g) * n * D), f->v + kv_.bytes(int64_t(g) * f->n * D), fetched);
-        }
+        char *kb = f->k, *vb = f->v;
         const int32_t cur = f->n;
         be_.write_kv(new_k_ + int64_t(i) * Hkv * D, 1, Hkv, D, &cur, kb, int64_t(n) * D, kv_.dtype());
         be_.write_kv(new_v_ + int64_t(i) * Hkv * D, 1, Hkv, D, &cur, vb, int64_t(n) * D, kv_.dtype());
@@ -433,6 +428,9 @@ class InfiniGen final : public KvStrategy {
     for (int g = 0; g < Hkv; ++g)
       skew_[size_t(layer) * size_t(Hkv) + size_t(g)] =
           convert_weight(DType::kF32, (*kept)[size_t(g)].data(), DType::kF32, {dp_, D});
+    std::vector<float> stacked;
+    for (auto& w : *kept) stacked.insert(stacked.end(), w.begin(), w.end());
+    skew_stacked_[size_t(layer)] = convert_weight(DType::kF32, stacked.data(), DType::kF32, {int64_t(Hkv) * dp_, D});
     calib_q_[size_t(layer)].clear();
     calib_k_[size_t(layer)].clear();
     build_partial_cache(layer);
@@ -504,13 +502,27 @@ class InfiniGen final : public KvStrategy {
     }
   }
 
+  // `rows` rows of x [rows, D] (row i of KV head group_of(i)) through every head's skew in one product
+  // with the stacked skew, [rows, H_kv·dp] in skewed_; then each row's own head's dp columns to
+  // dst(i), in one copy_rows. Launches per layer stay constant; the other heads' products are
+  // computed and dropped (H_kv × a product of dp columns, small beside attention).
+  template <class Group, class Dst>
+  void skew_rows(int layer, const float* x, int rows, Group group_of, Dst dst) {
+    const int Hkv = shape_.H_kv;
+    const size_t w = size_t(Hkv) * size_t(dp_);
+    if (skewed_.size() < size_t(rows) * w) skewed_ = BackendArray<float>(be_, size_t(rows) * w);
+    be_.matmul(x, rows, skew_stacked_[size_t(layer)], nullptr, skewed_.data());
+    skew_copies_.clear();
+    for (int i = 0; i < rows; ++i) skew_copies_.add(dst(i), skewed_.data() + size_t(i) * w + size_t(group_of(i)) * size_t(dp_));
+    skew_copies_.run(be_, int64_t(dp_) * 4);
+  }
+
   // The partial key of one new row, k_row [H_kv, D] in the accelerator's memory, into the partial
-  // cache (one product per KV head).
+  // cache.
   void append_partial(int layer, const TokenRow& r, const float* k_row) {
-    const int Hkv = shape_.H_kv, D = shape_.D;
-    for (int g = 0; g < Hkv; ++g)
-      be_.matmul(k_row + int64_t(g) * D, 1, skew_[size_t(layer) * size_t(Hkv) + size_t(g)], nullptr,
-                 partial_.k(layer, r.seq) + g * partial_.head_stride(r.seq) + int64_t(r.pos) * dp_);
+    skew_rows(layer, k_row, shape_.H_kv, [](int g) { return g; }, [&](int g) {
+      return partial_.k(layer, r.seq) + g * partial_.head_stride(r.seq) + int64_t(r.pos) * dp_;
+    });
   }
 
   // One row's fetch: its sequence, the buffers its rows go to, and the positions per KV head.
@@ -531,13 +543,10 @@ class InfiniGen final : public KvStrategy {
     if (spec_logits_.size() < size_t(H) * size_t(n))
       spec_logits_ = BackendArray<float>(be_, size_t(H) * size_t(n) * 2);
     float *qp = spec_qp_.data(), *dl = spec_logits_.data();
-    for (int g = 0; g < Hkv; ++g) {
-      // The group's G query heads [G, D] skewed and sliced to [G, dp]. Scaled by 1/√D as attention
-      // scales them: alpha is compared against scaled logits, as in the authors' code
-      // (weight_bias_concat(..., head_dim) on the speedup path, / sqrt(head_dim) on the accuracy path).
-      be_.matmul(q + int64_t(g) * G * D, G, skew_[size_t(layer) * size_t(Hkv) + size_t(g)], nullptr,
-                 qp + int64_t(g) * G * dp_);
-    }
+    // Each query head [D] through its KV head's skew, sliced to [dp]. Scaled by 1/√D as attention
+    // scales them: alpha is compared against scaled logits, as in the authors' code
+    // (weight_bias_concat(..., head_dim) on the speedup path, / sqrt(head_dim) on the accuracy path).
+    skew_rows(layer, q, H, [&](int h) { return h / G; }, [&](int h) { return qp + int64_t(h) * dp_; });
     be_.heads_logits(qp, H, Hkv, partial_.k(layer, r.seq), partial_.head_stride(r.seq) / dp_, n, dp_,
                      1.0f / std::sqrt(float(D)), dl);
     // The count and the selection run on the host: the logits come back when they are elsewhere.
@@ -561,8 +570,8 @@ class InfiniGen final : public KvStrategy {
     // The fetch for `layer` is written while layer − 1 attends over its own (the other parity's
     // buffers) and read when `layer` attends; the last reader of this parity's was layer − 2.
     Buffers& fb = fetch_pool_[size_t(layer % 2) * size_t(B_) + size_t(r.seq)];
-    grow(fb.k, kv_.bytes(int64_t(Hkv) * count * D));
-    grow(fb.v, kv_.bytes(int64_t(Hkv) * count * D));
+    grow(fb.k, kv_.bytes(int64_t(Hkv) * (count + 1) * D));  // per head: the fetched rows and the current token
+    grow(fb.v, kv_.bytes(int64_t(Hkv) * (count + 1) * D));
     f->k = fb.k.as<char>(), f->v = fb.v.as<char>();
     Gather out{r.seq, f, std::vector<std::vector<int32_t>>(static_cast<size_t>(Hkv))};
     for (int g = 0; g < Hkv; ++g) {
@@ -596,16 +605,18 @@ class InfiniGen final : public KvStrategy {
   int svd_layers_ = 0;
   std::array<int, 3> skew_shape_{};  // H_kv, D, dp of the kept skew
   std::vector<Weight> skew_;  // per (layer, KV head): the kept columns of the skew, [dp, D]
+  std::vector<Weight> skew_stacked_;  // per layer: every KV head's skew_, stacked, [H_kv·dp, D]
+  BackendArray<float> skewed_;        // skew_rows' product
+  RowCopies skew_copies_;
   std::vector<std::vector<float>> calib_q_, calib_k_;
   std::vector<std::shared_ptr<Fetch>> fetch_;
   std::vector<float> logits_;                                    // speculate()'s partial logits on the host
   std::vector<float> host_k_, host_v_, host_q_;                  // rows read back from the accelerator
   // prepare()'s and speculate()'s accelerator scratch
   BackendArray<float> spec_x_, spec_h_, spec_q_, spec_qp_, spec_logits_;
-  // Kept accelerator buffers: full loads per sequence, fetches per layer parity and sequence, and
-  // the fetched rows plus the current token that a row attends over.
+  // Kept accelerator buffers: full loads per sequence, and fetches per layer parity and sequence
+  // (each head's fetched rows and a row for the current token, as the attention reads them).
   std::vector<Buffers> full_pool_, fetch_pool_;
-  Buffers spec_;
   Allocation prompt_k_, prompt_k32_;  // calibrate(): a prompt's keys on the accelerator (kv_dtype, F32)
   std::vector<bool> own_rows_;  // per sequence: this attend call's full buffers hold its own rows
   const float *new_k_ = nullptr, *new_v_ = nullptr;
