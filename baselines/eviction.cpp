@@ -71,57 +71,142 @@ void EvictingStrategy::begin(const KvShape& shape, std::span<const int32_t> capa
   for (auto& s : staged_) s.clear();
   version_.assign(size_t(shape.n_layers) * prompt_.size(), 0);
   exposed_ = exposed_last_ = 0;
-  // A dry run ranks nothing (no taps; evict_to drops the last slots): its score vectors stay empty.
-  scores_.assign(size_t(shape.n_layers) * prompt_.size() * size_t(shape.H_kv), {});
-  if (!rt_.dry())
-    for (size_t i = 0; i < scores_.size(); ++i)
-      scores_[i].assign(size_t(slots[(i / size_t(shape.H_kv)) % prompt_.size()]), 0.0);
+  // A dry run ranks nothing (no taps; evict_to drops the last slots): no score records.
+  score_off_.assign(size_t(shape.n_layers) * prompt_.size(), 0);
+  size_t records = 0;
+  for (int l = 0; l < shape.n_layers; ++l)
+    for (size_t b = 0; b < prompt_.size(); ++b)
+      score_off_[vidx(l, int(b))] = records, records += size_t(shape.H_kv) * size_t(slots[b]);
+  const bool scored = taps() != 0 && !rt_.dry();
+  if (!scored) records = 0;
+  if (score_slots_.size() < records) score_slots_ = BackendArray<PolicyOps::ScoreSlot>(be_, records);
+  // The step's victims: room for two per layer, sequence and KV head (one is a decode step's).
+  queued_.clear(), picks_.clear();
+  picked_used_ = 0;
+  const size_t victims = scored ? std::max<size_t>(64, size_t(2 * shape.n_layers * shape.H_kv) * prompt_.size()) : 0;
+  if (picked_.size() < victims) picked_ = BackendArray<int32_t>(be_, victims);
   evicted_ = 0;
 }
 
-void EvictingStrategy::evict_to(int layer, int seq, int32_t keep) {
-  for (int g = 0; g < shape_.H_kv; ++g) {
-    const int32_t n = store_.count(layer, seq, g);
-    if (n <= keep) continue;
-    ++version(layer, seq);
-    if (rt_.dry()) {  // no scores to rank (no taps), and which slots go does not change what moves:
-                      // the last ones, whose removal moves no row
-      victims_.resize(size_t(n - keep));
-      for (int32_t i = 0; i < n - keep; ++i) victims_[size_t(i)] = n - 1 - i;
-    } else {
-      victims(layer, seq, g, n - keep, victims_);
-    }
-    HG_CHECK(int32_t(victims_.size()) == n - keep);
-    // Dropped in the policy's order. Each removal moves the last slot into the freed one, so a victim
-    // still to come that sat in the last slot is followed there (the slots then end as if the
-    // victims had been picked one at a time).
-    pending_.assign(size_t(n), -1);
-    for (size_t i = 0; i < victims_.size(); ++i) pending_[size_t(victims_[i])] = int32_t(i);
-    auto& sc = scores(layer, seq, g);
-    // The i-th removal moves slot n-1-i (the last live one); the slots followed first, then removed
-    // from the store in that order, its rows moved once after every head (flush_removals).
-    for (size_t i = 0; i < victims_.size(); ++i) {
-      const int32_t s = victims_[i];
-      const int32_t moved = n - 1 - int32_t(i);
-      if (!sc.empty()) sc[size_t(s)] = sc[size_t(moved)], sc[size_t(moved)] = 0.0;
-      pending_[size_t(s)] = pending_[size_t(moved)];
-      if (pending_[size_t(s)] >= 0 && moved != s) victims_[size_t(pending_[size_t(s)])] = s;
-      pending_[size_t(moved)] = -1;
-      ++evicted_;
-    }
-    store_.remove_deferred(layer, seq, g, victims_, moved_);
+void EvictingStrategy::victims(int, int, int, int32_t, std::vector<int32_t>&) {
+  throw std::logic_error("eviction: a policy without taps must pick its victims");
+}
+
+void EvictingStrategy::evict_to(int layer, const std::vector<std::pair<int32_t, int32_t>>& keeps, bool defer) {
+  if (!(taps() != 0 && !rt_.dry())) {
+    // No scores: the policy's own victims, or in a dry run (nothing to rank, and which slots go does
+    // not change what moves) the last ones, whose removal moves no row.
+    for (auto [seq, keep] : keeps)
+      for (int g = 0; g < shape_.H_kv; ++g) {
+        const int32_t n = store_.count(layer, seq, g);
+        if (n <= keep) continue;
+        if (rt_.dry()) {
+          victims_.resize(size_t(n - keep));
+          for (int32_t i = 0; i < n - keep; ++i) victims_[size_t(i)] = n - 1 - i;
+        } else {
+          victims(layer, seq, g, n - keep, victims_);
+        }
+        remove_victims(layer, seq, g, keep, false);
+      }
+    store_.flush_removals(layer);
+    return;
   }
-  store_.flush_removals(layer);
+  // A scoring policy's victims: every head of every listed sequence in one pick on the accelerator,
+  // into the step's victims buffer; read back (one download) when they are applied.
+  size_t first = picks_.size();
+  int64_t total = 0;
+  for (auto [seq, keep] : keeps)
+    for (int g = 0; g < shape_.H_kv; ++g)
+      if (const int32_t n = store_.count(layer, seq, g); n > keep) {
+        picks_.push_back({score_slots(layer, seq) + int64_t(g) * store_.capacity(seq), n, recent_window(seq), n - keep,
+                          picked_used_ + total});
+        total += n - keep;
+      }
+  if (total == 0) return;
+  if (picked_used_ + total > int64_t(picked_.size())) {
+    // No room left in this step's buffer: apply what is queued, then grow it if one layer needs more.
+    std::vector<PolicyOps::EvictionPick> mine(picks_.begin() + int64_t(first), picks_.end());
+    picks_.resize(first);
+    apply_evictions();
+    int64_t at = 0;
+    for (auto& p : mine) p.at = at, at += p.count;
+    if (int64_t(picked_.size()) < total) picked_ = BackendArray<int32_t>(be_, size_t(2 * total));
+    picks_ = std::move(mine);
+    first = 0;
+  }
+  be_.pick_evictions(picks_.data() + first, int64_t(picks_.size() - first), picked_.data());
+  picked_used_ += total;
+  queued_.push_back({layer, keeps, first});
+  if (!defer) apply_evictions();
+}
+
+void EvictingStrategy::apply_evictions() {
+  if (queued_.empty()) return;
+  picked_host_.resize(size_t(picked_used_));
+  be_.download(picked_host_.data(), picked_.data(), size_t(picked_used_) * 4);
+  for (const QueuedEviction& q : queued_) {
+    slot_moves_.clear();
+    size_t next_pick = q.first_pick;
+    for (auto [seq, keep] : q.keeps)
+      for (int g = 0; g < shape_.H_kv; ++g) {
+        const int32_t n = store_.count(q.layer, seq, g);
+        if (n <= keep) continue;
+        const auto& pk = picks_[next_pick++];
+        HG_CHECK(pk.n == n && pk.count == n - keep);
+        victims_.assign(picked_host_.begin() + pk.at, picked_host_.begin() + pk.at + pk.count);
+        for (int32_t v : victims_)
+          if (v < 0 || v >= n) throw std::logic_error("eviction: the accelerator picked slot " + std::to_string(v) +
+                                                      " of " + std::to_string(n));
+        remove_victims(q.layer, seq, g, keep, true);
+      }
+    if (!slot_moves_.dst.empty()) slot_moves_.run(be_, int64_t(sizeof(PolicyOps::ScoreSlot)));
+    store_.flush_removals(q.layer);
+  }
+  queued_.clear(), picks_.clear();
+  picked_used_ = 0;
+}
+
+void EvictingStrategy::remove_victims(int layer, int seq, int g, int32_t keep, bool scored) {
+  const int32_t n = store_.count(layer, seq, g);
+  HG_CHECK(int32_t(victims_.size()) == n - keep);
+  ++version(layer, seq);
+  // Dropped in the policy's order. Each removal moves the last slot into the freed one, so a victim
+  // still to come that sat in the last slot is followed there (the slots then end as if the
+  // victims had been picked one at a time).
+  pending_.assign(size_t(n), -1);
+  for (size_t i = 0; i < victims_.size(); ++i) pending_[size_t(victims_[i])] = int32_t(i);
+  if (scored) origin_.resize(size_t(n)), std::iota(origin_.begin(), origin_.end(), 0);
+  // The i-th removal moves slot n-1-i (the last live one); the slots followed first, then removed
+  // from the store in that order, its rows moved once after every head (flush_removals).
+  for (size_t i = 0; i < victims_.size(); ++i) {
+    const int32_t s = victims_[i];
+    const int32_t moved = n - 1 - int32_t(i);
+    if (scored) origin_[size_t(s)] = origin_[size_t(moved)];
+    pending_[size_t(s)] = pending_[size_t(moved)];
+    if (pending_[size_t(s)] >= 0 && moved != s) victims_[size_t(pending_[size_t(s)])] = s;
+    pending_[size_t(moved)] = -1;
+    ++evicted_;
+  }
+  // The score records follow their tokens: each kept slot that changed reads the record its token
+  // had at the start (those lie past the kept count, so the moves commute: one copy_rows a layer).
+  if (scored) {
+    PolicyOps::ScoreSlot* rec = score_slots(layer, seq) + int64_t(g) * store_.capacity(seq);
+    for (int32_t s : victims_)
+      if (s < keep && origin_[size_t(s)] != s) slot_moves_.add(rec + s, rec + origin_[size_t(s)]);
+  }
+  store_.remove_deferred(layer, seq, g, victims_, moved_);
 }
 
 void EvictingStrategy::append(int layer, std::span<const TokenRow> rows, const float* k, const float* v) {
   const int D = shape_.D, Hkv = shape_.H_kv;
   // Prefill selection: the first decode step prunes the prompt to the budget.
+  std::vector<std::pair<int32_t, int32_t>> prune;
   for (auto& r : rows)
     if (r.pos == prompt_len(r.seq) && r.pos > 0) {
       context_[size_t(r.seq)] = r.pos;
-      evict_to(layer, r.seq, keep(r.seq, r.pos));
+      prune.emplace_back(r.seq, keep(r.seq, r.pos));
     }
+  if (!prune.empty()) evict_to(layer, prune, false);  // attended now
   // Keys stored pre-RoPE (rotated back by their original position) where the policy re-rotates;
   // rotated on the accelerator, in its memory.
   const size_t n = rows.size() * size_t(Hkv) * size_t(D);
@@ -136,14 +221,24 @@ void EvictingStrategy::append(int layer, std::span<const TokenRow> rows, const f
   }
   new_k_ = ks, new_v_ = v;  // as stored: what an overlapped load adds to its staged copy
   // Rows in the store's memory: the accelerator's (kv_home gpu) or dram.
+  // A scoring policy's new slots start at score 0 with their token's position: one put_rows.
+  const bool scored = taps() != 0 && !rt_.dry();
+  new_slots_.clear(), new_slot_at_.clear();
   auto insert = [&](const float* kr, const float* vr) {
     slots_.resize(size_t(Hkv));
     for (size_t i = 0; i < rows.size(); ++i) {
       const int64_t at = int64_t(i) * Hkv * D;
       store_.insert_heads(layer, rows[i].seq, rows[i].pos, kr + at, vr + at, slots_.data());
-      for (int g = 0; g < Hkv; ++g)
-        if (auto& sc = scores(layer, rows[i].seq, g); !sc.empty()) sc[size_t(slots_[size_t(g)])] = 0.0;
+      if (!scored) continue;
+      PolicyOps::ScoreSlot* rec = score_slots(layer, rows[i].seq);
+      for (int g = 0; g < Hkv; ++g) {
+        new_slots_.push_back({0.0, rows[i].pos, 0});
+        new_slot_at_.push_back(rec + int64_t(g) * store_.capacity(rows[i].seq) + slots_[size_t(g)]);
+      }
     }
+    if (!new_slots_.empty())
+      be_.put_rows(new_slot_at_.data(), new_slots_.data(), int64_t(sizeof(PolicyOps::ScoreSlot)),
+                   int64_t(new_slots_.size()));
   };
   if (!home_dram(layer)) return insert(ks, v);
   // The new tokens' K and V, computed on the accelerator, go to their home in dram.
@@ -306,7 +401,7 @@ std::map<int32_t, std::pair<const void*, const void*>> EvictingStrategy::kv_on_a
 
 void EvictingStrategy::attend(int layer, std::span<const TokenRow> rows, const float* q, float scale,
                               float* out) {
-  const int H = shape_.H, Hkv = shape_.H_kv, D = shape_.D, G = group();
+  const int H = shape_.H, Hkv = shape_.H_kv, D = shape_.D;
   int64_t ld = 0;
   for (auto& r : rows) ld = std::max<int64_t>(ld, store_.capacity(r.seq));
   // Rows per attention call: the taps of a block stay within kTapBytes (a prefill chunk's whole taps
@@ -317,7 +412,7 @@ void EvictingStrategy::attend(int layer, std::span<const TokenRow> rows, const f
                            ? rows.size()
                            : std::clamp<size_t>(kTapBytes / (size_t(H) * size_t(ld) * 4), 1, rows.size());
   const size_t tap_floats = block * size_t(H) * size_t(ld);
-  // The taps in the accelerator's memory; read back to the host for the policy when that is elsewhere.
+  // The taps in the accelerator's memory, where the policy reads them.
   if ((taps() & kLogits) && logits_.size() < tap_floats) logits_ = BackendArray<float>(be_, tap_floats);
   if ((taps() & kProbs) && probs_.size() < tap_floats) probs_ = BackendArray<float>(be_, tap_floats);
   attn_rows_.resize(rows.size());
@@ -410,39 +505,35 @@ void EvictingStrategy::attend(int layer, std::span<const TokenRow> rows, const f
     if (taps() != 0) add_accel_work(tap_work(a));
     // Dry runs have no values to score: which tokens are evicted does not change the counts.
     if (taps() == 0 || rt_.dry()) continue;
-    const float* lg = a.logits_out;
-    const float* pr = a.probs_out;
-    if (!be_.host_memory()) {  // the policy scores on the host
-      const size_t used = nb * size_t(H) * size_t(ld);
-      const int64_t bytes = int64_t(used) * 4 * ((lg != nullptr) + (pr != nullptr));
-      rt_.transfers()
-          .run(
-              Tier::kGpu, Tier::kDram, bytes,
-              [&] {
-                if (lg) host_logits_.resize(used), be_.download(host_logits_.data(), lg, used * 4);
-                if (pr) host_probs_.resize(used), be_.download(host_probs_.data(), pr, used * 4);
-              },
-              {}, "attention scores to host")
-          .wait();
-      if (lg) lg = host_logits_.data();
-      if (pr) pr = host_probs_.data();
-    }
+    // The block's scores accumulate where the taps are: one launch.
+    const ScorePolicy sp = score_policy();
+    PolicyOps::ScoreRows sr;
+    sr.rule = sp.rule, sr.seed = sp.seed, sr.layer = layer, sr.H = H, sr.H_kv = Hkv, sr.tap_ld = ld;
+    sr.taps = sp.rule == PolicyOps::ScoreRule::kSum ? a.probs_out : a.logits_out;
+    HG_CHECK(sr.taps != nullptr);
+    score_rows_.resize(nb);
     for (size_t i = 0; i < nb; ++i) {
       const TokenRow r = rows[b0 + i];
-      const size_t off = (i * size_t(H)) * size_t(ld);
-      for (int g = 0; g < Hkv; ++g)
-        accumulate(layer, r.seq, g, lg ? lg + off + size_t(g * G) * size_t(ld) : nullptr,
-                   pr ? pr + off + size_t(g * G) * size_t(ld) : nullptr, ld, attn_rows_[b0 + i].n_keys,
-                   r.pos);
+      score_rows_[i] = {score_slots(layer, r.seq), store_.capacity(r.seq), int32_t(attn_rows_[b0 + i].n_keys), r.pos,
+                        score_tau(r.seq, r.pos)};
     }
+    sr.rows = score_rows_.data(), sr.n_rows = int64_t(nb);
+    be_.accumulate_scores(sr);
   }
   // Decode rows: back to the budget of the context the next row comes after (this row included),
   // so that a budget of the whole context keeps every token.
+  // A sequence with several decode rows in the call goes to the smallest of their budgets (as one
+  // eviction per row in turn would leave it: its scores do not change in between).
+  std::vector<std::pair<int32_t, int32_t>> decode_keeps;
   for (auto& r : rows)
     if (r.pos >= prompt_len(r.seq)) {
       context_[size_t(r.seq)] = r.pos + 1;
-      evict_to(layer, r.seq, keep(r.seq, r.pos + 1));
+      const int32_t k = keep(r.seq, r.pos + 1);
+      auto it = std::find_if(decode_keeps.begin(), decode_keeps.end(), [&](const auto& e) { return e.first == r.seq; });
+      if (it == decode_keeps.end()) decode_keeps.emplace_back(r.seq, k);
+      else it->second = std::min(it->second, k);
     }
+  if (!decode_keeps.empty()) evict_to(layer, decode_keeps, true);  // applied at the step's end
   // The next layer's retained set is fixed now (its evictions ran last step): load it while this
   // layer's FFN and the next one's projections run; after the last layer, the next step's layer 0.
   if (layer + 1 < shape_.n_layers) prefetch(layer + 1, rows, false);
@@ -451,18 +542,16 @@ void EvictingStrategy::attend(int layer, std::span<const TokenRow> rows, const f
 
 void EvictingStrategy::fork(int32_t src, int32_t, std::span<const int32_t> dst) {
   settle();  // a load in flight reads the store; dst's layers load afresh in the next step
+  apply_evictions();
   for (int32_t d : dst) {
     for (int l = 0; l < shape_.n_layers; ++l) {
       store_.copy_sequence(l, src, d);
       ++version(l, d);
-      for (int g = 0; g < shape_.H_kv; ++g) {
-        const auto& from = scores(l, src, g);
-        auto& to = scores(l, d, g);
-        if (to.empty()) continue;  // dry run
-        const size_t live = size_t(store_.count(l, src, g));
-        std::copy(from.begin(), from.begin() + int64_t(live), to.begin());
-        std::fill(to.begin() + int64_t(live), to.end(), 0.0);
-      }
+      if (score_slots_.size() == 0) continue;  // no scores (dry run, or a policy without taps)
+      for (int g = 0; g < shape_.H_kv; ++g)
+        if (const int32_t live = store_.count(l, src, g); live > 0)
+          be_.copy(score_slots(l, d) + int64_t(g) * store_.capacity(d),
+                   score_slots(l, src) + int64_t(g) * store_.capacity(src), size_t(live) * sizeof(PolicyOps::ScoreSlot));
     }
     context_[size_t(d)] = context_[size_t(src)];
   }
@@ -482,6 +571,7 @@ StageWork EvictingStrategy::tap_work(const AttentionArgs& a) const {
 void EvictingStrategy::end_step() {
   exposed_last_ = exposed_;
   exposed_ = 0;
+  apply_evictions();  // before the next step's first load reads layer 0
   if (!last_rows_.empty()) prefetch(0, last_rows_, true);
   last_rows_.clear();
 }
@@ -491,46 +581,6 @@ EvictingStrategy::~EvictingStrategy() {
     settle();
   } catch (...) {  // a failed load was reported to its reader already, or has none left
   }
-}
-
-void EvictingStrategy::lowest_non_recent(int layer, int seq, int g, int32_t recent, int32_t count,
-                                         std::vector<int32_t>& slots) {
-  const int32_t n = store_.count(layer, seq, g);
-  const int32_t* pos = store_.positions(layer, seq, g);
-  // Positions ≥ cut are the `recent` newest. Usually they are the last `recent` positions of the
-  // sequence (a window that slides by at most a token per step never drops its own tokens): one
-  // pass confirms it; otherwise the cut is selected.
-  int32_t cut = INT32_MIN;
-  if (recent > 0 && recent < n) {
-    const int32_t newest = *std::max_element(pos, pos + n);
-    cut = newest - recent + 1;
-    if (int32_t(std::count_if(pos, pos + n, [&](int32_t p) { return p >= cut; })) != recent) {
-      recent_scratch_.assign(pos, pos + n);
-      std::nth_element(recent_scratch_.begin(), recent_scratch_.begin() + (n - recent), recent_scratch_.end());
-      cut = recent_scratch_[size_t(n - recent)];
-    }
-  }
-  const auto& sc = scores(layer, seq, g);
-  // Lowest score; ties go to the oldest token. With recent ≥ n the cut stays INT32_MIN: none is outside.
-  const auto before = [&](int32_t a, int32_t b) {
-    return sc[size_t(a)] < sc[size_t(b)] || (sc[size_t(a)] == sc[size_t(b)] && pos[a] < pos[b]);
-  };
-  const auto outside = [&](int32_t s) { return recent <= 0 || pos[s] < cut; };
-  slots.clear();
-  if (count == 1) {  // the steady state: one token per step, one pass
-    int32_t best = -1;
-    for (int32_t s = 0; s < n; ++s)
-      if (outside(s) && (best < 0 || before(s, best))) best = s;
-    if (best >= 0) {
-      slots.push_back(best);
-      return;
-    }
-  }
-  for (int32_t s = 0; s < n; ++s)
-    if (outside(s)) slots.push_back(s);
-  if (int32_t(slots.size()) < count)
-    throw std::logic_error("eviction: fewer tokens outside the recent window than must be evicted");
-  first_in_order(slots, count, before);
 }
 
 std::map<std::string, double> EvictingStrategy::step_stats() const {

@@ -42,11 +42,9 @@ class EvictingStrategy : public KvStrategy {
   virtual int32_t budget(int seq, int32_t context) const = 0;
 
  protected:
-  // Scores of the retained tokens of (layer, seq, g), per slot.
-  std::vector<double>& scores(int layer, int seq, int g) { return scores_[sidx(layer, seq, g)]; }
-  // The attention taps the policy reads: a mask of kLogits (scaled logits, before the softmax) and
-  // kProbs (softmax probabilities). Taps it does not ask for are not computed (no bytes written per
-  // key and head) and reach accumulate() as nullptr.
+  // The attention taps a scoring policy reads: a mask of kLogits (scaled logits, before the
+  // softmax) and kProbs (softmax probabilities). Taps it does not ask for are not computed (no
+  // bytes written per key and head).
   static constexpr int kLogits = 1, kProbs = 2;
   // The taps' cost on the accelerator for the modeled clock, beside the forward's attention: each
   // tap written once and read once by the score policy (4 bytes per key and query head), and the
@@ -55,20 +53,25 @@ class EvictingStrategy : public KvStrategy {
   virtual int taps() const = 0;
   // The policy's cost per score beyond one add, in exp_shift_sum elements (StageWork::elems).
   virtual double policy_elems_per_score() const { return 0; }
-  // Policy: fold row's taps into scores. logits/probs: [H, tap_ld] of this row; slots [0, n).
-  virtual void accumulate(int layer, int seq, int g, const float* logits, const float* probs, int64_t tap_ld,
-                          int32_t n, int32_t pos) = 0;
-  // Policy: the `count` slots of (layer, seq, g) to drop now, in the order the policy would drop
-  // them one at a time (its scores do not change in between, so one call picks them all: pruning a
-  // long prompt to the budget is one selection, not one scan of the cache per evicted token).
-  virtual void victims(int layer, int seq, int g, int32_t count, std::vector<int32_t>& slots) = 0;
+  // A scoring policy (taps() != 0): its scores are records on the accelerator beside the retained
+  // KV (PolicyOps::ScoreSlot), accumulated from the taps by one accumulate_scores per attention
+  // call and ranked there by pick_evictions: the lowest scores outside the recent_window() newest
+  // tokens go, ties the oldest first. Only the victims' slots reach the host.
+  struct ScorePolicy {
+    PolicyOps::ScoreRule rule = PolicyOps::ScoreRule::kSum;
+    uint64_t seed = 0;
+  };
+  virtual ScorePolicy score_policy() const { return {}; }
+  // The temperature of a query row's scores (ScoreRule::kGumbelSoftmax).
+  virtual double score_tau(int /*seq*/, int32_t /*row_pos*/) const { return 1; }
+  // Tokens of `seq` a scoring policy never evicts: the newest ones.
+  virtual int32_t recent_window(int /*seq*/) const { return 0; }
+  // A policy without taps: the `count` slots of (layer, seq, g) to drop now, in the order it
+  // would drop them one at a time (one call picks them all).
+  virtual void victims(int layer, int seq, int g, int32_t count, std::vector<int32_t>& slots);
   // Keys are stored as given (post-RoPE) unless this returns true (then pre-RoPE, re-rotated
   // at positions within the cache each step, as StreamingLLM's pos-shift).
   virtual bool cache_positions() const { return false; }
-  // The `count` slots with the lowest scores among those whose position is not among the `recent`
-  // newest retained ones, lowest first; equal scores, oldest first.
-  void lowest_non_recent(int layer, int seq, int g, int32_t recent, int32_t count,
-                         std::vector<int32_t>& slots);
   // Keeps the first `count` of `slots` in the order `before` (a strict weak order), in that order.
   template <class Before>
   static void first_in_order(std::vector<int32_t>& slots, int32_t count, Before before) {
@@ -77,8 +80,6 @@ class EvictingStrategy : public KvStrategy {
     slots.resize(size_t(count));
     std::sort(slots.begin(), slots.end(), before);
   }
-  // The backend for the policy's own arithmetic on host arrays (the taps, read back on the host).
-  Backend& host_backend() { return rt_.cpu_backend(); }
   int32_t prompt_len(int seq) const { return prompt_[size_t(seq)]; }
   // The shared `budget` (attended fraction of the context) when set, else 0: the policy's own
   // parameters size it.
@@ -102,10 +103,23 @@ class EvictingStrategy : public KvStrategy {
   int group() const { return shape_.H / shape_.H_kv; }
 
  private:
-  size_t sidx(int layer, int seq, int g) const {
-    return (size_t(layer) * prompt_.size() + size_t(seq)) * size_t(shape_.H_kv) + size_t(g);
+  // Every listed (seq, keep) of `layer` down to its keep. A scoring policy's victims are one
+  // pick_evictions per layer into the step's victims buffer; with `defer` they are read back and
+  // applied at end_step (one download a step, after the step's logits), else now.
+  void evict_to(int layer, const std::vector<std::pair<int32_t, int32_t>>& keeps, bool defer);
+  void apply_evictions();
+  // victims_ of (layer, seq, g) removed down to `keep` slots (score records followed when scored).
+  void remove_victims(int layer, int seq, int g, int32_t keep, bool scored);
+  struct QueuedEviction {
+    int layer = 0;
+    std::vector<std::pair<int32_t, int32_t>> keeps;
+    size_t first_pick = 0;  // its picks in picks_
+  };
+  std::vector<QueuedEviction> queued_;
+  int64_t picked_used_ = 0;  // of picked_'s entries, this step's
+  PolicyOps::ScoreSlot* score_slots(int layer, int seq) const {
+    return score_slots_.data() + score_off_[vidx(layer, seq)];
   }
-  void evict_to(int layer, int seq, int32_t keep);
   // kv_home dram: the retained K and V of `rows`' sequences in `layer`, sent to the gpu tier; returns
   // seq → (K, V) in the store's layout (the store itself for kv_home gpu).
   // With `overlap` (as FlexGen's): the retained set of `layer` for `rows`' sequences is loaded into
@@ -141,13 +155,21 @@ class EvictingStrategy : public KvStrategy {
   KvShape shape_;
   SlotStore store_;
   std::vector<int32_t> prompt_, capacity_, context_;
-  std::vector<std::vector<double>> scores_;
+  // A scoring policy's records, in the accelerator's memory: per (layer, seq) [H_kv, capacity]
+  // at score_off_; none in a dry run.
+  BackendArray<PolicyOps::ScoreSlot> score_slots_;
+  std::vector<size_t> score_off_;
+  std::vector<PolicyOps::ScoreSlot> new_slots_;  // append's new records
+  std::vector<void*> new_slot_at_;
+  std::vector<PolicyOps::ScoreRows::Row> score_rows_;
+  std::vector<PolicyOps::EvictionPick> picks_;
+  BackendArray<int32_t> picked_;                 // pick_evictions' output, read back to picked_host_
+  std::vector<int32_t> picked_host_, origin_;
+  RowCopies slot_moves_;                         // records moved by an eviction
   BackendArray<float> logits_, probs_;           // attention taps, in the accelerator's memory
-  std::vector<float> host_logits_, host_probs_;  // read back for the policy when that is not the host's
   std::vector<AttnRow> attn_rows_;
   std::vector<int32_t> victims_, pending_, moved_;  // evict_to's scratch
   std::vector<int32_t> slots_, rows_;               // one row's slot per head; write_head_slots' scratch
-  std::vector<int32_t> recent_scratch_;     // lowest_non_recent's
   // Re-rotating policies: each sequence's keys (rotated at their rank) and values in position
   // order, the queries, and the new keys rotated back to position 0; all in the accelerator's memory.
   BackendArray<float> krot_, vrot_, qrot_, kin_;

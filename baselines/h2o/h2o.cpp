@@ -45,14 +45,7 @@ class H2o : public EvictingStrategy {
 
  protected:
   int taps() const override { return kProbs; }
-  void accumulate(int layer, int seq, int g, const float*, const float* probs, int64_t ld, int32_t n, int32_t) override {
-    auto& sc = scores(layer, seq, g);
-    for (int h = 0; h < group(); ++h)
-      for (int32_t s = 0; s < n; ++s) sc[size_t(s)] += probs[h * ld + s];
-  }
-  void victims(int layer, int seq, int g, int32_t count, std::vector<int32_t>& slots) override {
-    lowest_non_recent(layer, seq, g, recent(context(seq)), count, slots);
-  }
+  int32_t recent_window(int seq) const override { return recent(context(seq)); }
 
  private:
   double heavy_ratio_, recent_ratio_;

@@ -27,16 +27,6 @@ void keyformer_gumbel_n(PolicyOps& host, uint64_t seed, int layer, int seq, int 
   host.gumbel_noise(gumbel::stream(seed, layer, seq, row, head), pos, n, out);
 }
 
-void keyformer_add_scores(Backend& host, uint64_t seed, int layer, int seq, int row, int head, const int32_t* pos,
-                          const float* logits, int32_t n, double tau, float* z, double* noise, double* acc) {
-  keyformer_gumbel_n(host, seed, layer, seq, row, head, pos, n, noise);
-  for (int32_t s = 0; s < n; ++s) z[s] = float((double(logits[s]) + noise[s]) / tau);
-  // softmax(z), vectorised in F32 (relative error ~1e-7), accumulated in F64.
-  const float mx = n > 0 ? host.max_value(z, n) : 0.0f;
-  const double inv = 1.0 / double(host.exp_shift_sum(z, n, mx));
-  for (int32_t s = 0; s < n; ++s) acc[s] += double(z[s]) * inv;
-}
-
 class Keyformer : public EvictingStrategy {
  public:
   Keyformer(const StrategyContext& ctx, const StrategyParams& p)
@@ -63,30 +53,18 @@ class Keyformer : public EvictingStrategy {
  protected:
   int taps() const override { return kLogits; }
   double policy_elems_per_score() const override { return kKeyformerScoreElems; }
-  void accumulate(int layer, int seq, int g, const float* logits, const float*, int64_t ld, int32_t n,
-                  int32_t row_pos) override {
-    auto& sc = scores(layer, seq, g);
-    const int step = std::max(0, row_pos - prompt_len(seq) + 1);  // 0 for prompt rows
-    const double t = tau(seq, step);
-    const int32_t* pos = store().positions(layer, seq, g);
-    z_.resize(size_t(n));
-    gn_.resize(size_t(n));
-    // Independent noise per (query row, key), prompt rows included, as the authors' decode path
-    // draws it over the prompt's [query, key] scores.
-    for (int h = 0; h < group(); ++h)
-      keyformer_add_scores(host_backend(), seed_, layer, /*stream=*/0, row_pos, g * group() + h, pos, logits + h * ld, n, t,
-                           z_.data(), gn_.data(), sc.data());
+  // Independent noise per (query row, key), prompt rows included, as the authors' decode path
+  // draws it over the prompt's [query, key] scores; stream 0 for every sequence.
+  ScorePolicy score_policy() const override { return {PolicyOps::ScoreRule::kGumbelSoftmax, seed_}; }
+  double score_tau(int seq, int32_t row_pos) const override {
+    return tau(seq, std::max(0, row_pos - prompt_len(seq) + 1));  // step 0 for prompt rows
   }
-  void victims(int layer, int seq, int g, int32_t count, std::vector<int32_t>& slots) override {
-    lowest_non_recent(layer, seq, g, recent(context(seq)), count, slots);
-  }
+  int32_t recent_window(int seq) const override { return recent(context(seq)); }
 
  private:
   double kv_ratio_, recent_ratio_, tau_init_, tau_end_;
   uint64_t seed_;
   int32_t kv_tokens_;
-  std::vector<float> z_;    // accumulate()'s scratch
-  std::vector<double> gn_;  // a row's noise, by slot
 };
 
 StrategyInfo keyformer_info() {

@@ -1,5 +1,5 @@
-// Keyformer's score policy as free functions: the seeded Gumbel noise and one query row's
-// contribution to a head's accumulated scores (the strategy itself is registered by keyformer_info()).
+// Keyformer's seeded Gumbel noise as free functions (the strategy itself is registered by
+// keyformer_info(); its scores are PolicyOps::accumulate_scores with ScoreRule::kGumbelSoftmax).
 #pragma once
 #include <cstdint>
 
@@ -15,12 +15,7 @@ double keyformer_gumbel(uint64_t seed, int layer, int stream, int row, int head,
 void keyformer_gumbel_n(PolicyOps& host, uint64_t seed, int layer, int stream, int row, int head, const int32_t* pos,
                         int32_t n, double* out);
 
-// acc[s] += softmax((logits + g) / tau)[s] for s < n: one query row of one head, keys at `pos`;
-// z (n floats) and noise (n doubles) are scratch. `host` supplies the vectorised max and exp-sum.
-void keyformer_add_scores(Backend& host, uint64_t seed, int layer, int stream, int row, int head, const int32_t* pos,
-                          const float* logits, int32_t n, double tau, float* z, double* noise, double* acc);
-
-// The modeled cost of keyformer_add_scores per score, in elements of the host backend's
+// The modeled cost of Keyformer's score (PolicyOps::ScoreRule::kGumbelSoftmax) per score, in elements of the host backend's
 // exp_shift_sum (the unit of a profile's gpu.elem_gops): docs/performance.md, "Tuning choices".
 inline constexpr double kKeyformerScoreElems = 19;
 

@@ -32,7 +32,6 @@ class StreamingLlm final : public EvictingStrategy {
  protected:
   bool cache_positions() const override { return cache_pos_; }
   int taps() const override { return 0; }
-  void accumulate(int, int, int, const float*, const float*, int64_t, int32_t, int32_t) override {}
   void victims(int layer, int seq, int g, int32_t count, std::vector<int32_t>& slots) override {
     // What the sinks + most recent set of the remaining size leaves out, oldest first.
     const int32_t n = store().count(layer, seq, g);

@@ -167,6 +167,13 @@ class MeteredBackend final : public Backend {
   void copy_rows(void* const* dst, const void* const* src, int64_t row_bytes, int64_t n) override {
     launch(), in_->copy_rows(dst, src, row_bytes, n);
   }
+  void accumulate_scores(const ScoreRows& a) override { launch(), in_->accumulate_scores(a); }
+  void pick_evictions(const EvictionPick* picks, int64_t n, int32_t* out) override {
+    launch(), in_->pick_evictions(picks, n, out);
+  }
+  void put_rows(void* const* dst, const void* src, int64_t row_bytes, int64_t n) override {
+    launch(), in_->put_rows(dst, src, row_bytes, n);
+  }
   // Host arrays: policy work done on the host.
   void gumbel_noise(uint64_t stream, const int32_t* pos, int64_t n, double* out) override {
     c_.add({.host_policy_elems = n}), in_->gumbel_noise(stream, pos, n, out);

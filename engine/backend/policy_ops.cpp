@@ -6,6 +6,7 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <stdexcept>
 #include <vector>
 
 #include "engine/backend/gumbel.h"
@@ -112,6 +113,73 @@ int32_t PolicyOps::logit_top_k(const float* logits, int G, int64_t ld, int32_t n
   for (int32_t i = 0; i < K; ++i) out[i] = sc[size_t(i)].second;
   std::sort(out, out + K);
   return K;
+}
+
+void PolicyOps::accumulate_scores(const ScoreRows& a) {
+  HG_CHECK(host_memory() && a.H_kv > 0 && a.H % a.H_kv == 0);
+  const int G = a.H / a.H_kv;
+  thread_local std::vector<int32_t> pos;
+  thread_local std::vector<double> noise;
+  thread_local std::vector<float> z;
+  for (int64_t i = 0; i < a.n_rows; ++i) {
+    const ScoreRows::Row& r = a.rows[i];
+    const size_t n = size_t(std::max(r.n, 0));
+    for (int g = 0; g < a.H_kv; ++g) {
+      ScoreSlot* sl = r.slots + int64_t(g) * r.slot_ld;
+      if (a.rule == ScoreRule::kGumbelSoftmax) {
+        pos.resize(n), noise.resize(n), z.resize(n);
+        for (size_t t = 0; t < n; ++t) pos[t] = sl[t].pos;
+      }
+      for (int h = 0; h < G; ++h) {
+        const int head = g * G + h;
+        const float* tap = a.taps + (i * a.H + head) * a.tap_ld;
+        if (a.rule == ScoreRule::kSum) {
+          for (size_t t = 0; t < n; ++t) sl[t].score += tap[t];
+          continue;
+        }
+        // The backend's own noise, max and exp-sum (vectorised on the CPU), the sum in F64.
+        gumbel_noise(gumbel::stream(a.seed, a.layer, 0, r.pos, head), pos.data(), int64_t(n), noise.data());
+        for (size_t t = 0; t < n; ++t) z[t] = float((double(tap[t]) + noise[t]) / r.tau);
+        const float mx = n > 0 ? max_value(z.data(), int64_t(n)) : 0.0f;
+        const double inv = 1.0 / double(exp_shift_sum(z.data(), int64_t(n), mx));
+        for (size_t t = 0; t < n; ++t) sl[t].score += double(z[t]) * inv;
+      }
+    }
+  }
+}
+
+void PolicyOps::pick_evictions(const EvictionPick* picks, int64_t n_picks, int32_t* out) {
+  HG_CHECK(host_memory());
+  thread_local std::vector<int32_t> cand, newest;
+  for (int64_t k = 0; k < n_picks; ++k) {
+    const EvictionPick& p = picks[k];
+    const ScoreSlot* sl = p.slots;
+    if (p.count <= 0) continue;
+    // Positions >= cut are the `recent` newest (positions within a head are distinct).
+    int32_t cut = std::numeric_limits<int32_t>::min();
+    if (p.recent > 0 && p.recent < p.n) {
+      newest.resize(size_t(p.n));
+      for (int32_t s = 0; s < p.n; ++s) newest[size_t(s)] = sl[s].pos;
+      std::nth_element(newest.begin(), newest.begin() + (p.n - p.recent), newest.end());
+      cut = newest[size_t(p.n - p.recent)];
+    }
+    const bool all_recent = p.recent >= p.n && p.recent > 0;
+    cand.clear();
+    for (int32_t s = 0; s < p.n; ++s)
+      if (!all_recent && (p.recent <= 0 || sl[s].pos < cut)) cand.push_back(s);
+    if (int32_t(cand.size()) < p.count)
+      throw std::logic_error("pick_evictions: fewer tokens outside the recent window than must be evicted");
+    const auto before = [&](int32_t x, int32_t y) {
+      return sl[x].score < sl[y].score || (sl[x].score == sl[y].score && sl[x].pos < sl[y].pos);
+    };
+    std::nth_element(cand.begin(), cand.begin() + (p.count - 1), cand.end(), before);
+    std::sort(cand.begin(), cand.begin() + p.count, before);
+    std::copy_n(cand.begin(), p.count, out + p.at);
+  }
+}
+
+void PolicyOps::put_rows(void* const* dst, const void* src, int64_t row_bytes, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) std::memcpy(dst[i], static_cast<const char*>(src) + i * row_bytes, size_t(row_bytes));
 }
 
 void PolicyOps::merged_attention(const MergedAttention& a) {

@@ -85,6 +85,53 @@ class PolicyOps {
   // Returns how many: min(K, n), 0 for K ≤ 0. Host arrays. Reference: std::nth_element over
   // (−score, position), then a sort (selectors/logit_topk.h).
   virtual int32_t logit_top_k(const float* logits, int G, int64_t ld, int32_t n, int32_t K, int32_t* out);
+
+  // Eviction scores (H2O, Keyformer) kept where the attention runs: one record per retained slot
+  // of a KV head, its accumulated score and its token's position, so that scoring and picking
+  // victims read nothing back but the victims' slots.
+  struct ScoreSlot {
+    double score = 0;
+    int32_t pos = 0;
+    int32_t unused = 0;
+  };
+  // How a query head's taps become score increments: kSum adds the tap (H2O's softmax
+  // probabilities); kGumbelSoftmax adds softmax_t((logit_t + g_t) / tau), g_t =
+  // gumbel::draw(gumbel::stream(seed, layer, 0, row pos, head), key position) (Keyformer), the
+  // noise in F64, z in F32, its max and exp-sum by max_value and exp_shift_sum, accumulated in F64.
+  enum class ScoreRule { kSum, kGumbelSoftmax };
+  struct ScoreRows {
+    ScoreRule rule = ScoreRule::kSum;
+    int H = 0, H_kv = 0;
+    const float* taps = nullptr;  // [n_rows, H, tap_ld], row i's keys [0, rows[i].n) per head
+    int64_t tap_ld = 0;
+    uint64_t seed = 0;  // kGumbelSoftmax
+    int layer = 0;
+    struct Row {
+      ScoreSlot* slots = nullptr;  // the row's sequence: [H_kv, slot_ld] records
+      int64_t slot_ld = 0;
+      int32_t n = 0;    // keys the row attended: slots [0, n) of every head
+      int32_t pos = 0;  // the query row's position
+      double tau = 1;   // kGumbelSoftmax's temperature
+    };
+    const Row* rows = nullptr;  // host array
+    int64_t n_rows = 0;
+  };
+  // slots[g·slot_ld + t].score += Σ_{h in group g, in order} increment(h, t) for every row, group
+  // and t < n. One launch for the block.
+  virtual void accumulate_scores(const ScoreRows& a);
+  // One KV head's eviction: of slots [0, n), those whose position is not among the `recent`
+  // newest, the `count` with the lowest scores (ties: the older first), lowest first, into
+  // out[at, at + count). Returns nothing; fewer than `count` candidates is a logic error.
+  struct EvictionPick {
+    const ScoreSlot* slots = nullptr;
+    int32_t n = 0, recent = 0, count = 0;
+    int64_t at = 0;
+  };
+  // Every pick of a layer in one launch (picks: host array; out: this backend's memory).
+  virtual void pick_evictions(const EvictionPick* picks, int64_t n_picks, int32_t* out);
+  // Row i of `src` (host memory, row_bytes each) into dst[i] (this backend's memory), i < n: small
+  // records scattered from the host in one call (the new slots' score records).
+  virtual void put_rows(void* const* dst, const void* src, int64_t row_bytes, int64_t n);
 };
 
 }  // namespace hg

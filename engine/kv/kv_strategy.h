@@ -47,7 +47,8 @@ class KvStrategy {
   virtual void prepare(int next_layer, std::span<const TokenRow> rows, const float* layer_input) {
     (void)next_layer, (void)rows, (void)layer_input;
   }
-  // After the last layer of each decoder forward call.
+  // After the last layer of each decoder forward call; a strategy may finish the step there (the
+  // eviction strategies apply the decode rows' evictions), so a caller of append/attend calls it.
   virtual void end_step() {}
   // Makes each sequence of `dst` a copy of sequence `src`, which holds positions [0, n): its keys,
   // values and whatever the strategy keeps about them, so that each continues exactly as src would

@@ -1027,19 +1027,23 @@ void BM_KeyformerScoresVsExpSum(benchmark::State& st) {
   const int32_t n = int32_t(st.range(0));
   auto be = make_cpu_backend();
   const size_t un = size_t(n);
-  std::vector<float> logits(un), z(un), e(un);
-  std::vector<double> noise(un), acc(un);
-  std::vector<int32_t> pos(un);
+  std::vector<float> logits(un), e(un);
+  std::vector<PolicyOps::ScoreSlot> acc(un);
   fill(logits.data(), logits.size(), 11);
   fill(e.data(), e.size(), 12);
-  for (int32_t i = 0; i < n; ++i) pos[size_t(i)] = 3 * i;
+  for (int32_t i = 0; i < n; ++i) acc[size_t(i)].pos = 3 * i;
   constexpr int kReps = 64;
   std::vector<double> kf, ex;
-  int row = 0;
+  PolicyOps::ScoreRows::Row one{acc.data(), n, n, 0, 1.5};
+  PolicyOps::ScoreRows sr;
+  sr.rule = PolicyOps::ScoreRule::kGumbelSoftmax, sr.H = 1, sr.H_kv = 1, sr.taps = logits.data(), sr.tap_ld = n;
+  sr.seed = 1, sr.layer = 2, sr.rows = &one, sr.n_rows = 1;
   for (auto _ : st) {
     auto t0 = std::chrono::steady_clock::now();
-    for (int r = 0; r < kReps; ++r)
-      keyformer_add_scores(*be, 1, 2, 0, row++, 5, pos.data(), logits.data(), n, 1.5, z.data(), noise.data(), acc.data());
+    for (int r = 0; r < kReps; ++r) {
+      ++one.pos;  // a new query row: fresh noise
+      be->accumulate_scores(sr);
+    }
     auto t1 = std::chrono::steady_clock::now();
     float sink = 0;
     for (int r = 0; r < kReps; ++r) sink += be->exp_shift_sum(e.data(), n, 1.0f);  // stays in (0, 1]

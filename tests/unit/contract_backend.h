@@ -211,6 +211,30 @@ class ContractBackend final : public Backend {
     gathered_ += n * row_bytes;
     gathered_from_host_ += from_host;
   }
+  void accumulate_scores(const ScoreRows& a) override {
+    count("accumulate_scores");
+    host(a.rows, "accumulate_scores rows");
+    for (int64_t i = 0; i < a.n_rows; ++i) {
+      const ScoreRows::Row& r = a.rows[i];
+      dev(a.taps + i * a.H * a.tap_ld, int64_t(a.H) * a.tap_ld * 4, "accumulate_scores taps");
+      if (r.n > 0) dev(r.slots, (int64_t(a.H_kv - 1) * r.slot_ld + r.n) * int64_t(sizeof(ScoreSlot)), "accumulate_scores slots");
+    }
+    cpu_->accumulate_scores(a);
+  }
+  void pick_evictions(const EvictionPick* picks, int64_t n, int32_t* out) override {
+    count("pick_evictions");
+    host(picks, "pick_evictions picks");
+    for (int64_t k = 0; k < n; ++k) {
+      dev(picks[k].slots, picks[k].n * int64_t(sizeof(ScoreSlot)), "pick_evictions slots");
+      dev(out + picks[k].at, picks[k].count * 4, "pick_evictions out");
+    }
+    cpu_->pick_evictions(picks, n, out);
+  }
+  void put_rows(void* const* dst, const void* src, int64_t row_bytes, int64_t n) override {
+    host(dst, "put_rows dst list"), host(src, "put_rows src");
+    for (int64_t i = 0; i < n; ++i) dev(dst[i], row_bytes, "put_rows dst row");
+    cpu_->put_rows(dst, src, row_bytes, n);
+  }
   // Bytes gathered in all, and those read from mapped host memory (DMA from dram or far).
   int64_t gathered_bytes() const {
     std::lock_guard<std::mutex> l(mu_);

@@ -209,6 +209,7 @@ void brute_force_check(const std::string& name, const std::map<std::string, std:
       keep[size_t(g)].insert(t), score[size_t(g)][t] = 0.0, layout[size_t(g)].push_back(t);
     kv->append(0, std::span<const TokenRow>(&r, 1), &K[size_t(t * Hkv * D)], &V[size_t(t * Hkv * D)]);
     kv->attend(0, std::span<const TokenRow>(&r, 1), &Q[size_t(t * H * D)], scale, &out[size_t(t * H * D)]);
+    kv->end_step();  // the forward's end (a decode row's eviction is applied there)
     const int step = std::max(0, t - P + 1);
     // After a decode row, back to the budget of the context the next row comes after (t + 1).
     budget = budget_of(t + 1), heavy_recent = recent_of(t + 1);

@@ -4,13 +4,16 @@
 // tests/CMakeLists.txt); KernelLevels walks every level in one process.
 #include <cstdlib>
 #include <cstring>
+#include <numeric>
 #include <random>
 
 #include "engine/backend/backend.h"
 #include "engine/backend/cpu/kernels.h"
+#include "engine/backend/gumbel.h"
 #include "engine/core/cpu_features.h"
 #include "engine/core/error.h"
 #include "selectors/logit_topk.h"
+#include "eviction_case.h"
 #include "test_util.h"
 
 namespace hg {
@@ -583,6 +586,85 @@ TEST(PolicyOps, CpuBackendMatchesRef) {
       EXPECT_EQ(sel, sel_ref) << n << " K " << K;
     }
   }
+}
+
+// The eviction score ops (H2O's and Keyformer's policy on the accelerator): the sum rule against a
+// scalar loop in the same order (bit for bit), the Gumbel softmax against a float64 softmax of the
+// same noise, both on the CPU and the ref backend; the picks against a full sort of the candidates.
+TEST(PolicyOps, EvictionScoresAndPicksMatchScalar) {
+  auto cpu = make_cpu_backend();
+  auto ref = make_ref_backend();
+  const test::EvictionCase c = test::eviction_case({1, 37, 300}, 17);
+  const int G = c.H / c.H_kv;
+  for (auto rule : {PolicyOps::ScoreRule::kSum, PolicyOps::ScoreRule::kGumbelSoftmax}) {
+    auto got = c.slots, got_ref = c.slots, want = c.slots;
+    for (auto [be, slots] : {std::pair{cpu.get(), &got}, std::pair{ref.get(), &got_ref}}) {
+      const auto rows = test::score_rows(c, slots->data());
+      PolicyOps::ScoreRows a;
+      a.rule = rule, a.H = c.H, a.H_kv = c.H_kv, a.taps = c.taps.data(), a.tap_ld = c.tap_ld, a.seed = 5, a.layer = 3;
+      a.rows = rows.data(), a.n_rows = int64_t(rows.size());
+      be->accumulate_scores(a);
+    }
+    const auto rows = test::score_rows(c, want.data());
+    for (size_t r = 0; r < rows.size(); ++r)
+      for (int g = 0; g < c.H_kv; ++g)
+        for (int h = 0; h < G; ++h) {
+          const float* tap = c.taps.data() + (int64_t(r) * c.H + g * G + h) * c.tap_ld;
+          auto* sl = rows[r].slots + g * c.slot_ld;
+          std::vector<double> z(size_t(rows[r].n));
+          double mx = -INFINITY, sum = 0;
+          for (int32_t t = 0; t < rows[r].n; ++t) {
+            z[size_t(t)] = rule == PolicyOps::ScoreRule::kSum
+                               ? double(tap[t])
+                               : (double(tap[t]) + gumbel::draw(gumbel::stream(5, 3, 0, rows[r].pos, g * G + h), sl[t].pos)) /
+                                     rows[r].tau;
+            mx = std::max(mx, z[size_t(t)]);
+          }
+          if (rule == PolicyOps::ScoreRule::kGumbelSoftmax)
+            for (auto& v : z) sum += (v = std::exp(v - mx));
+          for (int32_t t = 0; t < rows[r].n; ++t)
+            sl[t].score += rule == PolicyOps::ScoreRule::kSum ? z[size_t(t)] : z[size_t(t)] / sum;
+        }
+    for (size_t i = 0; i < want.size(); ++i) {
+      EXPECT_EQ(got[i].pos, want[i].pos);
+      if (rule == PolicyOps::ScoreRule::kSum) {
+        EXPECT_EQ(got[i].score, want[i].score) << i;
+        EXPECT_EQ(got_ref[i].score, want[i].score) << i;
+      } else {  // F32 softmax: relative error ~1e-6 of a probability
+        EXPECT_NEAR(got[i].score, want[i].score, 2e-6) << i;
+        EXPECT_NEAR(got_ref[i].score, want[i].score, 2e-6) << i;
+      }
+    }
+  }
+  // Picks: lowest (score, position) outside the `recent` newest positions.
+  for (auto [recent, count] : {std::pair{0, 1}, std::pair{5, 1}, std::pair{0, 30}, std::pair{7, 200}, std::pair{36, 1}}) {
+    const auto picks = test::eviction_picks(c, c.slots.data(), recent, count);
+    int64_t total = 0;
+    for (auto& p : picks) total = std::max(total, p.at + p.count);
+    std::vector<int32_t> out(size_t(total), -1), out_ref(out);
+    cpu->pick_evictions(picks.data(), int64_t(picks.size()), out.data());
+    ref->pick_evictions(picks.data(), int64_t(picks.size()), out_ref.data());
+    EXPECT_EQ(out, out_ref);
+    for (auto& p : picks) {
+      std::vector<int32_t> by_pos(size_t(p.n));
+      std::iota(by_pos.begin(), by_pos.end(), 0);
+      std::sort(by_pos.begin(), by_pos.end(), [&](int32_t a, int32_t b) { return p.slots[a].pos > p.slots[b].pos; });
+      std::vector<int32_t> cand(by_pos.begin() + std::min(p.recent, p.n), by_pos.end());
+      std::sort(cand.begin(), cand.end(), [&](int32_t a, int32_t b) {
+        return p.slots[a].score < p.slots[b].score || (p.slots[a].score == p.slots[b].score && p.slots[a].pos < p.slots[b].pos);
+      });
+      ASSERT_GE(int32_t(cand.size()), p.count);
+      EXPECT_EQ(std::vector<int32_t>(out.begin() + p.at, out.begin() + p.at + p.count),
+                std::vector<int32_t>(cand.begin(), cand.begin() + p.count))
+          << "recent " << recent << " count " << count << " n " << p.n;
+    }
+  }
+  // put_rows: records scattered from a host array.
+  std::vector<PolicyOps::ScoreSlot> dst(10), src = {{1.5, 7, 0}, {2.5, 9, 0}};
+  std::vector<void*> at = {&dst[8], &dst[3]};
+  cpu->put_rows(at.data(), src.data(), int64_t(sizeof(PolicyOps::ScoreSlot)), 2);
+  EXPECT_EQ(dst[8].pos, 7);
+  EXPECT_EQ(dst[3].score, 2.5);
 }
 
 // cpu::sum_rows (the gathers' random-row reference pass) against a double-precision sum of the same

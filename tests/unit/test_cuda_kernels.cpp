@@ -12,6 +12,7 @@
 #include "engine/formats/formats.h"
 #include "engine/runtime/runtime.h"
 #include "contract_backend.h"
+#include "eviction_case.h"
 #include "test_util.h"
 
 namespace hg {
@@ -332,6 +333,53 @@ TEST(CudaKernels, KvWriteMatchesHost) {
 // KV cache in device memory) gives the CPU backend's logits, prefill and decode.
 // The policy calls (max, exp-shift-sum, gather with host indices) and attention with taps
 // (H2O's and Keyformer's scores) on the cuda backend against the CPU backend.
+// H2O's and Keyformer's scoring and picks on the device against the CPU's: the sum rule bit for
+// bit (the same F64 adds in the same order), the Gumbel softmax within F32 exp's error, the picks
+// (one victim and many, with and without a recent window) and put_rows exactly.
+TEST(CudaBackend, EvictionScoresAndPicksMatchCpu) {
+  HG_REQUIRE_CUDA_DEVICE();
+  auto cuda = make_backend("cuda");
+  auto cpu = make_cpu_backend();
+  const test::EvictionCase c = test::eviction_case({1, 37, 3000}, 23);
+  for (auto rule : {PolicyOps::ScoreRule::kSum, PolicyOps::ScoreRule::kGumbelSoftmax}) {
+    auto want = c.slots;
+    Dev<PolicyOps::ScoreSlot> dslots(c.slots);
+    Dev<float> dtaps(c.taps);
+    for (auto [be, slots, taps] : {std::tuple{cpu.get(), want.data(), c.taps.data()},
+                                   std::tuple{cuda.get(), dslots.p, static_cast<const float*>(dtaps.p)}}) {
+      const auto rows = test::score_rows(c, slots);
+      PolicyOps::ScoreRows a;
+      a.rule = rule, a.H = c.H, a.H_kv = c.H_kv, a.taps = taps, a.tap_ld = c.tap_ld, a.seed = 9, a.layer = 1;
+      a.rows = rows.data(), a.n_rows = int64_t(rows.size());
+      be->accumulate_scores(a);
+    }
+    const auto got = dslots.host();
+    for (size_t i = 0; i < want.size(); ++i) {
+      ASSERT_EQ(got[i].pos, want[i].pos) << i;
+      if (rule == PolicyOps::ScoreRule::kSum) EXPECT_EQ(got[i].score, want[i].score) << i;
+      else EXPECT_NEAR(got[i].score, want[i].score, 2e-6) << i;
+    }
+  }
+  Dev<PolicyOps::ScoreSlot> dslots(c.slots);
+  for (auto [recent, count] : {std::pair{0, 1}, std::pair{5, 1}, std::pair{0, 30}, std::pair{7, 2000}, std::pair{36, 1}}) {
+    const auto picks = test::eviction_picks(c, c.slots.data(), recent, count);
+    auto dpicks = test::eviction_picks(c, dslots.p, recent, count);
+    int64_t total = 0;
+    for (auto& p : picks) total = std::max(total, p.at + p.count);
+    std::vector<int32_t> want(size_t(total), -1);
+    Dev<int32_t> dout(want);
+    cpu->pick_evictions(picks.data(), int64_t(picks.size()), want.data());
+    cuda->pick_evictions(dpicks.data(), int64_t(dpicks.size()), dout.p);
+    EXPECT_EQ(dout.host(), want) << "recent " << recent << " count " << count;
+  }
+  std::vector<PolicyOps::ScoreSlot> src = {{1.5, 7, 0}, {2.5, 9, 0}};
+  std::vector<void*> at = {dslots.p + 8, dslots.p + 3};
+  cuda->put_rows(at.data(), src.data(), int64_t(sizeof(PolicyOps::ScoreSlot)), 2);
+  const auto h = dslots.host();
+  EXPECT_EQ(h[8].pos, 7);
+  EXPECT_EQ(h[3].score, 2.5);
+}
+
 TEST(CudaBackend, PolicyOpsAndAttentionTapsMatchCpu) {
   HG_REQUIRE_CUDA_DEVICE();
   auto cuda = make_backend("cuda");

@@ -125,6 +125,18 @@ class CudaBackend final : public Backend {
   void copy_rows(void* const* dst, const void* const* src, int64_t row_bytes, int64_t n) override {
     cuda::copy_rows_host_ptrs(dst, src, row_bytes, n);
   }
+  void accumulate_scores(const ScoreRows& a) override {
+    static_assert(sizeof(cuda::ScoreSlotDev) == sizeof(ScoreSlot) && sizeof(cuda::ScoreRowDev) == sizeof(ScoreRows::Row));
+    cuda::accumulate_scores(a.rule == ScoreRule::kSum ? 0 : 1, a.H, a.H_kv, a.taps, a.tap_ld, a.seed, a.layer,
+                            reinterpret_cast<const cuda::ScoreRowDev*>(a.rows), a.n_rows);
+  }
+  void pick_evictions(const EvictionPick* picks, int64_t n, int32_t* out) override {
+    static_assert(sizeof(cuda::EvictionPickDev) == sizeof(EvictionPick));
+    cuda::pick_evictions(reinterpret_cast<const cuda::EvictionPickDev*>(picks), n, out);
+  }
+  void put_rows(void* const* dst, const void* src, int64_t row_bytes, int64_t n) override {
+    cuda::put_rows(dst, src, row_bytes, n);
+  }
   void group_weighted_v(const float* p, int G, const void* V, int64_t n, int D, float* out, DType vt) override {
     cuda::weighted_v_sum(p, V, vt, n, n, G, 1, D, out);
   }

@@ -8,12 +8,14 @@
 #include <algorithm>
 #include <cfloat>
 #include <cstdint>
+#include <cstring>
 #include <stdexcept>
 #include <string>
 #include <vector>
 #include <type_traits>
 
 #include "engine/backend/cuda/cuda_kernels.h"
+#include "engine/backend/gumbel.h"
 
 #define HG_CUDA_CHECK(call)                                                                             \
   do {                                                                                                  \
@@ -79,9 +81,11 @@ struct Ctx {
   // Grow-only device scratch buffers of this thread's kernels: 0 weighted_v_sum's partial sums,
   // 1 merged_attention's logits, 2 its second output, 3 and 4 decode_attention's partial outputs
   // and their (max, sum) pairs, 5 attention_rows' row descriptors, 6 gather_rows_host_idx's
-  // indices, 7 max_value's and exp_shift_sum's result, 8 copy_rows_host_ptrs' pointer lists.
-  float* buf[9] = {};
-  size_t buf_floats[9] = {};
+  // indices, 7 max_value's and exp_shift_sum's result, 8 copy_rows_host_ptrs' pointer lists,
+  // 9 accumulate_scores' rows, 10 its softmax scratch, 11 pick_evictions' picks and cuts,
+  // 12 put_rows' pointers and rows.
+  float* buf[13] = {};
+  size_t buf_floats[13] = {};
   Ctx() {
     HG_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
     HG_CUBLAS_CHECK(cublas().create(&blas));
@@ -1004,6 +1008,225 @@ void copy_rows_host_ptrs(void* const* dst, const void* const* src, int64_t row_b
   auto* d = reinterpret_cast<char* const*>(ctx().scratch(8, size_t(4 * n)));
   h2d(const_cast<char**>(d), ptrs.data(), ptrs.size() * sizeof(void*));
   copy_rows_k<<<unsigned(n), 128, 0, ctx().stream>>>(d, row_bytes, n);
+  HG_CUDA_LAUNCHED();
+}
+
+
+// --- Eviction scores -------------------------------------------------------------------------
+
+namespace {
+
+constexpr int kScoreThreads = 256;
+
+// An upload on the stream without a wait: a pageable source is consumed before the call returns,
+// and the kernels that read the destination follow on the same stream.
+void h2d_nowait(void* dst, const void* src, size_t bytes) {
+  HG_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, ctx().stream));
+}
+
+// Block reductions over kScoreThreads threads through shared memory (integers and argmins).
+template <typename T, typename Op>
+__device__ T block_reduce(T v, Op op) {
+  __shared__ T sh[kScoreThreads];
+  sh[threadIdx.x] = v;
+  __syncthreads();
+  for (int w = kScoreThreads / 2; w > 0; w >>= 1) {
+    if (int(threadIdx.x) < w) sh[threadIdx.x] = op(sh[threadIdx.x], sh[threadIdx.x + w]);
+    __syncthreads();
+  }
+  const T r = sh[0];
+  __syncthreads();
+  return r;
+}
+struct IntMax {
+  __device__ int32_t operator()(int32_t a, int32_t b) const { return a > b ? a : b; }
+};
+struct IntMin {
+  __device__ int32_t operator()(int32_t a, int32_t b) const { return a < b ? a : b; }
+};
+struct IntSum {
+  __device__ int32_t operator()(int32_t a, int32_t b) const { return a + b; }
+};
+// A candidate slot for an eviction: (score, position, slot), the lowest score first, then the
+// older position; slot −1 is no candidate.
+struct Cand {
+  double score;
+  int32_t pos, slot;
+};
+__device__ inline bool cand_before(const Cand& a, const Cand& b) {
+  if (a.slot < 0) return false;
+  if (b.slot < 0) return true;
+  return a.score < b.score || (a.score == b.score && a.pos < b.pos);
+}
+struct CandMin {
+  __device__ Cand operator()(const Cand& a, const Cand& b) const { return cand_before(b, a) ? b : a; }
+};
+
+// Block (row, KV group): the group's query heads' increments added to its records, head by head.
+__global__ void accumulate_scores_k(const ScoreRowDev* rows, int rule, int H, int G, const float* taps,
+                                    int64_t tap_ld, uint64_t seed, int layer, float* zbuf, int64_t zld) {
+  const int64_t i = blockIdx.x;
+  const int g = blockIdx.y;
+  const ScoreRowDev r = rows[i];
+  ScoreSlotDev* sl = r.slots + int64_t(g) * r.slot_ld;
+  const int32_t n = r.n;
+  const float* tap0 = taps + (i * H + int64_t(g) * G) * tap_ld;
+  if (rule == 0) {
+    for (int32_t t = threadIdx.x; t < n; t += blockDim.x) {
+      double acc = sl[t].score;
+      for (int h = 0; h < G; ++h) acc += double(tap0[int64_t(h) * tap_ld + t]);
+      sl[t].score = acc;
+    }
+    return;
+  }
+  float* z = zbuf + (i * gridDim.y + g) * zld;
+  for (int h = 0; h < G; ++h) {
+    const float* tap = tap0 + int64_t(h) * tap_ld;
+    const uint64_t base = gumbel::stream(seed, layer, 0, r.pos, g * G + h);
+    float m = -FLT_MAX;
+    for (int32_t t = threadIdx.x; t < n; t += blockDim.x) {
+      const float v = float((double(tap[t]) + gumbel::draw(base, sl[t].pos)) / r.tau);
+      z[t] = v;
+      m = fmaxf(m, v);
+    }
+    m = n > 0 ? block_max(m) : 0.0f;
+    float sum = 0;
+    for (int32_t t = threadIdx.x; t < n; t += blockDim.x) sum += (z[t] = expf(z[t] - m));
+    sum = block_sum(sum);
+    const double inv = 1.0 / double(sum);
+    for (int32_t t = threadIdx.x; t < n; t += blockDim.x) sl[t].score += double(z[t]) * inv;
+  }
+}
+
+// Block per pick: the recent window's cut (positions >= cut are the `recent` newest; INT32_MAX
+// when nothing is recent, INT32_MIN when everything is), and a single victim's argmin.
+__global__ void pick_cut_k(const EvictionPickDev* picks, int32_t* cuts, int32_t* out) {
+  const EvictionPickDev p = picks[blockIdx.x];
+  const ScoreSlotDev* sl = p.slots;
+  int32_t cut = INT32_MAX;
+  if (p.recent > 0 && p.recent >= p.n) cut = INT32_MIN;
+  if (p.recent > 0 && p.recent < p.n) {
+    int32_t hi = INT32_MIN, lo = INT32_MAX;
+    for (int32_t s = threadIdx.x; s < p.n; s += blockDim.x) hi = max(hi, sl[s].pos), lo = min(lo, sl[s].pos);
+    hi = block_reduce(hi, IntMax{});
+    lo = block_reduce(lo, IntMin{});
+    // Usually the newest `recent` positions are consecutive (one count confirms it); else the
+    // largest c with count(pos >= c) >= recent, by bisection (positions within a head are distinct).
+    auto at_least = [&](int32_t c) {
+      int32_t k = 0;
+      for (int32_t s = threadIdx.x; s < p.n; s += blockDim.x) k += sl[s].pos >= c;
+      return block_reduce(k, IntSum{});
+    };
+    cut = hi - p.recent + 1;
+    if (at_least(cut) != p.recent) {
+      int64_t a = lo, b = hi;
+      while (a < b) {
+        const int64_t mid = a + (b - a + 1) / 2;
+        if (at_least(int32_t(mid)) >= p.recent) a = mid;
+        else b = mid - 1;
+      }
+      cut = int32_t(a);
+    }
+  }
+  if (threadIdx.x == 0) cuts[blockIdx.x] = cut;
+  if (p.count != 1) return;
+  Cand best{0, 0, -1};
+  for (int32_t s = threadIdx.x; s < p.n; s += blockDim.x)
+    if (sl[s].pos < cut) {
+      const Cand c{sl[s].score, sl[s].pos, s};
+      if (cand_before(c, best)) best = c;
+    }
+  best = block_reduce(best, CandMin{});
+  if (threadIdx.x == 0) out[p.at] = best.slot;
+}
+
+// Picks of several victims (the first decode step's pruning): each candidate's rank among the
+// candidates in (score, position) order, by comparing it with every other through shared tiles;
+// a rank below `count` is its place in the output.
+__global__ void pick_rank_k(const EvictionPickDev* picks, const int32_t* cuts, int32_t* out) {
+  const EvictionPickDev p = picks[blockIdx.x];
+  if (p.count <= 1) return;
+  const int32_t cut = cuts[blockIdx.x];
+  const ScoreSlotDev* sl = p.slots;
+  __shared__ double tile_score[kScoreThreads];
+  __shared__ int32_t tile_pos[kScoreThreads];
+  for (int64_t s0 = int64_t(blockIdx.y) * kScoreThreads; s0 < p.n; s0 += int64_t(gridDim.y) * kScoreThreads) {
+    const int32_t s = int32_t(s0) + int32_t(threadIdx.x);
+    const bool mine = s < p.n && sl[s].pos < cut;
+    const double ms = mine ? sl[s].score : 0;
+    const int32_t mp = mine ? sl[s].pos : 0;
+    int32_t rank = 0;
+    for (int32_t t0 = 0; t0 < p.n; t0 += kScoreThreads) {
+      const int32_t t = t0 + int32_t(threadIdx.x);
+      const bool cand = t < p.n && sl[t].pos < cut;
+      tile_score[threadIdx.x] = cand ? sl[t].score : 0;
+      tile_pos[threadIdx.x] = cand ? sl[t].pos : INT32_MAX;  // INT32_MAX: not a candidate
+      __syncthreads();
+      const int32_t m = min(kScoreThreads, p.n - t0);
+      if (mine)
+        for (int j = 0; j < m; ++j)
+          if (tile_pos[j] != INT32_MAX &&
+              (tile_score[j] < ms || (tile_score[j] == ms && tile_pos[j] < mp)))
+            ++rank;
+      __syncthreads();
+    }
+    if (mine && rank < p.count) out[p.at + rank] = s;
+  }
+}
+
+__global__ void put_rows_k(char* const* ptrs, const char* rows, int64_t row_bytes, int64_t n) {
+  const int64_t i = blockIdx.x;
+  if (i >= n) return;
+  for (int64_t b = threadIdx.x; b < row_bytes; b += blockDim.x) ptrs[i][b] = rows[i * row_bytes + b];
+}
+
+size_t floats_for(size_t bytes) { return (bytes + sizeof(float) - 1) / sizeof(float); }
+
+}  // namespace
+
+void accumulate_scores(int rule, int H, int H_kv, const float* taps, int64_t tap_ld, uint64_t seed, int layer,
+                       const ScoreRowDev* rows, int64_t n_rows) {
+  if (n_rows <= 0) return;
+  if (n_rows > 2147483647 || H_kv > 65535) throw std::runtime_error("accumulate_scores: too many rows or heads");
+  int64_t max_n = 1;
+  for (int64_t i = 0; i < n_rows; ++i) max_n = std::max<int64_t>(max_n, rows[i].n);
+  auto* d = reinterpret_cast<ScoreRowDev*>(ctx().scratch(9, floats_for(size_t(n_rows) * sizeof(ScoreRowDev))));
+  h2d_nowait(d, rows, size_t(n_rows) * sizeof(ScoreRowDev));
+  float* z = rule == 0 ? nullptr : ctx().scratch(10, size_t(n_rows) * size_t(H_kv) * size_t(max_n));
+  accumulate_scores_k<<<dim3(unsigned(n_rows), unsigned(H_kv)), kScoreThreads, 0, ctx().stream>>>(
+      d, rule, H, H / H_kv, taps, tap_ld, seed, layer, z, max_n);
+  HG_CUDA_LAUNCHED();
+}
+
+void pick_evictions(const EvictionPickDev* picks, int64_t n_picks, int32_t* out) {
+  if (n_picks <= 0) return;
+  if (n_picks > 65535) throw std::runtime_error("pick_evictions: more than 65535 picks in one call");
+  int32_t max_n = 1;
+  bool many = false;
+  for (int64_t k = 0; k < n_picks; ++k) max_n = std::max(max_n, picks[k].n), many = many || picks[k].count > 1;
+  const size_t desc = size_t(n_picks) * sizeof(EvictionPickDev);
+  char* buf = reinterpret_cast<char*>(ctx().scratch(11, floats_for(desc) + size_t(n_picks)));
+  auto* d = reinterpret_cast<EvictionPickDev*>(buf);
+  auto* cuts = reinterpret_cast<int32_t*>(buf + floats_for(desc) * sizeof(float));
+  h2d_nowait(d, picks, desc);
+  pick_cut_k<<<unsigned(n_picks), kScoreThreads, 0, ctx().stream>>>(d, cuts, out);
+  HG_CUDA_LAUNCHED();
+  if (!many) return;
+  const unsigned chunks = unsigned(std::min<int64_t>((int64_t(max_n) + kScoreThreads - 1) / kScoreThreads, 1024));
+  pick_rank_k<<<dim3(unsigned(n_picks), chunks), kScoreThreads, 0, ctx().stream>>>(d, cuts, out);
+  HG_CUDA_LAUNCHED();
+}
+
+void put_rows(void* const* dst, const void* src, int64_t row_bytes, int64_t n) {
+  if (n <= 0) return;
+  // The pointers, then the rows, in one upload.
+  const size_t ptr_bytes = size_t(n) * sizeof(void*), row_total = size_t(n) * size_t(row_bytes);
+  std::vector<char> staged(ptr_bytes + row_total);
+  std::memcpy(staged.data(), dst, ptr_bytes);
+  std::memcpy(staged.data() + ptr_bytes, src, row_total);
+  char* d = reinterpret_cast<char*>(ctx().scratch(12, floats_for(staged.size())));
+  h2d_nowait(d, staged.data(), staged.size());
+  put_rows_k<<<unsigned(n), 32, 0, ctx().stream>>>(reinterpret_cast<char* const*>(d), d + ptr_bytes, row_bytes, n);
   HG_CUDA_LAUNCHED();
 }
 

@@ -111,4 +111,29 @@ void copy_rows_host_ptrs(void* const* dst, const void* const* src, int64_t row_b
 void gather_rows_host_idx(void* dst, const void* src, int64_t row_bytes, int64_t src_stride, const int32_t* idx,
                           int64_t n);
 
+// Eviction score records (PolicyOps::ScoreSlot, the same layout) and their ops: accumulate_scores
+// (rule 0: add the taps; 1: Keyformer's Gumbel softmax), pick_evictions and put_rows, each with
+// its descriptors a host array uploaded without a wait.
+struct ScoreSlotDev {
+  double score;
+  int32_t pos;
+  int32_t unused;
+};
+struct ScoreRowDev {
+  ScoreSlotDev* slots;
+  int64_t slot_ld;
+  int32_t n;
+  int32_t pos;
+  double tau;
+};
+void accumulate_scores(int rule, int H, int H_kv, const float* taps, int64_t tap_ld, uint64_t seed, int layer,
+                       const ScoreRowDev* rows, int64_t n_rows);
+struct EvictionPickDev {
+  const ScoreSlotDev* slots;
+  int32_t n, recent, count;
+  int64_t at;
+};
+void pick_evictions(const EvictionPickDev* picks, int64_t n_picks, int32_t* out);
+void put_rows(void* const* dst, const void* src, int64_t row_bytes, int64_t n);
+
 }  // namespace hg::cuda

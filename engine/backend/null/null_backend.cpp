@@ -36,6 +36,9 @@ class NullBackend final : public Backend {
   float exp_shift_sum(float*, int64_t n, float) override { return float(n); }
   void gather_rows(void*, const void*, int64_t, int64_t, const int32_t*, int64_t) override {}
   void copy_rows(void* const*, const void* const*, int64_t, int64_t) override {}
+  void accumulate_scores(const ScoreRows&) override {}
+  void pick_evictions(const EvictionPick*, int64_t, int32_t*) override {}
+  void put_rows(void* const*, const void*, int64_t, int64_t) override {}
   void write_kv(const float*, int64_t, int, int, const int32_t*, void*, int64_t, DType) override {}
   void upload(void*, const void*, size_t) override {}
   void download(void*, const void*, size_t) override {}
