@@ -153,7 +153,8 @@ def accuracy_figure(cfg, rows, labels, strategy_of, points, varying):
     return {"accuracy": fig}
 
 
-NEEDLE_TASKS = ("passkey", "niah_single", "niah_multikey", "variable_tracking")
+NEEDLE_TASKS = ("passkey", "niah_single_1", "niah_single_2", "niah_single_3", "niah_multikey_1", "niah_multikey_2",
+                "niah_multikey_3", "niah_multivalue", "niah_multiquery", "vt", "cwe", "fwe")
 
 
 def needle_figures(cfg, rows, labels, strategy_of):
@@ -164,7 +165,7 @@ def needle_figures(cfg, rows, labels, strategy_of):
     for t in tasks:
         rs = [r for r in rows if r["point"].get("task") == t]
         lengths = sorted({r["point"]["needle_tokens"] for r in rs})
-        depths = sorted({r["point"]["depth"] for r in rs})
+        depths = sorted({r["point"].get("depth", -1) for r in rs})  # -1: a task without a needle
         ncol = min(4, len(labels))
         nrow = (len(labels) + ncol - 1) // ncol
         fig, axes = plt.subplots(nrow, ncol, figsize=(3.2 * ncol + 1.2, 2.6 * nrow + 0.8), squeeze=False)
@@ -176,7 +177,7 @@ def needle_figures(cfg, rows, labels, strategy_of):
             for r in rs:
                 if r["label"] != l or r.get("status") != "ok":
                     continue
-                i, k = lengths.index(r["point"]["needle_tokens"]), depths.index(r["point"]["depth"])
+                i, k = lengths.index(r["point"]["needle_tokens"]), depths.index(r["point"].get("depth", -1))
                 grid[i][k] = r["accuracy"]["acc"]
                 f = r.get("fidelity")
                 agree[i][k] = f.get("agreement") if isinstance(f, dict) else None
@@ -190,7 +191,7 @@ def needle_figures(cfg, rows, labels, strategy_of):
                     ax.text(k, i, txt, ha="center", va="center", fontsize=6,
                             color="white" if v != v or v < 0.5 else "black")
             ax.set_xticks(range(len(depths)))
-            ax.set_xticklabels([f"{d}%" for d in depths], fontsize=7)
+            ax.set_xticklabels([f"{d}%" if d >= 0 else "no needle" for d in depths], fontsize=7)
             ax.set_yticks(range(len(lengths)))
             ax.set_yticklabels([f"{n // 1024}K" if n % 1024 == 0 else str(n) for n in lengths], fontsize=7)
             ax.set_title(display(l, strategy_of.get(l)), fontsize=8)

@@ -216,6 +216,7 @@ std::string write_accuracy_summary(const std::string& dir, const std::vector<Res
   for (auto& [pi, pj] : points) {
     std::string n;
     for (auto& k : varying) {
+      if (!pj.contains(k)) continue;  // an axis this point does not have (a retrieval task without a needle: depth)
       std::string v = json_str(pj[k]);
       if (k == "model" && v.rfind("synthetic:", 0) == 0) v = v.substr(10, v.find('?') - 10);
       if (k == "model") v = fs::path(v).filename().string();

@@ -755,8 +755,13 @@ Json Runner::run_needle_once(const Point& p, const StrategyEntry& entry, int rep
   std::vector<std::vector<int32_t>> prompts, questions;  // questions: fed as decode steps (query-agnostic)
   const bool agnostic = ev.protocol == "query_agnostic";
   const ChatTemplate chat = resolve_chat_template(tok, ev.chat_template, p.model);
+  const Haystack* essay = nullptr;
+  if (needle_task_needs_essay(p.task)) {
+    if (!essay_) essay_ = load_haystack(resolve_data_dir(ev.data_dir), ev.haystack);
+    essay = &*essay_;
+  }
   for (int i = 0; i < n; ++i) {
-    items.push_back(make_needle_item(p.task, tok, p.needle_tokens, p.depth, ev.fewshot_seed, i));
+    items.push_back(make_needle_item(p.task, tok, p.needle_tokens, std::max(0, p.depth), ev.fewshot_seed, i, essay));
     const NeedleItem& it = items.back();
     if (chat.applied() && agnostic) {  // the context in the user's turn; its question, the turn's end and
                                        // the assistant's header fed as decode steps
@@ -865,6 +870,8 @@ Json Runner::run_needle_once(const Point& p, const StrategyEntry& entry, int rep
               {"task", p.task}, {"needle_tokens", p.needle_tokens}, {"depth", p.depth},
               {"mean_context_tokens", tokens}, {"fewshot_seed", ev.fewshot_seed}, {"protocol", ev.protocol},
               {"chat_template", chat_template_json(chat)}};
+  if (p.depth < 0) acc.erase("depth");  // a task without a needle
+  if (essay) acc["haystack"] = essay->source;
   r["accuracy"] = acc;
   if (with_ref) {
     r["fidelity"] = {{"items", n},

@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "datasets/needle.h"
 #include "datasets/score.h"
 #include "datasets/tasks.h"
 #include "engine/core/model.h"
@@ -154,6 +155,7 @@ class Runner {
   std::map<std::string, std::shared_ptr<const ReferenceScores>> references_;
   // The same for retrieval tasks: the reference's greedy outputs per item.
   std::map<std::string, std::vector<std::vector<int32_t>>> needle_refs_;
+  std::optional<Haystack> essay_;  // RULER's essay haystack, loaded by the first point that needs it
 };
 
 // Provenance of this build and machine (commit and dirty flag, build type, compiler, CPU, GPU).

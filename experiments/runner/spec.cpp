@@ -308,7 +308,7 @@ ExperimentSpec parse_node(YAML::Node y, const std::string& file) {
   if (const YAML::Node ev = y["eval"]) {
     if (!ev.IsMap()) fail(file, ev, "'eval' must be a mapping (tasks, shots, limit, context, data_dir, …)");
     check_keys(ev, {"tasks", "shots", "limit", "context", "data_dir", "fewshot_seed", "lm_eval", "copa_spacing", "add_bos",
-                    "reference", "protocol", "chat_template"}, file, "eval");
+                    "reference", "protocol", "chat_template", "haystack"}, file, "eval");
     EvalSpec& e = s.eval;
     e.enabled = true;
     const YAML::Node t = ev["tasks"];
@@ -349,6 +349,7 @@ ExperimentSpec parse_node(YAML::Node y, const std::string& file) {
              fmt::format("chat_template '{}' (expected {})", e.chat_template, kChatTemplateChoices));
     }
     if (ev["data_dir"]) e.data_dir = scalar(file, ev["data_dir"], "data_dir");
+    if (ev["haystack"]) e.haystack = scalar(file, ev["haystack"], "haystack");
     if (ev["fewshot_seed"]) e.fewshot_seed = uint64_t(integer(file, ev["fewshot_seed"], "fewshot_seed", 0));
     if (ev["lm_eval"]) {
       const std::string v = scalar(file, ev["lm_eval"], "lm_eval");
@@ -726,7 +727,6 @@ std::vector<Point> expand(const ExperimentSpec& spec) {
   std::vector<size_t> idx(axes.size(), 0);
   for (size_t n = 0; n < total; ++n) {
     Point p;
-    p.index = int(n);
     if (spec.eval.enabled) p.shots = spec.eval.shots, p.limit = spec.eval.limit, p.context = spec.eval.context;
     if (spec.clock.rfind("modeled:", 0) == 0) p.platform = spec.clock.substr(8);
     for (size_t a = 0; a < axes.size(); ++a) {
@@ -737,12 +737,25 @@ std::vector<Point> expand(const ExperimentSpec& spec) {
       else if (const SweepAxis* ax = sweep_axis(k)) ax->apply(p, v, spec);
       else p.strategy_params[k.substr(0, k.find('.'))][k.substr(k.find('.') + 1)] = v;
     }
+    bool repeat_of_depth = false;  // a task without a needle (cwe, fwe) is one point for every depth
     if (is_needle_task(p.task)) {  // defaults of the retrieval tasks; the other tasks have neither
       if (p.needle_tokens == 0) p.needle_tokens = kNeedleTokensDefault;
       if (p.depth < 0) p.depth = kNeedleDepthDefault;
+      if (!needle_task_has_depth(p.task)) {
+        p.depth = -1;
+        for (size_t a = 0; a < axes.size(); ++a) repeat_of_depth = repeat_of_depth || (axes[a].first == "depth" && idx[a] > 0);
+      }
     } else {
       p.needle_tokens = 0, p.depth = -1;
     }
+    if (repeat_of_depth) {
+      for (size_t a = axes.size(); a-- > 0;) {
+        if (++idx[a] < axes[a].second.size()) break;
+        idx[a] = 0;
+      }
+      continue;
+    }
+    p.index = int(pts.size());
     nlohmann::ordered_json j;
     j["model"] = p.model;
     if (spec.eval.enabled) j["task"] = p.task;

@@ -34,6 +34,9 @@ struct EvalSpec {
   int limit = 0;                   // items per task (0: all)
   std::string context = "prefill"; // prefill | stream
   std::string data_dir;            // "" → --data-dir / HG_DATA_DIR / ../shared/datasets
+  // The essay haystack of RULER's essay tasks: a text file, or JSON with "text" (RULER's
+  // PaulGrahamEssays.json); "" → PIQA's train split in the data directory (datasets/needle.h).
+  std::string haystack;
   uint64_t fewshot_seed = 1234;
   LmEvalRules lm_eval;             // the lm-eval version's request rules (eval.lm_eval, copa_spacing, add_bos)
   std::string reference = "full";  // fidelity against this strategy ("none": no fidelity)
@@ -47,7 +50,7 @@ struct EvalSpec {
 };
 
 // A retrieval task's point without needle_tokens / depth in its sweep.
-constexpr int kNeedleTokensDefault = 4096, kNeedleDepthDefault = 50, kNeedleItemsDefault = 4;
+constexpr int kNeedleTokensDefault = 4096, kNeedleDepthDefault = 50, kNeedleItemsDefault = 50;
 
 struct ExperimentSpec {
   std::string file;  // where it came from ("" for specs built in code)
