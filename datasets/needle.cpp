@@ -10,6 +10,7 @@
 #include <set>
 #include <span>
 #include <sstream>
+#include <stdexcept>
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
@@ -523,14 +524,65 @@ Task passkey_task(uint64_t seed, int index, int depth) {
   return t;
 }
 
+// qa: the gold documents among n documents in all (the question's article's others first, then
+// the corpus's), "Document i:" each; the first gold document at the depth, the others shuffled.
+Task qa_task(const QaCorpus& c, uint64_t seed, int index, int depth, const std::string& task) {
+  if (c.qas.empty()) input_error("needle task {}: {} holds no questions", task, c.source);
+  if (index >= int(c.qas.size()))
+    input_error("needle task {}: item {} asked of {}'s {} questions", task, index, c.source, c.qas.size());
+  const QaCorpus::Qa& q = c.qas[size_t(index)];
+  std::mt19937_64 rng = item_rng(seed, task, index);
+  // The distractors in the order they join: the same article's, then the corpus's others.
+  std::vector<int> extra = q.more;
+  std::shuffle(extra.begin(), extra.end(), rng);
+  std::vector<int> rest;
+  std::set<int> taken(q.gold.begin(), q.gold.end());
+  taken.insert(q.more.begin(), q.more.end());
+  for (int i = 0; i < int(c.docs.size()); ++i)
+    if (!taken.count(i)) rest.push_back(i);
+  std::shuffle(rest.begin(), rest.end(), rng);
+  extra.insert(extra.end(), rest.begin(), rest.end());
+  const uint64_t order_seed = rng();
+  const std::string head = "Answer the question based on the given documents. Only give me the answer and do not output "
+                           "any other words.\n\nThe following are given documents.\n\n";
+  const std::string question = "\n\nAnswer the question based on the given documents. Only give me the answer and do "
+                               "not output any other words.\n\nQuestion: " + q.query + " Answer:";
+  Task t;
+  t.answers = q.answers;
+  t.max_new = 32;
+  t.build = [=, &c](int n) {
+    std::vector<int> docs(q.gold.begin() + 1, q.gold.end());
+    // Past the corpus's documents they repeat (as RULER's do).
+    const std::vector<int> pool = extra.empty() ? q.gold : extra;
+    for (int i = 0; i < n; ++i) docs.push_back(pool[size_t(i) % pool.size()]);
+    std::mt19937_64 r(order_seed);
+    std::shuffle(docs.begin(), docs.end(), r);
+    const size_t at = size_t(std::lround((docs.size()) * (depth / 100.0)));
+    docs.insert(docs.begin() + int64_t(at), q.gold[0]);
+    Built b;
+    std::string ctx;
+    for (size_t i = 0; i < docs.size(); ++i) {
+      if (i) ctx += "\n\n";
+      if (i == at) b.needle_at = head.size() + ctx.size();
+      ctx += fmt::format("Document {}:\n{}", i + 1, c.docs[size_t(docs[i])]);
+    }
+    b.question = question;
+    b.prompt = head + ctx + question;
+    return b;
+  };
+  return t;
+}
+
 // The largest n ≥ 0 with fits(n), fits monotone, searched from `hint` by doubling steps, then
 // bisection.
 int largest_fitting(const std::function<bool(int)>& fits, int hint) {
+  constexpr int kMaxUnits = 1 << 26;  // a haystack whose length never grows would never stop fitting
   int lo, hi;  // fits(lo), !fits(hi)
   if (fits(hint)) {
     lo = hint;
     int step = 1;
-    while (fits(lo + step)) lo += step, step *= 2;
+    while (lo + step < kMaxUnits && fits(lo + step)) lo += step, step *= 2;
+    if (lo + step >= kMaxUnits) throw std::logic_error("needle: a haystack that does not grow with its size");
     hi = lo + step;
   } else {
     hi = hint;
@@ -550,7 +602,7 @@ int largest_fitting(const std::function<bool(int)>& fits, int hint) {
 const std::vector<std::string>& needle_task_names() {
   static const std::vector<std::string> v = {
       "passkey",         "niah_single_1",   "niah_single_2",   "niah_single_3", "niah_multikey_1",
-      "niah_multikey_2", "niah_multikey_3", "niah_multivalue", "niah_multiquery", "vt", "cwe", "fwe"};
+      "niah_multikey_2", "niah_multikey_3", "niah_multivalue", "niah_multiquery", "vt", "cwe", "fwe", "qa_1", "qa_2"};
   return v;
 }
 
@@ -562,6 +614,8 @@ bool needle_task_needs_essay(const std::string& name) {
   const NiahDef* d = niah_def(name);
   return d && d->hay == Hay::kEssay;
 }
+
+bool needle_task_is_qa(const std::string& name) { return name == "qa_1" || name == "qa_2"; }
 
 bool needle_task_has_depth(const std::string& name) { return is_needle_task(name) && name != "cwe" && name != "fwe"; }
 
@@ -603,8 +657,81 @@ Haystack load_haystack(const std::string& data_dir, const std::string& file) {
   return h;
 }
 
+QaCorpus load_qa_corpus(const std::string& task, const std::string& file) {
+  if (!needle_task_is_qa(task)) input_error("{} is not a QA task (qa_1 or qa_2)", task);
+  const char* what = task == "qa_1" ? "SQuAD v2 JSON (data → paragraphs → qas)" : "HotpotQA JSON (a list of question, answer, context)";
+  if (file.empty())
+    input_error("task {} needs eval.{}: a {} file (RULER's json/{}.json)", task, task == "qa_1" ? "squad" : "hotpotqa", what,
+                task == "qa_1" ? "squad" : "hotpotqa");
+  if (!file_present(file)) input_error("{}: cannot read the {} file for {}", file, what, task);
+  const auto j = nlohmann::json::parse(read_regular_file(file, kMaxReadFileBytes), nullptr, false);
+  auto bad = [&](const std::string& why) { input_error("{}: not {}: {}", file, what, why); };
+  if (j.is_discarded()) bad("not JSON");
+  QaCorpus c;
+  c.source = file;
+  std::map<std::string, int> id;
+  auto doc_ids = [&](const std::vector<std::string>& all) {
+    std::set<std::string> uniq(all.begin(), all.end());
+    c.docs.assign(uniq.begin(), uniq.end());  // sorted, as RULER's
+    for (size_t i = 0; i < c.docs.size(); ++i) id[c.docs[i]] = int(i);
+  };
+  auto str = [&](const nlohmann::json& x, const char* k) {
+    if (!x.is_object() || !x.contains(k) || !x[k].is_string()) bad(fmt::format("a record without a string '{}'", k));
+    return x[k].get<std::string>();
+  };
+  try {
+    if (task == "qa_1") {
+      if (!j.is_object() || !j.contains("data") || !j["data"].is_array()) bad("no 'data' list");
+      std::vector<std::string> all;
+      for (auto& d : j["data"])
+        for (auto& p : d.at("paragraphs")) all.push_back(str(p, "context"));
+      doc_ids(all);
+      for (auto& d : j["data"]) {
+        std::vector<int> article;
+        for (auto& p : d.at("paragraphs")) article.push_back(id.at(str(p, "context")));
+        for (auto& p : d.at("paragraphs")) {
+          const int gold = id.at(str(p, "context"));
+          for (auto& qa : p.at("qas")) {
+            if (qa.value("is_impossible", false)) continue;
+            QaCorpus::Qa q;
+            q.query = str(qa, "question");
+            for (auto& a : qa.at("answers")) q.answers.push_back(str(a, "text"));
+            if (q.answers.empty()) continue;
+            q.gold = {gold};
+            for (int o : article)
+              if (o != gold) q.more.push_back(o);
+            c.qas.push_back(std::move(q));
+          }
+        }
+      }
+    } else {
+      if (!j.is_array()) bad("not a list of questions");
+      auto doc = [&](const nlohmann::json& ctx) {
+        std::string s = ctx.at(0).get<std::string>() + "\n";
+        for (auto& sent : ctx.at(1)) s += sent.get<std::string>();
+        return s;
+      };
+      std::vector<std::string> all;
+      for (auto& d : j)
+        for (auto& ctx : d.at("context")) all.push_back(doc(ctx));
+      doc_ids(all);
+      for (auto& d : j) {
+        QaCorpus::Qa q;
+        q.query = str(d, "question");
+        q.answers = {str(d, "answer")};
+        for (auto& ctx : d.at("context")) q.gold.push_back(id.at(doc(ctx)));
+        if (q.gold.empty()) bad("a question without context paragraphs");
+        c.qas.push_back(std::move(q));
+      }
+    }
+  } catch (const nlohmann::json::exception& e) {
+    bad(e.what());
+  }
+  return c;
+}
+
 NeedleItem make_needle_item(const std::string& task, const Tokenizer& tok, int tokens, int depth, uint64_t seed,
-                            int index, const Haystack* essay) {
+                            int index, const Haystack* essay, const QaCorpus* qa) {
   if (depth < 0 || depth > 100) input_error("needle task {}: depth {} is not a percentage (0 to 100)", task, depth);
   if (!needle_task_has_depth(task)) depth = 0;
   Task t;
@@ -613,6 +740,10 @@ NeedleItem make_needle_item(const std::string& task, const Tokenizer& tok, int t
   else if (task == "vt") t = vt_task(seed, index, depth, tok);
   else if (task == "cwe") t = cwe_task(seed, index, tokens, tok);
   else if (task == "fwe") t = fwe_task(seed, index, tokens);
+  else if (needle_task_is_qa(task)) {
+    if (!qa) input_error("needle task {} needs its QA file (eval.{})", task, task == "qa_1" ? "squad" : "hotpotqa");
+    t = qa_task(*qa, seed, index, depth, task);
+  }
   else input_error("unknown needle task '{}' (expected one of {})", task, fmt::format("{}", fmt::join(needle_task_names(), ", ")));
   // The prompt and its tokens to generate within `tokens` (RULER's max_seq_length).
   auto count = [&](int n) { return int(tok.encode(t.build(n).prompt).size()); };
@@ -637,6 +768,7 @@ NeedleItem make_needle_item(const std::string& task, const Tokenizer& tok, int t
   item.answers = b.answers.empty() ? t.answers : b.answers;
   item.max_new = t.max_new;
   item.question = b.question;
+  item.any_answer = needle_task_is_qa(task);
   return item;
 }
 
@@ -649,6 +781,7 @@ double needle_match(const NeedleItem& item, const std::string& output) {
     for (auto& c : a) c = char(std::tolower(static_cast<unsigned char>(c)));
     found += out.find(a) != std::string::npos;
   }
+  if (item.any_answer) return found > 0 ? 1.0 : 0.0;
   return double(found) / double(item.answers.size());
 }
 

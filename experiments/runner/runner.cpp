@@ -760,8 +760,14 @@ Json Runner::run_needle_once(const Point& p, const StrategyEntry& entry, int rep
     if (!essay_) essay_ = load_haystack(resolve_data_dir(ev.data_dir), ev.haystack);
     essay = &*essay_;
   }
+  const QaCorpus* qa = nullptr;
+  if (needle_task_is_qa(p.task)) {
+    auto it = qa_.find(p.task);
+    if (it == qa_.end()) it = qa_.emplace(p.task, load_qa_corpus(p.task, p.task == "qa_1" ? ev.squad : ev.hotpotqa)).first;
+    qa = &it->second;
+  }
   for (int i = 0; i < n; ++i) {
-    items.push_back(make_needle_item(p.task, tok, p.needle_tokens, std::max(0, p.depth), ev.fewshot_seed, i, essay));
+    items.push_back(make_needle_item(p.task, tok, p.needle_tokens, std::max(0, p.depth), ev.fewshot_seed, i, essay, qa));
     const NeedleItem& it = items.back();
     if (chat.applied() && agnostic) {  // the context in the user's turn; its question, the turn's end and
                                        // the assistant's header fed as decode steps
@@ -866,12 +872,14 @@ Json Runner::run_needle_once(const Point& p, const StrategyEntry& entry, int rep
   Json r = accuracy_row(spec_, p, entry, repeat, effective);
   // What steered the strategy's own timing decisions: a profile's modeled stage times.
   r["steering_clock"] = "modeled:" + rc.stage_clock->name;
-  Json acc = {{"n", n}, {"acc", mean}, {"acc_stderr", mean_stderr(match)}, {"metric", "string_match_all"},
+  Json acc = {{"n", n}, {"acc", mean}, {"acc_stderr", mean_stderr(match)},
+              {"metric", qa ? "string_match_part" : "string_match_all"},
               {"task", p.task}, {"needle_tokens", p.needle_tokens}, {"depth", p.depth},
               {"mean_context_tokens", tokens}, {"fewshot_seed", ev.fewshot_seed}, {"protocol", ev.protocol},
               {"chat_template", chat_template_json(chat)}};
   if (p.depth < 0) acc.erase("depth");  // a task without a needle
   if (essay) acc["haystack"] = essay->source;
+  if (qa) acc["documents"] = qa->source;
   r["accuracy"] = acc;
   if (with_ref) {
     r["fidelity"] = {{"items", n},

@@ -156,6 +156,7 @@ class Runner {
   // The same for retrieval tasks: the reference's greedy outputs per item.
   std::map<std::string, std::vector<std::vector<int32_t>>> needle_refs_;
   std::optional<Haystack> essay_;  // RULER's essay haystack, loaded by the first point that needs it
+  std::map<std::string, QaCorpus> qa_;  // qa_1's and qa_2's files, likewise
 };
 
 // Provenance of this build and machine (commit and dirty flag, build type, compiler, CPU, GPU).

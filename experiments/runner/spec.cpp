@@ -308,7 +308,7 @@ ExperimentSpec parse_node(YAML::Node y, const std::string& file) {
   if (const YAML::Node ev = y["eval"]) {
     if (!ev.IsMap()) fail(file, ev, "'eval' must be a mapping (tasks, shots, limit, context, data_dir, …)");
     check_keys(ev, {"tasks", "shots", "limit", "context", "data_dir", "fewshot_seed", "lm_eval", "copa_spacing", "add_bos",
-                    "reference", "protocol", "chat_template", "haystack"}, file, "eval");
+                    "reference", "protocol", "chat_template", "haystack", "squad", "hotpotqa"}, file, "eval");
     EvalSpec& e = s.eval;
     e.enabled = true;
     const YAML::Node t = ev["tasks"];
@@ -350,6 +350,8 @@ ExperimentSpec parse_node(YAML::Node y, const std::string& file) {
     }
     if (ev["data_dir"]) e.data_dir = scalar(file, ev["data_dir"], "data_dir");
     if (ev["haystack"]) e.haystack = scalar(file, ev["haystack"], "haystack");
+    if (ev["squad"]) e.squad = scalar(file, ev["squad"], "squad");
+    if (ev["hotpotqa"]) e.hotpotqa = scalar(file, ev["hotpotqa"], "hotpotqa");
     if (ev["fewshot_seed"]) e.fewshot_seed = uint64_t(integer(file, ev["fewshot_seed"], "fewshot_seed", 0));
     if (ev["lm_eval"]) {
       const std::string v = scalar(file, ev["lm_eval"], "lm_eval");

@@ -37,6 +37,8 @@ struct EvalSpec {
   // The essay haystack of RULER's essay tasks: a text file, or JSON with "text" (RULER's
   // PaulGrahamEssays.json); "" → PIQA's train split in the data directory (datasets/needle.h).
   std::string haystack;
+  // RULER's qa_1 and qa_2 read a user's SQuAD v2 and HotpotQA JSON (datasets/needle.h).
+  std::string squad, hotpotqa;
   uint64_t fewshot_seed = 1234;
   LmEvalRules lm_eval;             // the lm-eval version's request rules (eval.lm_eval, copa_spacing, add_bos)
   std::string reference = "full";  // fidelity against this strategy ("none": no fidelity)

@@ -10,6 +10,7 @@
 
 #include <fmt/format.h>
 
+#include "datasets/needle.h"
 #include "datasets/tasks.h"
 #include "engine/backend/backend.h"
 #include "engine/core/error.h"
@@ -91,8 +92,11 @@ void check_inputs(const ExperimentSpec& spec) {
   if (!spec.eval.enabled) return;
   const std::string data = resolve_data_dir(spec.eval.data_dir);
   for (const std::string& t : spec.eval.tasks) {
-    if (is_needle_task(t)) continue;  // generated, no files
     try {
+      // Generated tasks read no files, but for the essay haystack and the QA tasks' documents.
+      if (needle_task_needs_essay(t)) (void)load_haystack(data, spec.eval.haystack);
+      else if (needle_task_is_qa(t)) (void)load_qa_corpus(t, t == "qa_1" ? spec.eval.squad : spec.eval.hotpotqa);
+      if (is_needle_task(t)) continue;
       (void)load_task(t, data);
     } catch (const InputError& e) {
       input_error("{}: eval.tasks: {}", spec.file, e.what());

@@ -41,7 +41,9 @@ TEST(Needle, EveryTaskFitsItsLengthHoldsItsAnswersAndPlacesItsNeedle) {
   const Tokenizer& tok = *m.tokenizer;
   const Haystack essay = test_essay();
   for (const std::string& task : needle_task_names())
-    for (int tokens : task == "cwe" ? std::vector<int>{2500, 12000} : std::vector<int>{2500, 4500})
+    for (int tokens : needle_task_is_qa(task) ? std::vector<int>{}  // QaTasksReadSquadAndHotpotqaFiles
+                      : task == "cwe"         ? std::vector<int>{2500, 12000}
+                                              : std::vector<int>{2500, 4500})
       for (int depth : {0, 50, 100}) {
         const NeedleItem a = make_needle_item(task, tok, tokens, depth, 7, 0, &essay);
         const NeedleItem b = make_needle_item(task, tok, tokens, depth, 7, 0, &essay);
@@ -164,12 +166,63 @@ TEST(Needle, RulersTasksFillTheirLengthInLlama3Tokens) {
                              test::shared_path("models/llama3.2-tokenizer/vocab.bpe"), PreSplit::kLlama3);
   const Haystack essay = load_haystack(test::shared_path("datasets"));
   for (const std::string& task : needle_task_names())
-    for (int tokens : {4096, 16384}) {
+    for (int tokens : needle_task_is_qa(task) ? std::vector<int>{} : std::vector<int>{4096, 16384}) {
       const NeedleItem a = make_needle_item(task, *tok, tokens, 25, 1234, 3, &essay);
       EXPECT_LE(a.tokens + a.max_new, tokens) << task;
       EXPECT_GT(a.tokens + a.max_new, tokens - 60) << task << " " << tokens;  // a UUID needle: 45
       for (auto& ans : a.answers) EXPECT_NE(a.prompt.find(ans), std::string::npos) << task << " " << ans;
     }
+}
+
+// qa_1 and qa_2 from a user's SQuAD v2 and HotpotQA files, as RULER's qa.py reads them: the gold
+// document among distractors ("Document i:"), the question after them, one answer suffices.
+TEST(Needle, QaTasksReadSquadAndHotpotqaFiles) {
+  Model m = load_model("synthetic:tiny-llama");
+  const Tokenizer& tok = *m.tokenizer;
+  std::string squad = R"({"data": [)";
+  for (int a = 0; a < 6; ++a) {
+    squad += fmt::format(R"({}{{"title": "t{}", "paragraphs": [)", a ? "," : "", a);
+    for (int p = 0; p < 3; ++p)
+      squad += fmt::format(R"({}{{"context": "Article {} paragraph {} says the colour of item {} is shade{}.", "qas": [)"
+                           R"({{"question": "What colour is item {}?", "answers": [{{"text": "shade{}"}}], "is_impossible": false}},)"
+                           R"({{"question": "Unanswerable {}?", "answers": [], "is_impossible": true}}]}})",
+                           p ? "," : "", a, p, a * 3 + p, a * 3 + p, a * 3 + p, a * 3 + p, a * 3 + p);
+    squad += "]}";
+  }
+  squad += "]}";
+  const std::string sq = test::temp_path("squad.json"), hp = test::temp_path("hotpotqa.json");
+  test::write_file(sq, squad);
+  test::write_file(hp, R"([{"question": "Who built the bridge?", "answer": "Ada",
+    "context": [["Bridge", ["The bridge was built ", "by Ada."]], ["River", ["The river is wide."]]]},
+    {"question": "Where is the tower?", "answer": "Paris", "context": [["Tower", ["The tower is in Paris."]]]}])");
+  const QaCorpus s1 = load_qa_corpus("qa_1", sq), s2 = load_qa_corpus("qa_2", hp);
+  EXPECT_EQ(s1.qas.size(), 18u);  // the unanswerable ones left out
+  EXPECT_EQ(s1.docs.size(), 18u);
+  EXPECT_EQ(s1.qas[4].more.size(), 2u);  // its article's other paragraphs
+  EXPECT_EQ(s2.docs.size(), 3u);
+  EXPECT_EQ(s2.qas[0].gold.size(), 2u);
+  for (int depth : {0, 100}) {
+    const NeedleItem q = make_needle_item("qa_1", tok, 1500, depth, 7, 4, nullptr, &s1);
+    EXPECT_LE(q.tokens + q.max_new, 1500);
+    EXPECT_EQ(q.max_new, 32);
+    EXPECT_EQ(q.answers, std::vector<std::string>{"shade4"});
+    EXPECT_EQ(q.prompt.rfind("Answer the question based on the given documents.", 0), 0u);
+    EXPECT_NE(q.prompt.find("Document 1:\n"), std::string::npos);
+    const std::string tail = "Question: What colour is item 4? Answer:";
+    EXPECT_EQ(q.question.substr(q.question.size() - tail.size()), tail);
+    const size_t gold = q.prompt.find("item 4 is shade4");
+    ASSERT_NE(gold, std::string::npos);
+    EXPECT_EQ(depth == 0, gold < q.prompt.size() / 4) << depth;
+    EXPECT_EQ(needle_match(q, " shade4"), 1.0);
+  }
+  const NeedleItem h = make_needle_item("qa_2", tok, 1500, 50, 7, 0, nullptr, &s2);
+  EXPECT_NE(h.prompt.find("Bridge\nThe bridge was built by Ada."), std::string::npos);
+  EXPECT_NE(h.prompt.find("River\nThe river is wide."), std::string::npos);
+  EXPECT_TRUE(h.any_answer);
+  EXPECT_NE(test::input_error_of([&] { load_qa_corpus("qa_2", sq); }).find("HotpotQA"), std::string::npos);
+  EXPECT_NE(test::input_error_of([&] { load_qa_corpus("qa_1", ""); }).find("eval.squad"), std::string::npos);
+  EXPECT_NE(test::input_error_of([&] { make_needle_item("qa_2", tok, 1500, 50, 7, 5, nullptr, &s2); }).find("2 questions"),
+            std::string::npos);
 }
 
 // The essay haystack: PIQA's train split (goal and correct solution) or a user's text or JSON file.
