@@ -123,6 +123,20 @@ void EvictingStrategy::evict_to(int layer, const std::vector<std::pair<int32_t, 
         total += n - keep;
       }
   if (total == 0) return;
+  // A pooling policy (SnapKV) smooths each head's scores over its candidates (the slots before the
+  // recent window, in position order: nothing was evicted before this pruning) first.
+  if (pool_kernel() > 0) {
+    pools_.clear();
+    for (size_t k = first; k < picks_.size(); ++k) pools_.push_back({const_cast<PolicyOps::ScoreSlot*>(picks_[k].slots),
+                                                                     picks_[k].n - std::min(picks_[k].recent, picks_[k].n)});
+    for (auto [seq, keep] : keeps)
+      for (int g = 0; g < shape_.H_kv; ++g) {
+        const int32_t* pos = store_.positions(layer, seq, g);
+        for (int32_t s = 0; s < store_.count(layer, seq, g); ++s)
+          if (pos[s] != s) throw std::logic_error("eviction: pooled scores need the slots in position order");
+      }
+    be_.pool_scores(pools_.data(), int64_t(pools_.size()), pool_kernel(), pool_max());
+  }
   if (picked_used_ + total > int64_t(picked_.size())) {
     // No room left in this step's buffer: apply what is queued, then grow it if one layer needs more.
     std::vector<PolicyOps::EvictionPick> mine(picks_.begin() + int64_t(first), picks_.end());
@@ -498,13 +512,16 @@ void EvictingStrategy::attend(int layer, std::span<const TokenRow> rows, const f
     const size_t qoff = b0 * size_t(H) * size_t(D);
     AttentionArgs a = attention_args(shape_, std::span<const AttnRow>(attn_rows_).subspan(b0, nb), qa + qoff,
                                      scale, out + qoff, rerotate ? DType::kF32 : kv_.dtype());
-    a.logits_out = taps() & kLogits ? logits_.data() : nullptr;
-    a.probs_out = taps() & kProbs ? probs_.data() : nullptr;
+    // Taps only for a block with a row the policy scores.
+    bool scoring = false;
+    for (size_t i = 0; i < nb && taps() != 0; ++i) scoring = scoring || scores_row(rows[b0 + i].seq, rows[b0 + i].pos);
+    a.logits_out = scoring && (taps() & kLogits) ? logits_.data() : nullptr;
+    a.probs_out = scoring && (taps() & kProbs) ? probs_.data() : nullptr;
     a.tap_ld = ld;
     be_.attention(a);
-    if (taps() != 0) add_accel_work(tap_work(a));
+    if (scoring) add_accel_work(tap_work(a));
     // Dry runs have no values to score: which tokens are evicted does not change the counts.
-    if (taps() == 0 || rt_.dry()) continue;
+    if (!scoring || rt_.dry()) continue;
     // The block's scores accumulate where the taps are: one launch.
     const ScorePolicy sp = score_policy();
     PolicyOps::ScoreRows sr;
@@ -514,8 +531,9 @@ void EvictingStrategy::attend(int layer, std::span<const TokenRow> rows, const f
     score_rows_.resize(nb);
     for (size_t i = 0; i < nb; ++i) {
       const TokenRow r = rows[b0 + i];
-      score_rows_[i] = {score_slots(layer, r.seq), store_.capacity(r.seq), int32_t(attn_rows_[b0 + i].n_keys), r.pos,
-                        score_tau(r.seq, r.pos)};
+      // A row the policy does not score adds nothing (n = 0).
+      const int32_t n_keys = scores_row(r.seq, r.pos) ? int32_t(attn_rows_[b0 + i].n_keys) : 0;
+      score_rows_[i] = {score_slots(layer, r.seq), store_.capacity(r.seq), n_keys, r.pos, score_tau(r.seq, r.pos)};
     }
     sr.rows = score_rows_.data(), sr.n_rows = int64_t(nb);
     be_.accumulate_scores(sr);

@@ -66,6 +66,12 @@ class EvictingStrategy : public KvStrategy {
   virtual double score_tau(int /*seq*/, int32_t /*row_pos*/) const { return 1; }
   // Tokens of `seq` a scoring policy never evicts: the newest ones.
   virtual int32_t recent_window(int /*seq*/) const { return 0; }
+  // Whether the query row at `pos` of `seq` adds to the scores (its taps are computed only then).
+  virtual bool scores_row(int /*seq*/, int32_t /*pos*/) const { return true; }
+  // SnapKV: the scores pooled over `pool_kernel()` neighbouring positions (mean, or max) before a
+  // pick; 0: not pooled.
+  virtual int pool_kernel() const { return 0; }
+  virtual bool pool_max() const { return false; }
   // A policy without taps: the `count` slots of (layer, seq, g) to drop now, in the order it
   // would drop them one at a time (one call picks them all).
   virtual void victims(int layer, int seq, int g, int32_t count, std::vector<int32_t>& slots);
@@ -163,6 +169,7 @@ class EvictingStrategy : public KvStrategy {
   std::vector<void*> new_slot_at_;
   std::vector<PolicyOps::ScoreRows::Row> score_rows_;
   std::vector<PolicyOps::EvictionPick> picks_;
+  std::vector<PolicyOps::ScorePool> pools_;
   BackendArray<int32_t> picked_;                 // pick_evictions' output, read back to picked_host_
   std::vector<int32_t> picked_host_, origin_;
   RowCopies slot_moves_;                         // records moved by an eviction

@@ -14,6 +14,7 @@ StrategyInfo moe_lightning_info();
 StrategyInfo h2o_info();
 StrategyInfo keyformer_info();
 StrategyInfo streamingllm_info();
+StrategyInfo snapkv_info();
 StrategyInfo hybridgen_info();
 StrategyInfo infinigen_info();
 
@@ -34,6 +35,7 @@ std::vector<StrategyInfo> register_strategies() {
   s.push_back(streamingllm_info());
   s.push_back(infinigen_info());
   s.push_back(hybridgen_info());
+  s.push_back(snapkv_info());
   s.push_back({"null", "no KV, zero attention output: not a method; measures the harness's own overhead", {},
                [](const StrategyContext&, const StrategyParams&) { return std::make_unique<NullStrategy>(); }});
   // The shared parameters, declared once: every method stores and moves KV of one element type,

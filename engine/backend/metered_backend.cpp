@@ -174,6 +174,9 @@ class MeteredBackend final : public Backend {
   void put_rows(void* const* dst, const void* src, int64_t row_bytes, int64_t n) override {
     launch(), in_->put_rows(dst, src, row_bytes, n);
   }
+  void pool_scores(const ScorePool* items, int64_t n, int kernel, bool max) override {
+    launch(), in_->pool_scores(items, n, kernel, max);
+  }
   // Host arrays: policy work done on the host.
   void gumbel_noise(uint64_t stream, const int32_t* pos, int64_t n, double* out) override {
     c_.add({.host_policy_elems = n}), in_->gumbel_noise(stream, pos, n, out);

@@ -178,6 +178,24 @@ void PolicyOps::pick_evictions(const EvictionPick* picks, int64_t n_picks, int32
   }
 }
 
+void PolicyOps::pool_scores(const ScorePool* items, int64_t n_items, int kernel, bool max) {
+  HG_CHECK(host_memory() && kernel >= 1);
+  const int half = kernel / 2;
+  thread_local std::vector<double> in;
+  for (int64_t i = 0; i < n_items; ++i) {
+    ScoreSlot* sl = items[i].slots;
+    const int32_t n = items[i].n;
+    in.resize(size_t(std::max(n, 0)));
+    for (int32_t s = 0; s < n; ++s) in[size_t(s)] = sl[s].score;
+    for (int32_t s = 0; s < n; ++s) {
+      double acc = max ? -std::numeric_limits<double>::infinity() : 0.0;
+      for (int32_t j = std::max(0, s - half); j <= std::min(n - 1, s + half); ++j)
+        acc = max ? std::max(acc, in[size_t(j)]) : acc + in[size_t(j)];
+      sl[s].score = max ? acc : acc / kernel;
+    }
+  }
+}
+
 void PolicyOps::put_rows(void* const* dst, const void* src, int64_t row_bytes, int64_t n) {
   for (int64_t i = 0; i < n; ++i) std::memcpy(dst[i], static_cast<const char*>(src) + i * row_bytes, size_t(row_bytes));
 }

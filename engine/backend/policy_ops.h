@@ -129,6 +129,15 @@ class PolicyOps {
   };
   // Every pick of a layer in one launch (picks: host array; out: this backend's memory).
   virtual void pick_evictions(const EvictionPick* picks, int64_t n_picks, int32_t* out);
+  // SnapKV's pooling of a head's scores before its pick, in place: score[s] becomes the mean (zero
+  // padded: the sum over |j − s| ≤ kernel/2, 0 ≤ j < n, divided by kernel) or the maximum over that
+  // range, for s < n (slots in position order). One launch for every item (slots: this backend's
+  // memory; items: a host array).
+  struct ScorePool {
+    ScoreSlot* slots = nullptr;
+    int32_t n = 0;
+  };
+  virtual void pool_scores(const ScorePool* items, int64_t n_items, int kernel, bool max);
   // Row i of `src` (host memory, row_bytes each) into dst[i] (this backend's memory), i < n: small
   // records scattered from the host in one call (the new slots' score records).
   virtual void put_rows(void* const* dst, const void* src, int64_t row_bytes, int64_t n);

@@ -230,6 +230,13 @@ class ContractBackend final : public Backend {
     }
     cpu_->pick_evictions(picks, n, out);
   }
+  void pool_scores(const ScorePool* items, int64_t n, int kernel, bool max) override {
+    count("pool_scores");
+    host(items, "pool_scores items");
+    for (int64_t i = 0; i < n; ++i)
+      if (items[i].n > 0) dev(items[i].slots, items[i].n * int64_t(sizeof(ScoreSlot)), "pool_scores slots");
+    cpu_->pool_scores(items, n, kernel, max);
+  }
   void put_rows(void* const* dst, const void* src, int64_t row_bytes, int64_t n) override {
     host(dst, "put_rows dst list"), host(src, "put_rows src");
     for (int64_t i = 0; i < n; ++i) dev(dst[i], row_bytes, "put_rows dst row");
@@ -291,7 +298,8 @@ class ContractBackend final : public Backend {
 
 // The configurations of the strategies beyond `full` which the device tests run: FlexGen with and
 // without overlap, MoE-Lightning with one and two micro-batches, H2O, Keyformer and StreamingLLM
-// (both KV homes; StreamingLLM's keys re-rotated or at their positions), InfiniGen, and HybridGen
+// (both KV homes; StreamingLLM's keys re-rotated or at their positions), SnapKV (both homes),
+// InfiniGen, and HybridGen
 // with a 6-token ring (V pages of 4 tokens, interleaved over two tiers or all on dram), K fixed at
 // k_fixed (1000: every offloaded token, so exact), post selection with the true or speculative
 // query and pre selection.
@@ -321,6 +329,8 @@ inline std::vector<std::pair<std::string, std::map<std::string, std::string>>> o
           {"streamingllm", {{"sinks", "1"}, {"window", "3"}, {"positions", "cache"}, {"kv_home", "dram"}}},
           {"streamingllm", {{"sinks", "1"}, {"window", "3"}, {"positions", "cache"}, {"kv_home", "gpu"}}},
           {"streamingllm", {{"sinks", "1"}, {"window", "3"}, {"positions", "original"}, {"kv_home", "gpu"}}},
+          {"snapkv", {{"window", "2"}, {"kv_tokens", "6"}, {"kv_home", "dram"}}},
+          {"snapkv", {{"window", "2"}, {"kv_tokens", "6"}, {"kv_home", "gpu"}}},
           // InfiniGen speculating from layer 1: every token fetched when k_fixed is 1000 (exact),
           // else its alpha rule and cap.
           {"infinigen", k_fixed == "1000" ? std::map<std::string, std::string>{{"full_layers", "1"}, {"alpha", "1000"},

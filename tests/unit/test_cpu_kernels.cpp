@@ -659,6 +659,19 @@ TEST(PolicyOps, EvictionScoresAndPicksMatchScalar) {
           << "recent " << recent << " count " << count << " n " << p.n;
     }
   }
+  // SnapKV's pooling: a zero-padded mean and a max over 3 positions.
+  std::vector<PolicyOps::ScoreSlot> pool(5);
+  for (int i = 0; i < 5; ++i) pool[size_t(i)].score = double(i * i);  // 0 1 4 9 16
+  PolicyOps::ScorePool item{pool.data(), 5};
+  auto mean = pool;
+  PolicyOps::ScorePool mean_item{mean.data(), 5};
+  cpu->pool_scores(&mean_item, 1, 3, false);
+  EXPECT_EQ(mean[0].score, 1.0 / 3);
+  EXPECT_EQ(mean[2].score, 14.0 / 3);
+  EXPECT_EQ(mean[4].score, 25.0 / 3);
+  cpu->pool_scores(&item, 1, 3, true);
+  EXPECT_EQ(pool[0].score, 1.0);
+  EXPECT_EQ(pool[4].score, 16.0);
   // put_rows: records scattered from a host array.
   std::vector<PolicyOps::ScoreSlot> dst(10), src = {{1.5, 7, 0}, {2.5, 9, 0}};
   std::vector<void*> at = {&dst[8], &dst[3]};

@@ -335,7 +335,7 @@ TEST(CudaKernels, KvWriteMatchesHost) {
 // (H2O's and Keyformer's scores) on the cuda backend against the CPU backend.
 // H2O's and Keyformer's scoring and picks on the device against the CPU's: the sum rule bit for
 // bit (the same F64 adds in the same order), the Gumbel softmax within F32 exp's error, the picks
-// (one victim and many, with and without a recent window) and put_rows exactly.
+// (one victim and many, with and without a recent window), SnapKV's pooling and put_rows exactly.
 TEST(CudaBackend, EvictionScoresAndPicksMatchCpu) {
   HG_REQUIRE_CUDA_DEVICE();
   auto cuda = make_backend("cuda");
@@ -371,6 +371,21 @@ TEST(CudaBackend, EvictionScoresAndPicksMatchCpu) {
     cpu->pick_evictions(picks.data(), int64_t(picks.size()), want.data());
     cuda->pick_evictions(dpicks.data(), int64_t(dpicks.size()), dout.p);
     EXPECT_EQ(dout.host(), want) << "recent " << recent << " count " << count;
+  }
+  // SnapKV's pooling (mean and max over 5 positions) of every head's slots.
+  for (bool mx : {false, true}) {
+    auto want = c.slots;
+    Dev<PolicyOps::ScoreSlot> dp(c.slots);
+    std::vector<PolicyOps::ScorePool> hp, dv;
+    for (size_t r = 0; r < c.n.size(); ++r)
+      for (int g = 0; g < c.H_kv; ++g) {
+        const size_t off = (r * size_t(c.H_kv) + size_t(g)) * size_t(c.slot_ld);
+        hp.push_back({want.data() + off, c.n[r]}), dv.push_back({dp.p + off, c.n[r]});
+      }
+    cpu->pool_scores(hp.data(), int64_t(hp.size()), 5, mx);
+    cuda->pool_scores(dv.data(), int64_t(dv.size()), 5, mx);
+    const auto got = dp.host();
+    for (size_t i = 0; i < want.size(); ++i) EXPECT_NEAR(got[i].score, want[i].score, 1e-12) << i << " max " << mx;
   }
   std::vector<PolicyOps::ScoreSlot> src = {{1.5, 7, 0}, {2.5, 9, 0}};
   std::vector<void*> at = {dslots.p + 8, dslots.p + 3};

@@ -137,6 +137,10 @@ class CudaBackend final : public Backend {
   void put_rows(void* const* dst, const void* src, int64_t row_bytes, int64_t n) override {
     cuda::put_rows(dst, src, row_bytes, n);
   }
+  void pool_scores(const ScorePool* items, int64_t n, int kernel, bool max) override {
+    static_assert(sizeof(cuda::ScorePoolDev) == sizeof(ScorePool));
+    cuda::pool_scores(reinterpret_cast<const cuda::ScorePoolDev*>(items), n, kernel, max);
+  }
   void group_weighted_v(const float* p, int G, const void* V, int64_t n, int D, float* out, DType vt) override {
     cuda::weighted_v_sum(p, V, vt, n, n, G, 1, D, out);
   }

@@ -4,6 +4,7 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
+#include <math_constants.h>
 
 #include <algorithm>
 #include <cfloat>
@@ -83,9 +84,9 @@ struct Ctx {
   // and their (max, sum) pairs, 5 attention_rows' row descriptors, 6 gather_rows_host_idx's
   // indices, 7 max_value's and exp_shift_sum's result, 8 copy_rows_host_ptrs' pointer lists,
   // 9 accumulate_scores' rows, 10 its softmax scratch, 11 pick_evictions' picks and cuts,
-  // 12 put_rows' pointers and rows.
-  float* buf[13] = {};
-  size_t buf_floats[13] = {};
+  // 12 put_rows' pointers and rows, 13 pool_scores' items and input scores.
+  float* buf[14] = {};
+  size_t buf_floats[14] = {};
   Ctx() {
     HG_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
     HG_CUBLAS_CHECK(cublas().create(&blas));
@@ -1182,6 +1183,23 @@ __global__ void put_rows_k(char* const* ptrs, const char* rows, int64_t row_byte
 
 size_t floats_for(size_t bytes) { return (bytes + sizeof(float) - 1) / sizeof(float); }
 
+// Block per item: the scores copied out (pass 1), then each slot's pooled value (pass 2).
+__global__ void pool_scores_k(const ScorePoolDev* items, const int64_t* offsets, double* in, int kernel, bool max) {
+  const ScorePoolDev it = items[blockIdx.x];
+  double* x = in + offsets[blockIdx.x];
+  for (int32_t s = threadIdx.x; s < it.n; s += blockDim.x) x[s] = it.slots[s].score;
+  __syncthreads();
+  const int half = kernel / 2;
+  for (int32_t s = threadIdx.x; s < it.n; s += blockDim.x) {
+    double acc = max ? -CUDART_INF : 0.0;
+    for (int32_t j = s - half > 0 ? s - half : 0; j <= (s + half < it.n - 1 ? s + half : it.n - 1); ++j)
+      acc = max ? fmax(acc, x[j]) : acc + x[j];
+    it.slots[s].score = max ? acc : acc / kernel;
+  }
+}
+
+
+
 }  // namespace
 
 void accumulate_scores(int rule, int H, int H_kv, const float* taps, int64_t tap_ld, uint64_t seed, int layer,
@@ -1227,6 +1245,25 @@ void put_rows(void* const* dst, const void* src, int64_t row_bytes, int64_t n) {
   char* d = reinterpret_cast<char*>(ctx().scratch(12, floats_for(staged.size())));
   h2d_nowait(d, staged.data(), staged.size());
   put_rows_k<<<unsigned(n), 32, 0, ctx().stream>>>(reinterpret_cast<char* const*>(d), d + ptr_bytes, row_bytes, n);
+  HG_CUDA_LAUNCHED();
+}
+
+
+void pool_scores(const ScorePoolDev* items, int64_t n_items, int kernel, bool max) {
+  if (n_items <= 0) return;
+  if (n_items > 2147483647) throw std::runtime_error("pool_scores: too many items");
+  // Items, their offsets into the copied scores, then the scores, in one scratch buffer.
+  std::vector<int64_t> off(static_cast<size_t>(n_items));
+  int64_t total = 0;
+  for (int64_t i = 0; i < n_items; ++i) off[size_t(i)] = total, total += std::max(items[i].n, 0);
+  const size_t item_bytes = size_t(n_items) * sizeof(ScorePoolDev), off_bytes = size_t(n_items) * sizeof(int64_t);
+  const size_t head = (item_bytes + off_bytes + 15) / 16 * 16;
+  char* buf = reinterpret_cast<char*>(ctx().scratch(13, floats_for(head + size_t(total) * sizeof(double))));
+  h2d_nowait(buf, items, item_bytes);
+  h2d_nowait(buf + item_bytes, off.data(), off_bytes);
+  pool_scores_k<<<unsigned(n_items), kScoreThreads, 0, ctx().stream>>>(
+      reinterpret_cast<const ScorePoolDev*>(buf), reinterpret_cast<const int64_t*>(buf + item_bytes),
+      reinterpret_cast<double*>(buf + head), kernel, max);
   HG_CUDA_LAUNCHED();
 }
 

@@ -135,5 +135,10 @@ struct EvictionPickDev {
 };
 void pick_evictions(const EvictionPickDev* picks, int64_t n_picks, int32_t* out);
 void put_rows(void* const* dst, const void* src, int64_t row_bytes, int64_t n);
+struct ScorePoolDev {
+  ScoreSlotDev* slots;
+  int32_t n;
+};
+void pool_scores(const ScorePoolDev* items, int64_t n_items, int kernel, bool max);
 
 }  // namespace hg::cuda

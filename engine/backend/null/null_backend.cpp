@@ -39,6 +39,7 @@ class NullBackend final : public Backend {
   void accumulate_scores(const ScoreRows&) override {}
   void pick_evictions(const EvictionPick*, int64_t, int32_t*) override {}
   void put_rows(void* const*, const void*, int64_t, int64_t) override {}
+  void pool_scores(const ScorePool*, int64_t, int, bool) override {}
   void write_kv(const float*, int64_t, int, int, const int32_t*, void*, int64_t, DType) override {}
   void upload(void*, const void*, size_t) override {}
   void download(void*, const void*, size_t) override {}
