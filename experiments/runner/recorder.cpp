@@ -756,6 +756,49 @@ std::string write_summary(const std::string& dir, const std::vector<ResultRow>& 
   }
   if (partial_geomean)
     out += "* geomean over fewer points than the table has (points not run yet or failed): not comparable across rows\n";
+  // A measured run's absolute figures come first: seconds and decode tokens/s over the repeats, as
+  // mean ± sd (one repeat: its value, no spread), so that a ratio can be read against its noise.
+  if (!modeled) {
+    auto spread = [](const std::vector<double>& v) {
+      if (v.empty()) return std::string("failed");
+      double m = 0;
+      for (double x : v) m += x / double(v.size());
+      // Three significant digits, whole numbers from 1000 on (no exponents).
+      auto f = [](double x, int digits) {
+        return std::abs(x) >= 1000 ? fmt::format("{:.0f}", x) : fmt::format("{:.{}g}", x, digits);
+      };
+      if (v.size() == 1) return f(m, 3);
+      double ss = 0;
+      for (double x : v) ss += (x - m) * (x - m);
+      return f(m, 3) + "±" + f(std::sqrt(ss / double(v.size() - 1)), 2);
+    };
+    size_t reps = 0;
+    for (auto& [key, rs] : cells) reps = std::max(reps, rs.size());
+    std::string abs = fmt::format("{} in seconds, and decode tokens/s of all sequences (measured), mean ± sd over {} repeat{}\n",
+                                  end_to_end ? "end-to-end latency" : "decode time", reps, reps == 1 ? " (no spread)" : "s");
+    if (const std::string axes = axes_caption(varying); !axes.empty()) abs += "columns: " + axes + "\n";
+    std::vector<size_t> aw;
+    for (auto& n : names) aw.push_back(std::max<size_t>(13, n.size() + 1));
+    for (int which = 0; which < 2; ++which) {
+      abs += fmt::format("{:<{}}", which == 0 ? "seconds" : "decode tok/s", w0);
+      for (size_t i = 0; i < names.size(); ++i) abs += fmt::format("{:>{}}", names[i], aw[i]);
+      abs += "\n";
+      for (auto& label : labels) {
+        abs += fmt::format("{:<{}}", label, w0);
+        size_t i = 0;
+        for (auto& [pi, pj] : points) {
+          // Tokens/s of all sequences: a decode step makes one token of each.
+          const double batch = pj.contains("batch") && pj["batch"].is_number() ? pj["batch"].get<double>() : 1.0;
+          std::vector<double> v;
+          for (const ResultRow* r : cells[{pi, label}])
+            if (r->ok) v.push_back(which == 0 ? r->figure("time_s") : batch / r->figure("decode_token_s"));
+          abs += fmt::format("{:>{}}", cells[{pi, label}].empty() ? "-" : spread(v), aw[i++]);
+        }
+        abs += "\n";
+      }
+    }
+    out = abs + "\n" + out;
+  }
   // Beside the times, one block per recorded figure (shown when any row has it): how much of the
   // context each strategy attended (budgets are matched only where these agree) with the KV element
   // type it stored, and for real runs replayed on a profile the modeled clock against the same run.

@@ -2,6 +2,8 @@
 // failed points, resume after SIGKILL, shard merge, and dry against real execution.
 #include <gtest/gtest.h>
 
+#include <regex>
+
 #include <signal.h>
 #include <fcntl.h>
 #include <sys/wait.h>
@@ -189,6 +191,27 @@ TEST(ExperimentRun, RowsRecordTheChatTemplate) {
   p = run_cli("eval --task copa --limit 2 --model synthetic:tiny-llama --chat-template llama2 -o " + d + "/bad");
   EXPECT_EQ(p.status, 2) << p.out;
   EXPECT_NE(p.out.find("chat_template 'llama2' (expected none, auto, llama3 or chatml)"), std::string::npos) << p.out;
+  fs::remove_all(d);
+}
+
+// A measured table gives the absolute figures first: seconds and decode tokens/s per strategy and
+// point as mean ± sd over the repeats, before the ratios.
+TEST(ExperimentRun, TheTableGivesSecondsAndTokensPerSecondWithTheirSpread) {
+  const std::string d = tmp_dir("spread");
+  Proc p = run_cli(std::string(HG_SOURCE_DIR) + "/experiments/quickstart.yaml --set 'models=[\"synthetic:tiny-llama\"]' "
+                   "--set 'strategies=[full, flexgen]' --set 'sweep.prompt_tokens=[64]' --set 'sweep.decode_tokens=[4]' -o " +
+                   d + "/q");
+  ASSERT_EQ(p.status, 0) << p.out;
+  const std::string t = test::read_file(d + "/q/table.txt");
+  EXPECT_EQ(t.rfind("end-to-end latency in seconds, and decode tokens/s of all sequences (measured), mean ± sd over 2 repeats",
+                    0),
+            0u)
+      << t;
+  const std::regex cell("\\nflexgen +[0-9.e-]+±[0-9.e-]+\\n");
+  EXPECT_EQ(t.find("e+"), std::string::npos) << t;  // no exponents
+  EXPECT_TRUE(std::regex_search(t, cell)) << t;
+  EXPECT_NE(t.find("decode tok/s"), std::string::npos) << t;
+  EXPECT_LT(t.find("mean ± sd"), t.find("normalised to flexgen")) << t;
   fs::remove_all(d);
 }
 
