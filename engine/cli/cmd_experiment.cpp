@@ -1,6 +1,7 @@
 // `hgbench FILE.yaml` (run an experiment), `hgbench validate FILE`, `hgbench merge DIR…`,
 // `compare`, `report`: option parsing over experiments/runner (sweep, recorder, report).
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include <CLI/CLI.hpp>
 
@@ -115,12 +116,23 @@ int cmd_compare(const std::vector<std::string>& args) {
   CLI::App app{"Compares two result directories (before and after a change, two machines): matched points side by "
                "side, B ÷ A per point and strategy, geometric means.",
                "hgbench compare"};
-  std::string a, b, out;
+  std::string a, b, out, match = fmt::format("{}", fmt::join(default_compare_keys(), ","));
   app.add_option("dir_a", a, "result directory A (the reference)")->required();
   app.add_option("dir_b", b, "result directory B")->required();
   app.add_option("--out,-o", out, "also write compare.csv and compare.txt there");
+  app.add_option("--match", match,
+                 "the point's keys two rows are matched on, comma-separated (the other keys may differ: the platform, "
+                 "a strategy parameter), or 'all' for the whole point")
+      ->capture_default_str();
   if (int rc = parse_cli(app, "compare", args); rc >= 0) return rc;
-  const CompareReport rep = compare_results(a, b, out);
+  std::vector<std::string> keys;
+  if (match != "all")
+    for (size_t at = 0; at <= match.size();) {
+      const size_t comma = std::min(match.find(',', at), match.size());
+      if (comma > at) keys.push_back(match.substr(at, comma - at));
+      at = comma + 1;
+    }
+  const CompareReport rep = compare_results(a, b, out, keys);
   fmt::print(stderr, "{}", rep.warnings);
   fmt::print("{}", rep.table);
   if (!out.empty()) fmt::print("wrote {}/compare.csv and compare.txt\n", out);

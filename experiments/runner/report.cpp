@@ -3,12 +3,17 @@
 
 #include <csv.h>
 #include <fmt/format.h>
+#include <fmt/ranges.h>
+#include <fcntl.h>
+#include <sys/file.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <random>
 #include <set>
 #include <sstream>
 
@@ -37,10 +42,25 @@ struct Side {
   std::string experiment;
 };
 
-Side load_side(const std::string& dir) {
+// The point's values for the keys it is matched on (every key when `keys` is empty), as one text.
+std::string match_key(const Json& point, const std::vector<std::string>& keys) {
+  Json k = Json::object();
+  for (auto& [name, v] : point.items())
+    if (keys.empty() || std::find(keys.begin(), keys.end(), name) != keys.end()) k[name] = v;
+  return k.dump();
+}
+
+Side load_side(const std::string& dir, const std::vector<std::string>& keys) {
   Side s;
+  std::map<std::string, std::string> id_of_key;  // match key → the first point id with it
   for (const ResultRow& r : read_rows(dir)) {
-    const std::string& id = r.point_id;
+    const std::string id = keys.empty() ? r.point_id : match_key(r.point, keys);
+    if (!keys.empty()) {
+      auto [it, fresh] = id_of_key.emplace(id, r.point_id);
+      if (!fresh && it->second != r.point_id)
+        input_error("compare: --match {} leaves two points of {} alike ({} and {}); add the axis that separates them",
+                    fmt::format("{}", fmt::join(keys, ",")), dir, it->second, r.point_id);
+    }
     const std::string& label = r.label;
     if (!r.experiment.empty()) s.experiment = r.experiment;
     if (std::find(s.labels.begin(), s.labels.end(), label) == s.labels.end()) s.labels.push_back(label);
@@ -119,11 +139,60 @@ std::vector<std::vector<std::string>> read_csv(const fs::path& p) {
 
 void write_file(const fs::path& p, const std::string& text) { write_file_atomic(p.string(), text); }
 
+// B ÷ A of the means, with a 95 % percentile bootstrap interval over both sides' repeats (2,000
+// resamples, seed 1); no interval when a side has one repeat.
+struct Ratio {
+  double r = NAN, lo = NAN, hi = NAN;
+  bool interval() const { return std::isfinite(lo) && std::isfinite(hi); }
+  bool within_noise() const { return interval() && lo <= 1.0 && hi >= 1.0; }
+};
+Ratio ratio_of(const std::vector<double>& a, const std::vector<double>& b) {
+  auto mean = [](const std::vector<double>& v) {
+    double m = 0;
+    for (double x : v) m += x / double(v.size());
+    return m;
+  };
+  Ratio q;
+  if (a.empty() || b.empty()) return q;
+  q.r = mean(b) / mean(a);
+  if (a.size() < 2 || b.size() < 2) return q;
+  std::mt19937_64 rng(1);
+  std::vector<double> rs;
+  rs.reserve(2000);
+  for (int i = 0; i < 2000; ++i) {
+    double sa = 0, sb = 0;
+    for (size_t j = 0; j < a.size(); ++j) sa += a[rng() % a.size()];
+    for (size_t j = 0; j < b.size(); ++j) sb += b[rng() % b.size()];
+    rs.push_back((sb / double(b.size())) / (sa / double(a.size())));
+  }
+  std::sort(rs.begin(), rs.end());
+  q.lo = rs[size_t(0.025 * double(rs.size()))], q.hi = rs[size_t(0.975 * double(rs.size())) - 1];
+  return q;
+}
+
+// Whether another process holds `dir`'s writer lock (a run still writing it).
+bool being_written(const std::string& dir) {
+  const std::string path = dir + "/.lock";
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
+  if (fd < 0) return false;
+  const bool held = ::flock(fd, LOCK_SH | LOCK_NB) != 0;
+  ::close(fd);
+  return held;
+}
+
 }  // namespace
 
-CompareReport compare_results(const std::string& a_dir, const std::string& b_dir, const std::string& out) {
-  const Side a = load_side(a_dir), b = load_side(b_dir);
+const std::vector<std::string>& default_compare_keys() {
+  static const std::vector<std::string> k = {"model", "prompt_tokens", "decode_tokens", "batch"};
+  return k;
+}
+
+CompareReport compare_results(const std::string& a_dir, const std::string& b_dir, const std::string& out,
+                              const std::vector<std::string>& match) {
+  const Side a = load_side(a_dir, match), b = load_side(b_dir, match);
   CompareReport rep;
+  for (const std::string& d : {a_dir, b_dir})
+    if (being_written(d)) rep.warnings += fmt::format("compare: {} is still being written (a run in progress)\n", d);
   // Labels of both, A's order first; points of both, by id.
   std::vector<std::string> labels = a.labels;
   for (auto& l : b.labels)
@@ -156,6 +225,7 @@ CompareReport compare_results(const std::string& a_dir, const std::string& b_dir
   struct Match {
     std::string id, label, name;
     double ta, tb, ka, kb;
+    Ratio time, token;
   };
   std::vector<Match> m;
   for (auto& id : ids)
@@ -172,11 +242,14 @@ CompareReport compare_results(const std::string& a_dir, const std::string& b_dir
       }
       const Json& pj = a.points.count(id) ? a.points.at(id) : b.points.at(id);
       m.push_back({id, l, point_name(pj, varying), med(ia->second.time), med(ib->second.time), med(ia->second.token),
-                   med(ib->second.token)});
+                   med(ib->second.token), ratio_of(ia->second.time, ib->second.time),
+                   ratio_of(ia->second.token, ib->second.token)});
     }
   rep.matched = m.size();
   if (m.empty())
-    input_error("compare: {} and {} have no (point, strategy) with a finished row in both", a_dir, b_dir);
+    input_error("compare: {} and {} have no (point, strategy) with a finished row in both (matched on {}; --match "
+                "chooses the keys)",
+                a_dir, b_dir, match.empty() ? std::string("the whole point") : fmt::format("{}", fmt::join(match, ", ")));
 
   // Table: strategies down, points across, B ÷ A end-to-end time, geometric mean last; then the
   // same for decode time per token.
@@ -186,7 +259,15 @@ CompareReport compare_results(const std::string& a_dir, const std::string& b_dir
   size_t w0 = 16;
   for (auto& l : labels) w0 = std::max(w0, l.size() + 1);
   std::vector<size_t> widths;
-  for (auto& n : names) widths.push_back(std::max<size_t>(8, n.size() + 1));
+  for (auto& n : names) widths.push_back(std::max<size_t>(21, n.size() + 1));
+  bool any_single = false, any_noise = false;
+  // A ratio with its interval; "~" marks one whose interval holds 1 (within the noise).
+  auto cell = [&](const Ratio& q) {
+    if (!std::isfinite(q.r)) return std::string("-");
+    if (!q.interval()) return any_single = true, ratio_text(q.r);
+    any_noise = any_noise || q.within_noise();
+    return fmt::format("{:.3f} [{:.2f}–{:.2f}]{}", q.r, q.lo, q.hi, q.within_noise() ? "~" : " ");
+  };
   auto block = [&](const std::string& title, bool token) {
     std::string o = title + "\n";
     if (const std::string axes = axes_caption(varying); !axes.empty()) o += "columns: " + axes + "\n";
@@ -198,11 +279,11 @@ CompareReport compare_results(const std::string& a_dir, const std::string& b_dir
       double logsum = 0;
       int n = 0;
       for (size_t i = 0; i < names.size(); ++i) {
-        double r = NAN;
+        Ratio q;
         for (auto& x : m)
-          if (x.label == l && x.name == names[i]) r = token ? x.kb / x.ka : x.tb / x.ta;
-        line += fmt::format("{:>{}}", ratio_text(r), widths[i]);
-        if (std::isfinite(r) && r > 0) logsum += std::log(r), ++n;
+          if (x.label == l && x.name == names[i]) q = token ? x.token : x.time;
+        line += fmt::format("{:>{}}", cell(q), widths[i]);
+        if (std::isfinite(q.r) && q.r > 0) logsum += std::log(q.r), ++n;
       }
       if (n) o += line + fmt::format("{:>9}\n", ratio_text(std::exp(logsum / n)));
     }
@@ -210,10 +291,21 @@ CompareReport compare_results(const std::string& a_dir, const std::string& b_dir
   };
   std::string basis;
   for (auto& x : bases) basis += (basis.empty() ? "" : ", ") + x;
-  rep.table = fmt::format("B = {} against A = {}: B ÷ A per point (below 1: B is faster); time basis: {}\n\n", b_dir,
-                          a_dir, basis) +
+  rep.table = fmt::format("B = {} against A = {}: B ÷ A of the mean over repeats per point (below 1: B is faster), "
+                          "[95 % bootstrap interval over both sides' repeats]; time basis: {}; matched on {}\n\n",
+                          b_dir, a_dir, basis,
+                          match.empty() ? std::string("the whole point") : fmt::format("{}", fmt::join(match, ", "))) +
               block("end-to-end latency (prefill + decode), B ÷ A", false) + "\n" +
               block("decode time per token, B ÷ A", true);
+  if (any_noise) rep.table += "\n~ the interval holds 1: B and A differ by less than their run-to-run noise\n";
+  if (any_single) rep.table += "\na ratio without an interval: a side has one repeat (n = 1: no interval)\n";
+  size_t fewest = SIZE_MAX;
+  for (const Side* s : {&a, &b})
+    for (auto& [k, c] : s->cells) fewest = std::min(fewest, c.time.size());
+  if (fewest >= 2 && fewest < 5)
+    rep.table += fmt::format("\nintervals from {} repeats a side understate the noise (a bootstrap of so few runs); "
+                             "5 or more for a claim\n", fewest);
+  for (auto& x : m) rep.within_noise += x.time.within_noise();
   if (rep.only_a || rep.only_b)
     rep.table += fmt::format("\n{} (point, strategy) cells only in A, {} only in B (not compared)\n", rep.only_a,
                              rep.only_b);

@@ -84,6 +84,50 @@ TEST(Compare, SaysWhenTimeBasesDifferAndFailsWithNothingInCommon) {
   for (auto& d : {a, b}) fs::remove_all(d);
 }
 
+// Rows of one strategy at one length with the given repeat times, on `platform` (its point id
+// differs with the platform, as a modeled run's does).
+void write_repeats(const fs::path& d, const std::vector<double>& times, const std::string& platform, int lens = 1) {
+  std::ofstream o(d / "rows.jsonl");
+  for (int i = 0; i < lens; ++i)
+    for (size_t k = 0; k < times.size(); ++k) {
+      Json r = ResultRow::head("seqlen", fmt::format("{}-p{}", platform, i), i, "full", "full", int(k), true);
+      r["time_basis"] = "measured";
+      r["point"] = {{"model", "synthetic:tiny-llama"}, {"prompt_tokens", 1024}, {"batch", 1}, {"platform", platform}};
+      if (lens > 1) r["point"]["gpu_kv_share"] = i;
+      r["figures"] = {{"time_s", times[k]}, {"decode_token_s", times[k] / 100}};
+      r["provenance"] = {{"version", "test"}};
+      o << r.dump() << "\n";
+    }
+}
+
+// Points match on the chosen keys (not on the platform by default), every ratio has a bootstrap
+// interval from the repeats, and one that holds 1 is within the noise; one repeat gives none.
+TEST(Compare, MatchesOnKeysAndMarksRatiosWithinTheNoise) {
+  const fs::path a = fresh_dir("ka"), b = fresh_dir("kb"), c = fresh_dir("kc");
+  write_repeats(a, {1.0, 1.1, 0.9, 1.05, 0.95}, "machine-a");
+  write_repeats(b, {1.02, 0.92, 1.08, 0.98, 1.0}, "machine-b");
+  CompareReport rep = compare_results(a, b);
+  EXPECT_EQ(rep.matched, 1u) << rep.table;
+  EXPECT_EQ(rep.within_noise, 1u) << rep.table;
+  EXPECT_NE(rep.table.find("~ the interval holds 1"), std::string::npos) << rep.table;
+  EXPECT_NE(rep.warnings.find("platforms differ"), std::string::npos);
+  // Twice as slow, well outside the spread: an interval without 1.
+  write_repeats(c, {2.0, 2.2, 1.8, 2.1, 1.9}, "machine-a");
+  rep = compare_results(a, c);
+  EXPECT_EQ(rep.within_noise, 0u) << rep.table;
+  EXPECT_NE(rep.table.find("2.000 ["), std::string::npos) << rep.table;
+  // Matched on the whole point, the platforms' points differ: nothing in common.
+  EXPECT_NE(test::input_error_of([&] { compare_results(a, b, "", {}); }).find("no (point, strategy)"), std::string::npos);
+  // One repeat: the ratio alone.
+  write_repeats(c, {2.0}, "machine-a");
+  rep = compare_results(a, c);
+  EXPECT_NE(rep.table.find("n = 1: no interval"), std::string::npos) << rep.table;
+  // Keys that leave two points of a side alike are an error naming them.
+  write_repeats(c, {1.0, 1.0}, "machine-a", 2);
+  EXPECT_NE(test::input_error_of([&] { compare_results(a, c); }).find("leaves two points"), std::string::npos);
+  for (auto& d : {a, b, c}) fs::remove_all(d);
+}
+
 TEST(Report, OnePageWithTablesPlotsFailedRowsAndProvenance) {
   const fs::path d = fresh_dir("r");
   write_rows(d, {"full", "hybridgen", "keyformer"}, {1024}, 1.0, "measured", "keyformer");
