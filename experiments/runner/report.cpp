@@ -323,9 +323,11 @@ CompareReport compare_results(const std::string& a_dir, const std::string& b_dir
       std::fputc('\n', f);
     };
     row({"point_id", "point", "label", "a_time_s", "b_time_s", "b_over_a", "a_decode_token_s", "b_decode_token_s",
-         "b_over_a_decode_token"});
+         "b_over_a_decode_token", "b_over_a_mean", "b_over_a_lo", "b_over_a_hi", "within_noise"});
     auto g = [](double v) { return std::isfinite(v) ? fmt::format("{:.6g}", v) : std::string(); };
-    for (auto& x : m) row({x.id, x.name, x.label, g(x.ta), g(x.tb), g(x.tb / x.ta), g(x.ka), g(x.kb), g(x.kb / x.ka)});
+    for (auto& x : m)
+      row({x.id, x.name, x.label, g(x.ta), g(x.tb), g(x.tb / x.ta), g(x.ka), g(x.kb), g(x.kb / x.ka), g(x.time.r),
+           g(x.time.lo), g(x.time.hi), x.time.interval() ? (x.time.within_noise() ? "yes" : "no") : ""});
     csv_file.commit();
     write_file(fs::path(out) / "compare.txt", rep.warnings + rep.table);
   }
