@@ -8,6 +8,7 @@
 #include "engine/backend/backend.h"
 #include "engine/cli/cli.h"
 #include "engine/core/error.h"
+#include "engine/core/mapped_file.h"
 #include "engine/formats/formats.h"
 #include "experiments/runner/recorder.h"
 #include "experiments/runner/report.h"
@@ -23,15 +24,24 @@ int cmd_run(const std::vector<std::string>& args) {
   std::string file, output, resume, shard;
   std::vector<std::string> sets;
   bool list = false, force = false;
-  app.add_option("file", file, "experiment YAML (experiments/*.yaml)")->required();
+  app.add_option("file", file, "experiment YAML (experiments/*.yaml); with --resume DIR alone, DIR's config.yaml");
   app.add_option("--set", sets, "override any key: KEY=VALUE, nested with dots (sweep.prompt_tokens=[2048,4096])");
   app.add_flag("--list", list, "print the expanded points and exit");
   app.add_option("--output,-o", output, "result directory (default: the file's `output`, else results/<name>)");
-  app.add_option("--resume", resume, "continue the result directory DIR: finished rows are kept and skipped");
+  app.add_option("--resume", resume,
+                 "continue the result directory DIR: finished rows are kept and skipped (without FILE, the run's own "
+                 "effective configuration, DIR/config.yaml)");
   app.add_flag("--force", force, "replace a non-empty output directory");
   app.add_option("--shard", shard, "run every N-th point starting at I (I/N, 0-based) into the same layout");
   if (int rc = parse_cli(app, "hgbench", args); rc >= 0) return rc;
-
+  if (file.empty()) {
+    if (resume.empty()) input_error("hgbench: give an experiment file (FILE.yaml), or --resume DIR to continue a run");
+    file = resume + "/config.yaml";
+    if (!file_present(file))
+      input_error("{}: not found; --resume DIR alone continues a result directory from its config.yaml (give the "
+                  "experiment file as well for one without it)",
+                  file);
+  }
   return run_sweep(load_experiment(file, sets), SweepOptions{output, resume, shard, force, list});
 }
 

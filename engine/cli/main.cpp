@@ -25,7 +25,7 @@ int main(int argc, char** argv) {
     return 0;
   }
   std::string cmd = args[0];
-  if (cmd.ends_with(".yaml") || cmd.ends_with(".yml")) cmd = "run";
+  if (cmd.ends_with(".yaml") || cmd.ends_with(".yml") || cmd == "--resume" || cmd.rfind("--resume=", 0) == 0) cmd = "run";
   else args.erase(args.begin());
   try {
 #if defined(__x86_64__) && defined(__AVX2__)

@@ -168,7 +168,7 @@ int run_sweep(ExperimentSpec spec, const SweepOptions& o) {
         try {
           const auto rows = read_rows(dir);
           write_summary(dir, rows, spec.baseline, labels_of(spec));
-          fmt::print(stderr, "hgbench: stopped; {} rows in {} (summary.csv, table.txt); continue with --resume {}\n",
+          fmt::print(stderr, "hgbench: stopped; {} rows in {} (summary.csv, table.txt); continue with hgbench --resume {}\n",
                      rows.size(), dir, dir);
         } catch (const std::exception& e) {
           fmt::print(stderr, "hgbench: stopped; the summary could not be written: {}\n", e.what());
@@ -228,10 +228,13 @@ int run_sweep(ExperimentSpec spec, const SweepOptions& o) {
       const std::string eta = eta_text();
       line = fmt::format("[{}/{}] {} {} | {} elapsed, ETA {}", done + 1, total, e.label, describe(*p), hms(el), eta);
       item_start = std::chrono::steady_clock::now();
-      if (tty) fmt::print(stderr, "\r\033[K{}", line);
-      else fmt::print(stderr, "{}\n", line);
       const std::vector<int> skip = out.done(p->id, e.label);
       const bool fresh = int(skip.size()) < spec.repeats;
+      // A run the resumed directory holds already is not printed again.
+      if (fresh) {
+        if (tty) fmt::print(stderr, "\r\033[K{}", line);
+        else fmt::print(stderr, "{}\n", line);
+      }
       runner.run(*p, e, skip, [&](nlohmann::ordered_json row) {
         if (row.value("status", "") != "ok") {
           if (tty) fmt::print(stderr, "\n");
@@ -257,7 +260,7 @@ int run_sweep(ExperimentSpec spec, const SweepOptions& o) {
   fmt::print("results: {} ({} rows{}; summary.csv, table.txt; plots: scripts/plot {})\n", dir, rows.size(),
              failed_rows ? fmt::format(", {} failed", failed_rows) : "", dir);
   if (g_interrupted) {
-    fmt::print(stderr, "hgbench: interrupted after {} of {} runs; continue with --resume {}\n", done, total, dir);
+    fmt::print(stderr, "hgbench: interrupted after {} of {} runs; continue with hgbench --resume {}\n", done, total, dir);
     return 130;
   }
   return failed_rows ? 1 : 0;

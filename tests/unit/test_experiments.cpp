@@ -215,6 +215,29 @@ TEST(ExperimentRun, TheTableGivesSecondsAndTokensPerSecondWithTheirSpread) {
   fs::remove_all(d);
 }
 
+// `--resume DIR` alone continues from DIR's own config.yaml (with its --set overrides), and the
+// runs it holds already are not printed again.
+TEST(ExperimentRun, ResumeAloneContinuesFromTheDirectorysConfig) {
+  const std::string d = tmp_dir("resume_alone");
+  Proc p = run_cli(std::string(HG_SOURCE_DIR) + "/experiments/quickstart.yaml --set 'models=[\"synthetic:tiny-llama\"]' "
+                   "--set 'strategies=[full, flexgen, h2o]' --set 'sweep.prompt_tokens=[64]' --set 'sweep.decode_tokens=[4]' "
+                   "--set repeats=1 -o " + d + "/r");
+  ASSERT_EQ(p.status, 0) << p.out;
+  // Drop the last row, as a kill would have.
+  std::string rows = test::read_file(d + "/r/rows.jsonl");
+  rows.erase(rows.rfind('\n', rows.size() - 2) + 1);
+  test::write_file(d + "/r/rows.jsonl", rows);
+  p = run_cli("--resume " + d + "/r");
+  ASSERT_EQ(p.status, 0) << p.out;
+  EXPECT_EQ(read_rows(d + "/r").size(), 3u);
+  EXPECT_EQ(p.out.find("[1/3] full"), std::string::npos) << p.out;  // finished: not reprinted
+  EXPECT_NE(p.out.find("[3/3] h2o"), std::string::npos) << p.out;
+  p = run_cli("--resume " + d + "/nothing");
+  EXPECT_EQ(p.status, 2) << p.out;
+  EXPECT_NE(p.out.find("nothing/config.yaml: not found"), std::string::npos) << p.out;
+  fs::remove_all(d);
+}
+
 TEST(ResultRows, ABadRowIsNamedByFileLineAndKey) {
   const std::string d = tmp_dir("badrow");
   fs::create_directories(d + "/r");
