@@ -164,7 +164,7 @@ TEST(Errors, InterruptedRunExits130AndResumes) {
   EXPECT_EQ(r.status, 130) << r.text;
   EXPECT_NE(r.text.find("Ctrl-C: finishing the current run"), std::string::npos) << "acknowledged at once: " << r.text;
   EXPECT_NE(r.text.find("hgbench: interrupted after"), std::string::npos) << r.text;
-  EXPECT_NE(r.text.find("continue with --resume " + r.out), std::string::npos) << r.text;
+  EXPECT_NE(r.text.find("continue with hgbench --resume " + r.out), std::string::npos) << r.text;
   EXPECT_TRUE(fs::exists(r.out + "/summary.csv"));
   const size_t kept = read_rows(r.out).size();
   EXPECT_LT(kept, 36u);
