@@ -104,6 +104,25 @@ Model hf_load(const ModelSpec& spec, const LoadOptions& opts) {
   m.hp.eos_id = first_id(cfg, "eos_token_id");
   validate_hparams(m.hp, where);
 
+  // A dry run of a directory with no weights (config.json alone): the shapes are all a modeled run
+  // reads, so every weight is a phantom of its shape, at config.json's torch_dtype.
+  if (opts.phantom_weights && !fs::exists(dir / "model.safetensors") && !fs::exists(dir / "model.safetensors.index.json")) {
+    DType src = DType::kF32;
+    if (auto t = cfg.find("torch_dtype"); t != cfg.end() && t->is_string())
+      src = *t == "bfloat16" ? DType::kBF16 : *t == "float16" ? DType::kF16 : DType::kF32;
+    m.weight_dtype = default_weight_dtype(src, opts);
+    m.source_dtype = std::string(dtype_name(src));
+    for (auto s : global_slots(m.traits, m.hp.tie_embeddings))
+      m[s] = make_weight(slot_is_matrix(s) ? m.weight_dtype : DType::kF32, slot_shape(s, m.hp), true);
+    m.layers.resize(size_t(m.hp.n_layers));
+    for (auto& l : m.layers)
+      for (auto s : layer_slots(m.traits)) l[s] = make_weight(slot_is_matrix(s) ? m.weight_dtype : DType::kF32, slot_shape(s, m.hp), true);
+    const bool has_tokenizer = fs::exists(dir / "tokenizer.model") || fs::exists(dir / "tokenizer.json") ||
+                               (fs::exists(dir / "vocab.json") && fs::exists(dir / "merges.txt"));
+    m.tokenizer = has_tokenizer ? tokenizer_files(dir, spec.path) : make_byte_tokenizer(m.hp.n_vocab);
+    m.source = spec.path;
+    return m;
+  }
   // Weights: single file or sharded index.
   std::vector<std::unique_ptr<SafetensorsFile>> files;
   std::map<std::string, SafetensorsFile*> where_is;

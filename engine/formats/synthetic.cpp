@@ -64,6 +64,9 @@ std::vector<SyntheticPreset> make_presets() {
   add("qwen2.5-3b", shape("qwen2", 2048, 36, 16, 2, 128, 11008, 151936, 32768, 1e6, true, 1e-6f));
   add("qwen2.5-7b", shape("qwen2", 3584, 28, 28, 4, 128, 18944, 152064, 32768, 1e6, false, 1e-6f));
   add("qwen2.5-14b", shape("qwen2", 5120, 48, 40, 8, 128, 13824, 152064, 32768, 1e6, false, 1e-6f));
+  // Beyond the paper's models, for modeled studies (their published config.json).
+  add("llama-3.1-70b", llama3(shape("llama", 8192, 80, 64, 8, 128, 28672, 128256, 131072, 500000, false), 8));
+  add("mistral-7b", shape("llama", 4096, 32, 32, 8, 128, 14336, 32768, 32768, 1e6, false));
   // llama2.c's stories110M shape (the 110M reference point of docs/performance.md).
   add("stories110m", shape("llama", 768, 12, 12, 12, 64, 2048, 32000, 1024, 10000, false));
   // Small models for tests: odd head dims and GQA ratios on purpose.
@@ -116,7 +119,7 @@ int parse_int(const ModelSpec& s, const char* key, int dflt) {
 }
 
 Model synthetic_load(const ModelSpec& spec, const LoadOptions& opts) {
-  check_spec_options(spec, {"layers", "kv_heads", "dtype", "seed"});
+  check_spec_options(spec, {"layers", "kv_heads", "dtype", "seed", "hidden", "heads", "head_dim", "ffn", "vocab", "max_pos"});
   const SyntheticPreset* preset = nullptr;
   for (auto& p : synthetic_presets())
     if (p.name == spec.path) preset = &p;
@@ -132,6 +135,30 @@ Model synthetic_load(const ModelSpec& spec, const LoadOptions& opts) {
   const int layers = parse_int(spec, "layers", m.hp.n_layers);
   if (layers <= 0) input_error("synthetic:{}: layers must be positive", spec.path);
   m.hp.n_layers = layers;
+  // Any other shape of the preset's architecture: hidden size, query heads (head_dim follows
+  // hidden / heads unless given), FFN, vocabulary and positions.
+  const bool reshaped = spec.options.count("hidden") || spec.options.count("heads") || spec.options.count("head_dim") ||
+                        spec.options.count("ffn") || spec.options.count("vocab") || spec.options.count("max_pos");
+  if (reshaped && preset->write)
+    input_error("synthetic:{}: its weights are written for its own shape; hidden, heads, head_dim, ffn, vocab and "
+                "max_pos do not apply",
+                spec.path);
+  for (auto [key, field] : {std::pair{"hidden", &m.hp.d_model}, {"heads", &m.hp.n_heads}, {"ffn", &m.hp.d_ff},
+                            {"vocab", &m.hp.n_vocab}, {"max_pos", &m.hp.max_pos}})
+    if (spec.options.count(key)) {
+      const int v = parse_int(spec, key, 0);
+      if (v <= 0) input_error("synthetic:{}: {} must be positive", spec.path, key);
+      *field = v;
+    }
+  if (spec.options.count("hidden") || spec.options.count("heads")) m.hp.head_dim = m.hp.d_model / std::max(1, m.hp.n_heads);
+  if (spec.options.count("head_dim")) m.hp.head_dim = parse_int(spec, "head_dim", 0);
+  const bool derived_dim = (spec.options.count("hidden") || spec.options.count("heads")) && !spec.options.count("head_dim");
+  if (m.hp.head_dim <= 0 || (derived_dim && m.hp.head_dim * m.hp.n_heads != m.hp.d_model))
+    input_error("synthetic:{}: hidden {} is not heads {} × a head dimension (give head_dim)", spec.path, m.hp.d_model,
+                m.hp.n_heads);
+  if (spec.options.count("heads") && !spec.options.count("kv_heads") && std::string_view(preset->arch) == "opt")
+    m.hp.n_kv_heads = m.hp.n_heads;
+  if (m.hp.n_kv_heads > m.hp.n_heads || m.hp.n_heads % m.hp.n_kv_heads != 0) m.hp.n_kv_heads = m.hp.n_heads;
   // Grouped-query attention with another KV head count (a divisor of the query heads).
   const int kv_heads = parse_int(spec, "kv_heads", m.hp.n_kv_heads);
   if (kv_heads <= 0 || m.hp.n_heads % kv_heads != 0)
@@ -213,7 +240,8 @@ const std::vector<SyntheticPreset>& synthetic_presets() {
 
 ModelFormat synthetic_format() {
   return {"synthetic",
-          "random weights with a preset's real shapes: synthetic:<preset>[?layers=N&kv_heads=N&dtype=bf16&seed=S]",
+          "random weights with a preset's real shapes: synthetic:<preset>[?layers=N&kv_heads=N&dtype=bf16&seed=S], any "
+          "other shape of its architecture with hidden, heads, head_dim, ffn, vocab, max_pos",
           synthetic_probe, synthetic_load};
 }
 

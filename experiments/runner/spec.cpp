@@ -112,7 +112,24 @@ void apply_set(YAML::Node root, const std::string& file, const std::string& set)
   try {
     value = YAML::Load(set.substr(eq + 1));
   } catch (const YAML::Exception& e) {
-    input_error("--set '{}': the value is not YAML ({})", set, e.msg);
+    // A flow list of plain items YAML's flow rules refuse (a synthetic spec's `?` and `:`): each item
+    // taken as the string it is written as.
+    const std::string v = set.substr(eq + 1);
+    bool retried = false;
+    if (v.size() >= 2 && v.front() == '[' && v.back() == ']' && v.find_first_of("{}\"'[", 1) == std::string::npos) {
+      YAML::Node list(YAML::NodeType::Sequence);
+      const std::string inner = v.substr(1, v.size() - 2);
+      for (size_t at = 0; at <= inner.size();) {
+        const size_t comma = std::min(inner.find(',', at), inner.size());
+        std::string item = inner.substr(at, comma - at);
+        while (!item.empty() && std::isspace(static_cast<unsigned char>(item.front()))) item.erase(item.begin());
+        while (!item.empty() && std::isspace(static_cast<unsigned char>(item.back()))) item.pop_back();
+        if (!item.empty()) list.push_back(item);
+        at = comma + 1;
+      }
+      value = list, retried = true;
+    }
+    if (!retried) input_error("--set '{}': the value is not YAML ({})", set, e.msg);
   }
   if (std::find(kTopKeys.begin(), kTopKeys.end(), path[0]) == kTopKeys.end())
     input_error("{}: --set '{}': unknown key '{}' (did you mean '{}'? a strategy's parameter is STRATEGY.PARAM=V)", file,

@@ -195,6 +195,21 @@ TEST(Synthetic, PresetsHaveThePapersShapes) {
   EXPECT_EQ(0, std::memcmp(a.layers[0][Slot::kWq].buf.data(), b.layers[0][Slot::kWq].buf.data(), a.layers[0][Slot::kWq].bytes()));
   EXPECT_THROW(load_model("synthetic:llama-3.2-1b?layer=2"), InputError);
   EXPECT_THROW(load_model("synthetic:nope"), InputError);
+  // Shapes beyond the presets: Llama-3.1-70B and Mistral-7B, or any shape of an architecture.
+  EXPECT_EQ(find("llama-3.1-70b").n_layers, 80);
+  EXPECT_EQ(find("llama-3.1-70b").d_ff, 28672);
+  EXPECT_EQ(find("mistral-7b").n_vocab, 32768);
+  LoadOptions phantom;
+  phantom.phantom_weights = true;
+  const Model w = load_model("synthetic:llama-3.1-8b?hidden=8192&heads=64&kv_heads=8&ffn=28672&layers=80", phantom);
+  EXPECT_EQ(w.hp.head_dim, 128);
+  EXPECT_EQ(w.layers.at(0)[Slot::kWGate].shape, (std::vector<int64_t>{28672, 8192}));
+  EXPECT_EQ(load_model("synthetic:opt-1.3b?hidden=1024&heads=16", phantom).hp.n_kv_heads, 16);
+  EXPECT_EQ(load_model("synthetic:tiny-llama?heads=8&head_dim=8", phantom).hp.head_dim, 8);
+  EXPECT_NE(test::input_error_of([&] { load_model("synthetic:llama-3.1-8b?hidden=8190&heads=64", phantom); })
+                .find("is not heads 64 × a head dimension"),
+            std::string::npos);
+  EXPECT_THROW(load_model("synthetic:induction?hidden=512", phantom), InputError);
 }
 
 // A new request of the same batch shape keeps the KV storage (no allocation, no page faults);

@@ -238,6 +238,40 @@ TEST(ExperimentRun, ResumeAloneContinuesFromTheDirectorysConfig) {
   fs::remove_all(d);
 }
 
+// A synthetic spec in a --set list needs no inner quotes (YAML's flow rules refuse its `?`).
+TEST(ExperimentSpec, ASyntheticSpecInASetListNeedsNoQuotes) {
+  const ExperimentSpec s = load_experiment(std::string(HG_SOURCE_DIR) + "/experiments/quickstart.yaml",
+                                           {"models=[synthetic:tiny-llama?layers=1&dtype=bf16, synthetic:tiny-qwen2]"});
+  EXPECT_EQ(s.models, (std::vector<std::string>{"synthetic:tiny-llama?layers=1&dtype=bf16", "synthetic:tiny-qwen2"}));
+  EXPECT_NE(test::input_error_of([] {
+              load_experiment(std::string(HG_SOURCE_DIR) + "/experiments/quickstart.yaml", {"models={a: [b"});
+            }).find("the value is not YAML"),
+            std::string::npos);
+}
+
+// A modeled study needs no weights: a Hugging Face directory with config.json alone runs dry (its
+// weights phantoms of their shapes, at config.json's torch_dtype); a real run still needs them.
+TEST(ExperimentRun, AConfigJsonAloneRunsDry) {
+  const std::string d = tmp_dir("config_only");
+  fs::create_directories(d + "/mistral");  // Mistral-7B-v0.3's shapes, in the Llama class it shares
+  test::write_file(d + "/mistral/config.json", R"({"architectures": ["LlamaForCausalLM"], "model_type": "llama",
+    "hidden_size": 4096, "intermediate_size": 14336, "num_hidden_layers": 32, "num_attention_heads": 32,
+    "num_key_value_heads": 8, "vocab_size": 32768, "max_position_embeddings": 32768, "rms_norm_eps": 1e-05,
+    "rope_theta": 1000000.0, "tie_word_embeddings": false, "torch_dtype": "bfloat16"})");
+  Proc p = run_cli(std::string(HG_SOURCE_DIR) + "/experiments/seqlen.yaml --set 'models=[" + d +
+                   "/mistral]' --set 'strategies=[flexgen]' --set 'sweep.prompt_tokens=[2048]' -o " + d + "/r");
+  ASSERT_EQ(p.status, 0) << p.out;
+  const auto rows = read_rows(d + "/r");
+  ASSERT_EQ(rows.size(), 1u);
+  EXPECT_TRUE(rows[0].ok) << rows[0].reason;
+  EXPECT_EQ(rows[0].time_basis, "modeled (dry)");
+  p = run_cli(std::string(HG_SOURCE_DIR) + "/experiments/quickstart.yaml --set 'models=[" + d +
+              "/mistral]' --set 'strategies=[full]' --set baseline=full --set 'sweep.prompt_tokens=[16]' --set 'sweep.decode_tokens=[2]' -o " +
+              d + "/real");
+  EXPECT_NE(p.out.find("no model.safetensors"), std::string::npos) << p.out;
+  fs::remove_all(d);
+}
+
 TEST(ResultRows, ABadRowIsNamedByFileLineAndKey) {
   const std::string d = tmp_dir("badrow");
   fs::create_directories(d + "/r");
