@@ -33,8 +33,7 @@ void print_usage();
 // naming the command ("generate: --model is required (see hgbench generate --help)").
 int parse_cli(CLI::App& app, const std::string& name, const std::vector<std::string>& args);
 
-// "123", "64MiB", "2GiB", "1.5GB" → bytes.
-int64_t parse_bytes(const std::string& s, const std::string& what);
+// Sizes ("123", "64MiB", "2GiB", "1.5GB"): parse_bytes (engine/decoder/host_estimate.h).
 // --weights f32|f16|bf16 ("" → the file's).
 LoadOptions load_options(const std::string& weights, const std::string& cmd);
 // --set STRATEGY.PARAM=VALUE options, per strategy; each must name one of `strategies`.

@@ -99,4 +99,26 @@ std::string format_bytes(int64_t bytes) {
   return fmt::format("{} bytes", bytes);
 }
 
+int64_t parse_bytes(const std::string& s, const std::string& what) {
+  size_t end = 0;
+  double v = 0;
+  try {
+    v = std::stod(s, &end);
+  } catch (...) {
+    input_error("{} '{}' is not a size (e.g. 2GiB, 512MiB, 1e9)", what, s);
+  }
+  const std::string unit = s.substr(end);
+  double mul = 1;
+  if (unit == "" || unit == "B") mul = 1;
+  else if (unit == "KiB") mul = 1024.0;
+  else if (unit == "MiB") mul = 1024.0 * 1024;
+  else if (unit == "GiB") mul = 1024.0 * 1024 * 1024;
+  else if (unit == "KB") mul = 1e3;
+  else if (unit == "MB") mul = 1e6;
+  else if (unit == "GB") mul = 1e9;
+  else input_error("{} '{}': unknown unit '{}' (expected B, KiB, MiB, GiB, KB, MB, GB)", what, s, unit);
+  if (!(v > 0)) input_error("{} '{}' must be positive", what, s);
+  return int64_t(v * mul);
+}
+
 }  // namespace hg

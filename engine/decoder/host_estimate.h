@@ -32,5 +32,8 @@ void require_host_memory(const HostEstimate& e, const std::string& what);
 
 // "1.5 GB", "45.3 TB": bytes in decimal units for messages.
 std::string format_bytes(int64_t bytes);
+// A size as written: a number with an optional unit (B, KiB, MiB, GiB, KB, MB, GB); InputError
+// naming `what` and the text when it is not one, or not positive.
+int64_t parse_bytes(const std::string& s, const std::string& what);
 
 }  // namespace hg

@@ -13,6 +13,7 @@
 #include "baselines/registry.h"
 #include "datasets/tasks.h"
 #include "engine/core/error.h"
+#include "engine/decoder/host_estimate.h"
 #include "engine/core/json_text.h"
 #include "engine/core/mapped_file.h"
 #include "engine/core/yaml_util.h"
@@ -562,8 +563,23 @@ const std::vector<SweepAxis>& sweep_axes() {
     placement.apply = [](Point& p, const std::string& x, const Spec&) { p.placement = x; };
     placement.record = [](Json& j, const Point& p) { j["placement"] = p.placement.empty() ? Json() : Json(p.placement); };
     v.push_back(placement);
-    v.push_back(int_axis("gpu_memory_bytes", 0, &Point::gpu_memory_bytes));
-    SweepAxis kv = int_axis("gpu_kv_bytes", 0, &Point::gpu_kv_bytes);
+    // Sizes: an integer of bytes or a number with a unit (2GiB, 512MiB, 1.5GB), as the CLI's.
+    auto sized = [](SweepAxis a, const char* name) {
+      const auto plain = a.parse;
+      a.parse = [plain, name](const Spec& sp, const std::string& file, const YAML::Node& v) {
+        if (v.IsScalar() && !v.Scalar().empty() && std::isalpha(static_cast<unsigned char>(v.Scalar().back()))) {
+          try {
+            return std::to_string(parse_bytes(v.Scalar(), name));
+          } catch (const InputError& e) {
+            fail(file, v, e.what());
+          }
+        }
+        return plain(sp, file, v);
+      };
+      return a;
+    };
+    v.push_back(sized(int_axis("gpu_memory_bytes", 0, &Point::gpu_memory_bytes), "gpu_memory_bytes"));
+    SweepAxis kv = sized(int_axis("gpu_kv_bytes", 0, &Point::gpu_kv_bytes), "gpu_kv_bytes");
     kv.record = [](Json& j, const Point& p) {  // recorded when set: earlier points' ids stay
       if (p.gpu_kv_bytes > 0) j["gpu_kv_bytes"] = p.gpu_kv_bytes;
     };

@@ -57,7 +57,7 @@ TEST(ExperimentSpec, WrongTypeBadUnitAndEmptySweepNameTheLine) {
   std::string e = error_of(std::string(kBase) + "repeats: two\n");
   EXPECT_NE(e.find("t.yaml:6"), std::string::npos) << e;
   EXPECT_NE(e.find("integer"), std::string::npos) << e;
-  e = error_of(std::string(kBase) + "  gpu_memory_bytes: [2GiB]\n");
+  e = error_of(std::string(kBase) + "  gpu_memory_bytes: [2XiB]\n");
   EXPECT_NE(e.find("t.yaml:6"), std::string::npos) << e;
   EXPECT_NE(e.find("unit"), std::string::npos) << e;
   e = error_of(std::string(kBase) + "  batch: []\n");
@@ -270,6 +270,19 @@ TEST(ExperimentRun, AConfigJsonAloneRunsDry) {
               d + "/real");
   EXPECT_NE(p.out.find("no model.safetensors"), std::string::npos) << p.out;
   fs::remove_all(d);
+}
+
+// Sizes in an experiment file take the CLI's units; a bad one names the file, line and unit.
+TEST(ExperimentSpec, SizesTakeUnits) {
+  const std::string head = "name: x\nmodels: [\"synthetic:tiny-llama\"]\nstrategies: [full]\nsweep:\n";
+  const auto pts = expand(parse_experiment(head + "  gpu_kv_bytes: [2GiB, 1.5MB, 4096]\n", "x.yaml"));
+  ASSERT_EQ(pts.size(), 3u);
+  EXPECT_EQ(pts[0].gpu_kv_bytes, int64_t(2) << 30);
+  EXPECT_EQ(pts[1].gpu_kv_bytes, 1500000);
+  EXPECT_EQ(pts[2].gpu_kv_bytes, 4096);
+  EXPECT_NE(test::input_error_of([&] { parse_experiment(head + "  gpu_kv_bytes: [3XB]\n", "x.yaml"); })
+                .find("x.yaml:5: gpu_kv_bytes '3XB': unknown unit 'XB'"),
+            std::string::npos);
 }
 
 TEST(ResultRows, ABadRowIsNamedByFileLineAndKey) {
