@@ -763,9 +763,9 @@ std::string write_summary(const std::string& dir, const std::vector<ResultRow>& 
       if (v.empty()) return std::string("failed");
       double m = 0;
       for (double x : v) m += x / double(v.size());
-      // Three significant digits, whole numbers from 1000 on (no exponents).
+      // `digits` significant digits, whole numbers once those are all before the point (no exponents).
       auto f = [](double x, int digits) {
-        return std::abs(x) >= 1000 ? fmt::format("{:.0f}", x) : fmt::format("{:.{}g}", x, digits);
+        return std::abs(x) >= std::pow(10.0, digits - 1) ? fmt::format("{:.0f}", x) : fmt::format("{:.{}g}", x, digits);
       };
       if (v.size() == 1) return f(m, 3);
       double ss = 0;
