@@ -3,6 +3,7 @@
 // self-contained HTML page: the configuration, the tables, the plots that are there, provenance).
 #pragma once
 #include <string>
+#include <vector>
 
 namespace hg {
 
