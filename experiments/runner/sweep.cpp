@@ -1,5 +1,6 @@
 #include "experiments/runner/sweep.h"
 
+#include <sys/ioctl.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -191,12 +192,22 @@ int run_sweep(ExperimentSpec spec, const SweepOptions& o) {
   runner.items_dir = dir + "/items";
   runner.reference_dir = dir + "/references";
   const bool tty = isatty(STDERR_FILENO);
+  // On a terminal the progress line is one line: cut to its width (a wrapped line would not be
+  // overwritten by the next).
+  auto fit = [tty](const std::string& text) {
+    struct winsize ws {};
+    if (!tty || ::ioctl(STDERR_FILENO, TIOCGWINSZ, &ws) != 0 || ws.ws_col < 20) return text;
+    if (text.size() < ws.ws_col) return text;
+    size_t cut = size_t(ws.ws_col) - 2;
+    while (cut > 0 && (static_cast<unsigned char>(text[cut]) & 0xC0) == 0x80) --cut;  // not inside a UTF-8 character
+    return text.substr(0, cut) + "…";
+  };
   std::string line;
   auto item_start = std::chrono::steady_clock::now();
   runner.on_items = [&](int i, int n) {
     const double el = std::chrono::duration<double>(std::chrono::steady_clock::now() - item_start).count();
     const std::string eta = hms(el / i * (n - i));
-    if (tty) fmt::print(stderr, "\r\033[K{} | items {}/{}, ETA {}", line, i, n, eta);
+    if (tty) fmt::print(stderr, "\r\033[K{}", fit(fmt::format("{} | items {}/{}, ETA {}", line, i, n, eta)));
     else if (i == n || i % std::max(1, n / 4) == 0) fmt::print(stderr, "  items {}/{} ({} elapsed, ETA {})\n", i, n, hms(el), eta);
   };
   const size_t total = mine.size() * spec.strategies.size();
@@ -232,7 +243,7 @@ int run_sweep(ExperimentSpec spec, const SweepOptions& o) {
       const bool fresh = int(skip.size()) < spec.repeats;
       // A run the resumed directory holds already is not printed again.
       if (fresh) {
-        if (tty) fmt::print(stderr, "\r\033[K{}", line);
+        if (tty) fmt::print(stderr, "\r\033[K{}", fit(line));
         else fmt::print(stderr, "{}\n", line);
       }
       runner.run(*p, e, skip, [&](nlohmann::ordered_json row) {
