@@ -113,43 +113,36 @@ void EvictingStrategy::evict_to(int layer, const std::vector<std::pair<int32_t, 
   }
   // A scoring policy's victims: every head of every listed sequence in one pick on the accelerator,
   // into the step's victims buffer; read back (one download) when they are applied.
-  size_t first = picks_.size();
   int64_t total = 0;
+  for (auto [seq, keep] : keeps)
+    for (int g = 0; g < shape_.H_kv; ++g) total += std::max(0, store_.count(layer, seq, g) - keep);
+  if (total == 0) return;
+  if (picked_used_ + total > int64_t(picked_.size())) {
+    // No room left in this step's buffer: apply what is queued (other layers), then grow it if this
+    // layer needs more.
+    apply_evictions();
+    if (int64_t(picked_.size()) < total) picked_ = BackendArray<int32_t>(be_, size_t(2 * total));
+  }
+  // A pooling policy (SnapKV) smooths each head's scores over its candidates (the slots before the
+  // recent window, in position order: nothing was evicted before this pruning) before the pick.
+  const bool pooled = pool_kernel() > 0;
+  pools_.clear();
+  const size_t first = picks_.size();
   for (auto [seq, keep] : keeps)
     for (int g = 0; g < shape_.H_kv; ++g)
       if (const int32_t n = store_.count(layer, seq, g); n > keep) {
-        picks_.push_back({score_slots(layer, seq) + int64_t(g) * store_.capacity(seq), n, recent_window(seq), n - keep,
-                          picked_used_ + total});
-        total += n - keep;
-      }
-  if (total == 0) return;
-  // A pooling policy (SnapKV) smooths each head's scores over its candidates (the slots before the
-  // recent window, in position order: nothing was evicted before this pruning) first.
-  if (pool_kernel() > 0) {
-    pools_.clear();
-    for (size_t k = first; k < picks_.size(); ++k) pools_.push_back({const_cast<PolicyOps::ScoreSlot*>(picks_[k].slots),
-                                                                     picks_[k].n - std::min(picks_[k].recent, picks_[k].n)});
-    for (auto [seq, keep] : keeps)
-      for (int g = 0; g < shape_.H_kv; ++g) {
+        PolicyOps::ScoreSlot* slots = score_slots(layer, seq) + int64_t(g) * store_.capacity(seq);
+        const int32_t recent = recent_window(seq);
+        picks_.push_back({slots, n, recent, n - keep, picked_used_});
+        picked_used_ += n - keep;
+        if (!pooled) continue;
         const int32_t* pos = store_.positions(layer, seq, g);
-        for (int32_t s = 0; s < store_.count(layer, seq, g); ++s)
+        for (int32_t s = 0; s < n; ++s)
           if (pos[s] != s) throw std::logic_error("eviction: pooled scores need the slots in position order");
+        pools_.push_back({slots, n - std::min(recent, n)});
       }
-    be_.pool_scores(pools_.data(), int64_t(pools_.size()), pool_kernel(), pool_max());
-  }
-  if (picked_used_ + total > int64_t(picked_.size())) {
-    // No room left in this step's buffer: apply what is queued, then grow it if one layer needs more.
-    std::vector<PolicyOps::EvictionPick> mine(picks_.begin() + int64_t(first), picks_.end());
-    picks_.resize(first);
-    apply_evictions();
-    int64_t at = 0;
-    for (auto& p : mine) p.at = at, at += p.count;
-    if (int64_t(picked_.size()) < total) picked_ = BackendArray<int32_t>(be_, size_t(2 * total));
-    picks_ = std::move(mine);
-    first = 0;
-  }
+  if (pooled) be_.pool_scores(pools_.data(), int64_t(pools_.size()), pool_kernel(), pool_max());
   be_.pick_evictions(picks_.data() + first, int64_t(picks_.size() - first), picked_.data());
-  picked_used_ += total;
   queued_.push_back({layer, keeps, first});
   if (!defer) apply_evictions();
 }

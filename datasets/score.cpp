@@ -1,6 +1,8 @@
 // Multiple-choice scoring through a strategy.
 #include "datasets/score.h"
 
+#include "engine/runtime/bandwidth.h"
+
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -84,14 +86,7 @@ PairedComparison paired_compare(const std::vector<int>& s, const std::vector<int
 }
 
 double mean_stderr(const std::vector<double>& v) {
-  const size_t n = v.size();
-  if (n < 2) return 0;
-  double m = 0;
-  for (double x : v) m += x;
-  m /= double(n);
-  double ss = 0;
-  for (double x : v) ss += (x - m) * (x - m);
-  return std::sqrt(ss / double(n - 1)) / std::sqrt(double(n));
+  return v.size() < 2 ? 0 : sample_sd(v) / std::sqrt(double(v.size()));
 }
 
 ContextMode parse_context_mode(const std::string& s, const std::string& where) {

@@ -2,6 +2,7 @@
 #include "engine/runtime/bandwidth.h"
 
 #include <algorithm>
+#include <cmath>
 #include <atomic>
 #include <chrono>
 
@@ -69,6 +70,21 @@ double median(std::vector<double> v) {
   std::nth_element(v.begin(), v.begin() + int64_t(m), v.end());
   if (v.size() % 2) return v[m];
   return (v[m] + *std::max_element(v.begin(), v.begin() + int64_t(m))) / 2;
+}
+
+double mean(const std::vector<double>& v) {
+  if (v.empty()) return NAN;
+  double m = 0;
+  for (double x : v) m += x;
+  return m / double(v.size());
+}
+
+double sample_sd(const std::vector<double>& v) {
+  if (v.size() < 2) return 0;
+  const double m = mean(v);
+  double ss = 0;
+  for (double x : v) ss += (x - m) * (x - m);
+  return std::sqrt(ss / double(v.size() - 1));
 }
 
 std::vector<double> PairedRatio::ratios() const {

@@ -42,6 +42,9 @@ class ReadProbe {
 
 // Median of v (the mean of the middle two for an even count); 0 for an empty v.
 double median(std::vector<double> v);
+// Mean of v (NaN for an empty v) and its sample standard deviation (n − 1; 0 below two values).
+double mean(const std::vector<double>& v);
+double sample_sd(const std::vector<double>& v);
 
 // Pairs of (kernel GB/s, reference GB/s) taken back to back; ratio() is the median of the
 // per-pair ratios, gbs() and ref_gbs() the medians of each side.

@@ -761,16 +761,11 @@ std::string write_summary(const std::string& dir, const std::vector<ResultRow>& 
   if (!modeled) {
     auto spread = [](const std::vector<double>& v) {
       if (v.empty()) return std::string("failed");
-      double m = 0;
-      for (double x : v) m += x / double(v.size());
       // `digits` significant digits, whole numbers once those are all before the point (no exponents).
       auto f = [](double x, int digits) {
         return std::abs(x) >= std::pow(10.0, digits - 1) ? fmt::format("{:.0f}", x) : fmt::format("{:.{}g}", x, digits);
       };
-      if (v.size() == 1) return f(m, 3);
-      double ss = 0;
-      for (double x : v) ss += (x - m) * (x - m);
-      return f(m, 3) + "±" + f(std::sqrt(ss / double(v.size() - 1)), 2);
+      return v.size() == 1 ? f(mean(v), 3) : f(mean(v), 3) + "±" + f(sample_sd(v), 2);
     };
     size_t reps = 0;
     for (auto& [key, rs] : cells) reps = std::max(reps, rs.size());

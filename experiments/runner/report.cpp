@@ -147,11 +147,6 @@ struct Ratio {
   bool within_noise() const { return interval() && lo <= 1.0 && hi >= 1.0; }
 };
 Ratio ratio_of(const std::vector<double>& a, const std::vector<double>& b) {
-  auto mean = [](const std::vector<double>& v) {
-    double m = 0;
-    for (double x : v) m += x / double(v.size());
-    return m;
-  };
   Ratio q;
   if (a.empty() || b.empty()) return q;
   q.r = mean(b) / mean(a);
